@@ -1,0 +1,73 @@
+//! `POST /v1/grants` and `GET /v1/grants`: subscription grants and quotas.
+//!
+//! A report is the success object of `wx.requestSubscribeMessage`; each accepted
+//! template adds one grant, once per (user, request_id, template). The answer lists
+//! the report's grants and every configured template's quota.
+
+use chrono::Utc;
+use lambda_http::http::Method;
+use lambda_http::{Body, Request, Response};
+use onegrant::Deps;
+use onegrant::domain::{GrantReport, Quota};
+use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::store::GrantEntry;
+use onegrant::telemetry::openid_hash;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct ReportAnswer {
+    grants: Vec<GrantEntry>,
+    quotas: Vec<Quota>,
+}
+
+#[derive(Serialize)]
+struct QuotasAnswer {
+    quotas: Vec<Quota>,
+}
+
+/// The function's handler: one request in, one response out.
+pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+    let result = match *req.method() {
+        Method::POST => report(deps, &req).await,
+        Method::GET => quotas(deps, &req).await,
+        // API Gateway routes only the declared methods here.
+        _ => Err(ApiError::NotFound),
+    };
+    respond(result)
+}
+
+async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let body = json_body(req)?;
+    let report = GrantReport::from_json(&body, &deps.config.templates)?;
+    let recorded = deps
+        .store
+        .record_grants(&openid, &report, Utc::now())
+        .await?;
+    tracing::info!(
+        openid = %openid_hash(openid.as_str()),
+        request_id = %report.request_id,
+        templates = report.results.len(),
+        written = recorded.written,
+        "grant report recorded"
+    );
+    let counters = deps.store.quota_counters(&openid).await?;
+    json_response(
+        200,
+        &ReportAnswer {
+            grants: recorded.grants,
+            quotas: Quota::for_templates(&deps.config.templates, &counters),
+        },
+    )
+}
+
+async fn quotas(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let counters = deps.store.quota_counters(&openid).await?;
+    json_response(
+        200,
+        &QuotasAnswer {
+            quotas: Quota::for_templates(&deps.config.templates, &counters),
+        },
+    )
+}

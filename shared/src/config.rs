@@ -1,0 +1,261 @@
+//! Typed configuration, read once per cold start from the environment.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `TABLE_NAME` | the DynamoDB table | required |
+//! | `WECHAT_API_BASE` | WeChat server API base URL | `https://api.weixin.qq.com` |
+//! | `WECHAT_APPID`, `WECHAT_SECRET` | the mini-program's credentials | required |
+//! | `WECHAT_CONNECT_TIMEOUT_MS`, `WECHAT_TIMEOUT_MS` | client timeouts | 1000, 3000 |
+//! | `MINIPROGRAM_STATE` | `formal`, `trial` or `developer` | `formal` |
+//! | `WECHAT_LANG` | `zh_CN`, `en_US`, `zh_HK`, `zh_TW` | `zh_CN` |
+//! | `SESSION_SECRET` | HS256 key for session tokens, at least 32 bytes | required |
+//! | `SESSION_TTL_SECONDS` | session token lifetime | 7200 |
+//! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
+//!
+//! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
+//! leaks them.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::domain::Templates;
+use crate::domain::template::TemplateConfigError;
+
+/// A secret string: usable, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Which build of the mini-program a message opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MiniprogramState {
+    Formal,
+    Trial,
+    Developer,
+}
+
+impl MiniprogramState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Formal => "formal",
+            Self::Trial => "trial",
+            Self::Developer => "developer",
+        }
+    }
+}
+
+/// The WeChat client's settings.
+#[derive(Debug, Clone)]
+pub struct WechatConfig {
+    /// Without a trailing slash.
+    pub api_base: String,
+    pub appid: String,
+    pub secret: Secret,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub miniprogram_state: MiniprogramState,
+    pub lang: String,
+}
+
+/// Session token settings.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub secret: Secret,
+    pub ttl: Duration,
+}
+
+/// Everything configurable, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    pub wechat: WechatConfig,
+    pub session: SessionConfig,
+    pub templates: Templates,
+}
+
+/// Why the configuration cannot be used. Names the variable, never its value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("{name} is invalid: {reason}")]
+    Invalid { name: &'static str, reason: String },
+    #[error("ONEGRANT_TEMPLATES is invalid")]
+    Templates(#[source] TemplateConfigError),
+}
+
+/// The minimum HS256 key length we accept (RFC 7518 §3.2: at least the hash size).
+pub const MIN_SESSION_SECRET_BYTES: usize = 32;
+
+impl Config {
+    /// Reads and validates the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads and validates the configuration through `lookup` (the environment, or a
+    /// map in tests and the local stack).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let required = |name: &'static str| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .ok_or(ConfigError::Missing(name))
+        };
+        let millis = |name: &'static str, default: u64| -> Result<Duration, ConfigError> {
+            match lookup(name) {
+                None => Ok(Duration::from_millis(default)),
+                Some(v) => v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=60_000).contains(ms))
+                    .map(Duration::from_millis)
+                    .ok_or(ConfigError::Invalid {
+                        name,
+                        reason: "expected milliseconds between 1 and 60000".into(),
+                    }),
+            }
+        };
+
+        let api_base = lookup("WECHAT_API_BASE")
+            .unwrap_or_else(|| "https://api.weixin.qq.com".to_string())
+            .trim_end_matches('/')
+            .to_string();
+        if !(api_base.starts_with("https://") || api_base.starts_with("http://")) {
+            return Err(ConfigError::Invalid {
+                name: "WECHAT_API_BASE",
+                reason: "expected an http(s) URL".into(),
+            });
+        }
+        let miniprogram_state = match lookup("MINIPROGRAM_STATE").as_deref() {
+            None | Some("formal") => MiniprogramState::Formal,
+            Some("trial") => MiniprogramState::Trial,
+            Some("developer") => MiniprogramState::Developer,
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "MINIPROGRAM_STATE",
+                    reason: "expected formal, trial or developer".into(),
+                });
+            }
+        };
+        let lang = lookup("WECHAT_LANG").unwrap_or_else(|| "zh_CN".to_string());
+        if !["zh_CN", "en_US", "zh_HK", "zh_TW"].contains(&lang.as_str()) {
+            return Err(ConfigError::Invalid {
+                name: "WECHAT_LANG",
+                reason: "expected zh_CN, en_US, zh_HK or zh_TW".into(),
+            });
+        }
+        let session_secret = required("SESSION_SECRET")?;
+        if session_secret.len() < MIN_SESSION_SECRET_BYTES {
+            return Err(ConfigError::Invalid {
+                name: "SESSION_SECRET",
+                reason: format!("must be at least {MIN_SESSION_SECRET_BYTES} bytes"),
+            });
+        }
+        let ttl = match lookup("SESSION_TTL_SECONDS") {
+            None => Duration::from_secs(7200),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|s| (60..=30 * 86_400).contains(s))
+                .map(Duration::from_secs)
+                .ok_or(ConfigError::Invalid {
+                    name: "SESSION_TTL_SECONDS",
+                    reason: "expected seconds between 60 and 2592000".into(),
+                })?,
+        };
+        let templates = Templates::from_json(&required("ONEGRANT_TEMPLATES")?)
+            .map_err(ConfigError::Templates)?;
+
+        Ok(Self {
+            table_name: required("TABLE_NAME")?,
+            wechat: WechatConfig {
+                api_base,
+                appid: required("WECHAT_APPID")?,
+                secret: Secret::new(required("WECHAT_SECRET")?),
+                connect_timeout: millis("WECHAT_CONNECT_TIMEOUT_MS", 1000)?,
+                timeout: millis("WECHAT_TIMEOUT_MS", 3000)?,
+                miniprogram_state,
+                lang,
+            },
+            session: SessionConfig {
+                secret: Secret::new(session_secret),
+                ttl,
+            },
+            templates,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env() -> HashMap<&'static str, String> {
+        HashMap::from([
+            ("TABLE_NAME", "t".to_string()),
+            ("WECHAT_APPID", "wx1".to_string()),
+            ("WECHAT_SECRET", "very-secret-value".to_string()),
+            ("SESSION_SECRET", "s".repeat(32)),
+            (
+                "ONEGRANT_TEMPLATES",
+                r#"[{"id":"T","title":"t","keywords":[{"key":"thing1"}]}]"#.to_string(),
+            ),
+        ])
+    }
+
+    #[test]
+    fn a_complete_environment_parses_with_defaults() {
+        let e = env();
+        let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+        assert_eq!(c.wechat.api_base, "https://api.weixin.qq.com");
+        assert_eq!(c.wechat.timeout, Duration::from_millis(3000));
+        assert_eq!(c.session.ttl, Duration::from_secs(7200));
+        assert_eq!(c.wechat.miniprogram_state, MiniprogramState::Formal);
+    }
+
+    #[test]
+    fn secrets_never_appear_in_debug_output() {
+        let e = env();
+        let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("very-secret-value"));
+        assert!(!printed.contains(&"s".repeat(32)));
+    }
+
+    #[test]
+    fn each_bad_variable_is_named() {
+        let cases: [(&str, Option<&str>, &str); 5] = [
+            ("TABLE_NAME", None, "TABLE_NAME"),
+            ("SESSION_SECRET", Some("short"), "SESSION_SECRET"),
+            ("MINIPROGRAM_STATE", Some("prod"), "MINIPROGRAM_STATE"),
+            ("WECHAT_TIMEOUT_MS", Some("0"), "WECHAT_TIMEOUT_MS"),
+            ("ONEGRANT_TEMPLATES", Some("{"), "ONEGRANT_TEMPLATES"),
+        ];
+        for (name, value, want) in cases {
+            let mut e = env();
+            match value {
+                Some(v) => e.insert(name, v.to_string()),
+                None => e.remove(name),
+            };
+            let err = Config::from_lookup(|k| e.get(k).cloned()).expect_err("must fail");
+            assert!(err.to_string().contains(want), "{name}: {err}");
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The pure domain: validated types and rules with no I/O.
+//!
+//! Values from outside (request bodies, config, stored items) become these types at the
+//! edge, through `parse`/`TryFrom`, so the rest of the code never re-checks them.
+
+pub mod grant;
+pub mod ids;
+pub mod template;
+
+pub use grant::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};
+pub use ids::{IdError, OpenId, RequestId, TemplateId};
+pub use template::{Keyword, KeywordType, TemplateDef, Templates};

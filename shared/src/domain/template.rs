@@ -1,0 +1,219 @@
+//! Subscription-message templates as configured: id, title, keywords and page.
+//!
+//! A keyword's type is fixed by the prefix of its key (`thing1` is a `thing`), exactly as
+//! WeChat derives it; reference/wechat.md §2 lists the types and their value rules.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::TemplateId;
+
+/// The value type of a template keyword, named by the key's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeywordType {
+    Thing,
+    ShortThing,
+    Number,
+    Letter,
+    Symbol,
+    CharacterString,
+    Time,
+    Date,
+    Amount,
+    PhoneNumber,
+    CarNumber,
+    Name,
+    Phrase,
+    Enum,
+}
+
+impl KeywordType {
+    /// Longest prefixes first, so `short_thing` is not read as `thing`.
+    const PREFIXES: [(&'static str, KeywordType); 14] = [
+        ("character_string", KeywordType::CharacterString),
+        ("phone_number", KeywordType::PhoneNumber),
+        ("short_thing", KeywordType::ShortThing),
+        ("car_number", KeywordType::CarNumber),
+        ("amount", KeywordType::Amount),
+        ("letter", KeywordType::Letter),
+        ("number", KeywordType::Number),
+        ("phrase", KeywordType::Phrase),
+        ("symbol", KeywordType::Symbol),
+        ("thing", KeywordType::Thing),
+        ("date", KeywordType::Date),
+        ("enum", KeywordType::Enum),
+        ("name", KeywordType::Name),
+        ("time", KeywordType::Time),
+    ];
+
+    /// The type of a keyword key such as `thing1` or `character_string13`: a known
+    /// prefix followed by one or more digits.
+    pub fn of_key(key: &str) -> Option<KeywordType> {
+        Self::PREFIXES.iter().find_map(|(prefix, kind)| {
+            let rest = key.strip_prefix(prefix)?;
+            (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())).then_some(*kind)
+        })
+    }
+}
+
+/// One keyword of a template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Keyword {
+    /// The key sent in `data`, e.g. `thing1`.
+    pub key: String,
+    /// A human name for documentation and logs, e.g. "提醒内容".
+    pub name: String,
+    pub kind: KeywordType,
+}
+
+/// A configured template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TemplateDef {
+    pub id: TemplateId,
+    pub title: String,
+    pub keywords: Vec<Keyword>,
+    /// The mini-program page the message opens, e.g. `pages/water/index`.
+    pub page: Option<String>,
+}
+
+/// The configured templates, looked up by id, listed in id order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Templates(BTreeMap<TemplateId, TemplateDef>);
+
+/// Why the template configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateConfigError {
+    #[error("templates are not valid JSON of the documented shape: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("template id {0:?} is invalid")]
+    Id(String),
+    #[error("template {0} is listed twice")]
+    Duplicate(TemplateId),
+    #[error("template {template}: keyword key {key:?} has no known type prefix")]
+    KeywordKey { template: TemplateId, key: String },
+    #[error("template {0} has no keywords")]
+    NoKeywords(TemplateId),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTemplate {
+    id: String,
+    title: String,
+    keywords: Vec<RawKeyword>,
+    #[serde(default)]
+    page: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeyword {
+    key: String,
+    #[serde(default)]
+    name: String,
+}
+
+impl Templates {
+    /// Parses the `ONEGRANT_TEMPLATES` JSON: an array of
+    /// `{"id", "title", "keywords": [{"key", "name"}], "page"}`.
+    pub fn from_json(json: &str) -> Result<Self, TemplateConfigError> {
+        let raw: Vec<RawTemplate> = serde_json::from_str(json)?;
+        let mut map = BTreeMap::new();
+        for t in raw {
+            let id = TemplateId::parse(t.id.clone()).map_err(|_| TemplateConfigError::Id(t.id))?;
+            if t.keywords.is_empty() {
+                return Err(TemplateConfigError::NoKeywords(id));
+            }
+            let keywords = t
+                .keywords
+                .into_iter()
+                .map(|k| match KeywordType::of_key(&k.key) {
+                    Some(kind) => Ok(Keyword {
+                        key: k.key,
+                        name: k.name,
+                        kind,
+                    }),
+                    None => Err(TemplateConfigError::KeywordKey {
+                        template: id.clone(),
+                        key: k.key,
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let def = TemplateDef {
+                id: id.clone(),
+                title: t.title,
+                keywords,
+                page: t.page,
+            };
+            if map.insert(id.clone(), def).is_some() {
+                return Err(TemplateConfigError::Duplicate(id));
+            }
+        }
+        Ok(Self(map))
+    }
+
+    pub fn get(&self, id: &str) -> Option<&TemplateDef> {
+        self.0.get(id)
+    }
+
+    pub fn contains(&self, id: &TemplateId) -> bool {
+        self.0.contains_key(id)
+    }
+
+    /// Every template, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = &TemplateDef> {
+        self.0.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyword_types_come_from_key_prefixes() {
+        assert_eq!(KeywordType::of_key("thing1"), Some(KeywordType::Thing));
+        assert_eq!(
+            KeywordType::of_key("short_thing2"),
+            Some(KeywordType::ShortThing)
+        );
+        assert_eq!(
+            KeywordType::of_key("character_string13"),
+            Some(KeywordType::CharacterString)
+        );
+        assert_eq!(KeywordType::of_key("time14"), Some(KeywordType::Time));
+        assert_eq!(KeywordType::of_key("thing"), None);
+        assert_eq!(KeywordType::of_key("Thing1"), None);
+        assert_eq!(KeywordType::of_key("thing1a"), None);
+        assert_eq!(KeywordType::of_key("colour1"), None);
+    }
+
+    #[test]
+    fn templates_parse_and_reject_unknown_keyword_types() {
+        let ok = r#"[{"id":"T1","title":"喝水提醒","keywords":[{"key":"thing1","name":"内容"},{"key":"time2"}],"page":"pages/water/index"}]"#;
+        let t = Templates::from_json(ok).expect("valid config");
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.get("T1").map(|d| d.keywords.len()), Some(2));
+
+        let bad = r#"[{"id":"T1","title":"x","keywords":[{"key":"colour1"}]}]"#;
+        assert!(matches!(
+            Templates::from_json(bad),
+            Err(TemplateConfigError::KeywordKey { .. })
+        ));
+        let dup = r#"[{"id":"T1","title":"x","keywords":[{"key":"thing1"}]},{"id":"T1","title":"y","keywords":[{"key":"thing1"}]}]"#;
+        assert!(matches!(
+            Templates::from_json(dup),
+            Err(TemplateConfigError::Duplicate(_))
+        ));
+    }
+}

@@ -1,0 +1,277 @@
+//! HTTP plumbing shared by the HTTP functions.
+//!
+//! [`ApiError`] is the one place where failures become statuses and bodies
+//! (`{"error": {"code", "message"}}`, API.md). Causes are logged where a lower-layer
+//! error is converted, with their chain; bodies carry only the code and a human message.
+
+use lambda_http::{Body, Request, Response};
+use serde::Serialize;
+
+use crate::domain::OpenId;
+use crate::domain::grant::ReportError;
+use crate::session::Sessions;
+use crate::store::StoreError;
+use crate::wechat::WechatError;
+
+/// Bodies over this size are refused with 413 (API.md).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Seconds a client should wait after a 503.
+const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// Every failure an HTTP route can answer with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// 400: the body is not JSON.
+    MalformedJson,
+    /// 400: JSON, but not of the documented shape (missing field, wrong type).
+    InvalidBody(String),
+    /// 401: missing, malformed, forged or expired session token.
+    Unauthorized,
+    /// 401: WeChat refused the login code.
+    InvalidLoginCode,
+    /// 404: unknown or foreign resource.
+    NotFound,
+    /// 409: an idempotency key reused with a different payload.
+    IdempotencyConflict(String),
+    /// 413: body over [`MAX_BODY_BYTES`].
+    PayloadTooLarge,
+    /// 422: well-formed but invalid; `code` names the rule.
+    Unprocessable { code: &'static str, message: String },
+    /// 503: a dependency is unavailable; retry after a pause.
+    Unavailable,
+    /// 500: our fault; details are in the logs only.
+    Internal,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl ApiError {
+    /// The HTTP status, the machine code and the human message.
+    pub fn parts(&self) -> (u16, &'static str, String) {
+        match self {
+            Self::MalformedJson => (400, "malformed_json", "the body is not valid JSON".into()),
+            Self::InvalidBody(m) => (400, "invalid_body", m.clone()),
+            Self::Unauthorized => (
+                401,
+                "unauthorized",
+                "a valid session token is required (Authorization: Bearer <token>)".into(),
+            ),
+            Self::InvalidLoginCode => (
+                401,
+                "invalid_code",
+                "WeChat refused the login code; call wx.login for a new one".into(),
+            ),
+            Self::NotFound => (404, "not_found", "no such resource".into()),
+            Self::IdempotencyConflict(m) => (409, "idempotency_conflict", m.clone()),
+            Self::PayloadTooLarge => (
+                413,
+                "payload_too_large",
+                format!("the body exceeds {MAX_BODY_BYTES} bytes"),
+            ),
+            Self::Unprocessable { code, message } => (422, code, message.clone()),
+            Self::Unavailable => (
+                503,
+                "unavailable",
+                "a dependency is unavailable; retry shortly".into(),
+            ),
+            Self::Internal => (500, "internal", "an internal error occurred".into()),
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let (status, code, message) = self.parts();
+        let body = serde_json::to_string(&ErrorBody {
+            error: ErrorDetail {
+                code,
+                message: &message,
+            },
+        })
+        .unwrap_or_else(|_| r#"{"error":{"code":"internal","message":"error"}}"#.to_string());
+        let mut builder = Response::builder()
+            .status(status)
+            .header("content-type", "application/json");
+        if status == 503 {
+            builder = builder.header("retry-after", RETRY_AFTER_SECONDS.to_string());
+        }
+        builder
+            .body(Body::Text(body))
+            .unwrap_or_else(|_| Response::new(Body::Empty))
+    }
+}
+
+/// Logs `err` with its whole source chain.
+fn log_chain(level: tracing::Level, what: &str, err: &(dyn std::error::Error + 'static)) {
+    let mut chain = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    if level == tracing::Level::ERROR {
+        tracing::error!(error = %chain, "{what}");
+    } else {
+        tracing::warn!(error = %chain, "{what}");
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::IdempotencyConflict(message) => Self::IdempotencyConflict(message),
+            StoreError::Unavailable(_) => {
+                log_chain(tracing::Level::WARN, "store unavailable", &err);
+                Self::Unavailable
+            }
+            StoreError::Corrupt(_) | StoreError::Sdk(_) => {
+                log_chain(tracing::Level::ERROR, "store failure", &err);
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl From<WechatError> for ApiError {
+    fn from(err: WechatError) -> Self {
+        match err {
+            WechatError::CodeRejected { .. } => Self::InvalidLoginCode,
+            ref e if e.is_unavailable() => {
+                log_chain(tracing::Level::WARN, "WeChat unavailable", &err);
+                Self::Unavailable
+            }
+            _ => {
+                log_chain(tracing::Level::ERROR, "WeChat call failed", &err);
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl From<crate::session::SessionError> for ApiError {
+    fn from(err: crate::session::SessionError) -> Self {
+        log_chain(
+            tracing::Level::ERROR,
+            "session token could not be issued",
+            &err,
+        );
+        Self::Internal
+    }
+}
+
+impl From<ReportError> for ApiError {
+    fn from(err: ReportError) -> Self {
+        let message = err.to_string();
+        match err {
+            ReportError::Shape(m) => Self::InvalidBody(m),
+            ReportError::RequestId(_) => Self::Unprocessable {
+                code: "invalid_request_id",
+                message,
+            },
+            ReportError::NoTemplates => Self::Unprocessable {
+                code: "no_templates",
+                message,
+            },
+            ReportError::TooManyTemplates(_) => Self::Unprocessable {
+                code: "too_many_templates",
+                message,
+            },
+            ReportError::UnknownTemplate(_) => Self::Unprocessable {
+                code: "unknown_template",
+                message,
+            },
+            ReportError::InvalidResult { .. } => Self::Unprocessable {
+                code: "invalid_result",
+                message,
+            },
+        }
+    }
+}
+
+/// Turns a handler's result into the response API Gateway returns.
+pub fn respond(result: Result<Response<Body>, ApiError>) -> Response<Body> {
+    result.unwrap_or_else(ApiError::into_response)
+}
+
+/// A JSON response with `status`.
+pub fn json_response<T: Serialize>(status: u16, value: &T) -> Result<Response<Body>, ApiError> {
+    let body = serde_json::to_string(value).map_err(|e| {
+        log_chain(tracing::Level::ERROR, "response serialisation failed", &e);
+        ApiError::Internal
+    })?;
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::Text(body))
+        .map_err(|_| ApiError::Internal)
+}
+
+/// The request body decoded as JSON, after the size limit.
+pub fn json_body(req: &Request) -> Result<serde_json::Value, ApiError> {
+    let bytes: &[u8] = req.body().as_ref();
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(ApiError::PayloadTooLarge);
+    }
+    serde_json::from_slice(bytes).map_err(|_| ApiError::MalformedJson)
+}
+
+/// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
+pub fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiError> {
+    let header = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::Unauthorized)?;
+    let (scheme, token) = header
+        .trim()
+        .split_once(' ')
+        .ok_or(ApiError::Unauthorized)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(ApiError::Unauthorized);
+    }
+    sessions.verify(token.trim()).map_err(|err| {
+        tracing::info!(reason = %err, "session token refused");
+        ApiError::Unauthorized
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_have_the_api_shape_and_503_says_when_to_retry() {
+        let response = ApiError::Unavailable.into_response();
+        assert_eq!(response.status(), 503);
+        assert_eq!(
+            response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(response.body().as_ref()).expect("JSON body");
+        assert_eq!(body["error"]["code"], "unavailable");
+        assert!(body["error"]["message"].is_string());
+    }
+
+    #[test]
+    fn internal_failures_never_reach_the_body() {
+        let err = StoreError::Sdk("secret internal detail arn:aws:dynamodb:x".into());
+        let response = ApiError::from(err).into_response();
+        let text = String::from_utf8_lossy(response.body().as_ref()).to_string();
+        assert_eq!(response.status(), 500);
+        assert!(!text.contains("secret internal detail"));
+        assert!(!text.contains("arn:aws"));
+    }
+}

@@ -1,0 +1,75 @@
+//! # onegrant
+//!
+//! The library behind every onegrant Lambda function. Functions are thin binaries: they
+//! build [`Deps`] once per cold start and hand each event to a handler that decodes it,
+//! calls one operation here, and maps the result.
+//!
+//! ## Layout
+//! - [`domain`]: pure types and rules — validated ids, templates, subscription results,
+//!   grant states, quota arithmetic. No I/O; takes `now` as an argument.
+//! - [`store`]: the DynamoDB single-table store. Every state change is a conditional
+//!   write or one `TransactWriteItems`; item mapping stays inside this module.
+//! - [`wechat`]: the WeChat server API client (login code exchange so far).
+//! - [`session`]: signed, expiring bearer tokens (HS256) carrying the user's openid.
+//! - [`http`]: HTTP plumbing shared by the HTTP functions — the error type mapped to a
+//!   status in one place, body limits, JSON decoding, bearer authentication.
+//! - [`config`]: typed configuration read once per cold start; secrets are redacted.
+//! - [`aws`]: AWS SDK client construction (rustls with ring, no AWS-LC build).
+//! - [`telemetry`]: tracing set-up (JSON in Lambda) and the openid hash used in logs.
+
+pub mod aws;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod session;
+pub mod store;
+pub mod telemetry;
+pub mod wechat;
+
+use std::sync::Arc;
+
+pub use config::Config;
+
+/// Everything a handler needs, built once per cold start and borrowed by each request.
+#[derive(Clone)]
+pub struct Deps {
+    pub config: Arc<Config>,
+    pub store: store::Store,
+    pub wechat: wechat::WechatClient,
+    pub sessions: session::Sessions,
+}
+
+impl Deps {
+    /// Builds the dependencies from a config and an already-built DynamoDB client.
+    pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
+        let config = Arc::new(config);
+        let store = store::Store::new(dynamodb, config.table_name.clone());
+        let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
+        let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
+        Ok(Self {
+            config,
+            store,
+            wechat,
+            sessions,
+        })
+    }
+
+    /// Reads the config from the environment and builds every client: a function's
+    /// `main` calls this once.
+    pub async fn from_env() -> Result<Self, DepsError> {
+        let config = Config::from_env().map_err(DepsError::Config)?;
+        let dynamodb = aws::dynamodb_client().await;
+        Self::new(config, dynamodb)
+    }
+}
+
+/// Why a cold start could not build its dependencies.
+#[derive(Debug, thiserror::Error)]
+pub enum DepsError {
+    #[error("configuration is invalid")]
+    Config(#[source] config::ConfigError),
+    #[error("the WeChat client could not be built")]
+    Wechat(#[source] wechat::WechatError),
+    #[error("the session keys could not be built")]
+    Session(#[source] session::SessionError),
+}

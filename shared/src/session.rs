@@ -1,0 +1,136 @@
+//! Session tokens: HS256 JWTs that carry the user's openid.
+//!
+//! `POST /v1/session` issues one after WeChat vouches for a login code; every other route
+//! takes the caller's identity only from a token verified here (invariant I8). The token
+//! holds `sub` (openid), `iat`, `exp` and `iss`; nothing else is trusted from a client.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::config::SessionConfig;
+use crate::domain::OpenId;
+
+const ISSUER: &str = "onegrant";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    iat: i64,
+    exp: i64,
+    iss: String,
+}
+
+/// Issues and verifies session tokens.
+#[derive(Clone)]
+pub struct Sessions {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+    ttl: Duration,
+}
+
+/// A freshly issued token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IssuedToken {
+    pub token: String,
+    pub token_type: &'static str,
+    pub expires_in: u64,
+}
+
+/// Why a token was refused or could not be made. The variants are for logs: every
+/// refusal answers the same 401 so a client learns nothing about why.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the session key is unusable")]
+    Key(#[source] jsonwebtoken::errors::Error),
+    #[error("the token could not be signed")]
+    Sign(#[source] jsonwebtoken::errors::Error),
+    #[error("the token is malformed, forged or expired")]
+    Invalid(#[source] jsonwebtoken::errors::Error),
+    #[error("the token's subject is not an openid")]
+    Subject,
+}
+
+impl Sessions {
+    pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
+        let secret = config.secret.expose().as_bytes();
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_issuer(&[ISSUER]);
+        validation.set_required_spec_claims(&["exp", "sub", "iss"]);
+        // Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
+        validation.leeway = 5;
+        Ok(Self {
+            encoding: EncodingKey::from_secret(secret).map_err(SessionError::Key)?,
+            decoding: DecodingKey::from_secret(secret).map_err(SessionError::Key)?,
+            validation,
+            ttl: config.ttl,
+        })
+    }
+
+    /// A token for `openid`, valid from `now` for the configured lifetime.
+    pub fn issue(&self, openid: &OpenId, now: DateTime<Utc>) -> Result<IssuedToken, SessionError> {
+        let ttl = self.ttl.as_secs();
+        let claims = Claims {
+            sub: openid.to_string(),
+            iat: now.timestamp(),
+            exp: now.timestamp().saturating_add_unsigned(ttl),
+            iss: ISSUER.to_string(),
+        };
+        let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(SessionError::Sign)?;
+        Ok(IssuedToken {
+            token,
+            token_type: "Bearer",
+            expires_in: ttl,
+        })
+    }
+
+    /// The openid a token was issued to, if the token is genuine and unexpired.
+    pub fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(SessionError::Invalid)?;
+        OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+
+    fn sessions(secret: &str) -> Sessions {
+        Sessions::new(&SessionConfig {
+            secret: Secret::new(secret),
+            ttl: Duration::from_secs(7200),
+        })
+        .expect("valid key")
+    }
+
+    #[test]
+    fn a_token_round_trips_to_its_openid() {
+        let s = sessions(&"k".repeat(32));
+        let openid = OpenId::parse("oUser1").expect("openid");
+        let issued = s.issue(&openid, Utc::now()).expect("signed");
+        assert_eq!(issued.expires_in, 7200);
+        assert_eq!(s.verify(&issued.token).expect("valid"), openid);
+    }
+
+    #[test]
+    fn forged_expired_and_garbage_tokens_are_refused() {
+        let s = sessions(&"k".repeat(32));
+        let other = sessions(&"z".repeat(32));
+        let openid = OpenId::parse("oUser1").expect("openid");
+        let forged = other.issue(&openid, Utc::now()).expect("signed").token;
+        assert!(matches!(s.verify(&forged), Err(SessionError::Invalid(_))));
+        let expired = s
+            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+            .expect("signed")
+            .token;
+        assert!(matches!(s.verify(&expired), Err(SessionError::Invalid(_))));
+        assert!(s.verify("not.a.token").is_err());
+        assert!(s.verify("").is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! Grant reports and per-template quota counters.
+//!
+//! A report writes, in one transaction, one ledger item per template it names — keyed
+//! (user, template, request_id) and conditional on not existing — and, per accepted
+//! template, `ADD accepted 1, available 1` on that template's counters. So a report is
+//! applied whole or not at all, and reading quotas never scans grants.
+//!
+//! Idempotency is per (user, request_id, template), the same key a check-in's grant
+//! uses: a template already recorded with the same result is a replay and answers from
+//! the stored item (ALL_OLD on the failed condition, no extra read); with a different
+//! result the whole report is refused. Templates not yet recorded are written by the
+//! next attempt of the loop.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, user_pk};
+use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use crate::domain::{
+    GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
+    TemplateId,
+};
+
+/// One template's entry in a grant report's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrantEntry {
+    pub template_id: TemplateId,
+    pub request_id: RequestId,
+    pub result: SubscribeResult,
+    pub status: GrantStatus,
+}
+
+/// The outcome of recording a report: one entry per template, in template order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantsRecorded {
+    pub grants: Vec<GrantEntry>,
+    /// How many templates were newly written (0 for a pure replay).
+    pub written: usize,
+}
+
+/// The ledger item: a grant when `result` accepts, a recorded refusal otherwise.
+#[derive(Debug, Serialize, Deserialize)]
+struct GrantItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    template_id: TemplateId,
+    request_id: RequestId,
+    result: SubscribeResult,
+    /// Present only on grants (accepted results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state: Option<GrantState>,
+    created_at: String,
+    version: u64,
+}
+
+impl GrantItem {
+    fn entry(&self) -> GrantEntry {
+        GrantEntry {
+            template_id: self.template_id.clone(),
+            request_id: self.request_id.clone(),
+            result: self.result,
+            status: self.state.into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct QuotaItem {
+    template_id: TemplateId,
+    #[serde(flatten)]
+    counters: QuotaCounters,
+}
+
+fn rfc3339(now: DateTime<Utc>) -> String {
+    now.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+impl Store {
+    /// Records a grant report for `openid` (see the module docs for the protocol).
+    pub async fn record_grants(
+        &self,
+        openid: &OpenId,
+        report: &GrantReport,
+        now: DateTime<Utc>,
+    ) -> Result<GrantsRecorded, StoreError> {
+        let pk = user_pk(openid);
+        let mut pending: BTreeMap<TemplateId, SubscribeResult> = report.results.clone();
+        let mut entries: BTreeMap<TemplateId, GrantEntry> = BTreeMap::new();
+        let mut written = 0;
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            attempt += 1;
+            if attempt > MAX_WRITE_ATTEMPTS {
+                return Err(StoreError::Unavailable(
+                    "grant report contended past the retry limit".into(),
+                ));
+            }
+            let mut items = Vec::with_capacity(pending.len() * 2);
+            // Which template each transaction index's ledger Put belongs to.
+            let mut ledger_index: HashMap<usize, TemplateId> = HashMap::new();
+            for (template, result) in &pending {
+                let item = GrantItem {
+                    pk: pk.clone(),
+                    sk: grant_sk(template, &report.request_id),
+                    kind: "grant".into(),
+                    template_id: template.clone(),
+                    request_id: report.request_id.clone(),
+                    result: *result,
+                    state: result.grants().then_some(GrantState::Available),
+                    created_at: rfc3339(now),
+                    version: 0,
+                };
+                ledger_index.insert(items.len(), template.clone());
+                items.push(
+                    self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
+                );
+                if result.grants() || result.refuses() {
+                    items.push(self.quota_update(&pk, template, *result, now)?);
+                }
+            }
+            let sent = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => {
+                    for (template, result) in std::mem::take(&mut pending) {
+                        written += 1;
+                        entries.insert(
+                            template.clone(),
+                            GrantEntry {
+                                template_id: template,
+                                request_id: report.request_id.clone(),
+                                result,
+                                status: result.grants().then_some(GrantState::Available).into(),
+                            },
+                        );
+                    }
+                }
+                Err(err) => {
+                    let service = match err {
+                        aws_sdk_dynamodb::error::SdkError::ServiceError(ref s) => Some(s.err()),
+                        _ => None,
+                    };
+                    let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
+                        service
+                    else {
+                        let error = classify_sdk_error(err, transact_unavailable);
+                        if matches!(error, StoreError::Unavailable(_)) {
+                            tokio::time::sleep(backoff(attempt)).await;
+                            continue;
+                        }
+                        return Err(error);
+                    };
+                    let mut replays = 0;
+                    for (index, reason) in cancelled.cancellation_reasons().iter().enumerate() {
+                        if reason.code() != Some("ConditionalCheckFailed") {
+                            continue;
+                        }
+                        let Some(template) = ledger_index.get(&index) else {
+                            return Err(StoreError::Corrupt(format!(
+                                "unexpected condition failure at transaction index {index}"
+                            )));
+                        };
+                        let old = reason.item().ok_or_else(|| {
+                            StoreError::Corrupt("condition failure without the old item".into())
+                        })?;
+                        let old: GrantItem = serde_dynamo::from_item(old.clone())
+                            .map_err(|e| corrupt("grant", e))?;
+                        if Some(&old.result) != pending.get(template) {
+                            return Err(StoreError::IdempotencyConflict(format!(
+                                "request_id {} already recorded {} for template {template}",
+                                report.request_id,
+                                old.result.as_str()
+                            )));
+                        }
+                        pending.remove(template);
+                        entries.insert(template.clone(), old.entry());
+                        replays += 1;
+                    }
+                    if replays == 0 {
+                        // Cancelled by a conflicting transaction or a throttle: back off.
+                        tokio::time::sleep(backoff(attempt)).await;
+                    }
+                }
+            }
+        }
+        Ok(GrantsRecorded {
+            grants: entries.into_values().collect(),
+            written,
+        })
+    }
+
+    /// The stored quota counters of `openid`, by template (one strongly consistent query).
+    pub async fn quota_counters(
+        &self,
+        openid: &OpenId,
+    ) -> Result<BTreeMap<TemplateId, QuotaCounters>, StoreError> {
+        let mut counters = BTreeMap::new();
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .expression_attribute_values(":pk", AttributeValue::S(user_pk(openid)))
+            .expression_attribute_values(":prefix", AttributeValue::S(QUOTA_PREFIX.into()))
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(item) = pages.next().await {
+            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let quota: QuotaItem =
+                serde_dynamo::from_item(item).map_err(|e| corrupt("quota", e))?;
+            counters.insert(quota.template_id, quota.counters);
+        }
+        Ok(counters)
+    }
+
+    fn put_new(
+        &self,
+        item: HashMap<String, AttributeValue>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    fn quota_update(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        result: SubscribeResult,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_string()))
+            .key("sk", AttributeValue::S(quota_sk(template)))
+            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
+            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
+            .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
+        let update = if result.grants() {
+            update
+                .update_expression(
+                    "SET template_id = :t, kind = :kind, updated_at = :now ADD accepted :one, available :one",
+                )
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        } else {
+            update
+                .update_expression(
+                    "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
+                )
+                .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
+        };
+        let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+}
+
+/// Transaction errors that mean "try again later".
+fn transact_unavailable(err: &TransactWriteItemsError) -> bool {
+    matches!(
+        err,
+        TransactWriteItemsError::TransactionInProgressException(_)
+            | TransactWriteItemsError::ProvisionedThroughputExceededException(_)
+            | TransactWriteItemsError::RequestLimitExceeded(_)
+            | TransactWriteItemsError::ThrottlingException(_)
+            | TransactWriteItemsError::InternalServerError(_)
+    )
+}

@@ -1,0 +1,95 @@
+//! The DynamoDB single-table store.
+//!
+//! All user-owned items share `pk = USER#<openid>`, so one query answers any screen
+//! (DESIGN.md §6). Every state change is a conditional write or a single
+//! `TransactWriteItems`; replays are answered from `ReturnValuesOnConditionCheckFailure =
+//! ALL_OLD` without a second read. Item mapping (serde_dynamo) stays inside this module.
+//!
+//! - [`keys`]: the key formats, in one place.
+//! - [`grants`]: grant reports and quota counters.
+
+pub mod grants;
+pub mod keys;
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::error::SdkError;
+
+pub use grants::{GrantEntry, GrantsRecorded};
+
+/// The single-table store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+/// What a store operation can fail with, in the terms callers act on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An idempotency key was reused with a different payload (invariant I3).
+    #[error("idempotency key reused with a different payload: {0}")]
+    IdempotencyConflict(String),
+    /// DynamoDB is throttling, contended past our retries, or unreachable: try later.
+    #[error("DynamoDB is unavailable or contended")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A stored item does not have the shape this code writes.
+    #[error("stored item is unreadable: {0}")]
+    Corrupt(String),
+    /// Anything else the SDK reported (a bug or misconfiguration on our side).
+    #[error("DynamoDB request failed")]
+    Sdk(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// How often a write contended by other writers is tried before answering 503.
+const MAX_WRITE_ATTEMPTS: u32 = 6;
+
+/// The pause before retry `attempt` (1-based): 20, 40, 80 … ms, capped, with jitter
+/// drawn from the clock so concurrent writers spread out.
+fn backoff(attempt: u32) -> Duration {
+    let base = 20u64 << attempt.min(5);
+    let jitter = u64::from(chrono::Utc::now().timestamp_subsec_micros()) % base.max(1);
+    Duration::from_millis(base / 2 + jitter / 2)
+}
+
+impl Store {
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+        }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    pub fn client(&self) -> &aws_sdk_dynamodb::Client {
+        &self.client
+    }
+}
+
+/// Sorts an SDK failure into "try later" or "our fault". `service_unavailable` says
+/// whether the operation's own error is a throttle or conflict.
+fn classify_sdk_error<E, R>(
+    err: SdkError<E, R>,
+    service_unavailable: impl Fn(&E) -> bool,
+) -> StoreError
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            StoreError::Unavailable(Box::new(err))
+        }
+        SdkError::ServiceError(ref service) if service_unavailable(service.err()) => {
+            StoreError::Unavailable(Box::new(err))
+        }
+        other => StoreError::Sdk(Box::new(other)),
+    }
+}
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {err}"))
+}
