@@ -7,12 +7,13 @@ live in conditional writes and transactions, so the emulator must apply each req
 atomically, as DynamoDB does. One process-wide lock around the WSGI app, with the whole
 response body produced inside the lock, does that.
 
-Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0]
+Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0] [--exit-on-stdin-eof]
 Prints one line "listening on <port>" once the socket accepts connections, then serves
 until killed (SIGKILL is fine: all data is in memory).
 """
 
 import argparse
+import os
 import sys
 import threading
 
@@ -49,7 +50,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="exit when standard input closes, i.e. when the parent process dies",
+    )
     args = parser.parse_args()
+
+    if args.exit_on_stdin_eof:
+        def watch_parent():
+            sys.stdin.read()
+            os._exit(0)
+
+        threading.Thread(target=watch_parent, daemon=True).start()
 
     app = DomainDispatcherApplication(create_backend_app)
     server = make_server(

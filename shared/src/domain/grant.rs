@@ -110,6 +110,7 @@ impl From<Option<GrantState>> for GrantStatus {
 
 /// The stored counters of one (user, template). Missing counters read as zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct QuotaCounters {
     pub accepted: u64,
     pub available: u64,

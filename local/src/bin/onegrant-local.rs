@@ -1,0 +1,111 @@
+//! `onegrant-local`: the whole stack on one machine.
+//!
+//! Starts the DynamoDB emulator (unless `AWS_ENDPOINT_URL_DYNAMODB` is set) and creates
+//! the table from `template.yaml`; starts the WeChat stand-in (unless `WECHAT_API_BASE`,
+//! `WECHAT_APPID` and `WECHAT_SECRET` name a real WeChat); serves the HTTP API on
+//! `ONEGRANT_API_PORT` (3000) and the Lambda Invoke API on `ONEGRANT_INVOKE_PORT`
+//! (3001). Ctrl-C or SIGTERM stops everything it started.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use onegrant_local::{api, emulator::Emulator, stack, standin};
+use tokio::net::TcpListener;
+
+fn port(name: &str, default: u16) -> anyhow::Result<u16> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name} must be a port number")),
+        Err(_) => Ok(default),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    onegrant::telemetry::init();
+    let api_port = port("ONEGRANT_API_PORT", 3000)?;
+    let invoke_port = port("ONEGRANT_INVOKE_PORT", 3001)?;
+    let standin_port = port("ONEGRANT_STANDIN_PORT", 3002)?;
+
+    let (_emulator, endpoint) = match std::env::var("AWS_ENDPOINT_URL_DYNAMODB") {
+        Ok(endpoint) => (None, endpoint),
+        Err(_) => {
+            let emulator = Emulator::start(false)?;
+            let endpoint = emulator.endpoint().to_string();
+            (Some(emulator), endpoint)
+        }
+    };
+
+    let real_wechat = ["WECHAT_API_BASE", "WECHAT_APPID", "WECHAT_SECRET"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_some());
+    let mut overrides = HashMap::new();
+    let mut standin_task = None;
+    let wechat_base = if real_wechat {
+        std::env::var("WECHAT_API_BASE").unwrap_or_default()
+    } else {
+        let listener = TcpListener::bind(("127.0.0.1", standin_port))
+            .await
+            .with_context(|| format!("binding the stand-in to 127.0.0.1:{standin_port}"))?;
+        let base = format!("http://127.0.0.1:{standin_port}");
+        overrides.insert("WECHAT_API_BASE", base.clone());
+        overrides.insert("WECHAT_APPID", stack::LOCAL_APPID.to_string());
+        overrides.insert("WECHAT_SECRET", stack::LOCAL_SECRET.to_string());
+        let config = stack::local_config(&overrides)?;
+        standin_task = Some(standin::spawn(stack::standin_config(&config), listener));
+        base
+    };
+    let config = stack::local_config(&overrides)?;
+    let table = config.table_name.clone();
+    let dynamodb = onegrant::aws::local_dynamodb_client(&endpoint);
+    stack::ensure_table(&dynamodb, &table).await?;
+    let deps = stack::deps(config, dynamodb)?;
+
+    let api_listener = TcpListener::bind(("127.0.0.1", api_port))
+        .await
+        .with_context(|| format!("binding the API to 127.0.0.1:{api_port}"))?;
+    let invoke_listener = TcpListener::bind(("127.0.0.1", invoke_port))
+        .await
+        .with_context(|| format!("binding the Invoke API to 127.0.0.1:{invoke_port}"))?;
+    let api = axum::serve(api_listener, api::api_router(deps.clone())?);
+    let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?);
+
+    println!("onegrant local stack");
+    println!("  HTTP API        http://127.0.0.1:{api_port}");
+    for route in onegrant_local::template::routes()? {
+        println!(
+            "                    {:<6} {:<28} -> {}",
+            route.method, route.path, route.function
+        );
+    }
+    println!(
+        "  Invoke API      http://127.0.0.1:{invoke_port}/2015-03-31/functions/<name>/invocations"
+    );
+    println!("  DynamoDB        {endpoint}  (table {table})");
+    if standin_task.is_some() {
+        println!("  WeChat stand-in {wechat_base}  (control API under /control)");
+    } else {
+        println!("  WeChat          {wechat_base}  (real)");
+    }
+    println!("Ctrl-C stops everything.");
+
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    tokio::select! {
+        r = api => r.context("HTTP API server")?,
+        r = invoke => r.context("Invoke API server")?,
+        () = shutdown => println!("stopping"),
+    }
+    if let Some(task) = standin_task {
+        task.abort();
+    }
+    // Dropping the emulator kills it.
+    Ok(())
+}

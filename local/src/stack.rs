@@ -1,0 +1,65 @@
+//! Wires the local stack together: emulator, table, stand-in, config, and the two
+//! routers. Shared by the `onegrant-local` binary and the tests, so both run the same
+//! wiring.
+
+use std::collections::HashMap;
+
+use onegrant::{Config, Deps};
+
+use crate::standin::StandinConfig;
+
+/// The stand-in's identity in local runs and tests.
+pub const LOCAL_APPID: &str = "wx_onegrant_local";
+pub const LOCAL_SECRET: &str = "local-app-secret";
+/// The templates local runs use unless `ONEGRANT_TEMPLATES` is set.
+pub const LOCAL_TEMPLATES: &str = include_str!("../../config/local.templates.json");
+/// A development-only session key; a deployment always sets its own.
+pub const LOCAL_SESSION_SECRET: &str = "local-development-session-secret-not-for-production";
+
+/// Builds a [`Config`] from `overrides` first, then the process environment, then the
+/// local defaults above.
+pub fn local_config(overrides: &HashMap<&str, String>) -> anyhow::Result<Config> {
+    let defaults: HashMap<&str, String> = HashMap::from([
+        ("TABLE_NAME", "onegrant-local".to_string()),
+        ("WECHAT_APPID", LOCAL_APPID.to_string()),
+        ("WECHAT_SECRET", LOCAL_SECRET.to_string()),
+        ("SESSION_SECRET", LOCAL_SESSION_SECRET.to_string()),
+        ("ONEGRANT_TEMPLATES", LOCAL_TEMPLATES.to_string()),
+        ("MINIPROGRAM_STATE", "developer".to_string()),
+    ]);
+    Ok(Config::from_lookup(|name| {
+        overrides
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
+            .or_else(|| defaults.get(name).cloned())
+    })?)
+}
+
+/// The stand-in's config for a stack config: same appid, secret and templates.
+pub fn standin_config(config: &Config) -> StandinConfig {
+    StandinConfig {
+        appid: config.wechat.appid.clone(),
+        secret: config.wechat.secret.expose().to_string(),
+        templates: config.templates.clone(),
+    }
+}
+
+/// Creates the table if it does not exist yet.
+pub async fn ensure_table(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
+    let exists = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .is_ok();
+    if !exists {
+        crate::template::create_table(client, table).await?;
+    }
+    Ok(())
+}
+
+/// Builds the dependencies the functions get, on a given DynamoDB client.
+pub fn deps(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> anyhow::Result<Deps> {
+    Ok(Deps::new(config, dynamodb)?)
+}
