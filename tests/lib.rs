@@ -1,1 +1,267 @@
+//! # onegrant-tests
+//!
+//! Shared helpers for the integration suite (`suite/`) and the benches: every test gets
+//! fresh resources from [`spawn_app`] — its own table in the real emulator (created from
+//! `template.yaml`, deleted on drop), its own WeChat stand-in and its own HTTP API, both
+//! on port 0 and reached over real HTTP.
 
+pub mod openapi;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use onegrant::Deps;
+use onegrant_local::emulator::Emulator;
+use onegrant_local::{api, stack, standin};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// The suite's emulator: started once per test binary, gone when the binary exits.
+pub fn emulator_endpoint() -> &'static str {
+    static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+    EMULATOR
+        .get_or_init(|| Emulator::start(true).expect("the DynamoDB emulator starts (run scripts/setup)"))
+        .endpoint()
+}
+
+/// A DynamoDB client on the suite's emulator (one per test: clients hold connections
+/// bound to the test's runtime).
+pub fn dynamodb() -> aws_sdk_dynamodb::Client {
+    onegrant::aws::local_dynamodb_client(emulator_endpoint())
+}
+
+/// A fresh table, created from `template.yaml` and deleted when dropped.
+pub struct TestTable {
+    pub name: String,
+    pub client: aws_sdk_dynamodb::Client,
+}
+
+impl TestTable {
+    pub async fn create() -> Self {
+        let name = format!("test-{}", uuid::Uuid::new_v4().simple());
+        let client = dynamodb();
+        onegrant_local::template::create_table(&client, &name)
+            .await
+            .expect("the test table is created from template.yaml");
+        Self { name, client }
+    }
+
+    /// Every item in the table (tables here are small and short-lived).
+    pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
+        let mut items = Vec::new();
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(&self.name)
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(item) = pages.next().await {
+            items.push(item.expect("scan succeeds"));
+        }
+        items
+    }
+}
+
+impl Drop for TestTable {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let endpoint = emulator_endpoint().to_string();
+        // Drop cannot await; a short-lived runtime on its own thread deletes the table.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async {
+                let client = onegrant::aws::local_dynamodb_client(&endpoint);
+                let _ = client.delete_table().table_name(name).send().await;
+            });
+        })
+        .join();
+    }
+}
+
+/// One test's running onegrant: API, stand-in and table.
+pub struct TestApp {
+    pub base_url: String,
+    /// The Lambda Invoke API for the same functions.
+    pub invoke_url: String,
+    pub standin_url: String,
+    pub http: reqwest::Client,
+    pub table: TestTable,
+    pub deps: Deps,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A plain HTTP response, decoded.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+async fn serve(router: axum_router::Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        let _ = axum_router::serve(listener, router).await;
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// Re-exported so tests need no direct axum dependency.
+pub mod axum_router {
+    pub use axum::{Router, serve};
+}
+
+/// Starts a fresh onegrant for one test. `overrides` replace config values.
+pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
+    let table = TestTable::create().await;
+    let standin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let standin_url = format!(
+        "http://{}",
+        standin_listener.local_addr().expect("local addr")
+    );
+    let mut values: HashMap<&str, String> = HashMap::from([
+        ("TABLE_NAME", table.name.clone()),
+        ("WECHAT_API_BASE", standin_url.clone()),
+        ("WECHAT_APPID", stack::LOCAL_APPID.to_string()),
+        ("WECHAT_SECRET", stack::LOCAL_SECRET.to_string()),
+        ("SESSION_SECRET", stack::LOCAL_SESSION_SECRET.to_string()),
+        ("ONEGRANT_TEMPLATES", stack::LOCAL_TEMPLATES.to_string()),
+        ("WECHAT_TIMEOUT_MS", "2000".to_string()),
+    ]);
+    for (k, v) in overrides {
+        values.insert(k, v.to_string());
+    }
+    let config = stack::local_config(&values).expect("test config is valid");
+    let standin_task = standin::spawn(stack::standin_config(&config), standin_listener);
+    let deps = stack::deps(config, table.client.clone()).expect("deps build");
+    let (base_url, api_task) = serve(api::api_router(deps.clone()).expect("router builds")).await;
+    let (invoke_url, invoke_task) =
+        serve(api::invoke_router(deps.clone()).expect("router builds")).await;
+    TestApp {
+        base_url,
+        invoke_url,
+        standin_url,
+        http: reqwest::Client::new(),
+        table,
+        deps,
+        tasks: vec![standin_task, api_task, invoke_task],
+    }
+}
+
+/// Starts a fresh onegrant for one test with the local defaults.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+/// The local templates' ids.
+pub const WATER: &str = "tmpl_water_reminder";
+pub const ORDER: &str = "tmpl_order_status";
+
+impl TestApp {
+    async fn decode(response: reqwest::Response) -> Answer {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.expect("response body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                panic!("non-JSON body ({status}): {}", String::from_utf8_lossy(&bytes))
+            })
+        };
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Sends `method path` with an optional bearer token and raw body, checks the answer
+    /// against api/openapi.yaml, and returns it.
+    pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.http.request(method.clone(), format!("{}{path}", self.base_url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body);
+        }
+        let answer = Self::decode(request.send().await.expect("request reaches the API")).await;
+        openapi::assert_conforms(method.as_str(), path, answer.status, &answer.body);
+        answer
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Answer {
+        self.call("POST", path, token, Some(serde_json::to_vec(body).expect("JSON"))).await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
+        self.call("GET", path, token, None).await
+    }
+
+    /// Calls the stand-in's control API.
+    pub async fn control(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.http.request(method, format!("{}/control/{path}", self.standin_url));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("stand-in reachable");
+        assert!(response.status().is_success(), "control {path}: {}", response.status());
+        response.json().await.expect("control answers JSON")
+    }
+
+    /// A fresh `wx.login` code for `user`, and that user's openid.
+    pub async fn login_code(&self, user: &str) -> (String, String) {
+        let v = self.control("POST", "login-codes", Some(json!({"user": user}))).await;
+        (
+            v["code"].as_str().expect("code").to_string(),
+            v["openid"].as_str().expect("openid").to_string(),
+        )
+    }
+
+    /// Logs `user` in through `POST /v1/session` and returns the session token.
+    pub async fn login(&self, user: &str) -> String {
+        let (code, _) = self.login_code(user).await;
+        let answer = self.post("/v1/session", None, &json!({"code": code})).await;
+        assert_eq!(answer.status, 200, "login: {}", answer.body);
+        answer.body["token"].as_str().expect("token").to_string()
+    }
+
+    /// Every item stored so far.
+    pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
+        self.table.items().await
+    }
+}
+
+/// `Value` → the quota entry of `template` in an answer's `quotas`.
+pub fn quota<'a>(answer: &'a Value, template: &str) -> &'a Value {
+    answer["quotas"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["template_id"] == template))
+        .unwrap_or_else(|| panic!("no quota for {template} in {answer}"))
+}
+
+/// The string attribute `name` of a stored item.
+pub fn attr_s<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a str> {
+    item.get(name).and_then(|v| v.as_s().ok()).map(String::as_str)
+}
+
+/// The number attribute `name` of a stored item.
+pub fn attr_n(item: &HashMap<String, AttributeValue>, name: &str) -> Option<i64> {
+    item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok())
+}

@@ -1,1 +1,11 @@
+//! The integration suite: one binary, run by `scripts/test`.
+//!
+//! Every test gets its own table in the real DynamoDB emulator and its own WeChat
+//! stand-in, reached over real HTTP (see `onegrant_tests::spawn_app`).
 
+mod contract;
+mod emulator;
+mod grants;
+mod inputs;
+mod session;
+mod standin;

@@ -376,10 +376,13 @@ fn count(inner: &mut Inner, errcode: i64) {
     *inner.counters.send_errcodes.entry(errcode).or_default() += 1;
 }
 
-/// Counts and answers a refused send.
-fn refuse(inner: &mut Inner, errcode: i64, errmsg: &str) -> Response {
+/// A refused send: the errcode and errmsg WeChat would answer.
+struct Refusal(i64, String);
+
+/// Counts a refused send.
+fn refuse(inner: &mut Inner, errcode: i64, errmsg: &str) -> Refusal {
     count(inner, errcode);
-    wx(errcode, errmsg)
+    Refusal(errcode, errmsg.to_string())
 }
 
 async fn send(
@@ -395,7 +398,7 @@ async fn send(
     };
     let (request, fault, latency) = match checked {
         Ok(ok) => ok,
-        Err(response) => return response,
+        Err(Refusal(errcode, errmsg)) => return wx(errcode, &errmsg),
     };
     let openid = request.touser.clone();
     {
@@ -497,22 +500,20 @@ fn check_send(
     access_token: Option<&String>,
     body: &[u8],
     now: Instant,
-) -> Result<(SendRequest, Option<Fault>, Duration), Response> {
+) -> Result<(SendRequest, Option<Fault>, Duration), Refusal> {
     let Some(access_token) = access_token.filter(|t| !t.is_empty()) else {
-        count(inner, 41001);
-        return Err(wx(41001, "access_token missing"));
+        return Err(refuse(inner, 41001, "access_token missing"));
     };
     match inner.tokens.get(access_token) {
         None => {
-            count(inner, 40001);
-            return Err(wx(
+            return Err(refuse(
+                inner,
                 40001,
                 "invalid credential, access_token is invalid or not latest",
             ));
         }
         Some(t) if t.expires_at <= now => {
-            count(inner, 42001);
-            return Err(wx(42001, "access_token expired"));
+            return Err(refuse(inner, 42001, "access_token expired"));
         }
         Some(_) => {}
     }
@@ -561,7 +562,7 @@ fn check_send(
             .and_then(|v| v.get("value"))
             .and_then(Value::as_str);
         let valid = match (value, rules::prefix_of(&keyword.key)) {
-            (Some(v), Some(prefix)) => rules::check(prefix, v).is_ok(),
+            (Some(v), Some(prefix)) => rules::is_valid(prefix, v),
             _ => false,
         };
         if !valid {

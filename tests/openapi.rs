@@ -1,0 +1,71 @@
+//! Checks real responses against `api/openapi.yaml`.
+//!
+//! Every call made through `TestApp::call` passes here: the (method, path, status)
+//! must be documented, and the body must validate against the documented schema.
+
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+/// The committed contract.
+pub const OPENAPI_YAML: &str = include_str!("../api/openapi.yaml");
+
+/// The contract as JSON.
+pub fn document() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(|| serde_yaml_ng::from_str(OPENAPI_YAML).expect("api/openapi.yaml parses"))
+}
+
+fn escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The documented path template that `path` (no query) falls under.
+fn template_for(path: &str) -> Option<String> {
+    let path = path.split('?').next().unwrap_or(path);
+    let paths = document()["paths"].as_object()?;
+    paths
+        .keys()
+        .find(|template| {
+            let t: Vec<&str> = template.split('/').collect();
+            let p: Vec<&str> = path.split('/').collect();
+            t.len() == p.len()
+                && t.iter()
+                    .zip(&p)
+                    .all(|(a, b)| a == b || (a.starts_with('{') && a.ends_with('}') && !b.is_empty()))
+        })
+        .cloned()
+}
+
+/// Panics unless `body` is what the contract documents for `method path` → `status`.
+pub fn assert_conforms(method: &str, path: &str, status: u16, body: &Value) {
+    let doc = document();
+    let template = template_for(path).unwrap_or_else(|| panic!("{path} is not in api/openapi.yaml"));
+    let method = method.to_lowercase();
+    let status_key = status.to_string();
+    let mut pointer = format!(
+        "/paths/{}/{}/responses/{}",
+        escape(&template),
+        method,
+        status_key
+    );
+    let response = doc
+        .pointer(&pointer)
+        .unwrap_or_else(|| panic!("{method} {template} does not document status {status}: {body}"));
+    if let Some(reference) = response.get("$ref").and_then(Value::as_str) {
+        pointer = reference.trim_start_matches('#').to_string();
+    }
+    pointer.push_str("/content/application~1json/schema");
+    assert!(
+        doc.pointer(&pointer).is_some(),
+        "{method} {template} {status} documents no JSON body"
+    );
+    let mut root = doc.clone();
+    root["$ref"] = json!(format!("#{pointer}"));
+    let validator = jsonschema::validator_for(&root).expect("the contract is a valid schema");
+    let errors: Vec<String> = validator.iter_errors(body).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "{method} {path} {status} does not match api/openapi.yaml: {errors:?}\nbody: {body}"
+    );
+}

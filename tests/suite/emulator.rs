@@ -1,0 +1,222 @@
+//! The emulator the suite relies on must behave like DynamoDB where onegrant's
+//! guarantees live: conditional writes and transactions applied atomically.
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, Put, TimeToLiveStatus, TransactWriteItem, Update,
+};
+use futures::future::join_all;
+use onegrant_tests::TestTable;
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forty_racing_conditional_decrements_of_ten_succeed_exactly_ten_times_each_round() {
+    let table = TestTable::create().await;
+    for round in 0..5 {
+        table
+            .client
+            .put_item()
+            .table_name(&table.name)
+            .item("pk", s("COUNTER"))
+            .item("sk", s("C"))
+            .item("n", AttributeValue::N("10".into()))
+            .send()
+            .await
+            .expect("seed the counter");
+        let attempts = (0..40).map(|_| {
+            let client = table.client.clone();
+            let name = table.name.clone();
+            tokio::spawn(async move {
+                client
+                    .update_item()
+                    .table_name(name)
+                    .key("pk", s("COUNTER"))
+                    .key("sk", s("C"))
+                    .update_expression("SET n = n - :one")
+                    .condition_expression("n > :zero")
+                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                    .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+                    .send()
+                    .await
+                    .is_ok()
+            })
+        });
+        let successes = join_all(attempts)
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(true)))
+            .count();
+        let item = table
+            .client
+            .get_item()
+            .table_name(&table.name)
+            .key("pk", s("COUNTER"))
+            .key("sk", s("C"))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read the counter");
+        let left = item.item().and_then(|i| onegrant_tests::attr_n(i, "n"));
+        assert_eq!(successes, 10, "round {round}: successes");
+        assert_eq!(left, Some(0), "round {round}: counter left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_racing_transactional_claims_have_exactly_one_winner_each_round() {
+    let table = TestTable::create().await;
+    for round in 0..5 {
+        let plan = format!("PLAN#{round}");
+        table
+            .client
+            .put_item()
+            .table_name(&table.name)
+            .item("pk", s("USER#race"))
+            .item("sk", s(&plan))
+            .item("state", s("scheduled"))
+            .send()
+            .await
+            .expect("seed the plan");
+        let racers = (0..20).map(|racer| {
+            let client = table.client.clone();
+            let name = table.name.clone();
+            let plan = plan.clone();
+            tokio::spawn(async move {
+                let claim = Update::builder()
+                    .table_name(&name)
+                    .key("pk", s("USER#race"))
+                    .key("sk", s(&plan))
+                    .update_expression("SET #s = :sending")
+                    .condition_expression("#s = :scheduled")
+                    .expression_attribute_names("#s", "state")
+                    .expression_attribute_values(":sending", s("sending"))
+                    .expression_attribute_values(":scheduled", s("scheduled"))
+                    .build()
+                    .expect("update");
+                let record = Put::builder()
+                    .table_name(&name)
+                    .item("pk", s("USER#race"))
+                    .item("sk", s(&format!("CLAIM#{plan}#{racer}")))
+                    .build()
+                    .expect("put");
+                client
+                    .transact_write_items()
+                    .transact_items(TransactWriteItem::builder().update(claim).build())
+                    .transact_items(TransactWriteItem::builder().put(record).build())
+                    .send()
+                    .await
+                    .is_ok()
+            })
+        });
+        let winners = join_all(racers)
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(true)))
+            .count();
+        let claims = table
+            .items()
+            .await
+            .iter()
+            .filter(|i| {
+                onegrant_tests::attr_s(i, "sk").is_some_and(|sk| sk.starts_with(&format!("CLAIM#{plan}#")))
+            })
+            .count();
+        assert_eq!(winners, 1, "round {round}: winners");
+        assert_eq!(claims, 1, "round {round}: claim records written");
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_transaction_leaves_nothing_behind_and_returns_the_old_item() {
+    let table = TestTable::create().await;
+    table
+        .client
+        .put_item()
+        .table_name(&table.name)
+        .item("pk", s("A"))
+        .item("sk", s("A"))
+        .item("state", s("done"))
+        .send()
+        .await
+        .expect("seed");
+    let check = ConditionCheck::builder()
+        .table_name(&table.name)
+        .key("pk", s("A"))
+        .key("sk", s("A"))
+        .condition_expression("attribute_not_exists(pk)")
+        .return_values_on_condition_check_failure(
+            aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+        )
+        .build()
+        .expect("check");
+    let put = Put::builder()
+        .table_name(&table.name)
+        .item("pk", s("B"))
+        .item("sk", s("B"))
+        .build()
+        .expect("put");
+    let err = table
+        .client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().condition_check(check).build())
+        .transact_items(TransactWriteItem::builder().put(put).build())
+        .send()
+        .await
+        .expect_err("the condition fails");
+    let service = err.into_service_error();
+    let reasons = match service {
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(e) => {
+            e.cancellation_reasons().to_vec()
+        }
+        other => panic!("expected a cancellation, got {other:?}"),
+    };
+    assert_eq!(reasons[0].code(), Some("ConditionalCheckFailed"));
+    assert_eq!(
+        reasons[0].item().and_then(|i| onegrant_tests::attr_s(i, "state")),
+        Some("done")
+    );
+    assert_eq!(table.items().await.len(), 1, "only the seeded item exists");
+}
+
+#[tokio::test]
+async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
+    let table = TestTable::create().await;
+    let described = table
+        .client
+        .describe_table()
+        .table_name(&table.name)
+        .send()
+        .await
+        .expect("describe");
+    let desc = described.table().expect("table description");
+    let mut indexes: Vec<(String, Vec<String>)> = desc
+        .global_secondary_indexes()
+        .iter()
+        .map(|g| {
+            (
+                g.index_name().unwrap_or_default().to_string(),
+                g.key_schema().iter().map(|k| k.attribute_name().to_string()).collect(),
+            )
+        })
+        .collect();
+    indexes.sort();
+    assert_eq!(
+        indexes,
+        vec![
+            ("due".to_string(), vec!["due_pk".to_string(), "due_at".to_string()]),
+            ("lease".to_string(), vec!["lease_pk".to_string(), "lease_until".to_string()]),
+        ]
+    );
+    let ttl = table
+        .client
+        .describe_time_to_live()
+        .table_name(&table.name)
+        .send()
+        .await
+        .expect("describe ttl");
+    let ttl = ttl.time_to_live_description().expect("ttl description");
+    assert_eq!(ttl.attribute_name(), Some("expires_at"));
+    assert_eq!(ttl.time_to_live_status(), Some(&TimeToLiveStatus::Enabled));
+}

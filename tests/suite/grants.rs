@@ -1,0 +1,222 @@
+//! `POST /v1/grants` and `GET /v1/grants`: one accept buys one grant, exactly once.
+
+use std::collections::HashMap;
+
+use futures::future::join_all;
+use onegrant_tests::{ORDER, TestApp, WATER, attr_n, attr_s, quota, spawn_app};
+use serde_json::{Value, json};
+
+/// Per (user partition, template): the quota counters and the grant items by state.
+/// Checks invariant I2 and that counters agree with the ledger, for every user.
+async fn assert_ledger_agrees_with_counters(app: &TestApp) {
+    let items = app.items().await;
+    let mut states: HashMap<(String, String), HashMap<String, i64>> = HashMap::new();
+    for item in &items {
+        if attr_s(item, "kind") == Some("grant")
+            && let Some(state) = attr_s(item, "state")
+        {
+            let key = (
+                attr_s(item, "pk").unwrap_or_default().to_string(),
+                attr_s(item, "template_id").unwrap_or_default().to_string(),
+            );
+            *states.entry(key).or_default().entry(state.to_string()).or_default() += 1;
+        }
+    }
+    for item in items.iter().filter(|i| attr_s(i, "kind") == Some("quota")) {
+        let key = (
+            attr_s(item, "pk").unwrap_or_default().to_string(),
+            attr_s(item, "template_id").unwrap_or_default().to_string(),
+        );
+        let counted = states.remove(&key).unwrap_or_default();
+        let n = |name: &str| attr_n(item, name).unwrap_or(0);
+        let c = |state: &str| counted.get(state).copied().unwrap_or(0);
+        assert_eq!(
+            n("accepted"),
+            n("available") + n("reserved") + n("consumed") + n("invalid"),
+            "I2 for {key:?}"
+        );
+        assert_eq!(n("available"), c("available"), "available for {key:?}");
+        assert_eq!(n("reserved"), c("reserved"), "reserved for {key:?}");
+        assert_eq!(n("consumed"), c("consumed"), "consumed for {key:?}");
+        assert_eq!(n("invalid"), c("invalid"), "invalid for {key:?}");
+    }
+    assert!(states.is_empty(), "grants without counters: {states:?}");
+}
+
+fn report(request_id: &str, results: Value) -> Value {
+    json!({"request_id": request_id, "results": results})
+}
+
+#[tokio::test]
+async fn an_accepted_template_adds_one_available_grant() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_1", json!({"errMsg": "requestSubscribeMessage:ok", WATER: "accept"})),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["grants"],
+        json!([{"template_id": WATER, "request_id": "wr_1", "result": "accept", "status": "available"}])
+    );
+    let water = quota(&answer.body, WATER);
+    assert_eq!((water["available"].as_u64(), water["accepted"].as_u64(), water["used"].as_u64()), (Some(1), Some(1), Some(0)));
+    assert_eq!(water["needs_grant"], false);
+    assert_eq!(quota(&answer.body, ORDER)["needs_grant"], true);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_reports_make_exactly_one_grant_and_fifty_identical_answers() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let body = report("wr_same", json!({WATER: "accept", ORDER: "reject"}));
+    let answers = join_all((0..50).map(|_| app.post("/v1/grants", Some(&token), &body))).await;
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body, answers[0].body, "every answer is identical");
+    }
+    let items = app.items().await;
+    let grants = items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("grant") && attr_s(i, "template_id") == Some(WATER))
+        .count();
+    assert_eq!(grants, 1, "exactly one grant item");
+    let water = quota(&answers[0].body, WATER);
+    assert_eq!((water["accepted"].as_u64(), water["available"].as_u64()), (Some(1), Some(1)));
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_reports_with_distinct_request_ids_add_twenty_grants() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let bodies: Vec<Value> = (0..20)
+        .map(|i| report(&format!("wr_{i}"), json!({WATER: "accept"})))
+        .collect();
+    let answers = join_all(bodies.iter().map(|b| app.post("/v1/grants", Some(&token), b))).await;
+    assert!(answers.iter().all(|a| a.status == 200));
+    let quotas = app.get("/v1/grants", Some(&token)).await;
+    let water = quota(&quotas.body, WATER);
+    assert_eq!((water["accepted"].as_u64(), water["available"].as_u64()), (Some(20), Some(20)));
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_request_id_reused_with_a_different_result_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let first = app
+        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .await;
+    assert_eq!(first.status, 200);
+    let before = app.items().await;
+    for changed in [json!({WATER: "reject"}), json!({WATER: "reject", ORDER: "accept"})] {
+        let answer = app.post("/v1/grants", Some(&token), &report("wr_1", changed.clone())).await;
+        assert_eq!(answer.status, 409, "{changed}: {}", answer.body);
+        assert_eq!(answer.body["error"]["code"], "idempotency_conflict");
+    }
+    let mut after = app.items().await;
+    let mut before = before;
+    let key = |i: &HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        attr_s(i, "sk").unwrap_or_default().to_string()
+    };
+    before.sort_by_key(key);
+    after.sort_by_key(key);
+    assert_eq!(before, after, "a refused report writes nothing");
+}
+
+#[tokio::test]
+async fn a_replay_answers_from_the_ledger_and_a_new_template_under_the_same_request_id_is_added() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let first = app
+        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .await;
+    let replay = app
+        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .await;
+    assert_eq!(first.body, replay.body);
+    // Idempotency is per (user, request_id, template): the grant a check-in carries for
+    // one template may share a request_id with a report covering others.
+    let extended = app
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_1", json!({WATER: "accept", ORDER: "accept"})),
+        )
+        .await;
+    assert_eq!(extended.status, 200);
+    assert_eq!(quota(&extended.body, WATER)["accepted"], 1);
+    assert_eq!(quota(&extended.body, ORDER)["accepted"], 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn reject_ban_and_filter_are_recorded_without_granting() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let answer = app
+        .post("/v1/grants", Some(&token), &report("wr_r", json!({WATER: "reject", ORDER: "ban"})))
+        .await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.body["grants"].as_array().is_some_and(|g| g.iter().all(|e| e["status"] == "not_granted")));
+    let filtered = app
+        .post("/v1/grants", Some(&token), &report("wr_f", json!({WATER: "filter"})))
+        .await;
+    assert_eq!(filtered.body["grants"][0]["status"], "not_granted");
+    let items = app.items().await;
+    let refusals: Vec<_> = items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("quota"))
+        .map(|i| (attr_s(i, "template_id"), attr_s(i, "last_refusal"), attr_n(i, "accepted")))
+        .collect();
+    assert!(refusals.contains(&(Some(WATER), Some("reject"), None)));
+    assert!(refusals.contains(&(Some(ORDER), Some("ban"), None)));
+    let ledger = items.iter().filter(|i| attr_s(i, "kind") == Some("grant")).count();
+    assert_eq!(ledger, 3, "every result is in the ledger");
+    assert_eq!(quota(&filtered.body, WATER)["accepted"], 0);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn quotas_list_every_configured_template_even_before_any_grant() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let answer = app.get("/v1/grants", Some(&token)).await;
+    assert_eq!(answer.status, 200);
+    let ids: Vec<&str> = answer.body["quotas"]
+        .as_array()
+        .expect("quotas")
+        .iter()
+        .filter_map(|q| q["template_id"].as_str())
+        .collect();
+    assert_eq!(ids, vec![ORDER, WATER]);
+    assert_eq!(quota(&answer.body, WATER)["title"], "喝水提醒");
+}
+
+#[tokio::test]
+async fn user_b_sees_none_of_user_as_grants_or_quotas() {
+    let app = spawn_app().await;
+    let alice = app.login("alice").await;
+    let bob = app.login("bob").await;
+    for i in 0..3 {
+        app.post("/v1/grants", Some(&alice), &report(&format!("wr_{i}"), json!({WATER: "accept"})))
+            .await;
+    }
+    let bobs = app.get("/v1/grants", Some(&bob)).await;
+    assert_eq!(quota(&bobs.body, WATER)["accepted"], 0);
+    // Bob reusing Alice's request_id is Bob's own first report, not a conflict.
+    let own = app
+        .post("/v1/grants", Some(&bob), &report("wr_0", json!({WATER: "reject"})))
+        .await;
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert_eq!(quota(&own.body, WATER)["accepted"], 0);
+    let alices = app.get("/v1/grants", Some(&alice)).await;
+    assert_eq!(quota(&alices.body, WATER)["accepted"], 3);
+    assert_ledger_agrees_with_counters(&app).await;
+}
