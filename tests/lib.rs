@@ -8,7 +8,7 @@
 pub mod openapi;
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use onegrant::Deps;
@@ -29,6 +29,47 @@ pub fn emulator_endpoint() -> &'static str {
 /// bound to the test's runtime).
 pub fn dynamodb() -> aws_sdk_dynamodb::Client {
     onegrant::aws::local_dynamodb_client(emulator_endpoint())
+}
+
+/// Counts the DynamoDB requests a client sends (every attempt, retries included), by
+/// operation name, so tests can pin the round trips an operation costs.
+#[derive(Debug, Clone, Default)]
+pub struct RoundTrips(Arc<Mutex<Vec<String>>>);
+
+impl RoundTrips {
+    /// The operations sent since the last call, in order; resets the count.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `client` with this counter attached.
+    pub fn attach(&self, client: &aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
+        let config = client.config().to_builder().interceptor(self.clone()).build();
+        aws_sdk_dynamodb::Client::from_conf(config)
+    }
+}
+
+impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
+    fn name(&self) -> &'static str {
+        "RoundTrips"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let target = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .and_then(|t| t.split('.').nth(1))
+            .unwrap_or("unknown")
+            .to_string();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(target);
+        Ok(())
+    }
 }
 
 /// A fresh table, created from `template.yaml` and deleted when dropped.
@@ -91,6 +132,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     pub table: TestTable,
     pub deps: Deps,
+    /// Every DynamoDB request the functions send.
+    pub round_trips: RoundTrips,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -146,7 +189,8 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
     }
     let config = stack::local_config(&values).expect("test config is valid");
     let standin_task = standin::spawn(stack::standin_config(&config), standin_listener);
-    let deps = stack::deps(config, table.client.clone()).expect("deps build");
+    let round_trips = RoundTrips::default();
+    let deps = stack::deps(config, round_trips.attach(&table.client)).expect("deps build");
     let (base_url, api_task) = serve(api::api_router(deps.clone()).expect("router builds")).await;
     let (invoke_url, invoke_task) =
         serve(api::invoke_router(deps.clone()).expect("router builds")).await;
@@ -157,6 +201,7 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
         http: reqwest::Client::new(),
         table,
         deps,
+        round_trips,
         tasks: vec![standin_task, api_task, invoke_task],
     }
 }

@@ -220,3 +220,21 @@ async fn user_b_sees_none_of_user_as_grants_or_quotas() {
     assert_eq!(quota(&alices.body, WATER)["accepted"], 3);
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+#[tokio::test]
+async fn a_grant_report_costs_two_dynamodb_round_trips_and_a_quota_read_one() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let body = report("wr_rt", json!({WATER: "accept", ORDER: "reject"}));
+    app.round_trips.take();
+    assert_eq!(app.post("/v1/grants", Some(&token), &body).await.status, 200);
+    assert_eq!(app.round_trips.take(), vec!["TransactWriteItems", "Query"], "first report");
+    assert_eq!(app.post("/v1/grants", Some(&token), &body).await.status, 200);
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["TransactWriteItems", "Query"],
+        "a replay is answered from the cancelled transaction's ALL_OLD items"
+    );
+    assert_eq!(app.get("/v1/grants", Some(&token)).await.status, 200);
+    assert_eq!(app.round_trips.take(), vec!["Query"], "quotas never scan grants");
+}
