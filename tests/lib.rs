@@ -21,7 +21,9 @@ use tokio::net::TcpListener;
 pub fn emulator_endpoint() -> &'static str {
     static EMULATOR: OnceLock<Emulator> = OnceLock::new();
     EMULATOR
-        .get_or_init(|| Emulator::start(true).expect("the DynamoDB emulator starts (run scripts/setup)"))
+        .get_or_init(|| {
+            Emulator::start(true).expect("the DynamoDB emulator starts (run scripts/setup)")
+        })
         .endpoint()
 }
 
@@ -44,7 +46,11 @@ impl RoundTrips {
 
     /// `client` with this counter attached.
     pub fn attach(&self, client: &aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
-        let config = client.config().to_builder().interceptor(self.clone()).build();
+        let config = client
+            .config()
+            .to_builder()
+            .interceptor(self.clone())
+            .build();
         aws_sdk_dynamodb::Client::from_conf(config)
     }
 }
@@ -67,7 +73,10 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
             .and_then(|t| t.split('.').nth(1))
             .unwrap_or("unknown")
             .to_string();
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(target);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(target);
         Ok(())
     }
 }
@@ -111,7 +120,10 @@ impl Drop for TestTable {
         let endpoint = emulator_endpoint().to_string();
         // Drop cannot await; a short-lived runtime on its own thread deletes the table.
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async {
@@ -224,7 +236,10 @@ impl TestApp {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-                panic!("non-JSON body ({status}): {}", String::from_utf8_lossy(&bytes))
+                panic!(
+                    "non-JSON body ({status}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
             })
         };
         Answer {
@@ -236,14 +251,24 @@ impl TestApp {
 
     /// Sends `method path` with an optional bearer token and raw body, checks the answer
     /// against api/openapi.yaml, and returns it.
-    pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> Answer {
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Answer {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method.clone(), format!("{}{path}", self.base_url));
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base_url));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         if let Some(body) = body {
-            request = request.header("content-type", "application/json").body(body);
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
         }
         let answer = Self::decode(request.send().await.expect("request reaches the API")).await;
         openapi::assert_conforms(method.as_str(), path, answer.status, &answer.body);
@@ -251,7 +276,13 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Answer {
-        self.call("POST", path, token, Some(serde_json::to_vec(body).expect("JSON"))).await
+        self.call(
+            "POST",
+            path,
+            token,
+            Some(serde_json::to_vec(body).expect("JSON")),
+        )
+        .await
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
@@ -261,18 +292,26 @@ impl TestApp {
     /// Calls the stand-in's control API.
     pub async fn control(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method, format!("{}/control/{path}", self.standin_url));
+        let mut request = self
+            .http
+            .request(method, format!("{}/control/{path}", self.standin_url));
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.expect("stand-in reachable");
-        assert!(response.status().is_success(), "control {path}: {}", response.status());
+        assert!(
+            response.status().is_success(),
+            "control {path}: {}",
+            response.status()
+        );
         response.json().await.expect("control answers JSON")
     }
 
     /// A fresh `wx.login` code for `user`, and that user's openid.
     pub async fn login_code(&self, user: &str) -> (String, String) {
-        let v = self.control("POST", "login-codes", Some(json!({"user": user}))).await;
+        let v = self
+            .control("POST", "login-codes", Some(json!({"user": user})))
+            .await;
         (
             v["code"].as_str().expect("code").to_string(),
             v["openid"].as_str().expect("openid").to_string(),
@@ -303,10 +342,14 @@ pub fn quota<'a>(answer: &'a Value, template: &str) -> &'a Value {
 
 /// The string attribute `name` of a stored item.
 pub fn attr_s<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a str> {
-    item.get(name).and_then(|v| v.as_s().ok()).map(String::as_str)
+    item.get(name)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
 }
 
 /// The number attribute `name` of a stored item.
 pub fn attr_n(item: &HashMap<String, AttributeValue>, name: &str) -> Option<i64> {
-    item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok())
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
 }

@@ -30,9 +30,9 @@ fn template_for(path: &str) -> Option<String> {
             let t: Vec<&str> = template.split('/').collect();
             let p: Vec<&str> = path.split('/').collect();
             t.len() == p.len()
-                && t.iter()
-                    .zip(&p)
-                    .all(|(a, b)| a == b || (a.starts_with('{') && a.ends_with('}') && !b.is_empty()))
+                && t.iter().zip(&p).all(|(a, b)| {
+                    a == b || (a.starts_with('{') && a.ends_with('}') && !b.is_empty())
+                })
         })
         .cloned()
 }
@@ -40,7 +40,8 @@ fn template_for(path: &str) -> Option<String> {
 /// Panics unless `body` is what the contract documents for `method path` → `status`.
 pub fn assert_conforms(method: &str, path: &str, status: u16, body: &Value) {
     let doc = document();
-    let template = template_for(path).unwrap_or_else(|| panic!("{path} is not in api/openapi.yaml"));
+    let template =
+        template_for(path).unwrap_or_else(|| panic!("{path} is not in api/openapi.yaml"));
     let method = method.to_lowercase();
     let status_key = status.to_string();
     let mut pointer = format!(

@@ -29,7 +29,9 @@ fn the_openapi_document_covers_exactly_the_routes_template_yaml_declares() {
 }
 
 fn sample_event(name: &str) -> Value {
-    let path = onegrant_local::emulator::repo_root().join("events").join(name);
+    let path = onegrant_local::emulator::repo_root()
+        .join("events")
+        .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("sample event is JSON")
 }
@@ -44,7 +46,11 @@ fn every_function_has_sample_events_that_parse_as_its_event_type() {
             .map(|e| e.file_name().to_string_lossy().to_string())
             .filter(|n| n.starts_with(&format!("{}-", function.binary)) && n.ends_with(".json"))
             .collect();
-        assert!(!samples.is_empty(), "{} has no sample event in events/", function.binary);
+        assert!(
+            !samples.is_empty(),
+            "{} has no sample event in events/",
+            function.binary
+        );
         for sample in samples {
             let event = sample_event(&sample).to_string();
             if function.http {
@@ -58,7 +64,10 @@ fn every_function_has_sample_events_that_parse_as_its_event_type() {
 async fn invoke(app: &onegrant_tests::TestApp, function: &str, event: &Value) -> Value {
     let response = app
         .http
-        .post(format!("{}/2015-03-31/functions/{function}/invocations", app.invoke_url))
+        .post(format!(
+            "{}/2015-03-31/functions/{function}/invocations",
+            app.invoke_url
+        ))
         .json(event)
         .send()
         .await
@@ -93,7 +102,10 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
 
     let missing = app
         .http
-        .post(format!("{}/2015-03-31/functions/nope/invocations", app.invoke_url))
+        .post(format!(
+            "{}/2015-03-31/functions/nope/invocations",
+            app.invoke_url
+        ))
         .json(&json!({}))
         .send()
         .await
@@ -104,10 +116,18 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
 #[tokio::test]
 async fn routes_template_yaml_does_not_declare_answer_api_gateways_404() {
     let app = spawn_app().await;
-    for (method, path) in [("GET", "/v1/session"), ("DELETE", "/v1/grants"), ("GET", "/v2/grants"), ("GET", "/")] {
+    for (method, path) in [
+        ("GET", "/v1/session"),
+        ("DELETE", "/v1/grants"),
+        ("GET", "/v2/grants"),
+        ("GET", "/"),
+    ] {
         let response = app
             .http
-            .request(reqwest::Method::from_bytes(method.as_bytes()).expect("method"), format!("{}{path}", app.base_url))
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+                format!("{}{path}", app.base_url),
+            )
             .send()
             .await
             .expect("request");

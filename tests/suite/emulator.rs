@@ -120,7 +120,8 @@ async fn twenty_racing_transactional_claims_have_exactly_one_winner_each_round()
             .await
             .iter()
             .filter(|i| {
-                onegrant_tests::attr_s(i, "sk").is_some_and(|sk| sk.starts_with(&format!("CLAIM#{plan}#")))
+                onegrant_tests::attr_s(i, "sk")
+                    .is_some_and(|sk| sk.starts_with(&format!("CLAIM#{plan}#")))
             })
             .count();
         assert_eq!(winners, 1, "round {round}: winners");
@@ -174,7 +175,9 @@ async fn a_cancelled_transaction_leaves_nothing_behind_and_returns_the_old_item(
     };
     assert_eq!(reasons[0].code(), Some("ConditionalCheckFailed"));
     assert_eq!(
-        reasons[0].item().and_then(|i| onegrant_tests::attr_s(i, "state")),
+        reasons[0]
+            .item()
+            .and_then(|i| onegrant_tests::attr_s(i, "state")),
         Some("done")
     );
     assert_eq!(table.items().await.len(), 1, "only the seeded item exists");
@@ -197,7 +200,10 @@ async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
         .map(|g| {
             (
                 g.index_name().unwrap_or_default().to_string(),
-                g.key_schema().iter().map(|k| k.attribute_name().to_string()).collect(),
+                g.key_schema()
+                    .iter()
+                    .map(|k| k.attribute_name().to_string())
+                    .collect(),
             )
         })
         .collect();
@@ -205,8 +211,14 @@ async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
     assert_eq!(
         indexes,
         vec![
-            ("due".to_string(), vec!["due_pk".to_string(), "due_at".to_string()]),
-            ("lease".to_string(), vec!["lease_pk".to_string(), "lease_until".to_string()]),
+            (
+                "due".to_string(),
+                vec!["due_pk".to_string(), "due_at".to_string()]
+            ),
+            (
+                "lease".to_string(),
+                vec!["lease_pk".to_string(), "lease_until".to_string()]
+            ),
         ]
     );
     let ttl = table

@@ -19,7 +19,11 @@ async fn assert_ledger_agrees_with_counters(app: &TestApp) {
                 attr_s(item, "pk").unwrap_or_default().to_string(),
                 attr_s(item, "template_id").unwrap_or_default().to_string(),
             );
-            *states.entry(key).or_default().entry(state.to_string()).or_default() += 1;
+            *states
+                .entry(key)
+                .or_default()
+                .entry(state.to_string())
+                .or_default() += 1;
         }
     }
     for item in items.iter().filter(|i| attr_s(i, "kind") == Some("quota")) {
@@ -55,7 +59,10 @@ async fn an_accepted_template_adds_one_available_grant() {
         .post(
             "/v1/grants",
             Some(&token),
-            &report("wr_1", json!({"errMsg": "requestSubscribeMessage:ok", WATER: "accept"})),
+            &report(
+                "wr_1",
+                json!({"errMsg": "requestSubscribeMessage:ok", WATER: "accept"}),
+            ),
         )
         .await;
     assert_eq!(answer.status, 200, "{}", answer.body);
@@ -64,7 +71,14 @@ async fn an_accepted_template_adds_one_available_grant() {
         json!([{"template_id": WATER, "request_id": "wr_1", "result": "accept", "status": "available"}])
     );
     let water = quota(&answer.body, WATER);
-    assert_eq!((water["available"].as_u64(), water["accepted"].as_u64(), water["used"].as_u64()), (Some(1), Some(1), Some(0)));
+    assert_eq!(
+        (
+            water["available"].as_u64(),
+            water["accepted"].as_u64(),
+            water["used"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0))
+    );
     assert_eq!(water["needs_grant"], false);
     assert_eq!(quota(&answer.body, ORDER)["needs_grant"], true);
     assert_ledger_agrees_with_counters(&app).await;
@@ -87,7 +101,10 @@ async fn fifty_concurrent_identical_reports_make_exactly_one_grant_and_fifty_ide
         .count();
     assert_eq!(grants, 1, "exactly one grant item");
     let water = quota(&answers[0].body, WATER);
-    assert_eq!((water["accepted"].as_u64(), water["available"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (water["accepted"].as_u64(), water["available"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_ledger_agrees_with_counters(&app).await;
 }
 
@@ -98,11 +115,19 @@ async fn twenty_concurrent_reports_with_distinct_request_ids_add_twenty_grants()
     let bodies: Vec<Value> = (0..20)
         .map(|i| report(&format!("wr_{i}"), json!({WATER: "accept"})))
         .collect();
-    let answers = join_all(bodies.iter().map(|b| app.post("/v1/grants", Some(&token), b))).await;
+    let answers = join_all(
+        bodies
+            .iter()
+            .map(|b| app.post("/v1/grants", Some(&token), b)),
+    )
+    .await;
     assert!(answers.iter().all(|a| a.status == 200));
     let quotas = app.get("/v1/grants", Some(&token)).await;
     let water = quota(&quotas.body, WATER);
-    assert_eq!((water["accepted"].as_u64(), water["available"].as_u64()), (Some(20), Some(20)));
+    assert_eq!(
+        (water["accepted"].as_u64(), water["available"].as_u64()),
+        (Some(20), Some(20))
+    );
     assert_ledger_agrees_with_counters(&app).await;
 }
 
@@ -111,12 +136,21 @@ async fn a_request_id_reused_with_a_different_result_is_refused_and_changes_noth
     let app = spawn_app().await;
     let token = app.login("alice").await;
     let first = app
-        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_1", json!({WATER: "accept"})),
+        )
         .await;
     assert_eq!(first.status, 200);
     let before = app.items().await;
-    for changed in [json!({WATER: "reject"}), json!({WATER: "reject", ORDER: "accept"})] {
-        let answer = app.post("/v1/grants", Some(&token), &report("wr_1", changed.clone())).await;
+    for changed in [
+        json!({WATER: "reject"}),
+        json!({WATER: "reject", ORDER: "accept"}),
+    ] {
+        let answer = app
+            .post("/v1/grants", Some(&token), &report("wr_1", changed.clone()))
+            .await;
         assert_eq!(answer.status, 409, "{changed}: {}", answer.body);
         assert_eq!(answer.body["error"]["code"], "idempotency_conflict");
     }
@@ -135,10 +169,18 @@ async fn a_replay_answers_from_the_ledger_and_a_new_template_under_the_same_requ
     let app = spawn_app().await;
     let token = app.login("alice").await;
     let first = app
-        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_1", json!({WATER: "accept"})),
+        )
         .await;
     let replay = app
-        .post("/v1/grants", Some(&token), &report("wr_1", json!({WATER: "accept"})))
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_1", json!({WATER: "accept"})),
+        )
         .await;
     assert_eq!(first.body, replay.body);
     // Idempotency is per (user, request_id, template): the grant a check-in carries for
@@ -161,23 +203,44 @@ async fn reject_ban_and_filter_are_recorded_without_granting() {
     let app = spawn_app().await;
     let token = app.login("alice").await;
     let answer = app
-        .post("/v1/grants", Some(&token), &report("wr_r", json!({WATER: "reject", ORDER: "ban"})))
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_r", json!({WATER: "reject", ORDER: "ban"})),
+        )
         .await;
     assert_eq!(answer.status, 200);
-    assert!(answer.body["grants"].as_array().is_some_and(|g| g.iter().all(|e| e["status"] == "not_granted")));
+    assert!(
+        answer.body["grants"]
+            .as_array()
+            .is_some_and(|g| g.iter().all(|e| e["status"] == "not_granted"))
+    );
     let filtered = app
-        .post("/v1/grants", Some(&token), &report("wr_f", json!({WATER: "filter"})))
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &report("wr_f", json!({WATER: "filter"})),
+        )
         .await;
     assert_eq!(filtered.body["grants"][0]["status"], "not_granted");
     let items = app.items().await;
     let refusals: Vec<_> = items
         .iter()
         .filter(|i| attr_s(i, "kind") == Some("quota"))
-        .map(|i| (attr_s(i, "template_id"), attr_s(i, "last_refusal"), attr_n(i, "accepted")))
+        .map(|i| {
+            (
+                attr_s(i, "template_id"),
+                attr_s(i, "last_refusal"),
+                attr_n(i, "accepted"),
+            )
+        })
         .collect();
     assert!(refusals.contains(&(Some(WATER), Some("reject"), None)));
     assert!(refusals.contains(&(Some(ORDER), Some("ban"), None)));
-    let ledger = items.iter().filter(|i| attr_s(i, "kind") == Some("grant")).count();
+    let ledger = items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("grant"))
+        .count();
     assert_eq!(ledger, 3, "every result is in the ledger");
     assert_eq!(quota(&filtered.body, WATER)["accepted"], 0);
     assert_ledger_agrees_with_counters(&app).await;
@@ -205,14 +268,22 @@ async fn user_b_sees_none_of_user_as_grants_or_quotas() {
     let alice = app.login("alice").await;
     let bob = app.login("bob").await;
     for i in 0..3 {
-        app.post("/v1/grants", Some(&alice), &report(&format!("wr_{i}"), json!({WATER: "accept"})))
-            .await;
+        app.post(
+            "/v1/grants",
+            Some(&alice),
+            &report(&format!("wr_{i}"), json!({WATER: "accept"})),
+        )
+        .await;
     }
     let bobs = app.get("/v1/grants", Some(&bob)).await;
     assert_eq!(quota(&bobs.body, WATER)["accepted"], 0);
     // Bob reusing Alice's request_id is Bob's own first report, not a conflict.
     let own = app
-        .post("/v1/grants", Some(&bob), &report("wr_0", json!({WATER: "reject"})))
+        .post(
+            "/v1/grants",
+            Some(&bob),
+            &report("wr_0", json!({WATER: "reject"})),
+        )
         .await;
     assert_eq!(own.status, 200, "{}", own.body);
     assert_eq!(quota(&own.body, WATER)["accepted"], 0);
@@ -227,14 +298,28 @@ async fn a_grant_report_costs_two_dynamodb_round_trips_and_a_quota_read_one() {
     let token = app.login("alice").await;
     let body = report("wr_rt", json!({WATER: "accept", ORDER: "reject"}));
     app.round_trips.take();
-    assert_eq!(app.post("/v1/grants", Some(&token), &body).await.status, 200);
-    assert_eq!(app.round_trips.take(), vec!["TransactWriteItems", "Query"], "first report");
-    assert_eq!(app.post("/v1/grants", Some(&token), &body).await.status, 200);
+    assert_eq!(
+        app.post("/v1/grants", Some(&token), &body).await.status,
+        200
+    );
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["TransactWriteItems", "Query"],
+        "first report"
+    );
+    assert_eq!(
+        app.post("/v1/grants", Some(&token), &body).await.status,
+        200
+    );
     assert_eq!(
         app.round_trips.take(),
         vec!["TransactWriteItems", "Query"],
         "a replay is answered from the cancelled transaction's ALL_OLD items"
     );
     assert_eq!(app.get("/v1/grants", Some(&token)).await.status, 200);
-    assert_eq!(app.round_trips.take(), vec!["Query"], "quotas never scan grants");
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["Query"],
+        "quotas never scan grants"
+    );
 }

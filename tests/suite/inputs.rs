@@ -8,7 +8,8 @@ use serde_json::json;
 
 fn sign(secret: &str, sub: &str, exp_offset_seconds: i64) -> String {
     let now = chrono::Utc::now().timestamp();
-    let claims = json!({"sub": sub, "iat": now - 60, "exp": now + exp_offset_seconds, "iss": "onegrant"});
+    let claims =
+        json!({"sub": sub, "iat": now - 60, "exp": now + exp_offset_seconds, "iss": "onegrant"});
     let key = EncodingKey::from_secret(secret.as_bytes()).expect("key");
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).expect("sign")
 }
@@ -44,32 +45,184 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
     let ok_body = json!({"request_id": "wr_ok", "results": {WATER: "accept"}}).to_string();
 
     let cases: Vec<(&str, Auth, String, u16, &str)> = vec![
-        ("malformed JSON", Auth::Valid, r#"{"request_id": "wr_1", "results": {"#.into(), 400, "malformed_json"),
-        ("empty body", Auth::Valid, String::new(), 400, "malformed_json"),
-        ("not an object", Auth::Valid, "[]".into(), 400, "invalid_body"),
-        ("missing request_id", Auth::Valid, json!({"results": {WATER: "accept"}}).to_string(), 400, "invalid_body"),
-        ("missing results", Auth::Valid, json!({"request_id": "wr_1"}).to_string(), 400, "invalid_body"),
-        ("request_id of the wrong type", Auth::Valid, json!({"request_id": 7, "results": {WATER: "accept"}}).to_string(), 400, "invalid_body"),
-        ("results of the wrong type", Auth::Valid, json!({"request_id": "wr_1", "results": [WATER]}).to_string(), 400, "invalid_body"),
-        ("a result of the wrong type", Auth::Valid, json!({"request_id": "wr_1", "results": {WATER: true}}).to_string(), 400, "invalid_body"),
-        ("six templates in one report", Auth::Valid, six.to_string(), 422, "too_many_templates"),
-        ("no templates", Auth::Valid, json!({"request_id": "wr_1", "results": {"errMsg": "requestSubscribeMessage:ok"}}).to_string(), 422, "no_templates"),
-        ("an unknown template", Auth::Valid, json!({"request_id": "wr_1", "results": {"tmpl_nope": "accept"}}).to_string(), 422, "unknown_template"),
-        ("an unknown template beside a known one", Auth::Valid, json!({"request_id": "wr_1", "results": {WATER: "accept", "tmpl_nope": "accept"}}).to_string(), 422, "unknown_template"),
-        ("an unknown result", Auth::Valid, json!({"request_id": "wr_1", "results": {WATER: "maybe"}}).to_string(), 422, "invalid_result"),
-        ("request_id with a space", Auth::Valid, json!({"request_id": "wr 1", "results": {WATER: "accept"}}).to_string(), 422, "invalid_request_id"),
-        ("request_id with '#'", Auth::Valid, json!({"request_id": "wr#1", "results": {WATER: "accept"}}).to_string(), 422, "invalid_request_id"),
-        ("request_id with CJK", Auth::Valid, json!({"request_id": "请求", "results": {WATER: "accept"}}).to_string(), 422, "invalid_request_id"),
-        ("empty request_id", Auth::Valid, json!({"request_id": "", "results": {WATER: "accept"}}).to_string(), 422, "invalid_request_id"),
-        ("request_id of 65 characters", Auth::Valid, json!({"request_id": "r".repeat(65), "results": {WATER: "accept"}}).to_string(), 422, "invalid_request_id"),
-        ("a body over 64 KiB", Auth::Valid, big, 413, "payload_too_large"),
+        (
+            "malformed JSON",
+            Auth::Valid,
+            r#"{"request_id": "wr_1", "results": {"#.into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "empty body",
+            Auth::Valid,
+            String::new(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "not an object",
+            Auth::Valid,
+            "[]".into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "missing request_id",
+            Auth::Valid,
+            json!({"results": {WATER: "accept"}}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "missing results",
+            Auth::Valid,
+            json!({"request_id": "wr_1"}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "request_id of the wrong type",
+            Auth::Valid,
+            json!({"request_id": 7, "results": {WATER: "accept"}}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "results of the wrong type",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": [WATER]}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "a result of the wrong type",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": {WATER: true}}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "six templates in one report",
+            Auth::Valid,
+            six.to_string(),
+            422,
+            "too_many_templates",
+        ),
+        (
+            "no templates",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": {"errMsg": "requestSubscribeMessage:ok"}})
+                .to_string(),
+            422,
+            "no_templates",
+        ),
+        (
+            "an unknown template",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": {"tmpl_nope": "accept"}}).to_string(),
+            422,
+            "unknown_template",
+        ),
+        (
+            "an unknown template beside a known one",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": {WATER: "accept", "tmpl_nope": "accept"}})
+                .to_string(),
+            422,
+            "unknown_template",
+        ),
+        (
+            "an unknown result",
+            Auth::Valid,
+            json!({"request_id": "wr_1", "results": {WATER: "maybe"}}).to_string(),
+            422,
+            "invalid_result",
+        ),
+        (
+            "request_id with a space",
+            Auth::Valid,
+            json!({"request_id": "wr 1", "results": {WATER: "accept"}}).to_string(),
+            422,
+            "invalid_request_id",
+        ),
+        (
+            "request_id with '#'",
+            Auth::Valid,
+            json!({"request_id": "wr#1", "results": {WATER: "accept"}}).to_string(),
+            422,
+            "invalid_request_id",
+        ),
+        (
+            "request_id with CJK",
+            Auth::Valid,
+            json!({"request_id": "请求", "results": {WATER: "accept"}}).to_string(),
+            422,
+            "invalid_request_id",
+        ),
+        (
+            "empty request_id",
+            Auth::Valid,
+            json!({"request_id": "", "results": {WATER: "accept"}}).to_string(),
+            422,
+            "invalid_request_id",
+        ),
+        (
+            "request_id of 65 characters",
+            Auth::Valid,
+            json!({"request_id": "r".repeat(65), "results": {WATER: "accept"}}).to_string(),
+            422,
+            "invalid_request_id",
+        ),
+        (
+            "a body over 64 KiB",
+            Auth::Valid,
+            big,
+            413,
+            "payload_too_large",
+        ),
         ("no token", Auth::None, ok_body.clone(), 401, "unauthorized"),
-        ("a malformed token", Auth::Raw("Bearer not-a-jwt".into()), ok_body.clone(), 401, "unauthorized"),
-        ("a token under another scheme", Auth::Raw(format!("Basic {valid}")), ok_body.clone(), 401, "unauthorized"),
-        ("a bare token without a scheme", Auth::Raw(valid.clone()), ok_body.clone(), 401, "unauthorized"),
-        ("a forged token", Auth::Raw(format!("Bearer {forged}")), ok_body.clone(), 401, "unauthorized"),
-        ("an expired token", Auth::Raw(format!("Bearer {expired}")), ok_body.clone(), 401, "unauthorized"),
-        ("an unsigned token", Auth::Raw(format!("Bearer {none_alg}")), ok_body.clone(), 401, "unauthorized"),
+        (
+            "a malformed token",
+            Auth::Raw("Bearer not-a-jwt".into()),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a token under another scheme",
+            Auth::Raw(format!("Basic {valid}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a bare token without a scheme",
+            Auth::Raw(valid.clone()),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a forged token",
+            Auth::Raw(format!("Bearer {forged}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "an expired token",
+            Auth::Raw(format!("Bearer {expired}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "an unsigned token",
+            Auth::Raw(format!("Bearer {none_alg}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
     ];
     for (name, auth, body, status, code) in cases {
         let mut request = app
@@ -86,9 +239,16 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
         let got_status = response.status().as_u16();
         let got: serde_json::Value = response.json().await.expect("JSON error body");
         onegrant_tests::openapi::assert_conforms("POST", "/v1/grants", got_status, &got);
-        assert_eq!((got_status, got["error"]["code"].as_str()), (status, Some(code)), "{name}: {got}");
+        assert_eq!(
+            (got_status, got["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {got}"
+        );
     }
-    for (name, header) in [("no token", None), ("an expired token", Some(format!("Bearer {expired}")))] {
+    for (name, header) in [
+        ("no token", None),
+        ("an expired token", Some(format!("Bearer {expired}"))),
+    ] {
         let mut request = app.http.get(format!("{}/v1/grants", app.base_url));
         if let Some(h) = header {
             request = request.header("authorization", h);
@@ -96,10 +256,17 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
         let response = request.send().await.expect("request");
         assert_eq!(response.status().as_u16(), 401, "GET with {name}");
     }
-    assert!(app.items().await.is_empty(), "nothing is stored by refused requests");
+    assert!(
+        app.items().await.is_empty(),
+        "nothing is stored by refused requests"
+    );
     // The same user can still report once the input is right.
     let fine = app
-        .post("/v1/grants", Some(&valid), &json!({"request_id": "wr_ok", "results": {ORDER: "accept"}}))
+        .post(
+            "/v1/grants",
+            Some(&valid),
+            &json!({"request_id": "wr_ok", "results": {ORDER: "accept"}}),
+        )
         .await;
     assert_eq!(fine.status, 200);
 }
@@ -110,17 +277,51 @@ async fn bad_login_requests_are_refused_with_their_own_error() {
     let cases: Vec<(&str, String, u16, &str)> = vec![
         ("malformed JSON", "{".into(), 400, "malformed_json"),
         ("missing code", "{}".into(), 400, "invalid_body"),
-        ("code of the wrong type", json!({"code": 12}).to_string(), 400, "invalid_body"),
-        ("empty code", json!({"code": ""}).to_string(), 422, "invalid_code_format"),
-        ("code with control characters", json!({"code": "a\nb"}).to_string(), 422, "invalid_code_format"),
-        ("code too long", json!({"code": "c".repeat(300)}).to_string(), 422, "invalid_code_format"),
-        ("a body over 64 KiB", json!({"code": "c".repeat(70 * 1024)}).to_string(), 413, "payload_too_large"),
+        (
+            "code of the wrong type",
+            json!({"code": 12}).to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "empty code",
+            json!({"code": ""}).to_string(),
+            422,
+            "invalid_code_format",
+        ),
+        (
+            "code with control characters",
+            json!({"code": "a\nb"}).to_string(),
+            422,
+            "invalid_code_format",
+        ),
+        (
+            "code too long",
+            json!({"code": "c".repeat(300)}).to_string(),
+            422,
+            "invalid_code_format",
+        ),
+        (
+            "a body over 64 KiB",
+            json!({"code": "c".repeat(70 * 1024)}).to_string(),
+            413,
+            "payload_too_large",
+        ),
     ];
     for (name, body, status, code) in cases {
-        let answer = app.call("POST", "/v1/session", None, Some(body.into_bytes())).await;
-        assert_eq!((answer.status, answer.body["error"]["code"].as_str()), (status, Some(code)), "{name}");
+        let answer = app
+            .call("POST", "/v1/session", None, Some(body.into_bytes()))
+            .await;
+        assert_eq!(
+            (answer.status, answer.body["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}"
+        );
     }
     let counters = app.control("GET", "counters", None).await;
-    assert_eq!(counters["jscode2session_calls"], 0, "bad input never reaches WeChat");
+    assert_eq!(
+        counters["jscode2session_calls"], 0,
+        "bad input never reaches WeChat"
+    );
     assert!(app.items().await.is_empty());
 }

@@ -31,11 +31,24 @@ async fn every_code_of_one_user_leads_to_the_same_account() {
 async fn a_code_is_single_use_and_an_unknown_code_is_refused() {
     let app = spawn_app().await;
     let (code, _) = app.login_code("alice").await;
-    assert_eq!(app.post("/v1/session", None, &json!({"code": code})).await.status, 200);
+    assert_eq!(
+        app.post("/v1/session", None, &json!({"code": code}))
+            .await
+            .status,
+        200
+    );
     let reused = app.post("/v1/session", None, &json!({"code": code})).await;
-    assert_eq!((reused.status, reused.body["error"]["code"].as_str()), (401, Some("invalid_code")));
-    let unknown = app.post("/v1/session", None, &json!({"code": "never-issued"})).await;
-    assert_eq!((unknown.status, unknown.body["error"]["code"].as_str()), (401, Some("invalid_code")));
+    assert_eq!(
+        (reused.status, reused.body["error"]["code"].as_str()),
+        (401, Some("invalid_code"))
+    );
+    let unknown = app
+        .post("/v1/session", None, &json!({"code": "never-issued"}))
+        .await;
+    assert_eq!(
+        (unknown.status, unknown.body["error"]["code"].as_str()),
+        (401, Some("invalid_code"))
+    );
     let counters = app.control("GET", "counters", None).await;
     assert_eq!(counters["jscode2session_calls"], 3);
 }
@@ -44,12 +57,16 @@ async fn a_code_is_single_use_and_an_unknown_code_is_refused() {
 async fn wechat_busy_or_slow_answers_503_with_retry_after() {
     let app = spawn_app_with(&[("WECHAT_TIMEOUT_MS", "300")]).await;
     for fault in [json!({"errcode": -1}), json!({"hang_ms": 1500})] {
-        app.control("POST", "login-fault", Some(fault.clone())).await;
+        app.control("POST", "login-fault", Some(fault.clone()))
+            .await;
         let (code, _) = app.login_code("alice").await;
         let answer = app.post("/v1/session", None, &json!({"code": code})).await;
         assert_eq!(answer.status, 503, "{fault}: {}", answer.body);
         assert_eq!(answer.body["error"]["code"], "unavailable");
-        assert!(answer.headers.get("retry-after").is_some(), "{fault}: Retry-After");
+        assert!(
+            answer.headers.get("retry-after").is_some(),
+            "{fault}: Retry-After"
+        );
     }
 }
 

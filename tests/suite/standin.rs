@@ -72,9 +72,18 @@ async fn stable_token_returns_the_same_token_until_forced_and_counts_forcing() {
     assert_ne!(forced["access_token"], a["access_token"]);
     let old = a["access_token"].as_str().expect("token");
     let (_, openid) = app.login_code("alice").await;
-    assert_eq!(send(&app, Some(old), &water_message(&openid)).await["errcode"], 40001);
+    assert_eq!(
+        send(&app, Some(old), &water_message(&openid)).await["errcode"],
+        40001
+    );
     let counters = app.control("GET", "counters", None).await;
-    assert_eq!((counters["stable_token_calls"].as_u64(), counters["force_refresh_calls"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(
+        (
+            counters["stable_token_calls"].as_u64(),
+            counters["force_refresh_calls"].as_u64()
+        ),
+        (Some(3), Some(1))
+    );
 }
 
 #[tokio::test]
@@ -97,7 +106,10 @@ async fn the_plain_token_endpoint_issues_a_new_token_per_call() {
     assert_ne!(a["access_token"], b["access_token"]);
     let wrong = app
         .http
-        .get(format!("{}/cgi-bin/token?grant_type=client_credential&appid={LOCAL_APPID}&secret=nope", app.standin_url))
+        .get(format!(
+            "{}/cgi-bin/token?grant_type=client_credential&appid={LOCAL_APPID}&secret=nope",
+            app.standin_url
+        ))
         .send()
         .await
         .expect("token")
@@ -112,18 +124,31 @@ async fn a_send_with_quota_delivers_once_and_answers_a_msgid_above_two_to_the_53
     let app = spawn_app().await;
     let token = token(&app).await;
     let (_, openid) = app.login_code("alice").await;
-    app.control("POST", "quota", Some(json!({"openid": openid, "template_id": WATER, "count": 1}))).await;
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": openid, "template_id": WATER, "count": 1})),
+    )
+    .await;
     let raw = send_raw(&app, Some(&token), &water_message(&openid)).await;
     let answer: Value = serde_json::from_str(&raw).expect("JSON");
     assert_eq!(answer["errcode"], 0, "{raw}");
-    let msgid = answer["msgid"].as_u64().expect("msgid is a JSON number that fits u64");
+    let msgid = answer["msgid"]
+        .as_u64()
+        .expect("msgid is a JSON number that fits u64");
     assert!(msgid > 1 << 53, "msgid {msgid} is above 2^53");
-    assert!(raw.contains(&format!("\"msgid\":{msgid}")), "msgid is a bare number: {raw}");
+    assert!(
+        raw.contains(&format!("\"msgid\":{msgid}")),
+        "msgid is a bare number: {raw}"
+    );
     let again = send(&app, Some(&token), &water_message(&openid)).await;
     assert_eq!(again["errcode"], 43101, "no real quota left");
     let deliveries = app.control("GET", "deliveries", None).await;
     assert_eq!(deliveries["deliveries"].as_array().map(Vec::len), Some(1));
-    assert_eq!(deliveries["deliveries"][0]["miniprogram_state"], "developer");
+    assert_eq!(
+        deliveries["deliveries"][0]["miniprogram_state"],
+        "developer"
+    );
 }
 
 #[tokio::test]
@@ -131,7 +156,12 @@ async fn sends_are_checked_like_wechat_does() {
     let app = spawn_app().await;
     let token = token(&app).await;
     let (_, openid) = app.login_code("alice").await;
-    app.control("POST", "quota", Some(json!({"openid": openid, "template_id": WATER, "count": 5}))).await;
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": openid, "template_id": WATER, "count": 5})),
+    )
+    .await;
     let with = |f: &dyn Fn(&mut Value)| {
         let mut m = water_message(&openid);
         f(&mut m);
@@ -141,24 +171,83 @@ async fn sends_are_checked_like_wechat_does() {
     type Case<'a> = (&'a str, Option<&'a str>, Value, i64, Option<&'a str>);
     let cases: Vec<Case> = vec![
         ("no token", None, water_message(&openid), 41001, None),
-        ("a bogus token", Some("bogus"), water_message(&openid), 40001, None),
-        ("an unknown template", Some(&token), with(&|m| m["template_id"] = json!("tmpl_nope")), 40037, None),
-        ("an unknown openid", Some(&token), with(&|m| m["touser"] = json!("o_unknown")), 40003, None),
-        ("a page not in the app", Some(&token), with(&|m| m["page"] = json!("pages/nope")), 41030, None),
-        ("a missing keyword", Some(&token), with(&|m| { m["data"].as_object_mut().map(|d| d.remove("time2")); }), 47003, Some("data.time2.value")),
-        ("a thing over 20 characters", Some(&token), with(&|m| m["data"]["thing1"]["value"] = json!("一二三四五六七八九十一二三四五六七八九十一")), 47003, Some("data.thing1.value")),
-        ("a number with letters", Some(&token), with(&|m| m["data"]["number3"]["value"] = json!("4 cups")), 47003, Some("data.number3.value")),
-        ("a control character", Some(&token), with(&|m| m["data"]["thing1"]["value"] = json!("喝水\n")), 47003, Some("data.thing1.value")),
+        (
+            "a bogus token",
+            Some("bogus"),
+            water_message(&openid),
+            40001,
+            None,
+        ),
+        (
+            "an unknown template",
+            Some(&token),
+            with(&|m| m["template_id"] = json!("tmpl_nope")),
+            40037,
+            None,
+        ),
+        (
+            "an unknown openid",
+            Some(&token),
+            with(&|m| m["touser"] = json!("o_unknown")),
+            40003,
+            None,
+        ),
+        (
+            "a page not in the app",
+            Some(&token),
+            with(&|m| m["page"] = json!("pages/nope")),
+            41030,
+            None,
+        ),
+        (
+            "a missing keyword",
+            Some(&token),
+            with(&|m| {
+                m["data"].as_object_mut().map(|d| d.remove("time2"));
+            }),
+            47003,
+            Some("data.time2.value"),
+        ),
+        (
+            "a thing over 20 characters",
+            Some(&token),
+            with(&|m| {
+                m["data"]["thing1"]["value"] = json!("一二三四五六七八九十一二三四五六七八九十一")
+            }),
+            47003,
+            Some("data.thing1.value"),
+        ),
+        (
+            "a number with letters",
+            Some(&token),
+            with(&|m| m["data"]["number3"]["value"] = json!("4 cups")),
+            47003,
+            Some("data.number3.value"),
+        ),
+        (
+            "a control character",
+            Some(&token),
+            with(&|m| m["data"]["thing1"]["value"] = json!("喝水\n")),
+            47003,
+            Some("data.thing1.value"),
+        ),
     ];
     for (name, t, body, errcode, field) in cases {
         let answer = send(&app, t, &body).await;
         assert_eq!(answer["errcode"], errcode, "{name}: {answer}");
         if let Some(field) = field {
-            assert!(answer["errmsg"].as_str().is_some_and(|m| m.contains(field)), "{name}: {answer}");
+            assert!(
+                answer["errmsg"].as_str().is_some_and(|m| m.contains(field)),
+                "{name}: {answer}"
+            );
         }
     }
     let quota = app
-        .control("GET", &format!("quota?openid={openid}&template_id={WATER}"), None)
+        .control(
+            "GET",
+            &format!("quota?openid={openid}&template_id={WATER}"),
+            None,
+        )
         .await;
     assert_eq!(quota["quota"], 5, "refused sends spend no quota");
 }
@@ -168,8 +257,14 @@ async fn concurrent_sends_to_one_openid_get_43108() {
     let app = spawn_app().await;
     let token = token(&app).await;
     let (_, openid) = app.login_code("alice").await;
-    app.control("POST", "quota", Some(json!({"openid": openid, "template_id": WATER, "count": 10}))).await;
-    app.control("POST", "latency", Some(json!({"ms": 300}))).await;
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": openid, "template_id": WATER, "count": 10})),
+    )
+    .await;
+    app.control("POST", "latency", Some(json!({"ms": 300})))
+        .await;
     let message = water_message(&openid);
     let answers = join_all((0..4).map(|_| send(&app, Some(&token), &message))).await;
     let ok = answers.iter().filter(|a| a["errcode"] == 0).count();
@@ -182,16 +277,41 @@ async fn injected_faults_answer_errcodes_expire_tokens_and_drop_connections() {
     let app = spawn_app().await;
     let token = token(&app).await;
     let (_, openid) = app.login_code("alice").await;
-    app.control("POST", "quota", Some(json!({"openid": openid, "template_id": WATER, "count": 3}))).await;
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": openid, "template_id": WATER, "count": 3})),
+    )
+    .await;
 
-    app.control("POST", "faults", Some(json!({"openid": openid, "errcode": 45011, "times": 1}))).await;
-    assert_eq!(send(&app, Some(&token), &water_message(&openid)).await["errcode"], 45011);
-    assert_eq!(send(&app, Some(&token), &water_message(&openid)).await["errcode"], 0, "the fault applied once");
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": openid, "errcode": 45011, "times": 1})),
+    )
+    .await;
+    assert_eq!(
+        send(&app, Some(&token), &water_message(&openid)).await["errcode"],
+        45011
+    );
+    assert_eq!(
+        send(&app, Some(&token), &water_message(&openid)).await["errcode"],
+        0,
+        "the fault applied once"
+    );
 
-    app.control("POST", "faults", Some(json!({"openid": openid, "drop_after_delivery": true}))).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": openid, "drop_after_delivery": true})),
+    )
+    .await;
     let dropped = app
         .http
-        .post(format!("{}/cgi-bin/message/subscribe/send?access_token={token}", app.standin_url))
+        .post(format!(
+            "{}/cgi-bin/message/subscribe/send?access_token={token}",
+            app.standin_url
+        ))
         .json(&water_message(&openid))
         .send()
         .await;
@@ -201,10 +321,17 @@ async fn injected_faults_answer_errcodes_expire_tokens_and_drop_connections() {
     };
     assert!(failed, "the connection drops before an answer");
     let deliveries = app.control("GET", "deliveries", None).await;
-    assert_eq!(deliveries["deliveries"].as_array().map(Vec::len), Some(2), "delivered despite the drop");
+    assert_eq!(
+        deliveries["deliveries"].as_array().map(Vec::len),
+        Some(2),
+        "delivered despite the drop"
+    );
 
     app.control("POST", "tokens/expire", None).await;
-    assert_eq!(send(&app, Some(&token), &water_message(&openid)).await["errcode"], 42001);
+    assert_eq!(
+        send(&app, Some(&token), &water_message(&openid)).await["errcode"],
+        42001
+    );
     let counters = app.control("GET", "counters", None).await;
     assert_eq!(counters["send_errcodes"]["45011"], 1);
     assert_eq!(counters["send_errcodes"]["42001"], 1);
