@@ -181,6 +181,8 @@ pub mod axum_router {
 
 /// Starts a fresh onegrant for one test. `overrides` replace config values.
 pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
+    // reqwest is built without a default TLS provider; onegrant installs ring.
+    onegrant::aws::install_crypto_provider();
     let table = TestTable::create().await;
     let standin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let standin_url = format!(

@@ -93,6 +93,11 @@ impl Emulator {
         })
     }
 
+    /// The emulator process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The emulator's base URL, for `AWS_ENDPOINT_URL_DYNAMODB`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

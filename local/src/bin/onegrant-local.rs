@@ -28,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
     let invoke_port = port("ONEGRANT_INVOKE_PORT", 3001)?;
     let standin_port = port("ONEGRANT_STANDIN_PORT", 3002)?;
 
-    let (_emulator, endpoint) = match std::env::var("AWS_ENDPOINT_URL_DYNAMODB") {
+    let (emulator, endpoint) = match std::env::var("AWS_ENDPOINT_URL_DYNAMODB") {
         Ok(endpoint) => (None, endpoint),
         Err(_) => {
             let emulator = Emulator::start(false)?;
@@ -82,7 +82,13 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  Invoke API      http://127.0.0.1:{invoke_port}/2015-03-31/functions/<name>/invocations"
     );
-    println!("  DynamoDB        {endpoint}  (table {table})");
+    match &emulator {
+        Some(emulator) => println!(
+            "  DynamoDB        {endpoint}  (table {table}, emulator pid {})",
+            emulator.pid()
+        ),
+        None => println!("  DynamoDB        {endpoint}  (table {table})"),
+    }
     if standin_task.is_some() {
         println!("  WeChat stand-in {wechat_base}  (control API under /control)");
     } else {

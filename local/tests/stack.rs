@@ -1,0 +1,130 @@
+//! The README's first command, end to end: `onegrant-local` starts everything, serves a
+//! session and a grant report over HTTP, and SIGTERM stops everything it started —
+//! the emulator process included.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited; only a running process counts.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
+    // reqwest is built without a default TLS provider; onegrant installs ring.
+    onegrant::aws::install_crypto_provider();
+    let (api, invoke, standin) = (free_port(), free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_onegrant-local"))
+        .env("ONEGRANT_API_PORT", api.to_string())
+        .env("ONEGRANT_INVOKE_PORT", invoke.to_string())
+        .env("ONEGRANT_STANDIN_PORT", standin.to_string())
+        .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
+        .env_remove("WECHAT_API_BASE")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("onegrant-local starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !printed
+        .iter()
+        .any(|l: &String| l.contains("Ctrl-C stops everything"))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        printed.push(rx.recv_timeout(left).expect("the stack reports it is up"));
+    }
+    let summary = printed.join("\n");
+    for expected in [
+        format!("http://127.0.0.1:{api}"),
+        format!("http://127.0.0.1:{invoke}/2015-03-31/functions"),
+        format!("http://127.0.0.1:{standin}"),
+        "POST   /v1/grants".to_string(),
+    ] {
+        assert!(
+            summary.contains(&expected),
+            "summary lacks {expected}:\n{summary}"
+        );
+    }
+    let emulator_pid: u32 = summary
+        .split("emulator pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.trim().parse().ok())
+        .expect("the summary names the emulator's pid");
+    assert!(alive(emulator_pid));
+
+    let http = reqwest::Client::new();
+    let code: serde_json::Value = http
+        .post(format!("http://127.0.0.1:{standin}/control/login-codes"))
+        .json(&serde_json::json!({"user": "alice"}))
+        .send()
+        .await
+        .expect("stand-in")
+        .json()
+        .await
+        .expect("JSON");
+    let session: serde_json::Value = http
+        .post(format!("http://127.0.0.1:{api}/v1/session"))
+        .json(&serde_json::json!({"code": code["code"]}))
+        .send()
+        .await
+        .expect("session")
+        .json()
+        .await
+        .expect("JSON");
+    let token = session["token"].as_str().expect("a session token");
+    let report = http
+        .post(format!("http://127.0.0.1:{api}/v1/grants"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"request_id": "wr_1", "results": {"tmpl_water_reminder": "accept"}}))
+        .send()
+        .await
+        .expect("grants");
+    assert_eq!(report.status().as_u16(), 200);
+
+    // SIGTERM, as `kill` or a terminal closing sends it.
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "onegrant-local did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(emulator_pid) {
+        assert!(Instant::now() < deadline, "the emulator outlived the stack");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
