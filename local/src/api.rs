@@ -17,9 +17,9 @@ use axum::body::Body as AxumBody;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use futures::future::BoxFuture;
 use lambda_http::{Body, Request, RequestExt};
 use onegrant::Deps;
+use onegrant::http::Handler as HttpHandler;
 use serde_json::json;
 
 use crate::template::{self, Route};
@@ -27,22 +27,11 @@ use crate::template::{self, Route};
 /// API Gateway HTTP APIs accept payloads up to 10 MB; the handlers apply API.md's 64 KiB.
 const GATEWAY_PAYLOAD_LIMIT: usize = 10 * 1024 * 1024;
 
-/// A function's HTTP handler, as its crate exports it.
-pub type HttpHandler = for<'a> fn(&'a Deps, Request) -> BoxFuture<'a, lambda_http::Response<Body>>;
-
-fn session_handler(deps: &Deps, req: Request) -> BoxFuture<'_, lambda_http::Response<Body>> {
-    Box::pin(session::handle(deps, req))
-}
-
-fn grants_handler(deps: &Deps, req: Request) -> BoxFuture<'_, lambda_http::Response<Body>> {
-    Box::pin(grants::handle(deps, req))
-}
-
-/// The handler of the HTTP function built as `binary`.
+/// The handler of the HTTP function built as `binary` (its crate's `handler`).
 pub fn http_handler(binary: &str) -> Option<HttpHandler> {
     match binary {
-        "session" => Some(session_handler),
-        "grants" => Some(grants_handler),
+        "session" => Some(session::handler),
+        "grants" => Some(grants::handler),
         _ => None,
     }
 }

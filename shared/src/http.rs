@@ -4,6 +4,9 @@
 //! (`{"error": {"code", "message"}}`, API.md). Causes are logged where a lower-layer
 //! error is converted, with their chain; bodies carry only the code and a human message.
 
+use std::convert::Infallible;
+
+use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};
 use serde::Serialize;
 
@@ -195,6 +198,21 @@ impl From<ReportError> for ApiError {
             },
         }
     }
+}
+
+/// An HTTP function's handler, as each function crate exports it: the Lambda `main`
+/// and the local stack both call it.
+pub type Handler = for<'a> fn(&'a crate::Deps, Request) -> BoxFuture<'a, Response<Body>>;
+
+/// An HTTP function's whole `main`: tracing, dependencies built once, then events served.
+pub async fn run(handler: Handler) -> Result<(), lambda_http::Error> {
+    crate::telemetry::init();
+    let deps = crate::Deps::from_env().await?;
+    let deps = &deps;
+    lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
+        Ok::<_, Infallible>(handler(deps, req).await)
+    }))
+    .await
 }
 
 /// Turns a handler's result into the response API Gateway returns.

@@ -5,6 +5,7 @@
 //! the report's grants and every configured template's quota.
 
 use chrono::Utc;
+use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, Response};
 use onegrant::Deps;
@@ -23,6 +24,11 @@ struct ReportAnswer {
 #[derive(Serialize)]
 struct QuotasAnswer {
     quotas: Vec<Quota>,
+}
+
+/// The handler as `onegrant::http::run` and the local stack take it.
+pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+    Box::pin(handle(deps, req))
 }
 
 /// The function's handler: one request in, one response out.

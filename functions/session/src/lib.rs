@@ -5,6 +5,7 @@
 //! signed, expiring bearer token that every other route takes identity from.
 
 use chrono::Utc;
+use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};
 use onegrant::Deps;
 use onegrant::http::{ApiError, json_body, json_response, respond};
@@ -12,6 +13,11 @@ use onegrant::telemetry::openid_hash;
 
 /// Longest login code we pass on to WeChat (real codes are 32 characters).
 const MAX_CODE_LEN: usize = 256;
+
+/// The handler as `onegrant::http::run` and the local stack take it.
+pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+    Box::pin(handle(deps, req))
+}
 
 /// The function's handler: one request in, one response out.
 pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
