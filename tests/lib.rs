@@ -196,6 +196,7 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
         ("WECHAT_SECRET", stack::LOCAL_SECRET.to_string()),
         ("SESSION_SECRET", stack::LOCAL_SESSION_SECRET.to_string()),
         ("ONEGRANT_TEMPLATES", stack::LOCAL_TEMPLATES.to_string()),
+        ("ONEGRANT_REMINDERS", stack::LOCAL_REMINDERS.to_string()),
         ("WECHAT_TIMEOUT_MS", "2000".to_string()),
     ]);
     for (k, v) in overrides {

@@ -13,6 +13,8 @@ pub const LOCAL_APPID: &str = "wx_onegrant_local";
 pub const LOCAL_SECRET: &str = "local-app-secret";
 /// The templates local runs use unless `ONEGRANT_TEMPLATES` is set.
 pub const LOCAL_TEMPLATES: &str = include_str!("../../config/local.templates.json");
+/// The reminder kinds local runs use unless `ONEGRANT_REMINDERS` is set.
+pub const LOCAL_REMINDERS: &str = include_str!("../../config/local.reminders.json");
 /// A development-only session key; a deployment always sets its own.
 pub const LOCAL_SESSION_SECRET: &str = "local-development-session-secret-not-for-production";
 
@@ -25,6 +27,7 @@ pub fn local_config(overrides: &HashMap<&str, String>) -> anyhow::Result<Config>
         ("WECHAT_SECRET", LOCAL_SECRET.to_string()),
         ("SESSION_SECRET", LOCAL_SESSION_SECRET.to_string()),
         ("ONEGRANT_TEMPLATES", LOCAL_TEMPLATES.to_string()),
+        ("ONEGRANT_REMINDERS", LOCAL_REMINDERS.to_string()),
         ("MINIPROGRAM_STATE", "developer".to_string()),
     ]);
     Ok(Config::from_lookup(|name| {

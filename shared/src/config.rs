@@ -11,6 +11,8 @@
 //! | `SESSION_SECRET` | HS256 key for session tokens, at least 32 bytes | required |
 //! | `SESSION_TTL_SECONDS` | session token lifetime | 7200 |
 //! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
+//! | `ONEGRANT_REMINDERS` | JSON array of reminder kinds (see [`ReminderKinds::from_json`]); `water` required | required |
+//! | `DUE_SHARDS` | shards of the due index (1–256) | 16 |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
 //! leaks them.
@@ -19,6 +21,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::domain::Templates;
+use crate::domain::reminder::{ReminderConfigError, ReminderKinds};
 use crate::domain::template::TemplateConfigError;
 
 /// A secret string: usable, never printed.
@@ -87,6 +90,9 @@ pub struct Config {
     pub wechat: WechatConfig,
     pub session: SessionConfig,
     pub templates: Templates,
+    pub reminders: ReminderKinds,
+    /// How many partitions the due index is spread over (DESIGN.md §6).
+    pub due_shards: u32,
 }
 
 /// Why the configuration cannot be used. Names the variable, never its value.
@@ -98,6 +104,8 @@ pub enum ConfigError {
     Invalid { name: &'static str, reason: String },
     #[error("ONEGRANT_TEMPLATES is invalid")]
     Templates(#[source] TemplateConfigError),
+    #[error("ONEGRANT_REMINDERS is invalid")]
+    Reminders(#[source] ReminderConfigError),
 }
 
 /// The minimum HS256 key length we accept (RFC 7518 §3.2: at least the hash size).
@@ -181,6 +189,19 @@ impl Config {
         };
         let templates = Templates::from_json(&required("ONEGRANT_TEMPLATES")?)
             .map_err(ConfigError::Templates)?;
+        let reminders = ReminderKinds::from_json(&required("ONEGRANT_REMINDERS")?, &templates)
+            .map_err(ConfigError::Reminders)?;
+        let due_shards = match lookup("DUE_SHARDS") {
+            None => 16,
+            Some(v) => v
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=256).contains(n))
+                .ok_or(ConfigError::Invalid {
+                    name: "DUE_SHARDS",
+                    reason: "expected a whole number from 1 to 256".into(),
+                })?,
+        };
 
         Ok(Self {
             table_name: required("TABLE_NAME")?,
@@ -198,6 +219,8 @@ impl Config {
                 ttl,
             },
             templates,
+            reminders,
+            due_shards,
         })
     }
 }
@@ -216,6 +239,10 @@ mod tests {
             (
                 "ONEGRANT_TEMPLATES",
                 r#"[{"id":"T","title":"t","keywords":[{"key":"thing1"}]}]"#.to_string(),
+            ),
+            (
+                "ONEGRANT_REMINDERS",
+                r#"[{"kind":"water","template_id":"T"}]"#.to_string(),
             ),
         ])
     }
@@ -241,7 +268,14 @@ mod tests {
 
     #[test]
     fn each_bad_variable_is_named() {
-        let cases: [(&str, Option<&str>, &str); 5] = [
+        let cases: [(&str, Option<&str>, &str); 8] = [
+            ("ONEGRANT_REMINDERS", None, "ONEGRANT_REMINDERS"),
+            (
+                "ONEGRANT_REMINDERS",
+                Some(r#"[{"kind":"tea","template_id":"T"}]"#),
+                "ONEGRANT_REMINDERS",
+            ),
+            ("DUE_SHARDS", Some("0"), "DUE_SHARDS"),
             ("TABLE_NAME", None, "TABLE_NAME"),
             ("SESSION_SECRET", Some("short"), "SESSION_SECRET"),
             ("MINIPROGRAM_STATE", Some("prod"), "MINIPROGRAM_STATE"),

@@ -5,6 +5,9 @@
 
 pub mod grant;
 pub mod ids;
+pub mod plan;
+pub mod reminder;
+pub mod schedule;
 pub mod template;
 
 pub use grant::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};

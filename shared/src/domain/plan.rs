@@ -1,0 +1,355 @@
+//! The reminder plan state machine (DESIGN.md §3).
+//!
+//! A plan is in exactly one [`PlanStatus`]; the data a state needs travels inside it
+//! (a scheduled plan always has its due instant, a paused one its reason), so an
+//! inconsistent plan cannot be built. [`PlanStatus::apply`] is the only way to move,
+//! and its match lists every (state, event) pair — no wildcard arms — so adding a state
+//! or an event does not compile until every transition is decided.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Why a plan is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReason {
+    /// No grant is available for the kind's template.
+    NeedsGrant,
+    /// The user rejected the template.
+    Rejected,
+    /// The user banned the template (or WeChat banned it for the user).
+    Banned,
+    /// A send's outcome is unknown; never resent automatically (I4).
+    Uncertain,
+    /// WeChat refused the template or content (47003, 40037, …): needs an operator.
+    ConfigError,
+    /// A send failed for good (user frozen, openid invalid, retries exhausted).
+    SendFailed,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NeedsGrant => "needs_grant",
+            Self::Rejected => "rejected",
+            Self::Banned => "banned",
+            Self::Uncertain => "uncertain",
+            Self::ConfigError => "config_error",
+            Self::SendFailed => "send_failed",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "needs_grant" => Self::NeedsGrant,
+            "rejected" => Self::Rejected,
+            "banned" => Self::Banned,
+            "uncertain" => Self::Uncertain,
+            "config_error" => Self::ConfigError,
+            "send_failed" => Self::SendFailed,
+            _ => return None,
+        })
+    }
+}
+
+/// A user's refusal of a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Reject,
+    Ban,
+}
+
+/// Where a plan is, with the data that state needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanStatus {
+    /// Off. No reminders; unconsumed grants of the template were invalidated.
+    Disabled,
+    /// Holding a grant, due at `due` (and on the due index).
+    Scheduled { due: DateTime<Utc> },
+    /// Claimed by a dispatcher; the send is in flight.
+    Sending,
+    /// Sent; waiting for the user to check in (and bring the next grant).
+    AwaitingCheckin,
+    /// Stopped until something changes (see the reason).
+    Paused { reason: PauseReason },
+}
+
+/// Something that happens to a plan. Events that may schedule carry the due instant
+/// their caller computed with the next-due rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanEvent {
+    /// The user turns the plan on; `grant` says whether a grant is available.
+    Enable { grant: bool, due: DateTime<Utc> },
+    /// Settings changed while enabled.
+    Reschedule { due: DateTime<Utc> },
+    /// The user turns the plan off.
+    Disable,
+    /// The user checked in; `grant` says whether a grant is available afterwards.
+    CheckIn { grant: bool, due: DateTime<Utc> },
+    /// A grant report brought a grant for the kind's template.
+    GrantAdded { due: DateTime<Utc> },
+    /// The user rejected or banned the template.
+    Refused(Refusal),
+    /// A dispatcher claimed the due plan.
+    Claimed,
+    /// The dispatcher found no grant to reserve.
+    GrantMissing,
+    /// WeChat accepted the message.
+    Sent,
+    /// A definite, retryable failure: grant restored, try again at `due`.
+    RetryLater { due: DateTime<Utc> },
+    /// A failure that stops the plan (refused, uncertain, permanent).
+    SendStopped(PauseReason),
+}
+
+/// An event that cannot happen in a state (a bug or a stale caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{event:?} cannot happen to a plan that is {from:?}")]
+pub struct IllegalTransition {
+    pub from: PlanStatus,
+    pub event: PlanEvent,
+}
+
+impl PlanStatus {
+    /// The API name of the state.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Scheduled { .. } => "scheduled",
+            Self::Sending => "sending",
+            Self::AwaitingCheckin => "awaiting_checkin",
+            Self::Paused { .. } => "paused",
+        }
+    }
+
+    pub fn due(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Self::Scheduled { due } => Some(*due),
+            Self::Disabled | Self::Sending | Self::AwaitingCheckin | Self::Paused { .. } => None,
+        }
+    }
+
+    pub fn pause_reason(&self) -> Option<PauseReason> {
+        match self {
+            Self::Paused { reason } => Some(*reason),
+            Self::Disabled | Self::Scheduled { .. } | Self::Sending | Self::AwaitingCheckin => None,
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        !matches!(self, Self::Disabled)
+    }
+
+    /// The state after `event`, or why it cannot happen.
+    pub fn apply(self, event: PlanEvent) -> Result<PlanStatus, IllegalTransition> {
+        use PlanStatus::{AwaitingCheckin, Disabled, Paused, Scheduled, Sending};
+        let illegal = Err(IllegalTransition { from: self, event });
+        let scheduled_or_waiting = |grant: bool, due| {
+            if grant {
+                Scheduled { due }
+            } else {
+                Paused {
+                    reason: PauseReason::NeedsGrant,
+                }
+            }
+        };
+        match event {
+            PlanEvent::Enable { grant, due } => match self {
+                Disabled => Ok(scheduled_or_waiting(grant, due)),
+                // Already on: enabling again keeps the state, re-timing a schedule…
+                Scheduled { .. } => Ok(Scheduled { due }),
+                Sending | AwaitingCheckin => Ok(self),
+                // …and lets a paused plan resume if a grant is there.
+                Paused { .. } if grant => Ok(Scheduled { due }),
+                Paused { .. } => Ok(self),
+            },
+            PlanEvent::Reschedule { due } => match self {
+                Scheduled { .. } => Ok(Scheduled { due }),
+                Disabled | Sending | AwaitingCheckin | Paused { .. } => Ok(self),
+            },
+            PlanEvent::Disable => match self {
+                Disabled | Scheduled { .. } | Sending | AwaitingCheckin | Paused { .. } => {
+                    Ok(Disabled)
+                }
+            },
+            PlanEvent::CheckIn { grant, due } => match self {
+                // Recorded, but a disabled plan stays off and an in-flight send is left alone.
+                Disabled | Sending => Ok(self),
+                Scheduled { .. } | AwaitingCheckin => Ok(scheduled_or_waiting(grant, due)),
+                Paused { .. } if grant => Ok(Scheduled { due }),
+                Paused {
+                    reason: PauseReason::NeedsGrant,
+                } => Ok(self),
+                // A refusal or failure stays visible until a grant arrives.
+                Paused { .. } => Ok(self),
+            },
+            PlanEvent::GrantAdded { due } => match self {
+                Paused { .. } | AwaitingCheckin => Ok(Scheduled { due }),
+                Disabled | Scheduled { .. } | Sending => Ok(self),
+            },
+            PlanEvent::Refused(refusal) => {
+                let reason = match refusal {
+                    Refusal::Reject => PauseReason::Rejected,
+                    Refusal::Ban => PauseReason::Banned,
+                };
+                match self {
+                    Scheduled { .. } | AwaitingCheckin | Paused { .. } => Ok(Paused { reason }),
+                    // Off stays off; an in-flight send finalizes by its own outcome.
+                    Disabled | Sending => Ok(self),
+                }
+            }
+            PlanEvent::Claimed => match self {
+                Scheduled { .. } => Ok(Sending),
+                Disabled | Sending | AwaitingCheckin | Paused { .. } => illegal,
+            },
+            PlanEvent::GrantMissing => match self {
+                Scheduled { .. } => Ok(Paused {
+                    reason: PauseReason::NeedsGrant,
+                }),
+                Disabled | Sending | AwaitingCheckin | Paused { .. } => illegal,
+            },
+            PlanEvent::Sent => match self {
+                Sending => Ok(AwaitingCheckin),
+                Disabled | Scheduled { .. } | AwaitingCheckin | Paused { .. } => illegal,
+            },
+            PlanEvent::RetryLater { due } => match self {
+                Sending => Ok(Scheduled { due }),
+                Disabled | Scheduled { .. } | AwaitingCheckin | Paused { .. } => illegal,
+            },
+            PlanEvent::SendStopped(reason) => match self {
+                Sending => Ok(Paused { reason }),
+                Disabled | Scheduled { .. } | AwaitingCheckin | Paused { .. } => illegal,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap_or_default()
+    }
+
+    fn arb_event() -> impl Strategy<Value = PlanEvent> {
+        let due = (0i64..2_000_000_000).prop_map(at);
+        let reason = prop::sample::select(vec![
+            PauseReason::NeedsGrant,
+            PauseReason::Rejected,
+            PauseReason::Banned,
+            PauseReason::Uncertain,
+            PauseReason::ConfigError,
+            PauseReason::SendFailed,
+        ]);
+        prop_oneof![
+            (any::<bool>(), due.clone()).prop_map(|(grant, due)| PlanEvent::Enable { grant, due }),
+            due.clone().prop_map(|due| PlanEvent::Reschedule { due }),
+            Just(PlanEvent::Disable),
+            (any::<bool>(), due.clone()).prop_map(|(grant, due)| PlanEvent::CheckIn { grant, due }),
+            due.clone().prop_map(|due| PlanEvent::GrantAdded { due }),
+            Just(PlanEvent::Refused(Refusal::Reject)),
+            Just(PlanEvent::Refused(Refusal::Ban)),
+            Just(PlanEvent::Claimed),
+            Just(PlanEvent::GrantMissing),
+            Just(PlanEvent::Sent),
+            due.prop_map(|due| PlanEvent::RetryLater { due }),
+            reason.prop_map(PlanEvent::SendStopped),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, the plan is in exactly one well-formed state: a schedule
+        /// only with a grant event behind it, sending only after a claim, and an illegal
+        /// event changes nothing.
+        #[test]
+        fn no_event_sequence_reaches_an_illegal_state(events in prop::collection::vec(arb_event(), 0..60)) {
+            let mut status = PlanStatus::Disabled;
+            for event in events {
+                match status.apply(event) {
+                    Ok(next) => {
+                        match (status, event, next) {
+                            (_, PlanEvent::Disable, n) => prop_assert_eq!(n, PlanStatus::Disabled),
+                            (PlanStatus::Disabled, e, n) if !matches!(e, PlanEvent::Enable { .. }) => {
+                                prop_assert_eq!(n, PlanStatus::Disabled, "only enabling leaves disabled")
+                            }
+                            (_, PlanEvent::Enable { grant: false, .. } | PlanEvent::CheckIn { grant: false, .. }, PlanStatus::Scheduled { .. }) => {
+                                prop_assert!(matches!(status, PlanStatus::Scheduled { .. }), "scheduled without a grant")
+                            }
+                            (prev, _, PlanStatus::Sending) => prop_assert!(
+                                matches!(prev, PlanStatus::Sending) || event == PlanEvent::Claimed,
+                                "sending without a claim"
+                            ),
+                            _ => {}
+                        }
+                        if let PlanStatus::Scheduled { due } = next {
+                            prop_assert_eq!(next.due(), Some(due));
+                        }
+                        prop_assert_eq!(next.pause_reason().is_some(), matches!(next, PlanStatus::Paused { .. }));
+                        status = next;
+                    }
+                    Err(err) => prop_assert_eq!(err.from, status),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_seed_loop_runs_enable_claim_send_checkin() {
+        let due = at(1000);
+        let s = PlanStatus::Disabled
+            .apply(PlanEvent::Enable { grant: true, due })
+            .and_then(|s| s.apply(PlanEvent::Claimed))
+            .and_then(|s| s.apply(PlanEvent::Sent))
+            .expect("legal");
+        assert_eq!(s, PlanStatus::AwaitingCheckin);
+        let next = at(2000);
+        assert_eq!(
+            s.apply(PlanEvent::CheckIn {
+                grant: true,
+                due: next
+            }),
+            Ok(PlanStatus::Scheduled { due: next })
+        );
+        assert_eq!(
+            s.apply(PlanEvent::CheckIn {
+                grant: false,
+                due: next
+            }),
+            Ok(PlanStatus::Paused {
+                reason: PauseReason::NeedsGrant
+            })
+        );
+    }
+
+    #[test]
+    fn dispatcher_events_outside_their_states_are_refused() {
+        for event in [
+            PlanEvent::Sent,
+            PlanEvent::RetryLater { due: at(1) },
+            PlanEvent::SendStopped(PauseReason::Uncertain),
+        ] {
+            assert!(PlanStatus::Scheduled { due: at(1) }.apply(event).is_err());
+            assert!(PlanStatus::Disabled.apply(event).is_err());
+        }
+        assert!(
+            PlanStatus::AwaitingCheckin
+                .apply(PlanEvent::Claimed)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn refusals_pause_with_their_reason_and_a_grant_resumes() {
+        let s = PlanStatus::Scheduled { due: at(5) }.apply(PlanEvent::Refused(Refusal::Ban));
+        assert_eq!(
+            s,
+            Ok(PlanStatus::Paused {
+                reason: PauseReason::Banned
+            })
+        );
+        let resumed = s.and_then(|s| s.apply(PlanEvent::GrantAdded { due: at(9) }));
+        assert_eq!(resumed, Ok(PlanStatus::Scheduled { due: at(9) }));
+    }
+}
