@@ -32,6 +32,7 @@ pub fn http_handler(binary: &str) -> Option<HttpHandler> {
     match binary {
         "session" => Some(session::handler),
         "grants" => Some(grants::handler),
+        "reminders" => Some(reminders::handler),
         _ => None,
     }
 }

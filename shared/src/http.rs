@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use crate::domain::OpenId;
 use crate::domain::grant::ReportError;
+use crate::domain::reminder::{CheckInError, SettingsError};
+use crate::domain::schedule::ScheduleError;
 use crate::session::Sessions;
 use crate::store::StoreError;
 use crate::wechat::WechatError;
@@ -213,6 +215,47 @@ pub async fn run(handler: Handler) -> Result<(), lambda_http::Error> {
         Ok::<_, Infallible>(handler(deps, req).await)
     }))
     .await
+}
+
+fn unprocessable(code: &'static str, message: String) -> ApiError {
+    ApiError::Unprocessable { code, message }
+}
+
+fn schedule_error(err: &ScheduleError) -> ApiError {
+    let code = match err {
+        ScheduleError::Interval => "invalid_interval",
+        ScheduleError::Time(_) => "invalid_time",
+        ScheduleError::EmptyDay => "invalid_waking_hours",
+        ScheduleError::Timezone => "invalid_timezone",
+    };
+    unprocessable(code, err.to_string())
+}
+
+impl From<SettingsError> for ApiError {
+    fn from(err: SettingsError) -> Self {
+        match err {
+            SettingsError::Shape(m) => Self::InvalidBody(m),
+            SettingsError::Schedule(e) => schedule_error(&e),
+            SettingsError::DailyGoal => unprocessable("invalid_daily_goal", err.to_string()),
+        }
+    }
+}
+
+impl From<CheckInError> for ApiError {
+    fn from(err: CheckInError) -> Self {
+        let message = err.to_string();
+        match err {
+            CheckInError::Shape(m) => Self::InvalidBody(m),
+            CheckInError::ActionId(_) => unprocessable("invalid_action_id", message),
+            CheckInError::GrantRequestId(_) => unprocessable("invalid_request_id", message),
+            CheckInError::GrantPair => unprocessable("invalid_grant", message),
+            CheckInError::Status(_) => unprocessable("invalid_result", message),
+            CheckInError::OccurredAt => unprocessable("invalid_occurred_at", message),
+            CheckInError::Future => unprocessable("occurred_at_in_future", message),
+            CheckInError::Count => unprocessable("invalid_count", message),
+            CheckInError::DailyGoal => unprocessable("invalid_daily_goal", message),
+        }
+    }
 }
 
 /// Turns a handler's result into the response API Gateway returns.

@@ -1,8 +1,9 @@
 //! `POST /v1/grants` and `GET /v1/grants`: subscription grants and quotas.
 //!
 //! A report is the success object of `wx.requestSubscribeMessage`; each accepted
-//! template adds one grant, once per (user, request_id, template). The answer lists
-//! the report's grants and every configured template's quota.
+//! template adds one grant, once per (user, request_id, template). A grant for a
+//! reminder kind's template resumes a plan waiting for one; a reject or ban pauses it.
+//! The answer lists the report's grants and every configured template's quota.
 
 use chrono::Utc;
 use futures::future::BoxFuture;

@@ -6,8 +6,11 @@
 //! and its match lists every (state, event) pair — no wildcard arms — so adding a state
 //! or an event does not compile until every transition is decided.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
+
+use super::ids::TemplateId;
+use super::reminder::{KindName, ReminderKind, Settings};
 
 /// Why a plan is paused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,6 +225,107 @@ impl PlanStatus {
             },
         }
     }
+}
+
+/// A user's plan for one reminder kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub kind: KindName,
+    pub template_id: TemplateId,
+    pub status: PlanStatus,
+    pub settings: Settings,
+    /// The waking day the last counted check-in belongs to, and its count.
+    pub today: Option<(NaiveDate, u32)>,
+    pub last_checkin_at: Option<DateTime<Utc>>,
+    /// The stored version this plan was read at; 0 when not stored yet.
+    pub version: u64,
+}
+
+impl Plan {
+    /// The plan a user has before ever touching the kind: off, with the kind's defaults.
+    pub fn new(kind: &ReminderKind) -> Self {
+        Self {
+            kind: kind.name.clone(),
+            template_id: kind.template_id.clone(),
+            status: PlanStatus::Disabled,
+            settings: kind.defaults,
+            today: None,
+            last_checkin_at: None,
+            version: 0,
+        }
+    }
+
+    /// Today's count as of `now` (zero once the waking day has turned).
+    pub fn count_on(&self, day: NaiveDate) -> u32 {
+        match self.today {
+            Some((d, count)) if d == day => count,
+            Some(_) | None => 0,
+        }
+    }
+
+    /// Records a check-in's count for its waking day: a newer day replaces the count,
+    /// the same day keeps the highest (an older, replayed action never lowers it), an
+    /// older day changes nothing.
+    pub fn record_count(&mut self, day: NaiveDate, count: u32) {
+        self.today = match self.today {
+            Some((d, c)) if d == day => Some((d, c.max(count))),
+            Some((d, c)) if d > day => Some((d, c)),
+            Some(_) | None => Some((day, count)),
+        };
+    }
+
+    /// The API view of the plan at `now`, given the template's available grants.
+    pub fn view(&self, available_grants: u64, now: DateTime<Utc>) -> PlanView {
+        let schedule = &self.settings.schedule;
+        let today = schedule.waking_day(now);
+        PlanView {
+            kind: self.kind.to_string(),
+            state: self.status.name(),
+            needs_grant: available_grants == 0,
+            next_due_at: self.status.due().map(|due| schedule.local_rfc3339(due)),
+            pause_reason: self.status.pause_reason().map(PauseReason::as_str),
+            template_id: self.template_id.to_string(),
+            settings: SettingsView {
+                interval_minutes: schedule.interval_minutes(),
+                wake_time: schedule.wake_time().to_string(),
+                sleep_time: schedule.sleep_time().to_string(),
+                timezone: schedule.timezone().name().to_string(),
+                daily_goal: self.settings.daily_goal,
+            },
+            today: TodayView {
+                date: today.format("%Y-%m-%d").to_string(),
+                count: self.count_on(today),
+            },
+        }
+    }
+}
+
+/// `<plan>` of API.md.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanView {
+    pub kind: String,
+    pub state: &'static str,
+    pub needs_grant: bool,
+    pub next_due_at: Option<String>,
+    pub pause_reason: Option<&'static str>,
+    pub template_id: String,
+    pub settings: SettingsView,
+    pub today: TodayView,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SettingsView {
+    pub interval_minutes: u32,
+    pub wake_time: String,
+    pub sleep_time: String,
+    pub timezone: String,
+    pub daily_goal: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TodayView {
+    pub date: String,
+    pub count: u32,
 }
 
 #[cfg(test)]

@@ -46,21 +46,42 @@ pub struct GrantsRecorded {
 
 /// The ledger item: a grant when `result` accepts, a recorded refusal otherwise.
 #[derive(Debug, Serialize, Deserialize)]
-struct GrantItem {
-    pk: String,
-    sk: String,
+pub(super) struct GrantItem {
+    pub(super) pk: String,
+    pub(super) sk: String,
     kind: String,
-    template_id: TemplateId,
-    request_id: RequestId,
-    result: SubscribeResult,
+    pub(super) template_id: TemplateId,
+    pub(super) request_id: RequestId,
+    pub(super) result: SubscribeResult,
     /// Present only on grants (accepted results).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    state: Option<GrantState>,
+    pub(super) state: Option<GrantState>,
     created_at: String,
     version: u64,
 }
 
 impl GrantItem {
+    /// A new ledger item: `available` when the result grants.
+    pub(super) fn new(
+        pk: &str,
+        template: &TemplateId,
+        request_id: &RequestId,
+        result: SubscribeResult,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            pk: pk.to_string(),
+            sk: grant_sk(template, request_id),
+            kind: "grant".into(),
+            template_id: template.clone(),
+            request_id: request_id.clone(),
+            result,
+            state: result.grants().then_some(GrantState::Available),
+            created_at: rfc3339(now),
+            version: 0,
+        }
+    }
+
     fn entry(&self) -> GrantEntry {
         GrantEntry {
             template_id: self.template_id.clone(),
@@ -78,7 +99,7 @@ struct QuotaItem {
     counters: QuotaCounters,
 }
 
-fn rfc3339(now: DateTime<Utc>) -> String {
+pub(super) fn rfc3339(now: DateTime<Utc>) -> String {
     now.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
@@ -106,23 +127,13 @@ impl Store {
             // Which template each transaction index's ledger Put belongs to.
             let mut ledger_index: HashMap<usize, TemplateId> = HashMap::new();
             for (template, result) in &pending {
-                let item = GrantItem {
-                    pk: pk.clone(),
-                    sk: grant_sk(template, &report.request_id),
-                    kind: "grant".into(),
-                    template_id: template.clone(),
-                    request_id: report.request_id.clone(),
-                    result: *result,
-                    state: result.grants().then_some(GrantState::Available),
-                    created_at: rfc3339(now),
-                    version: 0,
-                };
+                let item = GrantItem::new(&pk, template, &report.request_id, *result, now);
                 ledger_index.insert(items.len(), template.clone());
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
-                if result.grants() || result.refuses() {
-                    items.push(self.quota_update(&pk, template, *result, now)?);
+                if let Some(update) = quota_update_item(&self.table, &pk, template, *result, now)? {
+                    items.push(update);
                 }
             }
             let sent = self
@@ -226,7 +237,7 @@ impl Store {
         Ok(counters)
     }
 
-    fn put_new(
+    pub(super) fn put_new(
         &self,
         item: HashMap<String, AttributeValue>,
     ) -> Result<TransactWriteItem, StoreError> {
@@ -239,41 +250,46 @@ impl Store {
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().put(put).build())
     }
+}
 
-    fn quota_update(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-        result: SubscribeResult,
-        now: DateTime<Utc>,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_string()))
-            .key("sk", AttributeValue::S(quota_sk(template)))
-            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
-            .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
-        let update = if result.grants() {
-            update
-                .update_expression(
-                    "SET template_id = :t, kind = :kind, updated_at = :now ADD accepted :one, available :one",
-                )
-                .expression_attribute_values(":one", AttributeValue::N("1".into()))
-        } else {
-            update
-                .update_expression(
-                    "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
-                )
-                .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
-        };
-        let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant,
+/// the refusal recorded for reject/ban, nothing for filter.
+pub(super) fn quota_update_item(
+    table: &str,
+    pk: &str,
+    template: &TemplateId,
+    result: SubscribeResult,
+    now: DateTime<Utc>,
+) -> Result<Option<TransactWriteItem>, StoreError> {
+    if !(result.grants() || result.refuses()) {
+        return Ok(None);
     }
+    let update = Update::builder()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.to_string()))
+        .key("sk", AttributeValue::S(quota_sk(template)))
+        .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
+        .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
+        .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
+    let update = if result.grants() {
+        update
+            .update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now ADD accepted :one, available :one",
+            )
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+    } else {
+        update
+            .update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
+            )
+            .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
+    };
+    let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(Some(TransactWriteItem::builder().update(update).build()))
 }
 
 /// Transaction errors that mean "try again later".
-fn transact_unavailable(err: &TransactWriteItemsError) -> bool {
+pub(super) fn transact_unavailable(err: &TransactWriteItemsError) -> bool {
     matches!(
         err,
         TransactWriteItemsError::TransactionInProgressException(_)

@@ -1,5 +1,8 @@
 //! Item keys. Ids never contain `#` (see `domain::ids`), so keys parse unambiguously.
 
+use sha2::{Digest, Sha256};
+
+use crate::domain::reminder::KindName;
 use crate::domain::{OpenId, RequestId, TemplateId};
 
 /// The partition of everything one user owns.
@@ -22,4 +25,42 @@ pub const GRANT_PREFIX: &str = "GRANT#";
 /// one template are one `begins_with` query.
 pub fn grant_sk(template: &TemplateId, request_id: &RequestId) -> String {
     format!("{GRANT_PREFIX}{template}#{request_id}")
+}
+
+/// A user's plan for one reminder kind.
+pub fn plan_sk(kind: &KindName) -> String {
+    format!("PLAN#{kind}")
+}
+
+/// A check-in's action record (the idempotency record of `action_id`).
+pub fn action_sk(action_id: &RequestId) -> String {
+    format!("ACTION#{action_id}")
+}
+
+/// The due-index partition of an item: a stable hash of its key, mod `shards`, so
+/// due items spread evenly and the dispatcher queries every shard in parallel.
+pub fn due_pk(pk: &str, sk: &str, shards: u32) -> String {
+    let digest = Sha256::digest(format!("{pk}|{sk}").as_bytes());
+    let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    format!("DUE#{}", n % shards.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_shards_are_stable_and_in_range() {
+        let a = due_pk("USER#o1", "PLAN#water", 16);
+        assert_eq!(a, due_pk("USER#o1", "PLAN#water", 16));
+        let shards: std::collections::BTreeSet<String> = (0..200)
+            .map(|i| due_pk(&format!("USER#o{i}"), "PLAN#water", 16))
+            .collect();
+        assert_eq!(shards.len(), 16, "200 users cover all 16 shards");
+        assert!(shards.iter().all(|s| {
+            s.strip_prefix("DUE#")
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|n| n < 16)
+        }));
+    }
 }

@@ -7,9 +7,11 @@
 //!
 //! - [`keys`]: the key formats, in one place.
 //! - [`grants`]: grant reports and quota counters.
+//! - [`plans`]: reminder plans, settings, check-ins and the due index.
 
 pub mod grants;
 pub mod keys;
+pub mod plans;
 
 use std::time::Duration;
 
@@ -41,15 +43,21 @@ pub enum StoreError {
     Sdk(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// How often a write contended by other writers is tried before answering 503.
-const MAX_WRITE_ATTEMPTS: u32 = 6;
+/// How often a write contended by other writers is tried before answering 503. High
+/// enough for a burst of one user's offline queue arriving at once (50 check-ins).
+const MAX_WRITE_ATTEMPTS: u32 = 40;
 
-/// The pause before retry `attempt` (1-based): 20, 40, 80 … ms, capped, with jitter
-/// drawn from the clock so concurrent writers spread out.
+/// The pause before retry `attempt` (1-based): "full jitter" over an exponentially
+/// growing window (10 ms, 20 ms, … capped at 640 ms), so contending writers spread out
+/// instead of colliding again in lockstep.
 fn backoff(attempt: u32) -> Duration {
-    let base = 20u64 << attempt.min(5);
-    let jitter = u64::from(chrono::Utc::now().timestamp_subsec_micros()) % base.max(1);
-    Duration::from_millis(base / 2 + jitter / 2)
+    let window = 10u64 << attempt.saturating_sub(1).min(6);
+    let random = u64::from_le_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    Duration::from_millis(random % window + 1)
 }
 
 impl Store {

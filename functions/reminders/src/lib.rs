@@ -1,0 +1,90 @@
+//! `GET`/`PUT /v1/reminders/{kind}` and `POST /v1/reminders/{kind}/checkins`: reminder
+//! plans ("remind me to drink water every 2 hours") and the check-ins that drive them.
+//!
+//! The plan state machine and the next-due rule are pure (`onegrant::domain`); this
+//! crate only decodes, authenticates and calls one store operation per request.
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use lambda_http::http::Method;
+use lambda_http::{Body, Request, RequestExt, Response};
+use onegrant::Deps;
+use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsUpdate};
+use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::store::plans::CheckInOutcome;
+use onegrant::telemetry::openid_hash;
+
+/// The handler as `onegrant::http::run` and the local stack take it.
+pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+    Box::pin(handle(deps, req))
+}
+
+/// The function's handler: one request in, one response out.
+pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+    let checkins = req.uri().path().ends_with("/checkins");
+    let result = match (req.method().clone(), checkins) {
+        (Method::GET, false) => get(deps, &req).await,
+        (Method::PUT, false) => put(deps, &req).await,
+        (Method::POST, true) => check_in(deps, &req).await,
+        // API Gateway routes only the declared methods here.
+        _ => Err(ApiError::NotFound),
+    };
+    respond(result)
+}
+
+fn kind<'a>(deps: &'a Deps, req: &Request) -> Result<&'a ReminderKind, ApiError> {
+    req.path_parameters()
+        .first("kind")
+        .and_then(|k| deps.config.reminders.get(k))
+        .ok_or(ApiError::NotFound)
+}
+
+async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let kind = kind(deps, req)?;
+    let snapshot = deps.store.plan(&openid, kind).await?;
+    json_response(
+        200,
+        &snapshot.plan.view(snapshot.counters.available, Utc::now()),
+    )
+}
+
+async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let kind = kind(deps, req)?;
+    let body = json_body(req)?;
+    let now = Utc::now();
+    let current = deps.store.plan(&openid, kind).await?;
+    let update = SettingsUpdate::from_json(&body, &current.plan.settings)?;
+    let saved = deps
+        .store
+        .save_settings(&openid, kind, &update, deps.config.due_shards, now)
+        .await?;
+    tracing::info!(
+        openid = %openid_hash(openid.as_str()),
+        kind = %kind.name,
+        state = saved.plan.status.name(),
+        "plan settings saved"
+    );
+    json_response(200, &saved.plan.view(saved.counters.available, now))
+}
+
+async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let kind = kind(deps, req)?;
+    let body = json_body(req)?;
+    let now = Utc::now();
+    let checkin = CheckIn::from_json(&body, now)?;
+    let outcome = deps
+        .store
+        .check_in(&openid, kind, &checkin, deps.config.due_shards, now)
+        .await?;
+    let answer = match outcome {
+        CheckInOutcome::Applied(answer) => {
+            tracing::info!(openid = %openid_hash(openid.as_str()), kind = %kind.name, action_id = %checkin.action_id, "check-in applied");
+            answer
+        }
+        CheckInOutcome::Replayed(answer) => answer,
+    };
+    json_response(200, &answer)
+}

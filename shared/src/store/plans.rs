@@ -1,0 +1,772 @@
+//! Reminder plans: settings, check-ins, the effects of grant reports, and the due index.
+//!
+//! A plan item (`PLAN#<kind>`) carries its state, version and settings; while
+//! `scheduled` it also carries `due_pk`/`due_at`, which put it on the sparse due index.
+//! Every write is a whole-item Put conditional on the version it was read at, so the
+//! index entry is added and removed in the same write that changes the state.
+//!
+//! A check-in is one read (plan, quota, action record, the carried grant's ledger item)
+//! and one transaction: the action record (with the answer, kept 35 days), the plan,
+//! and — when the check-in carries a new grant — the ledger item and counters, exactly
+//! as a grant report writes them. Replays are answered from the action record.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update,
+};
+use chrono::{DateTime, Duration, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::grants::{GrantItem, quota_update_item, rfc3339};
+use super::keys::{GRANT_PREFIX, action_sk, due_pk, grant_sk, plan_sk, quota_sk, user_pk};
+use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
+use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
+use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
+use crate::domain::{GrantState, OpenId, QuotaCounters, SubscribeResult};
+
+/// How long a check-in's action record (and so its replay answer) is kept.
+pub const ACTION_RETENTION: Duration = Duration::days(35);
+/// Most grants one transaction invalidates (100 items per transaction, less the plan
+/// and the counters).
+const INVALIDATE_CHUNK: usize = 98;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PlanItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    reminder: String,
+    template_id: String,
+    state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pause_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_due_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    due_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    due_at: Option<i64>,
+    interval_minutes: u32,
+    wake_time: String,
+    sleep_time: String,
+    timezone: String,
+    daily_goal: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    today_date: Option<String>,
+    #[serde(default)]
+    today_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_checkin_at: Option<i64>,
+    version: u64,
+    updated_at: String,
+}
+
+fn millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Corrupt(format!("bad instant {ms}")))
+}
+
+impl PlanItem {
+    fn from_plan(plan: &Plan, pk: &str, shards: u32, version: u64, now: DateTime<Utc>) -> Self {
+        let sk = plan_sk(&plan.kind);
+        let schedule = &plan.settings.schedule;
+        let due = plan.status.due().map(|d| d.timestamp_millis());
+        Self {
+            pk: pk.to_string(),
+            due_pk: due.map(|_| due_pk(pk, &sk, shards)),
+            sk,
+            kind: "plan".into(),
+            reminder: plan.kind.to_string(),
+            template_id: plan.template_id.to_string(),
+            state: plan.status.name().into(),
+            pause_reason: plan.status.pause_reason().map(|r| r.as_str().to_string()),
+            next_due_at: due,
+            due_at: due,
+            interval_minutes: schedule.interval_minutes(),
+            wake_time: schedule.wake_time().to_string(),
+            sleep_time: schedule.sleep_time().to_string(),
+            timezone: schedule.timezone().name().to_string(),
+            daily_goal: plan.settings.daily_goal,
+            today_date: plan.today.map(|(d, _)| d.format("%Y-%m-%d").to_string()),
+            today_count: plan.today.map(|(_, c)| c).unwrap_or(0),
+            last_checkin_at: plan.last_checkin_at.map(|t| t.timestamp_millis()),
+            version,
+            updated_at: rfc3339(now),
+        }
+    }
+
+    fn into_plan(self, kind: &ReminderKind) -> Result<Plan, StoreError> {
+        let bad = |what: &str| StoreError::Corrupt(format!("plan {}: {what}", self.sk));
+        let status = match self.state.as_str() {
+            "disabled" => PlanStatus::Disabled,
+            "scheduled" => PlanStatus::Scheduled {
+                due: millis(
+                    self.next_due_at
+                        .ok_or_else(|| bad("scheduled without next_due_at"))?,
+                )?,
+            },
+            "sending" => PlanStatus::Sending,
+            "awaiting_checkin" => PlanStatus::AwaitingCheckin,
+            "paused" => PlanStatus::Paused {
+                reason: self
+                    .pause_reason
+                    .as_deref()
+                    .and_then(PauseReason::parse)
+                    .ok_or_else(|| bad("paused without a known reason"))?,
+            },
+            other => return Err(bad(&format!("unknown state {other:?}"))),
+        };
+        let schedule = Schedule::new(
+            self.interval_minutes,
+            TimeOfDay::parse(&self.wake_time, "wake_time").map_err(|_| bad("wake_time"))?,
+            TimeOfDay::parse(&self.sleep_time, "sleep_time").map_err(|_| bad("sleep_time"))?,
+            Timezone::parse(&self.timezone).map_err(|_| bad("timezone"))?,
+        )
+        .map_err(|_| bad("schedule"))?;
+        let today = match self.today_date {
+            None => None,
+            Some(d) => Some((
+                NaiveDate::parse_from_str(&d, "%Y-%m-%d").map_err(|_| bad("today_date"))?,
+                self.today_count,
+            )),
+        };
+        Ok(Plan {
+            kind: kind.name.clone(),
+            template_id: kind.template_id.clone(),
+            status,
+            settings: Settings {
+                schedule,
+                daily_goal: self.daily_goal,
+            },
+            today,
+            last_checkin_at: self.last_checkin_at.map(millis).transpose()?,
+            version: self.version,
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ActionItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    reminder: String,
+    fingerprint: String,
+    response: String,
+    created_at: String,
+    expires_at: i64,
+}
+
+/// A plan and its template's available grants, as read together.
+#[derive(Debug, Clone)]
+pub struct PlanSnapshot {
+    pub plan: Plan,
+    pub counters: QuotaCounters,
+}
+
+/// The outcome of a check-in.
+#[derive(Debug, Clone)]
+pub enum CheckInOutcome {
+    /// Newly applied; the answer (also stored for replays).
+    Applied(serde_json::Value),
+    /// The action was applied before; the first answer.
+    Replayed(serde_json::Value),
+}
+
+struct Read {
+    plan: Option<PlanItem>,
+    counters: QuotaCounters,
+    action: Option<ActionItem>,
+    ledger: Option<GrantItem>,
+}
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn key(pk: &str, sk: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([("pk".to_string(), s(pk)), ("sk".to_string(), s(sk))])
+}
+
+impl Store {
+    /// Reads the given items of one user in one strongly consistent round trip.
+    async fn read_items(
+        &self,
+        pk: &str,
+        sks: &[String],
+    ) -> Result<HashMap<String, HashMap<String, AttributeValue>>, StoreError> {
+        let mut found = HashMap::new();
+        let mut pending: Vec<HashMap<String, AttributeValue>> =
+            sks.iter().map(|sk| key(pk, sk)).collect();
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            if pending.is_empty() {
+                break;
+            }
+            let keys = KeysAndAttributes::builder()
+                .set_keys(Some(std::mem::take(&mut pending)))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, keys)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
+                if let Some(AttributeValue::S(sk)) = item.get("sk") {
+                    found.insert(sk.clone(), item.clone());
+                }
+            }
+            if let Some(left) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
+                pending = left.keys().to_vec();
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn read(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        action: Option<&CheckIn>,
+    ) -> Result<Read, StoreError> {
+        let plan_key = plan_sk(&kind.name);
+        let quota_key = quota_sk(&kind.template_id);
+        let mut sks = vec![plan_key.clone(), quota_key.clone()];
+        let action_key = action.map(|c| action_sk(&c.action_id));
+        let ledger_key = action
+            .and_then(|c| c.grant.as_ref())
+            .map(|(rid, _)| grant_sk(&kind.template_id, rid));
+        sks.extend(action_key.iter().cloned());
+        sks.extend(ledger_key.iter().cloned());
+        let mut items = self.read_items(pk, &sks).await?;
+        let counters = match items.remove(&quota_key) {
+            Some(item) => parse("quota", item).map(|q: QuotaItemCounters| q.counters)?,
+            None => QuotaCounters::default(),
+        };
+        Ok(Read {
+            plan: items
+                .remove(&plan_key)
+                .map(|i| parse("plan", i))
+                .transpose()?,
+            counters,
+            action: action_key
+                .and_then(|k| items.remove(&k))
+                .map(|i| parse("action", i))
+                .transpose()?,
+            ledger: ledger_key
+                .and_then(|k| items.remove(&k))
+                .map(|i| parse("grant", i))
+                .transpose()?,
+        })
+    }
+
+    /// A user's plan for `kind` (the defaults, disabled, if never stored) and the
+    /// counters of its template: one round trip.
+    pub async fn plan(
+        &self,
+        openid: &OpenId,
+        kind: &ReminderKind,
+    ) -> Result<PlanSnapshot, StoreError> {
+        let read = self.read(&user_pk(openid), kind, None).await?;
+        let plan = match read.plan {
+            Some(item) => item.into_plan(kind)?,
+            None => Plan::new(kind),
+        };
+        Ok(PlanSnapshot {
+            plan,
+            counters: read.counters,
+        })
+    }
+
+    fn plan_put(
+        &self,
+        plan: &Plan,
+        pk: &str,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let item = PlanItem::from_plan(plan, pk, shards, plan.version + 1, now);
+        let item = serde_dynamo::to_item(&item).map_err(|e| corrupt("plan", e))?;
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let put = if plan.version == 0 {
+            put.condition_expression("attribute_not_exists(pk)")
+        } else {
+            put.condition_expression("version = :v")
+                .expression_attribute_values(":v", AttributeValue::N(plan.version.to_string()))
+        };
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+
+    fn grant_check(&self, pk: &str, kind: &ReminderKind) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
+            .condition_expression("available > :zero")
+            .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// Sends a transaction; `Ok(None)` when it was cancelled or contended (the caller
+    /// re-reads and retries), `Ok(Some(reasons))` never — reasons are returned in `Err`.
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<TxOutcome, StoreError> {
+        match self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(TxOutcome::Committed),
+            Err(err) => {
+                if let aws_sdk_dynamodb::error::SdkError::ServiceError(ref service) = err
+                    && let TransactWriteItemsError::TransactionCanceledException(cancelled) =
+                        service.err()
+                {
+                    let reasons = cancelled
+                        .cancellation_reasons()
+                        .iter()
+                        .map(|r| (r.code().unwrap_or("None").to_string(), r.item().cloned()))
+                        .collect();
+                    return Ok(TxOutcome::Cancelled(reasons));
+                }
+                match classify_sdk_error(err, super::grants::transact_unavailable) {
+                    StoreError::Unavailable(_) => Ok(TxOutcome::Contended),
+                    other => Err(other),
+                }
+            }
+        }
+    }
+
+    /// Invalidates every available or reserved grant of the kind's template, in
+    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
+    /// `first` (the plan). Returns false if anything changed underneath (retry).
+    async fn invalidate_grants(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        first: TransactWriteItem,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut open: Vec<(String, GrantState)> = Vec::new();
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .filter_expression("#s IN (:available, :reserved)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(
+                ":prefix",
+                s(format!("{GRANT_PREFIX}{}#", kind.template_id)),
+            )
+            .expression_attribute_values(":available", s("available"))
+            .expression_attribute_values(":reserved", s("reserved"))
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(item) = pages.next().await {
+            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let grant: GrantItem =
+                serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
+            if let Some(state) = grant.state {
+                open.push((grant.sk, state));
+            }
+        }
+        let mut first = Some(first);
+        let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
+        for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
+            let mut items = Vec::with_capacity(chunk.len() + 2);
+            if let Some(plan) = first.take() {
+                items.push(plan);
+            } else if chunk.is_empty() {
+                break;
+            }
+            let (mut available, mut reserved) = (0i64, 0i64);
+            for (sk, state) in &chunk {
+                let from = match state {
+                    GrantState::Available => {
+                        available += 1;
+                        "available"
+                    }
+                    GrantState::Reserved => {
+                        reserved += 1;
+                        "reserved"
+                    }
+                    GrantState::Consumed | GrantState::Invalid => continue,
+                };
+                let update = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(pk, sk)))
+                    .update_expression(
+                        "SET #s = :invalid, updated_at = :now, version = version + :one",
+                    )
+                    .condition_expression("#s = :from")
+                    .expression_attribute_names("#s", "state")
+                    .expression_attribute_values(":invalid", s("invalid"))
+                    .expression_attribute_values(":from", s(from))
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                items.push(TransactWriteItem::builder().update(update).build());
+            }
+            if available + reserved > 0 {
+                let update = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
+                    .update_expression(
+                        "SET updated_at = :now ADD available :a, reserved :r, invalid :n",
+                    )
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":a", AttributeValue::N((-available).to_string()))
+                    .expression_attribute_values(":r", AttributeValue::N((-reserved).to_string()))
+                    .expression_attribute_values(
+                        ":n",
+                        AttributeValue::N((available + reserved).to_string()),
+                    )
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                items.push(TransactWriteItem::builder().update(update).build());
+            }
+            match self.transact(items).await? {
+                TxOutcome::Committed => {}
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// `PUT /v1/reminders/{kind}`: applies new settings and enables or disables the plan.
+    /// Disabling invalidates every unconsumed grant of the kind's template.
+    pub async fn save_settings(
+        &self,
+        openid: &OpenId,
+        kind: &ReminderKind,
+        update: &SettingsUpdate,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<PlanSnapshot, StoreError> {
+        let pk = user_pk(openid);
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(&pk, kind, None).await?;
+            let mut plan = match read.plan {
+                Some(item) => item.into_plan(kind)?,
+                None => Plan::new(kind),
+            };
+            let mut counters = read.counters;
+            plan.settings = update.settings;
+            let schedule = &plan.settings.schedule;
+            let event = if update.enabled {
+                let anchor = plan.last_checkin_at.unwrap_or(now);
+                let day = schedule.waking_day(anchor);
+                let goal = plan.count_on(day) >= plan.settings.daily_goal;
+                PlanEvent::Enable {
+                    grant: counters.available > 0,
+                    due: schedule.next_due_from(anchor, goal, now),
+                }
+            } else {
+                PlanEvent::Disable
+            };
+            let before = plan.status;
+            plan.status = before
+                .apply(event)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let put = self.plan_put(&plan, &pk, shards, now)?;
+            let committed = if update.enabled {
+                let mut items = vec![put];
+                if matches!(plan.status, PlanStatus::Scheduled { .. }) {
+                    items.push(self.grant_check(&pk, kind)?);
+                }
+                matches!(self.transact(items).await?, TxOutcome::Committed)
+            } else {
+                let done = self.invalidate_grants(&pk, kind, put, now).await?;
+                if done {
+                    counters.invalid += counters.available + counters.reserved;
+                    counters.available = 0;
+                    counters.reserved = 0;
+                }
+                done
+            };
+            if committed {
+                plan.version += 1;
+                return Ok(PlanSnapshot { plan, counters });
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "plan settings contended past the retry limit".into(),
+        ))
+    }
+
+    /// `POST /v1/reminders/{kind}/checkins` (see the module docs).
+    pub async fn check_in(
+        &self,
+        openid: &OpenId,
+        kind: &ReminderKind,
+        checkin: &CheckIn,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<CheckInOutcome, StoreError> {
+        let pk = user_pk(openid);
+        let fingerprint = checkin.fingerprint(&kind.name);
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(&pk, kind, Some(checkin)).await?;
+            if let Some(action) = read.action {
+                return replay(action, &fingerprint);
+            }
+            // The grant the check-in carries: new, a replay of an earlier report, or a
+            // conflict with one.
+            let mut write_ledger = None;
+            if let Some((request_id, result)) = &checkin.grant {
+                match &read.ledger {
+                    Some(old) if old.result == *result => {}
+                    Some(old) => {
+                        return Err(StoreError::IdempotencyConflict(format!(
+                            "grant_request_id {request_id} already recorded {} for template {}",
+                            old.result.as_str(),
+                            kind.template_id
+                        )));
+                    }
+                    None => write_ledger = Some((request_id.clone(), *result)),
+                }
+            }
+            let new_grant = write_ledger.as_ref().is_some_and(|(_, r)| r.grants());
+            let mut counters = read.counters;
+            if new_grant {
+                counters.accepted += 1;
+                counters.available += 1;
+            }
+
+            let mut plan = match read.plan {
+                Some(item) => item.into_plan(kind)?,
+                None => Plan::new(kind),
+            };
+            let schedule = plan.settings.schedule;
+            let day = schedule.waking_day(checkin.occurred_at);
+            plan.record_count(day, checkin.current_count);
+            let anchor = plan
+                .last_checkin_at
+                .map_or(checkin.scheduling_instant(now), |last| {
+                    last.max(checkin.scheduling_instant(now))
+                });
+            let goal = plan.count_on(schedule.waking_day(anchor)) >= checkin.daily_goal;
+            let due = schedule.next_due_from(anchor, goal, now);
+            let mut status = plan
+                .status
+                .apply(PlanEvent::CheckIn {
+                    grant: counters.available > 0,
+                    due,
+                })
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if let Some((_, result)) = &checkin.grant {
+                let refusal = match result {
+                    SubscribeResult::Reject => Some(Refusal::Reject),
+                    SubscribeResult::Ban => Some(Refusal::Ban),
+                    SubscribeResult::Accept
+                    | SubscribeResult::AcceptWithAudio
+                    | SubscribeResult::AcceptWithAlert
+                    | SubscribeResult::Filter => None,
+                };
+                if let Some(refusal) = refusal {
+                    status = status
+                        .apply(PlanEvent::Refused(refusal))
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                }
+            }
+            plan.status = status;
+            plan.last_checkin_at = Some(anchor.max(plan.last_checkin_at.unwrap_or(anchor)));
+
+            let mut answered = plan.clone();
+            answered.version += 1;
+            let response = serde_json::to_value(answered.view(counters.available, now))
+                .map_err(|e| corrupt("plan view", e))?;
+            let action = ActionItem {
+                pk: pk.clone(),
+                sk: action_sk(&checkin.action_id),
+                kind: "action".into(),
+                reminder: kind.name.to_string(),
+                fingerprint: fingerprint.clone(),
+                response: response.to_string(),
+                created_at: rfc3339(now),
+                expires_at: (now + ACTION_RETENTION).timestamp(),
+            };
+            let mut items = vec![
+                self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
+                self.plan_put(&plan, &pk, shards, now)?,
+            ];
+            let mut ledger_index = None;
+            if let Some((request_id, result)) = &write_ledger {
+                let item = GrantItem::new(&pk, &kind.template_id, request_id, *result, now);
+                ledger_index = Some(items.len());
+                items.push(
+                    self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
+                );
+                if let Some(update) =
+                    quota_update_item(&self.table, &pk, &kind.template_id, *result, now)?
+                {
+                    items.push(update);
+                }
+            } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
+                items.push(self.grant_check(&pk, kind)?);
+            }
+            match self.transact(items).await? {
+                TxOutcome::Committed => return Ok(CheckInOutcome::Applied(response)),
+                TxOutcome::Cancelled(reasons) => {
+                    let failed = |i: usize| {
+                        reasons
+                            .get(i)
+                            .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    };
+                    if failed(0) {
+                        let old = reasons
+                            .first()
+                            .and_then(|(_, item)| item.clone())
+                            .ok_or_else(|| {
+                                StoreError::Corrupt("action conflict without the old item".into())
+                            })?;
+                        let old: ActionItem =
+                            serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
+                        return replay(old, &fingerprint);
+                    }
+                    if let Some(i) = ledger_index
+                        && failed(i)
+                        && let Some((_, Some(old))) = reasons.get(i)
+                    {
+                        let old: GrantItem = serde_dynamo::from_item(old.clone())
+                            .map_err(|e| corrupt("grant", e))?;
+                        if checkin
+                            .grant
+                            .as_ref()
+                            .is_some_and(|(_, r)| *r != old.result)
+                        {
+                            return Err(StoreError::IdempotencyConflict(format!(
+                                "grant_request_id {} already recorded {} for template {}",
+                                old.request_id,
+                                old.result.as_str(),
+                                kind.template_id
+                            )));
+                        }
+                    }
+                }
+                TxOutcome::Contended => {}
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "check-in contended past the retry limit".into(),
+        ))
+    }
+
+    /// After a grant report: a grant for a kind's template resumes a plan that waits
+    /// for one; a refusal pauses it. Plans never stored are left alone. Idempotent, so
+    /// a replayed report converges to the same plan.
+    pub async fn apply_grant_results(
+        &self,
+        openid: &OpenId,
+        kind: &ReminderKind,
+        result: SubscribeResult,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let pk = user_pk(openid);
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(&pk, kind, None).await?;
+            let Some(item) = read.plan else {
+                return Ok(());
+            };
+            let mut plan = item.into_plan(kind)?;
+            let schedule = plan.settings.schedule;
+            let event = match result {
+                SubscribeResult::Reject => PlanEvent::Refused(Refusal::Reject),
+                SubscribeResult::Ban => PlanEvent::Refused(Refusal::Ban),
+                SubscribeResult::Filter => return Ok(()),
+                SubscribeResult::Accept
+                | SubscribeResult::AcceptWithAudio
+                | SubscribeResult::AcceptWithAlert => {
+                    if read.counters.available == 0 {
+                        return Ok(());
+                    }
+                    let anchor = plan.last_checkin_at.unwrap_or(now);
+                    let goal =
+                        plan.count_on(schedule.waking_day(anchor)) >= plan.settings.daily_goal;
+                    PlanEvent::GrantAdded {
+                        due: schedule.next_due_from(anchor, goal, now),
+                    }
+                }
+            };
+            let next = plan
+                .status
+                .apply(event)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if next == plan.status {
+                return Ok(());
+            }
+            plan.status = next;
+            let mut items = vec![self.plan_put(&plan, &pk, shards, now)?];
+            if matches!(plan.status, PlanStatus::Scheduled { .. }) {
+                items.push(self.grant_check(&pk, kind)?);
+            }
+            if let TxOutcome::Committed = self.transact(items).await? {
+                return Ok(());
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "plan update contended past the retry limit".into(),
+        ))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    what: &str,
+    item: HashMap<String, AttributeValue>,
+) -> Result<T, StoreError> {
+    serde_dynamo::from_item(item).map_err(|e| corrupt(what, e))
+}
+
+fn replay(action: ActionItem, fingerprint: &str) -> Result<CheckInOutcome, StoreError> {
+    if action.fingerprint != fingerprint {
+        return Err(StoreError::IdempotencyConflict(
+            "action_id was used before with a different check-in".into(),
+        ));
+    }
+    let response =
+        serde_json::from_str(&action.response).map_err(|e| corrupt("action response", e))?;
+    Ok(CheckInOutcome::Replayed(response))
+}
+
+enum TxOutcome {
+    Committed,
+    /// Cancelled, with each item's (reason code, ALL_OLD item).
+    Cancelled(Vec<(String, Option<HashMap<String, AttributeValue>>)>),
+    /// Throttled or in conflict with another transaction.
+    Contended,
+}
+
+#[derive(Deserialize)]
+struct QuotaItemCounters {
+    #[serde(flatten)]
+    counters: QuotaCounters,
+}
