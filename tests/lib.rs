@@ -356,3 +356,96 @@ pub fn attr_n(item: &HashMap<String, AttributeValue>, name: &str) -> Option<i64>
         .and_then(|v| v.as_n().ok())
         .and_then(|n| n.parse().ok())
 }
+
+/// Per (user partition, template): the quota counters and the grant items by state.
+/// Checks invariant I2 and that counters agree with the ledger, for every user.
+pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
+    let items = app.items().await;
+    let mut states: HashMap<(String, String), HashMap<String, i64>> = HashMap::new();
+    for item in &items {
+        if attr_s(item, "kind") == Some("grant")
+            && let Some(state) = attr_s(item, "state")
+        {
+            let key = (
+                attr_s(item, "pk").unwrap_or_default().to_string(),
+                attr_s(item, "template_id").unwrap_or_default().to_string(),
+            );
+            *states
+                .entry(key)
+                .or_default()
+                .entry(state.to_string())
+                .or_default() += 1;
+        }
+    }
+    for item in items.iter().filter(|i| attr_s(i, "kind") == Some("quota")) {
+        let key = (
+            attr_s(item, "pk").unwrap_or_default().to_string(),
+            attr_s(item, "template_id").unwrap_or_default().to_string(),
+        );
+        let counted = states.remove(&key).unwrap_or_default();
+        let n = |name: &str| attr_n(item, name).unwrap_or(0);
+        let c = |state: &str| counted.get(state).copied().unwrap_or(0);
+        assert_eq!(
+            n("accepted"),
+            n("available") + n("reserved") + n("consumed") + n("invalid"),
+            "I2 for {key:?}"
+        );
+        assert_eq!(n("available"), c("available"), "available for {key:?}");
+        assert_eq!(n("reserved"), c("reserved"), "reserved for {key:?}");
+        assert_eq!(n("consumed"), c("consumed"), "consumed for {key:?}");
+        assert_eq!(n("invalid"), c("invalid"), "invalid for {key:?}");
+    }
+    assert!(states.is_empty(), "grants without counters: {states:?}");
+}
+
+/// Every plan item is well formed and the due index holds exactly the scheduled plans:
+/// `scheduled` ⇔ on the index at its `next_due_at`; `paused` ⇔ a reason.
+pub async fn assert_plans_consistent(app: &TestApp) {
+    let items = app.items().await;
+    let mut scheduled = std::collections::BTreeSet::new();
+    for plan in items.iter().filter(|i| attr_s(i, "kind") == Some("plan")) {
+        let state = attr_s(plan, "state").unwrap_or_default();
+        let on_index = plan.contains_key("due_pk") && plan.contains_key("due_at");
+        assert_eq!(
+            on_index,
+            state == "scheduled",
+            "due index entry vs state {state}: {plan:?}"
+        );
+        assert_eq!(
+            plan.contains_key("pause_reason"),
+            state == "paused",
+            "pause reason vs {state}"
+        );
+        if on_index {
+            assert_eq!(attr_n(plan, "due_at"), attr_n(plan, "next_due_at"));
+            scheduled.insert((
+                attr_s(plan, "pk").unwrap_or_default().to_string(),
+                attr_s(plan, "sk").unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    let mut indexed = std::collections::BTreeSet::new();
+    for shard in 0..app.deps.config.due_shards {
+        let out = app
+            .table
+            .client
+            .query()
+            .table_name(&app.table.name)
+            .index_name("due")
+            .key_condition_expression("due_pk = :p")
+            .expression_attribute_values(":p", AttributeValue::S(format!("DUE#{shard}")))
+            .send()
+            .await
+            .expect("query the due index");
+        for item in out.items() {
+            indexed.insert((
+                attr_s(item, "pk").unwrap_or_default().to_string(),
+                attr_s(item, "sk").unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    assert_eq!(
+        indexed, scheduled,
+        "the due index holds exactly the scheduled plans"
+    );
+}

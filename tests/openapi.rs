@@ -62,7 +62,9 @@ pub fn assert_conforms(method: &str, path: &str, status: u16, body: &Value) {
         "{method} {template} {status} documents no JSON body"
     );
     let mut root = doc.clone();
-    root["$ref"] = json!(format!("#{pointer}"));
+    // A URI fragment: percent-encode the path template's braces.
+    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
+    root["$ref"] = json!(format!("#{fragment}"));
     let validator = jsonschema::validator_for(&root).expect("the contract is a valid schema");
     let errors: Vec<String> = validator.iter_errors(body).map(|e| e.to_string()).collect();
     assert!(

@@ -3,49 +3,9 @@
 use std::collections::HashMap;
 
 use futures::future::join_all;
-use onegrant_tests::{ORDER, TestApp, WATER, attr_n, attr_s, quota, spawn_app};
+use onegrant_tests::attr_n;
+use onegrant_tests::{ORDER, WATER, assert_ledger_agrees_with_counters, attr_s, quota, spawn_app};
 use serde_json::{Value, json};
-
-/// Per (user partition, template): the quota counters and the grant items by state.
-/// Checks invariant I2 and that counters agree with the ledger, for every user.
-async fn assert_ledger_agrees_with_counters(app: &TestApp) {
-    let items = app.items().await;
-    let mut states: HashMap<(String, String), HashMap<String, i64>> = HashMap::new();
-    for item in &items {
-        if attr_s(item, "kind") == Some("grant")
-            && let Some(state) = attr_s(item, "state")
-        {
-            let key = (
-                attr_s(item, "pk").unwrap_or_default().to_string(),
-                attr_s(item, "template_id").unwrap_or_default().to_string(),
-            );
-            *states
-                .entry(key)
-                .or_default()
-                .entry(state.to_string())
-                .or_default() += 1;
-        }
-    }
-    for item in items.iter().filter(|i| attr_s(i, "kind") == Some("quota")) {
-        let key = (
-            attr_s(item, "pk").unwrap_or_default().to_string(),
-            attr_s(item, "template_id").unwrap_or_default().to_string(),
-        );
-        let counted = states.remove(&key).unwrap_or_default();
-        let n = |name: &str| attr_n(item, name).unwrap_or(0);
-        let c = |state: &str| counted.get(state).copied().unwrap_or(0);
-        assert_eq!(
-            n("accepted"),
-            n("available") + n("reserved") + n("consumed") + n("invalid"),
-            "I2 for {key:?}"
-        );
-        assert_eq!(n("available"), c("available"), "available for {key:?}");
-        assert_eq!(n("reserved"), c("reserved"), "reserved for {key:?}");
-        assert_eq!(n("consumed"), c("consumed"), "consumed for {key:?}");
-        assert_eq!(n("invalid"), c("invalid"), "invalid for {key:?}");
-    }
-    assert!(states.is_empty(), "grants without counters: {states:?}");
-}
 
 fn report(request_id: &str, results: Value) -> Value {
     json!({"request_id": request_id, "results": results})
@@ -293,13 +253,13 @@ async fn user_b_sees_none_of_user_as_grants_or_quotas() {
 }
 
 #[tokio::test]
-async fn a_grant_report_costs_two_dynamodb_round_trips_and_a_quota_read_one() {
+async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_template() {
     let app = spawn_app().await;
     let token = app.login("alice").await;
-    let body = report("wr_rt", json!({WATER: "accept", ORDER: "reject"}));
+    let order = report("wr_o", json!({ORDER: "accept", "errMsg": "ok"}));
     app.round_trips.take();
     assert_eq!(
-        app.post("/v1/grants", Some(&token), &body).await.status,
+        app.post("/v1/grants", Some(&token), &order).await.status,
         200
     );
     assert_eq!(
@@ -308,13 +268,24 @@ async fn a_grant_report_costs_two_dynamodb_round_trips_and_a_quota_read_one() {
         "first report"
     );
     assert_eq!(
-        app.post("/v1/grants", Some(&token), &body).await.status,
+        app.post("/v1/grants", Some(&token), &order).await.status,
         200
     );
     assert_eq!(
         app.round_trips.take(),
         vec!["TransactWriteItems", "Query"],
         "a replay is answered from the cancelled transaction's ALL_OLD items"
+    );
+    // The water template backs a reminder kind: its plan is read (and written only
+    // when the grant changes its state).
+    let water = report("wr_w", json!({WATER: "accept"}));
+    assert_eq!(
+        app.post("/v1/grants", Some(&token), &water).await.status,
+        200
+    );
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["TransactWriteItems", "BatchGetItem", "Query"]
     );
     assert_eq!(app.get("/v1/grants", Some(&token)).await.status, 200);
     assert_eq!(

@@ -325,3 +325,244 @@ async fn bad_login_requests_are_refused_with_their_own_error() {
     );
     assert!(app.items().await.is_empty());
 }
+
+#[tokio::test]
+async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_store_nothing() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let now = chrono::Utc::now();
+    let ok_checkin = json!({"action_id": "wc_1", "occurred_at": now.to_rfc3339(), "current_count": 1, "daily_goal": 8});
+    let checkin_with = |k: &str, v: serde_json::Value| {
+        let mut b = ok_checkin.clone();
+        b[k] = v;
+        b.to_string()
+    };
+    let put = |v: serde_json::Value| v.to_string();
+    let cases: Vec<(&str, &str, &str, String, u16, &str)> = vec![
+        (
+            "unknown kind (GET)",
+            "GET",
+            "/v1/reminders/tea",
+            String::new(),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown kind (PUT)",
+            "PUT",
+            "/v1/reminders/tea",
+            put(json!({"enabled": true})),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown kind (check-in)",
+            "POST",
+            "/v1/reminders/tea/checkins",
+            ok_checkin.to_string(),
+            404,
+            "not_found",
+        ),
+        (
+            "malformed settings",
+            "PUT",
+            "/v1/reminders/water",
+            "{\"enabled\": tru".into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "missing enabled",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"interval_minutes": 60})),
+            400,
+            "invalid_body",
+        ),
+        (
+            "enabled not a boolean",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": "yes"})),
+            400,
+            "invalid_body",
+        ),
+        (
+            "interval as text",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "interval_minutes": "60"})),
+            400,
+            "invalid_body",
+        ),
+        (
+            "invalid zone",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "timezone": "Asia/Atlantis"})),
+            422,
+            "invalid_timezone",
+        ),
+        (
+            "interval too short",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "interval_minutes": 5})),
+            422,
+            "invalid_interval",
+        ),
+        (
+            "interval too long",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "interval_minutes": 721})),
+            422,
+            "invalid_interval",
+        ),
+        (
+            "negative interval",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "interval_minutes": -120})),
+            422,
+            "invalid_interval",
+        ),
+        (
+            "malformed wake time",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "wake_time": "8am"})),
+            422,
+            "invalid_time",
+        ),
+        (
+            "wake time 24:00",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "wake_time": "24:00"})),
+            422,
+            "invalid_time",
+        ),
+        (
+            "sleep equals wake",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "wake_time": "08:00", "sleep_time": "08:00"})),
+            422,
+            "invalid_waking_hours",
+        ),
+        (
+            "goal 0 in settings",
+            "PUT",
+            "/v1/reminders/water",
+            put(json!({"enabled": true, "daily_goal": 0})),
+            422,
+            "invalid_daily_goal",
+        ),
+        (
+            "malformed check-in",
+            "POST",
+            "/v1/reminders/water/checkins",
+            "{".into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "missing action_id",
+            "POST",
+            "/v1/reminders/water/checkins",
+            json!({"occurred_at": now.to_rfc3339(), "current_count": 1, "daily_goal": 8})
+                .to_string(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "bad action_id",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("action_id", json!("wc 1")),
+            422,
+            "invalid_action_id",
+        ),
+        (
+            "malformed occurred_at",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("occurred_at", json!("2026-07-27 12:05")),
+            422,
+            "invalid_occurred_at",
+        ),
+        (
+            "occurred_at far in the future",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with(
+                "occurred_at",
+                json!((now + chrono::Duration::days(3)).to_rfc3339()),
+            ),
+            422,
+            "occurred_at_in_future",
+        ),
+        (
+            "negative count",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("current_count", json!(-1)),
+            422,
+            "invalid_count",
+        ),
+        (
+            "fractional count",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("current_count", json!(1.5)),
+            400,
+            "invalid_body",
+        ),
+        (
+            "goal 0",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("daily_goal", json!(0)),
+            422,
+            "invalid_daily_goal",
+        ),
+        (
+            "grant id without status",
+            "POST",
+            "/v1/reminders/water/checkins",
+            checkin_with("grant_request_id", json!("wr_1")),
+            422,
+            "invalid_grant",
+        ),
+        (
+            "unknown subscription status",
+            "POST",
+            "/v1/reminders/water/checkins",
+            {
+                let mut b = ok_checkin.clone();
+                b["grant_request_id"] = json!("wr_1");
+                b["subscription_status"] = json!("maybe");
+                b.to_string()
+            },
+            422,
+            "invalid_result",
+        ),
+    ];
+    for (name, method, path, body, status, code) in cases {
+        let body = (!body.is_empty()).then(|| body.into_bytes());
+        let answer = app.call(method, path, Some(&token), body).await;
+        assert_eq!(
+            (answer.status, answer.body["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {}",
+            answer.body
+        );
+    }
+    let unauthenticated = app.call("GET", "/v1/reminders/water", None, None).await;
+    assert_eq!(unauthenticated.status, 401);
+    assert!(
+        app.items().await.is_empty(),
+        "nothing is stored by refused requests"
+    );
+}

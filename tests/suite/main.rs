@@ -7,5 +7,6 @@ mod contract;
 mod emulator;
 mod grants;
 mod inputs;
+mod reminders;
 mod session;
 mod standin;

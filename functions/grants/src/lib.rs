@@ -47,10 +47,17 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let openid = authenticate(req, &deps.sessions)?;
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
-    let recorded = deps
-        .store
-        .record_grants(&openid, &report, Utc::now())
-        .await?;
+    let now = Utc::now();
+    let recorded = deps.store.record_grants(&openid, &report, now).await?;
+    // Plans that need a reported template: a grant resumes them, a refusal pauses them.
+    // Replays run this again, so a report whose plan update failed converges on retry.
+    for (template, result) in &report.results {
+        for kind in deps.config.reminders.using_template(template) {
+            deps.store
+                .apply_grant_results(&openid, kind, *result, deps.config.due_shards, now)
+                .await?;
+        }
+    }
     tracing::info!(
         openid = %openid_hash(openid.as_str()),
         request_id = %report.request_id,

@@ -1,0 +1,432 @@
+//! Reminder plans and check-ins: the state machine and next-due rule end to end, and
+//! idempotent check-ins that carry the next grant.
+
+use chrono::{DateTime, Duration, Utc};
+use futures::future::join_all;
+use onegrant_tests::{
+    TestApp, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n, attr_s,
+    quota, spawn_app,
+};
+use serde_json::{Value, json};
+
+const PLAN: &str = "/v1/reminders/water";
+const CHECKINS: &str = "/v1/reminders/water/checkins";
+
+async fn grant(app: &TestApp, token: &str, request_id: &str) -> Value {
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(token),
+            &json!({"request_id": request_id, "results": {WATER: "accept"}}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+async fn put(app: &TestApp, token: &str, body: &Value) -> Value {
+    let answer = app
+        .call(
+            "PUT",
+            PLAN,
+            Some(token),
+            Some(body.to_string().into_bytes()),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+fn checkin(action_id: &str, count: u32, grant: Option<(&str, &str)>) -> Value {
+    let mut body = json!({
+        "action_id": action_id,
+        "occurred_at": Utc::now().to_rfc3339(),
+        "current_count": count,
+        "daily_goal": 8,
+    });
+    if let Some((request_id, status)) = grant {
+        body["grant_request_id"] = json!(request_id);
+        body["subscription_status"] = json!(status);
+    }
+    body
+}
+
+fn due(plan: &Value) -> DateTime<Utc> {
+    plan["next_due_at"]
+        .as_str()
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_else(|| panic!("no next_due_at in {plan}"))
+}
+
+/// The plan item as stored.
+async fn stored_plan(
+    app: &TestApp,
+) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+    app.items()
+        .await
+        .into_iter()
+        .find(|i| attr_s(i, "kind") == Some("plan"))
+        .expect("a stored plan")
+}
+
+#[tokio::test]
+async fn the_water_reminder_always_exists_and_starts_disabled_with_its_defaults() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let plan = app.get(PLAN, Some(&token)).await;
+    assert_eq!(plan.status, 200);
+    assert_eq!(plan.body["state"], "disabled");
+    assert_eq!(plan.body["needs_grant"], true);
+    assert_eq!(plan.body["next_due_at"], Value::Null);
+    assert_eq!(plan.body["template_id"], WATER);
+    assert_eq!(
+        plan.body["settings"],
+        json!({"interval_minutes": 120, "wake_time": "08:00", "sleep_time": "22:00", "timezone": "Asia/Shanghai", "daily_goal": 8})
+    );
+    assert_eq!(plan.body["today"]["count"], 0);
+    assert!(app.items().await.is_empty(), "reading stores nothing");
+}
+
+#[tokio::test]
+async fn enabling_without_a_grant_pauses_and_a_grant_report_schedules_within_waking_hours() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let paused = put(&app, &token, &json!({"enabled": true})).await;
+    assert_eq!(
+        (paused["state"].as_str(), paused["pause_reason"].as_str()),
+        (Some("paused"), Some("needs_grant"))
+    );
+    assert_eq!(paused["next_due_at"], Value::Null);
+    assert_plans_consistent(&app).await;
+
+    grant(&app, &token, "wr_1").await;
+    let plan = app.get(PLAN, Some(&token)).await.body;
+    assert_eq!(plan["state"], "scheduled", "{plan}");
+    assert_eq!(plan["needs_grant"], false);
+    let at = due(&plan);
+    assert!(at > Utc::now(), "due in the future");
+    assert!(at <= Utc::now() + Duration::hours(2) + Duration::hours(10) + Duration::minutes(1));
+    assert!(
+        plan["next_due_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("+08:00")),
+        "returned in the user's zone"
+    );
+    let schedule = app
+        .deps
+        .config
+        .reminders
+        .get("water")
+        .expect("water")
+        .defaults
+        .schedule;
+    assert!(schedule.is_awake(at), "due inside waking hours: {plan}");
+    assert_plans_consistent(&app).await;
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn enabling_with_a_grant_schedules_and_settings_are_validated_and_kept() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    grant(&app, &token, "wr_1").await;
+    let plan = put(
+        &app,
+        &token,
+        &json!({"enabled": true, "interval_minutes": 60, "wake_time": "09:00", "sleep_time": "01:00", "timezone": "Europe/London", "daily_goal": 6}),
+    )
+    .await;
+    assert_eq!(plan["state"], "scheduled");
+    assert_eq!(plan["settings"]["sleep_time"], "01:00");
+    assert_eq!(plan["settings"]["timezone"], "Europe/London");
+    // Absent fields keep their value.
+    let plan = put(&app, &token, &json!({"enabled": true, "daily_goal": 10})).await;
+    assert_eq!(
+        (
+            plan["settings"]["interval_minutes"].as_u64(),
+            plan["settings"]["daily_goal"].as_u64()
+        ),
+        (Some(60), Some(10))
+    );
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_check_in_carrying_a_grant_resumes_a_waiting_plan_and_repeating_a_reported_grant_adds_none()
+ {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let answer = app
+        .post(
+            CHECKINS,
+            Some(&token),
+            &checkin("wc_1", 1, Some(("wr_1", "accept"))),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["state"], "scheduled");
+    assert_eq!(answer.body["today"]["count"], 1);
+    // The same grant reported again through POST /v1/grants is a replay.
+    let report = grant(&app, &token, "wr_1").await;
+    assert_eq!(quota(&report, WATER)["accepted"], 1);
+    // And a check-in repeating it adds nothing either.
+    let again = app
+        .post(
+            CHECKINS,
+            Some(&token),
+            &checkin("wc_2", 2, Some(("wr_1", "accept"))),
+        )
+        .await;
+    assert_eq!(again.status, 200);
+    let quotas = app.get("/v1/grants", Some(&token)).await;
+    assert_eq!(quota(&quotas.body, WATER)["accepted"], 1);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_check_in_on_a_disabled_plan_is_recorded_and_the_plan_stays_off() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    let answer = app
+        .post(
+            CHECKINS,
+            Some(&token),
+            &checkin("wc_1", 3, Some(("wr_1", "accept"))),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["state"], "disabled");
+    assert_eq!(answer.body["today"]["count"], 3);
+    assert_eq!(
+        answer.body["needs_grant"], false,
+        "the carried grant is kept"
+    );
+    let actions = app
+        .items()
+        .await
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("action"))
+        .count();
+    assert_eq!(actions, 1);
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_check_ins_have_one_effect_and_fifty_identical_answers() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let body = checkin("wc_same", 4, Some(("wr_same", "accept")));
+    let answers = join_all((0..50).map(|_| app.post(CHECKINS, Some(&token), &body))).await;
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body, answers[0].body, "identical answers");
+    }
+    let items = app.items().await;
+    let count = |kind: &str| {
+        items
+            .iter()
+            .filter(|i| attr_s(i, "kind") == Some(kind))
+            .count()
+    };
+    assert_eq!((count("action"), count("grant")), (1, 1));
+    let plan = stored_plan(&app).await;
+    assert_eq!(attr_n(&plan, "version"), Some(2), "enable + one check-in");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_distinct_check_ins_are_all_recorded_with_no_lost_version() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let bodies: Vec<Value> = (0..50)
+        .map(|i| checkin(&format!("wc_{i}"), i, Some((&format!("wr_{i}"), "accept"))))
+        .collect();
+    let answers = join_all(bodies.iter().map(|b| app.post(CHECKINS, Some(&token), b))).await;
+    assert!(
+        answers.iter().all(|a| a.status == 200),
+        "{:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    let items = app.items().await;
+    let actions = items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("action"))
+        .count();
+    assert_eq!(actions, 50, "every check-in recorded");
+    let plan = stored_plan(&app).await;
+    assert_eq!(
+        attr_n(&plan, "version"),
+        Some(51),
+        "one plan version per write"
+    );
+    assert_eq!(
+        attr_n(&plan, "today_count"),
+        Some(49),
+        "the highest count of the day"
+    );
+    assert_eq!(attr_s(&plan, "state"), Some("scheduled"));
+    let quotas = app.get("/v1/grants", Some(&token)).await;
+    assert_eq!(quota(&quotas.body, WATER)["accepted"], 50);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn an_action_id_reused_with_a_different_payload_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let first = checkin("wc_1", 2, Some(("wr_1", "accept")));
+    assert_eq!(app.post(CHECKINS, Some(&token), &first).await.status, 200);
+    let replay = app.post(CHECKINS, Some(&token), &first).await;
+    assert_eq!(replay.status, 200);
+    let before = app.items().await;
+    let mut changed = first.clone();
+    changed["current_count"] = json!(3);
+    let refused = app.post(CHECKINS, Some(&token), &changed).await;
+    assert_eq!(
+        (refused.status, refused.body["error"]["code"].as_str()),
+        (409, Some("idempotency_conflict"))
+    );
+    // A new action whose grant repeats wr_1 with another result conflicts too.
+    let rejected = app
+        .post(
+            CHECKINS,
+            Some(&token),
+            &checkin("wc_2", 3, Some(("wr_1", "reject"))),
+        )
+        .await;
+    assert_eq!(rejected.status, 409);
+    let mut after = app.items().await;
+    let mut before = before;
+    let key = |i: &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        attr_s(i, "sk").unwrap_or_default().to_string()
+    };
+    before.sort_by_key(key);
+    after.sort_by_key(key);
+    assert_eq!(before, after);
+}
+
+#[tokio::test]
+async fn disabling_invalidates_every_unconsumed_grant_and_leaves_the_due_index() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    for i in 0..3 {
+        grant(&app, &token, &format!("wr_{i}")).await;
+    }
+    let on = put(&app, &token, &json!({"enabled": true})).await;
+    assert_eq!(on["state"], "scheduled");
+    assert_plans_consistent(&app).await;
+    let off = put(&app, &token, &json!({"enabled": false})).await;
+    assert_eq!(off["state"], "disabled");
+    assert_eq!(off["needs_grant"], true);
+    let items = app.items().await;
+    let states: Vec<_> = items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("grant"))
+        .map(|i| attr_s(i, "state"))
+        .collect();
+    assert_eq!(states, vec![Some("invalid"); 3]);
+    let counters = items
+        .iter()
+        .find(|i| attr_s(i, "kind") == Some("quota"))
+        .expect("counters");
+    assert_eq!(
+        (attr_n(counters, "available"), attr_n(counters, "invalid")),
+        (Some(0), Some(3))
+    );
+    assert_plans_consistent(&app).await;
+    assert_ledger_agrees_with_counters(&app).await;
+    // Enabling again needs a new grant.
+    let again = put(&app, &token, &json!({"enabled": true})).await;
+    assert_eq!(again["pause_reason"], "needs_grant");
+}
+
+#[tokio::test]
+async fn a_reject_or_ban_pauses_the_plan_and_the_check_in_still_succeeds() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    grant(&app, &token, "wr_0").await;
+    assert_eq!(
+        put(&app, &token, &json!({"enabled": true})).await["state"],
+        "scheduled"
+    );
+    let answer = app
+        .post(
+            CHECKINS,
+            Some(&token),
+            &checkin("wc_1", 1, Some(("wr_1", "reject"))),
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        (
+            answer.body["state"].as_str(),
+            answer.body["pause_reason"].as_str()
+        ),
+        (Some("paused"), Some("rejected"))
+    );
+    // A grant resumes it; a ban in a grant report pauses it again.
+    grant(&app, &token, "wr_2").await;
+    assert_eq!(app.get(PLAN, Some(&token)).await.body["state"], "scheduled");
+    let banned = app
+        .post(
+            "/v1/grants",
+            Some(&token),
+            &json!({"request_id": "wr_3", "results": {WATER: "ban"}}),
+        )
+        .await;
+    assert_eq!(banned.status, 200);
+    let plan = app.get(PLAN, Some(&token)).await.body;
+    assert_eq!(
+        (plan["state"].as_str(), plan["pause_reason"].as_str()),
+        (Some("paused"), Some("banned"))
+    );
+    assert_plans_consistent(&app).await;
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_check_in_from_the_distant_past_is_recorded_but_never_schedules_into_the_past() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    grant(&app, &token, "wr_0").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let mut old = checkin("wc_old", 1, None);
+    old["occurred_at"] = json!((Utc::now() - Duration::days(20)).to_rfc3339());
+    let answer = app.post(CHECKINS, Some(&token), &old).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(due(&answer.body) > Utc::now());
+    assert_eq!(
+        answer.body["today"]["count"], 0,
+        "an old day's count is not today's"
+    );
+}
+
+#[tokio::test]
+async fn a_check_in_costs_one_read_and_one_transaction() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    let body = checkin("wc_rt", 1, Some(("wr_rt", "accept")));
+    app.round_trips.take();
+    assert_eq!(app.post(CHECKINS, Some(&token), &body).await.status, 200);
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["BatchGetItem", "TransactWriteItems"]
+    );
+    assert_eq!(app.post(CHECKINS, Some(&token), &body).await.status, 200);
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["BatchGetItem"],
+        "a replay is one read"
+    );
+    assert_eq!(app.get(PLAN, Some(&token)).await.status, 200);
+    assert_eq!(app.round_trips.take(), vec!["BatchGetItem"]);
+}
