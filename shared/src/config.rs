@@ -12,7 +12,12 @@
 //! | `SESSION_TTL_SECONDS` | session token lifetime | 7200 |
 //! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
 //! | `ONEGRANT_REMINDERS` | JSON array of reminder kinds (see [`ReminderKinds::from_json`]); `water` required | required |
-//! | `DUE_SHARDS` | shards of the due index (1–256) | 16 |
+//! | `DUE_SHARDS` | shards of the due index and the lease index (1–256) | 16 |
+//! | `DISPATCH_LEASE_SECONDS` | how long a claim is held before the sweep may recover it (10–900) | 60 |
+//! | `DISPATCH_LOOKAHEAD_SECONDS` | how far ahead a tick claims (waiting until each is due) (0–300) | 60 |
+//! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
+//! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
+//! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
 //! leaks them.
@@ -91,8 +96,19 @@ pub struct Config {
     pub session: SessionConfig,
     pub templates: Templates,
     pub reminders: ReminderKinds,
-    /// How many partitions the due index is spread over (DESIGN.md §6).
+    /// How many partitions the due and lease indexes are spread over (DESIGN.md §6).
     pub due_shards: u32,
+    pub dispatch: DispatchConfig,
+}
+
+/// The dispatcher's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchConfig {
+    pub lease: Duration,
+    pub lookahead: Duration,
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub concurrency: usize,
 }
 
 /// Why the configuration cannot be used. Names the variable, never its value.
@@ -203,6 +219,31 @@ impl Config {
                 })?,
         };
 
+        let number =
+            |name: &'static str, default: u64, range: std::ops::RangeInclusive<u64>| match lookup(
+                name,
+            ) {
+                None => Ok(default),
+                Some(v) => v.parse::<u64>().ok().filter(|n| range.contains(n)).ok_or(
+                    ConfigError::Invalid {
+                        name,
+                        reason: format!(
+                            "expected a whole number from {} to {}",
+                            range.start(),
+                            range.end()
+                        ),
+                    },
+                ),
+            };
+        let dispatch = DispatchConfig {
+            lease: Duration::from_secs(number("DISPATCH_LEASE_SECONDS", 60, 10..=900)?),
+            lookahead: Duration::from_secs(number("DISPATCH_LOOKAHEAD_SECONDS", 60, 0..=300)?),
+            max_attempts: u32::try_from(number("DISPATCH_MAX_ATTEMPTS", 5, 1..=20)?).unwrap_or(5),
+            retry_base: Duration::from_secs(number("DISPATCH_RETRY_BASE_SECONDS", 60, 1..=3600)?),
+            concurrency: usize::try_from(number("DISPATCH_CONCURRENCY", 32, 1..=256)?)
+                .unwrap_or(32),
+        };
+
         Ok(Self {
             table_name: required("TABLE_NAME")?,
             wechat: WechatConfig {
@@ -221,6 +262,7 @@ impl Config {
             templates,
             reminders,
             due_shards,
+            dispatch,
         })
     }
 }
@@ -242,7 +284,7 @@ mod tests {
             ),
             (
                 "ONEGRANT_REMINDERS",
-                r#"[{"kind":"water","template_id":"T"}]"#.to_string(),
+                r#"[{"kind":"water","template_id":"T","content":{"thing1":"drink"}}]"#.to_string(),
             ),
         ])
     }
@@ -268,7 +310,12 @@ mod tests {
 
     #[test]
     fn each_bad_variable_is_named() {
-        let cases: [(&str, Option<&str>, &str); 8] = [
+        let cases: Vec<(&str, Option<&str>, &str)> = vec![
+            (
+                "DISPATCH_LEASE_SECONDS",
+                Some("1"),
+                "DISPATCH_LEASE_SECONDS",
+            ),
             ("ONEGRANT_REMINDERS", None, "ONEGRANT_REMINDERS"),
             (
                 "ONEGRANT_REMINDERS",

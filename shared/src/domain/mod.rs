@@ -5,6 +5,8 @@
 
 pub mod grant;
 pub mod ids;
+pub mod keywords;
+pub mod outcome;
 pub mod plan;
 pub mod reminder;
 pub mod schedule;

@@ -57,12 +57,44 @@ pub struct Settings {
     pub daily_goal: u32,
 }
 
-/// A configured reminder kind: its template and default settings.
+/// A configured reminder kind: its template, default settings and message content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReminderKind {
     pub name: KindName,
     pub template_id: TemplateId,
     pub defaults: Settings,
+    /// Keyword → value, with placeholders [`CONTENT_PLACEHOLDERS`] filled at send time.
+    pub content: BTreeMap<String, String>,
+}
+
+/// Placeholders a kind's content may use: the due time (`HH:MM`) and date
+/// (`YYYY年M月D日`) in the user's zone, today's count and the daily goal.
+pub const CONTENT_PLACEHOLDERS: [&str; 4] = ["{due_time}", "{due_date}", "{count}", "{goal}"];
+
+/// Values for a kind's content placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContentValues {
+    pub due_time: String,
+    pub due_date: String,
+    pub count: u32,
+    pub goal: u32,
+}
+
+impl ReminderKind {
+    /// The kind's content with its placeholders filled.
+    pub fn render(&self, values: &ContentValues) -> BTreeMap<String, String> {
+        self.content
+            .iter()
+            .map(|(k, v)| {
+                let text = v
+                    .replace("{due_time}", &values.due_time)
+                    .replace("{due_date}", &values.due_date)
+                    .replace("{count}", &values.count.to_string())
+                    .replace("{goal}", &values.goal.to_string());
+                (k.clone(), text)
+            })
+            .collect()
+    }
 }
 
 /// Every configured kind; `water` always exists.
@@ -84,6 +116,8 @@ pub enum ReminderConfigError {
     Duplicate(String),
     #[error("the water reminder must be configured (its template at least)")]
     NoWater,
+    #[error("reminder kind {kind}: content must give exactly the template's keywords ({expected})")]
+    Content { kind: String, expected: String },
 }
 
 #[derive(Deserialize)]
@@ -101,6 +135,7 @@ struct RawKind {
     timezone: String,
     #[serde(default = "default_goal")]
     daily_goal: u32,
+    content: BTreeMap<String, String>,
 }
 
 fn default_interval() -> u32 {
@@ -120,9 +155,10 @@ fn default_goal() -> u32 {
 }
 
 impl ReminderKinds {
-    /// Parses `ONEGRANT_REMINDERS`: `[{"kind", "template_id", "interval_minutes",
-    /// "wake_time", "sleep_time", "timezone", "daily_goal"}]`; all but `kind` and
-    /// `template_id` default to water's (120 min, 08:00–22:00, Asia/Shanghai, 8).
+    /// Parses `ONEGRANT_REMINDERS`: `[{"kind", "template_id", "content",
+    /// "interval_minutes", "wake_time", "sleep_time", "timezone", "daily_goal"}]`; the
+    /// settings default to water's (120 min, 08:00–22:00, Asia/Shanghai, 8). `content`
+    /// maps every keyword of the template to its text.
     pub fn from_json(json: &str, templates: &Templates) -> Result<Self, ReminderConfigError> {
         let raw: Vec<RawKind> = serde_json::from_str(json)?;
         let mut map = BTreeMap::new();
@@ -152,6 +188,16 @@ impl ReminderKinds {
             if !(1..=MAX_DAILY_GOAL).contains(&k.daily_goal) {
                 return Err(settings(SettingsError::DailyGoal));
             }
+            let expected: Vec<&str> = template.keywords.iter().map(|kw| kw.key.as_str()).collect();
+            let given: Vec<&str> = k.content.keys().map(String::as_str).collect();
+            let mut sorted = expected.clone();
+            sorted.sort_unstable();
+            if sorted != given {
+                return Err(ReminderConfigError::Content {
+                    kind: k.kind.clone(),
+                    expected: expected.join(", "),
+                });
+            }
             let kind = ReminderKind {
                 name: name.clone(),
                 template_id: template.id.clone(),
@@ -159,6 +205,7 @@ impl ReminderKinds {
                     schedule,
                     daily_goal: k.daily_goal,
                 },
+                content: k.content,
             };
             if map.insert(name.to_string(), kind).is_some() {
                 return Err(ReminderConfigError::Duplicate(name.to_string()));
