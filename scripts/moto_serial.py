@@ -7,12 +7,20 @@ live in conditional writes and transactions, so the emulator must apply each req
 atomically, as DynamoDB does. One process-wide lock around the WSGI app, with the whole
 response body produced inside the lock, does that.
 
+It also replaces one cost of moto's TransactWriteItems: moto deep-copies every table a
+transaction touches, to roll back on cancellation (measured: 43 ms per transaction on a
+1,000-item table, and ~0.66 KiB of memory per item per transaction, never released).
+Because requests here are already one at a time, a snapshot of just the items the
+transaction touches is an equivalent rollback; the suite proves a cancelled transaction
+(Put, Update and Delete before a failing condition) still leaves nothing behind.
+
 Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0] [--exit-on-stdin-eof]
 Prints one line "listening on <port>" once the socket accepts connections, then serves
 until killed (SIGKILL is fine: all data is in memory).
 """
 
 import argparse
+import copy
 import os
 import sys
 import threading
@@ -20,6 +28,75 @@ import threading
 from moto.moto_server.threaded_moto_server import MotoRequestHandler
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
+import moto.dynamodb.models as dynamodb_models
+from moto.dynamodb.models.table import Table
+
+
+class _TableCopySkipper:
+    """Stands in for the `copy` module inside moto's DynamoDB models while a transaction
+    runs: tables are not copied (the per-item snapshot below replaces that backup);
+    everything else is copied as usual."""
+
+    active = False
+
+    @staticmethod
+    def deepcopy(value, memo=None):
+        if _TableCopySkipper.active and isinstance(value, Table):
+            return value
+        return copy.deepcopy(value, memo)
+
+    def __getattr__(self, name):
+        return getattr(copy, name)
+
+
+dynamodb_models.copy = _TableCopySkipper()
+_moto_transact_write_items = dynamodb_models.DynamoDBBackend.transact_write_items
+
+
+def _touched_keys(backend, transact_items):
+    keys = []
+    for entry in transact_items:
+        for op_type, op in entry.items():
+            table = backend.tables.get(op.get("TableName"))
+            if table is None:
+                continue
+            if op_type == "Put":
+                attrs = op.get("Item", {})
+                key = {table.hash_key_attr: attrs.get(table.hash_key_attr)}
+                if table.range_key_attr is not None:
+                    key[table.range_key_attr] = attrs.get(table.range_key_attr)
+            else:
+                key = op.get("Key", {})
+            if all(v is not None for v in key.values()):
+                keys.append((op["TableName"], key))
+    return keys
+
+
+def transact_write_items(self, transact_items):
+    """moto's TransactWriteItems with a per-item rollback instead of table copies."""
+    snapshots = []
+    for table_name, key in _touched_keys(self, transact_items):
+        try:
+            before = self.get_item(table_name, key)
+        except Exception:  # a malformed key: moto itself will refuse the request
+            continue
+        snapshots.append((table_name, key, copy.deepcopy(before)))
+    _TableCopySkipper.active = True
+    try:
+        return _moto_transact_write_items(self, transact_items)
+    except Exception:
+        for table_name, key, before in reversed(snapshots):
+            if before is None:
+                if self.get_item(table_name, key) is not None:
+                    self.delete_item(table_name, key)
+            else:
+                self.put_item(table_name, before.to_json()["Attributes"])
+        raise
+    finally:
+        _TableCopySkipper.active = False
+
+
+dynamodb_models.DynamoDBBackend.transact_write_items = transact_write_items
 
 
 class SerialApp:

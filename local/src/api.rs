@@ -27,6 +27,26 @@ use crate::template::{self, Route};
 /// API Gateway HTTP APIs accept payloads up to 10 MB; the handlers apply API.md's 64 KiB.
 const GATEWAY_PAYLOAD_LIMIT: usize = 10 * 1024 * 1024;
 
+/// A non-HTTP function's handler: an event in, a JSON answer (or an error message) out,
+/// within a time budget (the function's timeout).
+pub type EventHandler =
+    for<'a> fn(
+        &'a Deps,
+        serde_json::Value,
+        std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, String>>;
+
+/// The handler of the event function built as `binary`.
+pub fn event_handler(binary: &str) -> Option<EventHandler> {
+    match binary {
+        "dispatcher" => Some(dispatcher::invoke),
+        _ => None,
+    }
+}
+
+/// Local invocations get this much time, like the template's function timeout.
+const EVENT_BUDGET: std::time::Duration = std::time::Duration::from_secs(55);
+
 /// The handler of the HTTP function built as `binary` (its crate's `handler`).
 pub fn http_handler(binary: &str) -> Option<HttpHandler> {
     match binary {
@@ -175,7 +195,7 @@ async fn invoke(
     let function_error = |message: String| {
         (
             [("x-amz-function-error", "Unhandled")],
-            axum::Json(json!({"errorType": "InvalidEvent", "errorMessage": message})),
+            axum::Json(json!({"errorType": "FunctionError", "errorMessage": message})),
         )
             .into_response()
     };
@@ -212,7 +232,17 @@ async fn invoke(
             }))
             .into_response()
         }
-        _ => function_error(format!("{name} has no local handler")),
+        (false, _) => match event_handler(&function.binary) {
+            Some(handler) => {
+                let event = serde_json::from_slice(&payload).unwrap_or(serde_json::Value::Null);
+                match handler(&state.deps, event, EVENT_BUDGET).await {
+                    Ok(answer) => axum::Json(answer).into_response(),
+                    Err(message) => function_error(message),
+                }
+            }
+            None => function_error(format!("{name} has no local handler")),
+        },
+        (true, None) => function_error(format!("{name} has no local handler")),
     }
 }
 

@@ -9,17 +9,20 @@
 //!   grant states, quota arithmetic. No I/O; takes `now` as an argument.
 //! - [`store`]: the DynamoDB single-table store. Every state change is a conditional
 //!   write or one `TransactWriteItems`; item mapping stays inside this module.
-//! - [`wechat`]: the WeChat server API client (login code exchange so far).
+//! - [`wechat`]: the WeChat server API client: login code exchange, access tokens,
+//!   subscription-message sends.
 //! - [`session`]: signed, expiring bearer tokens (HS256) carrying the user's openid.
 //! - [`http`]: HTTP plumbing shared by the HTTP functions — the error type mapped to a
 //!   status in one place, body limits, JSON decoding, bearer authentication.
 //! - [`config`]: typed configuration read once per cold start; secrets are redacted.
 //! - [`aws`]: AWS SDK client construction (rustls with ring, no AWS-LC build).
 //! - [`telemetry`]: tracing set-up (JSON in Lambda) and the openid hash used in logs.
+//! - [`failpoint`]: named crash points, armed only by the crash-injection tests.
 
 pub mod aws;
 pub mod config;
 pub mod domain;
+pub mod failpoint;
 pub mod http;
 pub mod session;
 pub mod store;

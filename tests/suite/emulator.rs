@@ -232,3 +232,73 @@ async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
     assert_eq!(ttl.attribute_name(), Some("expires_at"));
     assert_eq!(ttl.time_to_live_status(), Some(&TimeToLiveStatus::Enabled));
 }
+
+#[tokio::test]
+async fn a_cancelled_transaction_rolls_back_updates_deletes_and_puts_applied_before_the_failure() {
+    // scripts/moto_serial.py rolls back by per-item snapshots instead of moto's table
+    // copies; this is the proof that the rollback is still complete.
+    let table = TestTable::create().await;
+    for sk in ["counter", "doomed", "guard"] {
+        table
+            .client
+            .put_item()
+            .table_name(&table.name)
+            .item("pk", s("P"))
+            .item("sk", s(sk))
+            .item("n", AttributeValue::N("1".into()))
+            .send()
+            .await
+            .expect("seed");
+    }
+    let before = table.items().await;
+    let key = |sk: &str| {
+        std::collections::HashMap::from([("pk".to_string(), s("P")), ("sk".to_string(), s(sk))])
+    };
+    let update = Update::builder()
+        .table_name(&table.name)
+        .set_key(Some(key("counter")))
+        .update_expression("SET n = n + :hundred")
+        .expression_attribute_values(":hundred", AttributeValue::N("100".into()))
+        .build()
+        .expect("update");
+    let delete = aws_sdk_dynamodb::types::Delete::builder()
+        .table_name(&table.name)
+        .set_key(Some(key("doomed")))
+        .build()
+        .expect("delete");
+    let put = Put::builder()
+        .table_name(&table.name)
+        .item("pk", s("P"))
+        .item("sk", s("new"))
+        .build()
+        .expect("put");
+    let check = ConditionCheck::builder()
+        .table_name(&table.name)
+        .set_key(Some(key("guard")))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .expect("check");
+    let result = table
+        .client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().update(update).build())
+        .transact_items(TransactWriteItem::builder().delete(delete).build())
+        .transact_items(TransactWriteItem::builder().put(put).build())
+        .transact_items(TransactWriteItem::builder().condition_check(check).build())
+        .send()
+        .await;
+    assert!(result.is_err(), "the last condition fails");
+    let mut after = table.items().await;
+    let mut before = before;
+    let by_sk = |i: &std::collections::HashMap<String, AttributeValue>| {
+        onegrant_tests::attr_s(i, "sk")
+            .unwrap_or_default()
+            .to_string()
+    };
+    before.sort_by_key(by_sk);
+    after.sort_by_key(by_sk);
+    assert_eq!(
+        before, after,
+        "nothing of the cancelled transaction remains"
+    );
+}

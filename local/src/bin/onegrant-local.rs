@@ -12,11 +12,11 @@ use anyhow::Context;
 use onegrant_local::{api, emulator::Emulator, stack, standin};
 use tokio::net::TcpListener;
 
-fn port(name: &str, default: u16) -> anyhow::Result<u16> {
+fn env_u16(name: &str, default: u16) -> anyhow::Result<u16> {
     match std::env::var(name) {
         Ok(v) => v
             .parse()
-            .with_context(|| format!("{name} must be a port number")),
+            .with_context(|| format!("{name} must be a whole number up to 65535")),
         Err(_) => Ok(default),
     }
 }
@@ -24,9 +24,9 @@ fn port(name: &str, default: u16) -> anyhow::Result<u16> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     onegrant::telemetry::init();
-    let api_port = port("ONEGRANT_API_PORT", 3000)?;
-    let invoke_port = port("ONEGRANT_INVOKE_PORT", 3001)?;
-    let standin_port = port("ONEGRANT_STANDIN_PORT", 3002)?;
+    let api_port = env_u16("ONEGRANT_API_PORT", 3000)?;
+    let invoke_port = env_u16("ONEGRANT_INVOKE_PORT", 3001)?;
+    let standin_port = env_u16("ONEGRANT_STANDIN_PORT", 3002)?;
 
     let (emulator, endpoint) = match std::env::var("AWS_ENDPOINT_URL_DYNAMODB") {
         Ok(endpoint) => (None, endpoint),
@@ -68,6 +68,26 @@ async fn main() -> anyhow::Result<()> {
     let invoke_listener = TcpListener::bind(("127.0.0.1", invoke_port))
         .await
         .with_context(|| format!("binding the Invoke API to 127.0.0.1:{invoke_port}"))?;
+    let tick_seconds = env_u16("ONEGRANT_LOCAL_TICK_SECONDS", 60)?;
+    let ticker = {
+        let deps = deps.clone();
+        async move {
+            if tick_seconds == 0 {
+                return std::future::pending::<()>().await;
+            }
+            // Like the EventBridge schedule: one dispatcher tick per period, each bounded
+            // by the period so ticks do not overlap.
+            let period = std::time::Duration::from_secs(u64::from(tick_seconds));
+            let mut interval = tokio::time::interval(period);
+            loop {
+                interval.tick().await;
+                let deadline = tokio::time::Instant::now() + period;
+                if let Err(e) = dispatcher::tick(&deps, deadline).await {
+                    tracing::error!(error = %e, "local dispatcher tick failed");
+                }
+            }
+        }
+    };
     let api = axum::serve(api_listener, api::api_router(deps.clone())?);
     let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?);
 
@@ -94,6 +114,13 @@ async fn main() -> anyhow::Result<()> {
     } else {
         println!("  WeChat          {wechat_base}  (real)");
     }
+    if tick_seconds == 0 {
+        println!(
+            "  Dispatcher      off (ONEGRANT_LOCAL_TICK_SECONDS=0); invoke it through the Invoke API"
+        );
+    } else {
+        println!("  Dispatcher      a tick every {tick_seconds} s (ONEGRANT_LOCAL_TICK_SECONDS)");
+    }
     println!("Ctrl-C stops everything.");
 
     let shutdown = async {
@@ -107,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::select! {
         r = api => r.context("HTTP API server")?,
         r = invoke => r.context("Invoke API server")?,
+        () = ticker => {}
         () = shutdown => println!("stopping"),
     }
     if let Some(task) = standin_task {

@@ -14,6 +14,9 @@ pub enum SendResult {
     Uncertain { reason: String },
     /// The request never left (no token, no connection): certainly not delivered.
     NotSent { reason: String },
+    /// The message could not be built (a keyword value no truncation can make valid):
+    /// never sent; needs the content or template configuration fixed.
+    Invalid { reason: String },
 }
 
 /// The outcome classes of DESIGN.md §5.
@@ -47,6 +50,7 @@ impl SendResult {
             Self::Sent { .. } => OutcomeClass::Sent,
             Self::Uncertain { .. } => OutcomeClass::Unknown,
             Self::NotSent { .. } => OutcomeClass::Retryable,
+            Self::Invalid { .. } => OutcomeClass::Config,
             Self::Refused { errcode, .. } => match errcode {
                 -1 | 45011 | 43108 | 45009 | 40001 | 40014 | 42001 => OutcomeClass::Retryable,
                 43101 => OutcomeClass::Refused,
@@ -62,7 +66,7 @@ impl SendResult {
         match self {
             Self::Sent { .. } => Some(0),
             Self::Refused { errcode, .. } => Some(*errcode),
-            Self::Uncertain { .. } | Self::NotSent { .. } => None,
+            Self::Uncertain { .. } | Self::NotSent { .. } | Self::Invalid { .. } => None,
         }
     }
 }

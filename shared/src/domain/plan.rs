@@ -237,6 +237,10 @@ pub struct Plan {
     /// The waking day the last counted check-in belongs to, and its count.
     pub today: Option<(NaiveDate, u32)>,
     pub last_checkin_at: Option<DateTime<Utc>>,
+    /// Retryable send failures since the last successful send.
+    pub attempts: u32,
+    /// While `sending`: the delivery that claimed the plan.
+    pub delivery_id: Option<String>,
     /// The stored version this plan was read at; 0 when not stored yet.
     pub version: u64,
 }
@@ -251,6 +255,8 @@ impl Plan {
             settings: kind.defaults,
             today: None,
             last_checkin_at: None,
+            attempts: 0,
+            delivery_id: None,
             version: 0,
         }
     }

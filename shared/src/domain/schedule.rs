@@ -199,7 +199,7 @@ impl Schedule {
     }
 
     /// The first instant at or after `at` within waking hours.
-    fn first_awake_from(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+    pub fn first_awake_from(&self, at: DateTime<Utc>) -> DateTime<Utc> {
         let day = self.waking_day(at);
         for d in [
             Some(day),

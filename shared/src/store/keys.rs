@@ -37,6 +37,17 @@ pub fn action_sk(action_id: &RequestId) -> String {
     format!("ACTION#{action_id}")
 }
 
+/// One send attempt.
+pub fn delivery_sk(delivery_id: &str) -> String {
+    format!("DELIVERY#{delivery_id}")
+}
+
+/// The lease-index partition of a delivery (same hashing and shard count as the due
+/// index), so the sweep queries every shard in parallel.
+pub fn lease_pk(delivery_id: &str, shards: u32) -> String {
+    due_pk(delivery_id, "lease", shards).replacen("DUE#", "LEASE#", 1)
+}
+
 /// The due-index partition of an item: a stable hash of its key, mod `shards`, so
 /// due items spread evenly and the dispatcher queries every shard in parallel.
 pub fn due_pk(pk: &str, sk: &str, shards: u32) -> String {

@@ -9,6 +9,7 @@
 //! - [`grants`]: grant reports and quota counters.
 //! - [`plans`]: reminder plans, settings, check-ins and the due index.
 
+pub mod deliveries;
 pub mod grants;
 pub mod keys;
 pub mod plans;

@@ -35,7 +35,7 @@ pub const ACTION_RETENTION: Duration = Duration::days(35);
 const INVALIDATE_CHUNK: usize = 98;
 
 #[derive(Debug, Serialize, Deserialize)]
-struct PlanItem {
+pub(super) struct PlanItem {
     pk: String,
     sk: String,
     kind: String,
@@ -61,6 +61,10 @@ struct PlanItem {
     today_count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_checkin_at: Option<i64>,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivery_id: Option<String>,
     version: u64,
     updated_at: String,
 }
@@ -94,12 +98,20 @@ impl PlanItem {
             today_date: plan.today.map(|(d, _)| d.format("%Y-%m-%d").to_string()),
             today_count: plan.today.map(|(_, c)| c).unwrap_or(0),
             last_checkin_at: plan.last_checkin_at.map(|t| t.timestamp_millis()),
+            attempts: plan.attempts,
+            delivery_id: match plan.status {
+                PlanStatus::Sending => plan.delivery_id.clone(),
+                PlanStatus::Disabled
+                | PlanStatus::Scheduled { .. }
+                | PlanStatus::AwaitingCheckin
+                | PlanStatus::Paused { .. } => None,
+            },
             version,
             updated_at: rfc3339(now),
         }
     }
 
-    fn into_plan(self, kind: &ReminderKind) -> Result<Plan, StoreError> {
+    pub(super) fn into_plan(self, kind: &ReminderKind) -> Result<Plan, StoreError> {
         let bad = |what: &str| StoreError::Corrupt(format!("plan {}: {what}", self.sk));
         let status = match self.state.as_str() {
             "disabled" => PlanStatus::Disabled,
@@ -144,6 +156,8 @@ impl PlanItem {
             },
             today,
             last_checkin_at: self.last_checkin_at.map(millis).transpose()?,
+            attempts: self.attempts,
+            delivery_id: self.delivery_id,
             version: self.version,
         })
     }
@@ -177,18 +191,18 @@ pub enum CheckInOutcome {
     Replayed(serde_json::Value),
 }
 
-struct Read {
-    plan: Option<PlanItem>,
-    counters: QuotaCounters,
+pub(super) struct Read {
+    pub(super) plan: Option<PlanItem>,
+    pub(super) counters: QuotaCounters,
     action: Option<ActionItem>,
     ledger: Option<GrantItem>,
 }
 
-fn s(value: impl Into<String>) -> AttributeValue {
+pub(super) fn s(value: impl Into<String>) -> AttributeValue {
     AttributeValue::S(value.into())
 }
 
-fn key(pk: &str, sk: &str) -> HashMap<String, AttributeValue> {
+pub(super) fn key(pk: &str, sk: &str) -> HashMap<String, AttributeValue> {
     HashMap::from([("pk".to_string(), s(pk)), ("sk".to_string(), s(sk))])
 }
 
@@ -236,7 +250,7 @@ impl Store {
         Ok(found)
     }
 
-    async fn read(
+    pub(super) async fn read(
         &self,
         pk: &str,
         kind: &ReminderKind,
@@ -291,7 +305,7 @@ impl Store {
         })
     }
 
-    fn plan_put(
+    pub(super) fn plan_put(
         &self,
         plan: &Plan,
         pk: &str,
@@ -328,7 +342,10 @@ impl Store {
 
     /// Sends a transaction; `Ok(None)` when it was cancelled or contended (the caller
     /// re-reads and retries), `Ok(Some(reasons))` never — reasons are returned in `Err`.
-    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<TxOutcome, StoreError> {
+    pub(super) async fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<TxOutcome, StoreError> {
         match self
             .client
             .transact_write_items()
@@ -360,11 +377,12 @@ impl Store {
     /// Invalidates every available or reserved grant of the kind's template, in
     /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
     /// `first` (the plan). Returns false if anything changed underneath (retry).
-    async fn invalidate_grants(
+    pub(super) async fn invalidate_grants(
         &self,
         pk: &str,
-        kind: &ReminderKind,
-        first: TransactWriteItem,
+        template: &crate::domain::TemplateId,
+        first: Option<TransactWriteItem>,
+        include_reserved: bool,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let mut open: Vec<(String, GrantState)> = Vec::new();
@@ -374,15 +392,20 @@ impl Store {
             .table_name(&self.table)
             .consistent_read(true)
             .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .filter_expression("#s IN (:available, :reserved)")
+            // "Open" grants: available, and reserved too when a plan is disabled.
+            .filter_expression("#s IN (:available, :other)")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(
-                ":prefix",
-                s(format!("{GRANT_PREFIX}{}#", kind.template_id)),
-            )
+            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
             .expression_attribute_values(":available", s("available"))
-            .expression_attribute_values(":reserved", s("reserved"))
+            .expression_attribute_values(
+                ":other",
+                s(if include_reserved {
+                    "reserved"
+                } else {
+                    "available"
+                }),
+            )
             .into_paginator()
             .items()
             .send();
@@ -394,7 +417,7 @@ impl Store {
                 open.push((grant.sk, state));
             }
         }
-        let mut first = Some(first);
+        let mut first = first;
         let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
         for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
             let mut items = Vec::with_capacity(chunk.len() + 2);
@@ -435,7 +458,7 @@ impl Store {
             if available + reserved > 0 {
                 let update = Update::builder()
                     .table_name(&self.table)
-                    .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
+                    .set_key(Some(key(pk, &quota_sk(template))))
                     .update_expression(
                         "SET updated_at = :now ADD available :a, reserved :r, invalid :n",
                     )
@@ -501,7 +524,9 @@ impl Store {
                 }
                 matches!(self.transact(items).await?, TxOutcome::Committed)
             } else {
-                let done = self.invalidate_grants(&pk, kind, put, now).await?;
+                let done = self
+                    .invalidate_grants(&pk, &kind.template_id, Some(put), true, now)
+                    .await?;
                 if done {
                     counters.invalid += counters.available + counters.reserved;
                     counters.available = 0;
@@ -739,7 +764,7 @@ impl Store {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     what: &str,
     item: HashMap<String, AttributeValue>,
 ) -> Result<T, StoreError> {
@@ -757,7 +782,7 @@ fn replay(action: ActionItem, fingerprint: &str) -> Result<CheckInOutcome, Store
     Ok(CheckInOutcome::Replayed(response))
 }
 
-enum TxOutcome {
+pub(super) enum TxOutcome {
     Committed,
     /// Cancelled, with each item's (reason code, ALL_OLD item).
     Cancelled(Vec<(String, Option<HashMap<String, AttributeValue>>)>),

@@ -1,0 +1,18 @@
+//! `dispatch-once`: runs one dispatcher tick against the configured table and WeChat
+//! (environment as for the Lambda) and prints its summary. For operators and for the
+//! crash tests, which kill this process at chosen points.
+//! `DISPATCH_ONCE_SECONDS` bounds the tick (default 55).
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    onegrant::telemetry::init();
+    let seconds: u64 = std::env::var("DISPATCH_ONCE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(55);
+    let deps = onegrant::Deps::from_env().await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    let summary = dispatcher::tick(&deps, deadline).await?;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}

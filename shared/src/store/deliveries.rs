@@ -1,0 +1,726 @@
+//! Deliveries: claiming a due plan, recording the send, finalizing by its outcome, and
+//! recovering claims whose dispatcher vanished (DESIGN.md §2 I1, I4–I6, §5).
+//!
+//! - **Claim** (one transaction): plan `scheduled → sending` on its version, off the due
+//!   index; one grant `available → reserved` naming the delivery; counters
+//!   `available −1, reserved +1`; the delivery written `claimed` with a lease (and so on
+//!   the lease index).
+//! - **Send** happens outside any transaction (I6), after the delivery is marked
+//!   `sending`.
+//! - **Finalize** (one transaction, conditional on the delivery still being this
+//!   claimer's): delivery terminal, grant consumed / restored / invalid — restored only
+//!   by the delivery that reserved it, and only once — counters moved, plan advanced.
+//!   If the user disabled the plan meanwhile (grant already invalid, plan changed),
+//!   the parts that no longer apply are dropped and the rest still lands: a finalize
+//!   always completes.
+//! - **Sweep**: deliveries still `claimed`/`sending` past their lease become `unknown`,
+//!   their grant invalid, their plan paused `uncertain`. Never resent (I4).
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::grants::{GrantItem, rfc3339};
+use super::keys::{GRANT_PREFIX, delivery_sk, lease_pk, quota_sk, user_pk};
+use super::plans::{TxOutcome, key, parse, s};
+use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use crate::config::DispatchConfig;
+use crate::domain::outcome::{OutcomeClass, SendResult};
+use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus};
+use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::{GrantState, OpenId};
+
+/// A plan the due index says is due by the horizon (keys only; re-read on claim).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueItem {
+    pub pk: String,
+    pub sk: String,
+    pub due_at: DateTime<Utc>,
+}
+
+/// What a dispatcher holds between claim and finalize.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub delivery_id: String,
+    pub claimer: String,
+    pub openid: OpenId,
+    pub kind: ReminderKind,
+    /// The plan as the claim wrote it (`sending`, at its new version).
+    pub plan: Plan,
+    pub grant_sk: String,
+    pub due_at: DateTime<Utc>,
+}
+
+/// How a claim attempt ended.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    Claimed(Box<Claim>),
+    /// Someone else claimed it first, or the plan changed since the index was read.
+    Lost,
+    /// No grant to reserve: the plan was paused `needs_grant`.
+    NoGrant,
+}
+
+/// How a finalize ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finalized {
+    pub class: OutcomeClass,
+    /// The grant went back to `available`.
+    pub restored: bool,
+    /// The delivery was already terminal (a sweep recovered it first).
+    pub superseded: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct DeliveryItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    delivery_id: String,
+    state: String,
+    reminder: String,
+    template_id: String,
+    grant_sk: String,
+    claimer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until: Option<i64>,
+    due_at: i64,
+    claimed_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    errcode: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    msgid: Option<String>,
+}
+
+/// The parts of a settle transaction that still apply.
+struct Settle<'a> {
+    pk: &'a str,
+    delivery_id: &'a str,
+    /// The delivery's condition: its claimer, or (for the sweep) its expired lease.
+    owner: Owner<'a>,
+    state: &'static str,
+    outcome: String,
+    errcode: Option<i64>,
+    msgid: Option<String>,
+    grant_sk: &'a str,
+    template: &'a crate::domain::TemplateId,
+    grant_to: GrantState,
+    /// The plan to write (conditional on `plan_version`), if it still applies.
+    plan: Option<(Plan, u64)>,
+}
+
+enum Owner<'a> {
+    Claimer(&'a str),
+    ExpiredLease(i64),
+}
+
+/// Outcome of the settle transaction: which parts landed.
+struct Settled {
+    delivery: bool,
+    grant: bool,
+}
+
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+impl Store {
+    /// The plans due by `horizon`, across every shard of the due index, queried in
+    /// parallel, earliest first.
+    pub async fn due_items(
+        &self,
+        shards: u32,
+        horizon: DateTime<Utc>,
+    ) -> Result<Vec<DueItem>, StoreError> {
+        let queries = (0..shards).map(|shard| async move {
+            let mut found = Vec::new();
+            let mut pages = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name("due")
+                .key_condition_expression("due_pk = :p AND due_at <= :h")
+                .expression_attribute_values(":p", s(format!("DUE#{shard}")))
+                .expression_attribute_values(":h", n(horizon.timestamp_millis()))
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(item) = pages.next().await {
+                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+                let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+                let due = item
+                    .get("due_at")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .and_then(DateTime::from_timestamp_millis);
+                if let (Some(pk), Some(sk), Some(due_at)) = (text("pk"), text("sk"), due) {
+                    found.push(DueItem { pk, sk, due_at });
+                }
+            }
+            Ok::<_, StoreError>(found)
+        });
+        let mut all = Vec::new();
+        for shard in futures::future::join_all(queries).await {
+            all.extend(shard?);
+        }
+        all.sort_by_key(|i| i.due_at);
+        Ok(all)
+    }
+
+    /// Claims a due plan (see the module docs). `claimer` names this dispatcher run.
+    pub async fn claim(
+        &self,
+        item: &DueItem,
+        kinds: &ReminderKinds,
+        claimer: &str,
+        shards: u32,
+        lease: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let (Some(openid), Some(kind)) = (
+            item.pk
+                .strip_prefix("USER#")
+                .and_then(|o| OpenId::parse(o).ok()),
+            item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)),
+        ) else {
+            tracing::error!(pk = %item.pk, sk = %item.sk, "due item of no configured reminder kind");
+            return Ok(ClaimOutcome::Lost);
+        };
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(&item.pk, kind, None).await?;
+            let Some(plan) = read.plan else {
+                return Ok(ClaimOutcome::Lost);
+            };
+            let plan = plan.into_plan(kind)?;
+            if plan.status != (PlanStatus::Scheduled { due: item.due_at }) {
+                return Ok(ClaimOutcome::Lost);
+            }
+            let grant = if read.counters.available > 0 {
+                self.first_available_grant(&item.pk, kind).await?
+            } else {
+                None
+            };
+            let Some(grant) = grant else {
+                let mut paused = plan.clone();
+                paused.status = plan
+                    .status
+                    .apply(PlanEvent::GrantMissing)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let put = self.plan_put(&paused, &item.pk, shards, now)?;
+                return match self.transact(vec![put]).await? {
+                    TxOutcome::Committed => Ok(ClaimOutcome::NoGrant),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Ok(ClaimOutcome::Lost),
+                };
+            };
+            let delivery_id = uuid::Uuid::new_v4().simple().to_string();
+            let mut claimed = plan.clone();
+            claimed.status = plan
+                .status
+                .apply(PlanEvent::Claimed)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            claimed.delivery_id = Some(delivery_id.clone());
+            let lease_until = now + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
+            let delivery = DeliveryItem {
+                pk: item.pk.clone(),
+                sk: delivery_sk(&delivery_id),
+                kind: "delivery".into(),
+                delivery_id: delivery_id.clone(),
+                state: "claimed".into(),
+                reminder: kind.name.to_string(),
+                template_id: kind.template_id.to_string(),
+                grant_sk: grant.sk.clone(),
+                claimer: claimer.to_string(),
+                lease_pk: Some(lease_pk(&delivery_id, shards)),
+                lease_until: Some(lease_until.timestamp_millis()),
+                due_at: item.due_at.timestamp_millis(),
+                claimed_at: rfc3339(now),
+                outcome: None,
+                errcode: None,
+                msgid: None,
+            };
+            let reserve = Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(&item.pk, &grant.sk)))
+                .update_expression("SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one")
+                .condition_expression("#s = :available")
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":reserved", s("reserved"))
+                .expression_attribute_values(":available", s("available"))
+                .expression_attribute_values(":d", s(&delivery_id))
+                .expression_attribute_values(":now", s(rfc3339(now)))
+                .expression_attribute_values(":one", n(1))
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let counters = Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(&item.pk, &quota_sk(&kind.template_id))))
+                .update_expression("SET updated_at = :now ADD available :minus, reserved :one")
+                .condition_expression("available > :zero")
+                .expression_attribute_values(":now", s(rfc3339(now)))
+                .expression_attribute_values(":minus", n(-1))
+                .expression_attribute_values(":one", n(1))
+                .expression_attribute_values(":zero", n(0))
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let delivery_put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(
+                    serde_dynamo::to_item(&delivery).map_err(|e| corrupt("delivery", e))?,
+                ))
+                .condition_expression("attribute_not_exists(pk)")
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let items = vec![
+                self.plan_put(&claimed, &item.pk, shards, now)?,
+                TransactWriteItem::builder().update(reserve).build(),
+                TransactWriteItem::builder().update(counters).build(),
+                TransactWriteItem::builder().put(delivery_put).build(),
+            ];
+            match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    claimed.version += 1;
+                    return Ok(ClaimOutcome::Claimed(Box::new(Claim {
+                        delivery_id,
+                        claimer: claimer.to_string(),
+                        openid,
+                        kind: kind.clone(),
+                        plan: claimed,
+                        grant_sk: grant.sk,
+                        due_at: item.due_at,
+                    })));
+                }
+                TxOutcome::Cancelled(reasons) => {
+                    let failed = |i: usize| {
+                        reasons
+                            .get(i)
+                            .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    };
+                    if failed(0) {
+                        // The plan moved on: another dispatcher claimed it, or the user acted.
+                        return Ok(ClaimOutcome::Lost);
+                    }
+                    // The grant was taken (or counters changed): pick again.
+                }
+                TxOutcome::Contended => {}
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Ok(ClaimOutcome::Lost)
+    }
+
+    async fn first_available_grant(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+    ) -> Result<Option<GrantItem>, StoreError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .filter_expression("#s = :available")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(
+                ":prefix",
+                s(format!("{GRANT_PREFIX}{}#", kind.template_id)),
+            )
+            .expression_attribute_values(":available", s("available"))
+            .into_paginator()
+            .items()
+            .send();
+        if let Some(item) = pages.next().await {
+            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            return Ok(Some(parse("grant", item)?));
+        }
+        Ok(None)
+    }
+
+    /// Marks a claimed delivery `sending`, just before the WeChat call. False if the
+    /// claim was lost (its lease expired and a sweep recovered it): do not send.
+    pub async fn mark_sending(&self, claim: &Claim) -> Result<bool, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(
+                &user_pk(&claim.openid),
+                &delivery_sk(&claim.delivery_id),
+            )))
+            .update_expression("SET #s = :sending")
+            .condition_expression("#s = :claimed AND claimer = :c")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":sending", s("sending"))
+            .expression_attribute_values(":claimed", s("claimed"))
+            .expression_attribute_values(":c", s(&claim.claimer))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception())
+                {
+                    Ok(false)
+                } else {
+                    Err(classify_sdk_error(e, |_| false))
+                }
+            }
+        }
+    }
+
+    /// Finalizes a delivery by its send result (see the module docs).
+    pub async fn finalize(
+        &self,
+        claim: &Claim,
+        result: &SendResult,
+        dispatch: &DispatchConfig,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Finalized, StoreError> {
+        let class = result.class();
+        let (state, grant_to) = match class {
+            OutcomeClass::Sent => ("sent", GrantState::Consumed),
+            OutcomeClass::Retryable | OutcomeClass::Config => ("failed", GrantState::Available),
+            OutcomeClass::Refused | OutcomeClass::User => ("failed", GrantState::Invalid),
+            OutcomeClass::Unknown => ("unknown", GrantState::Invalid),
+        };
+        let schedule = claim.plan.settings.schedule;
+        let mut plan = claim.plan.clone();
+        let event = match class {
+            OutcomeClass::Sent => {
+                plan.attempts = 0;
+                PlanEvent::Sent
+            }
+            OutcomeClass::Retryable => {
+                plan.attempts += 1;
+                if plan.attempts >= dispatch.max_attempts {
+                    PlanEvent::SendStopped(PauseReason::SendFailed)
+                } else {
+                    let base =
+                        Duration::from_std(dispatch.retry_base).unwrap_or(Duration::minutes(1));
+                    let delay = base * 2i32.saturating_pow(plan.attempts.saturating_sub(1).min(10));
+                    PlanEvent::RetryLater {
+                        due: schedule.first_awake_from(now + delay.min(Duration::hours(6))),
+                    }
+                }
+            }
+            OutcomeClass::Config => PlanEvent::SendStopped(PauseReason::ConfigError),
+            OutcomeClass::Refused => PlanEvent::SendStopped(PauseReason::NeedsGrant),
+            OutcomeClass::User => PlanEvent::SendStopped(PauseReason::SendFailed),
+            OutcomeClass::Unknown => PlanEvent::SendStopped(PauseReason::Uncertain),
+        };
+        plan.status = plan
+            .status
+            .apply(event)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        plan.delivery_id = None;
+        let outcome = match result {
+            SendResult::Sent { .. } => "sent".to_string(),
+            SendResult::Refused { errcode, errmsg } => format!("errcode {errcode}: {errmsg}"),
+            SendResult::Uncertain { reason } => format!("uncertain: {reason}"),
+            SendResult::NotSent { reason } => format!("not sent: {reason}"),
+            SendResult::Invalid { reason } => format!("invalid content: {reason}"),
+        };
+        let msgid = match result {
+            SendResult::Sent { msgid } => msgid.clone(),
+            SendResult::Refused { .. }
+            | SendResult::Uncertain { .. }
+            | SendResult::NotSent { .. }
+            | SendResult::Invalid { .. } => None,
+        };
+        let pk = user_pk(&claim.openid);
+        let version = claim.plan.version;
+        let settled = self
+            .settle(
+                Settle {
+                    pk: &pk,
+                    delivery_id: &claim.delivery_id,
+                    owner: Owner::Claimer(&claim.claimer),
+                    state,
+                    outcome,
+                    errcode: result.errcode(),
+                    msgid,
+                    grant_sk: &claim.grant_sk,
+                    template: &claim.kind.template_id,
+                    grant_to,
+                    plan: Some((plan, version)),
+                },
+                shards,
+                now,
+            )
+            .await?;
+        if settled.delivery && class == OutcomeClass::Refused {
+            // 43101: WeChat holds no quota for this user and template, so none of the
+            // grants we hold is real any more.
+            for attempt in 1..=MAX_WRITE_ATTEMPTS {
+                if self
+                    .invalidate_grants(&pk, &claim.kind.template_id, None, false, now)
+                    .await?
+                {
+                    break;
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+        }
+        Ok(Finalized {
+            class,
+            restored: settled.grant && grant_to == GrantState::Available,
+            superseded: !settled.delivery,
+        })
+    }
+
+    /// The settle transaction shared by finalize and the sweep.
+    async fn settle(
+        &self,
+        job: Settle<'_>,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Settled, StoreError> {
+        let mut include_grant = true;
+        let mut plan = job.plan;
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let mut delivery = Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(job.pk, &delivery_sk(job.delivery_id))))
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":final", s(job.state))
+                .expression_attribute_values(
+                    ":outcome",
+                    s(job.outcome.chars().take(300).collect::<String>()),
+                )
+                .expression_attribute_values(":now", s(rfc3339(now)))
+                .expression_attribute_values(":claimed", s("claimed"))
+                .expression_attribute_values(":sending", s("sending"))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                );
+            delivery = match job.owner {
+                Owner::Claimer(claimer) => delivery
+                    .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
+                    .expression_attribute_values(":c", s(claimer)),
+                Owner::ExpiredLease(until) => delivery
+                    .condition_expression("#s IN (:claimed, :sending) AND lease_until = :l")
+                    .expression_attribute_values(":l", n(until)),
+            };
+            let mut extra = Vec::new();
+            if let Some(code) = job.errcode {
+                extra.push(("errcode", n(code)));
+            }
+            if let Some(msgid) = &job.msgid {
+                extra.push(("msgid", s(msgid)));
+            }
+            let mut expression =
+                "SET #s = :final, outcome = :outcome, finished_at = :now".to_string();
+            for (name, value) in extra {
+                expression.push_str(&format!(", {name} = :{name}"));
+                delivery = delivery.expression_attribute_values(format!(":{name}"), value);
+            }
+            expression.push_str(" REMOVE lease_pk, lease_until");
+            let delivery = delivery
+                .update_expression(expression)
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let mut items = vec![TransactWriteItem::builder().update(delivery).build()];
+            let grant_index = include_grant.then_some(items.len());
+            if include_grant {
+                let (to, counter) = match job.grant_to {
+                    GrantState::Consumed => ("consumed", "consumed"),
+                    GrantState::Available => ("available", "available"),
+                    GrantState::Invalid | GrantState::Reserved => ("invalid", "invalid"),
+                };
+                let expression = if job.grant_to == GrantState::Available {
+                    // A restore: the grant is free again, for any later claim.
+                    "SET #s = :to, updated_at = :now, version = version + :one REMOVE delivery_id"
+                } else {
+                    "SET #s = :to, updated_at = :now, version = version + :one"
+                };
+                let grant = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(job.pk, job.grant_sk)))
+                    .update_expression(expression)
+                    // Fenced: only the delivery that reserved the grant moves it, once.
+                    .condition_expression("#s = :reserved AND delivery_id = :d")
+                    .expression_attribute_names("#s", "state")
+                    .expression_attribute_values(":to", s(to))
+                    .expression_attribute_values(":reserved", s("reserved"))
+                    .expression_attribute_values(":d", s(job.delivery_id))
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":one", n(1))
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                let counters = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(job.pk, &quota_sk(job.template))))
+                    .update_expression(format!(
+                        "SET updated_at = :now ADD reserved :minus, {counter} :one"
+                    ))
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":minus", n(-1))
+                    .expression_attribute_values(":one", n(1))
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                items.push(TransactWriteItem::builder().update(grant).build());
+                items.push(TransactWriteItem::builder().update(counters).build());
+            }
+            let plan_index = plan.as_ref().map(|_| items.len());
+            if let Some((p, version)) = &plan {
+                let mut expected = p.clone();
+                expected.version = *version;
+                items.push(self.plan_put(&expected, job.pk, shards, now)?);
+            }
+            match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    return Ok(Settled {
+                        delivery: true,
+                        grant: include_grant,
+                    });
+                }
+                TxOutcome::Cancelled(reasons) => {
+                    let failed = |i: Option<usize>| {
+                        i.and_then(|i| reasons.get(i))
+                            .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    };
+                    if failed(Some(0)) {
+                        // Already terminal: someone settled it first. Nothing more to do.
+                        return Ok(Settled {
+                            delivery: false,
+                            grant: false,
+                        });
+                    }
+                    if failed(grant_index) {
+                        // The grant is no longer this delivery's (the plan was disabled).
+                        include_grant = false;
+                    }
+                    if failed(plan_index) {
+                        // The plan moved on (the user acted): their change stands.
+                        plan = None;
+                    }
+                    if !failed(grant_index) && !failed(plan_index) {
+                        tokio::time::sleep(backoff(attempt)).await;
+                    }
+                }
+                TxOutcome::Contended => tokio::time::sleep(backoff(attempt)).await,
+            }
+        }
+        Err(StoreError::Unavailable(
+            "finalize contended past the retry limit".into(),
+        ))
+    }
+
+    /// Recovers deliveries left `claimed`/`sending` past their lease: `unknown`, grant
+    /// invalid, plan paused `uncertain` (I4, I5). A query of the lease index, never a
+    /// scan. Returns how many were recovered.
+    pub async fn sweep(
+        &self,
+        kinds: &ReminderKinds,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
+        let queries = (0..shards).map(|shard| async move {
+            let mut keys = Vec::new();
+            let mut pages = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name("lease")
+                .key_condition_expression("lease_pk = :p AND lease_until < :now")
+                .expression_attribute_values(":p", s(format!("LEASE#{shard}")))
+                .expression_attribute_values(":now", n(now.timestamp_millis()))
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(item) = pages.next().await {
+                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+                let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+                if let (Some(pk), Some(sk)) = (text("pk"), text("sk")) {
+                    keys.push((pk, sk));
+                }
+            }
+            Ok::<_, StoreError>(keys)
+        });
+        let mut stale = Vec::new();
+        for shard in futures::future::join_all(queries).await {
+            stale.extend(shard?);
+        }
+        let mut recovered = 0;
+        for (pk, sk) in stale {
+            let got = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key(&pk, &sk)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let Some(item) = got.item else { continue };
+            let delivery: DeliveryItem = parse("delivery", item.clone())?;
+            let Some(until) = delivery.lease_until else {
+                continue;
+            };
+            if until >= now.timestamp_millis()
+                || !matches!(delivery.state.as_str(), "claimed" | "sending")
+            {
+                continue;
+            }
+            let Some(kind) = kinds.get(&delivery.reminder) else {
+                tracing::error!(reminder = %delivery.reminder, "stale delivery of no configured kind");
+                continue;
+            };
+            let read = self.read(&pk, kind, None).await?;
+            let plan = match read.plan {
+                Some(p) => {
+                    let plan = p.into_plan(kind)?;
+                    (plan.status == PlanStatus::Sending
+                        && plan.delivery_id.as_deref() == Some(delivery.delivery_id.as_str()))
+                    .then_some(plan)
+                }
+                None => None,
+            };
+            let plan = match plan {
+                Some(mut p) => {
+                    let version = p.version;
+                    p.status = p
+                        .status
+                        .apply(PlanEvent::SendStopped(PauseReason::Uncertain))
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    p.delivery_id = None;
+                    Some((p, version))
+                }
+                None => None,
+            };
+            let settled = self
+                .settle(
+                    Settle {
+                        pk: &pk,
+                        delivery_id: &delivery.delivery_id,
+                        owner: Owner::ExpiredLease(until),
+                        state: "unknown",
+                        outcome: format!("lease expired in state {}", delivery.state),
+                        errcode: None,
+                        msgid: None,
+                        grant_sk: &delivery.grant_sk,
+                        template: &kind.template_id,
+                        grant_to: GrantState::Invalid,
+                        plan,
+                    },
+                    shards,
+                    now,
+                )
+                .await?;
+            if settled.delivery {
+                recovered += 1;
+                tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
+            }
+        }
+        Ok(recovered)
+    }
+}
