@@ -85,16 +85,27 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
 pub struct TestTable {
     pub name: String,
     pub client: aws_sdk_dynamodb::Client,
+    endpoint: String,
 }
 
 impl TestTable {
+    /// A table on the suite's shared emulator.
     pub async fn create() -> Self {
+        Self::create_on(emulator_endpoint()).await
+    }
+
+    /// A table on the emulator at `endpoint`.
+    pub async fn create_on(endpoint: &str) -> Self {
         let name = format!("test-{}", uuid::Uuid::new_v4().simple());
-        let client = dynamodb();
+        let client = onegrant::aws::local_dynamodb_client(endpoint);
         onegrant_local::template::create_table(&client, &name)
             .await
             .expect("the test table is created from template.yaml");
-        Self { name, client }
+        Self {
+            name,
+            client,
+            endpoint: endpoint.to_string(),
+        }
     }
 
     /// Every item in the table (tables here are small and short-lived).
@@ -117,7 +128,7 @@ impl TestTable {
 impl Drop for TestTable {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let endpoint = emulator_endpoint().to_string();
+        let endpoint = self.endpoint.clone();
         // Drop cannot await; a short-lived runtime on its own thread deletes the table.
         let _ = std::thread::spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
@@ -146,6 +157,8 @@ pub struct TestApp {
     pub deps: Deps,
     /// Every DynamoDB request the functions send.
     pub round_trips: RoundTrips,
+    // Declared after `table`, so the table is deleted before the emulator is killed.
+    _emulator: Option<Emulator>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -181,9 +194,29 @@ pub mod axum_router {
 
 /// Starts a fresh onegrant for one test. `overrides` replace config values.
 pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
+    spawn_app_on(overrides, None).await
+}
+
+/// Like [`spawn_app_with`], on an emulator of its own: for load tests, which would
+/// otherwise slow every test sharing the suite's emulator (moto applies requests one
+/// at a time).
+pub async fn spawn_app_isolated(overrides: &[(&'static str, &str)]) -> TestApp {
+    let emulator = Emulator::start(true).expect("a dedicated emulator starts");
+    spawn_app_on(overrides, Some(emulator)).await
+}
+
+async fn spawn_app_on(overrides: &[(&'static str, &str)], emulator: Option<Emulator>) -> TestApp {
+    // Logs go through the test harness's capture: shown only for failing tests.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .try_init();
     // reqwest is built without a default TLS provider; onegrant installs ring.
     onegrant::aws::install_crypto_provider();
-    let table = TestTable::create().await;
+    let table = match &emulator {
+        Some(e) => TestTable::create_on(e.endpoint()).await,
+        None => TestTable::create().await,
+    };
     let standin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let standin_url = format!(
         "http://{}",
@@ -217,6 +250,7 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
         table,
         deps,
         round_trips,
+        _emulator: emulator,
         tasks: vec![standin_task, api_task, invoke_task],
     }
 }
@@ -448,4 +482,101 @@ pub async fn assert_plans_consistent(app: &TestApp) {
         indexed, scheduled,
         "the due index holds exactly the scheduled plans"
     );
+}
+
+/// A user with a session, known to the stand-in.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub openid: String,
+    pub token: String,
+}
+
+impl TestApp {
+    /// Logs a user in and returns their session and openid.
+    pub async fn user(&self, name: &str) -> User {
+        let (code, openid) = self.login_code(name).await;
+        let answer = self.post("/v1/session", None, &json!({"code": code})).await;
+        assert_eq!(answer.status, 200, "login: {}", answer.body);
+        User {
+            openid,
+            token: answer.body["token"].as_str().expect("token").to_string(),
+        }
+    }
+
+    /// One tap that accepts `template`: the grant reported to onegrant and the quota
+    /// WeChat (the stand-in) then really holds.
+    pub async fn accept(&self, user: &User, template: &str, request_id: &str) {
+        let answer = self
+            .post(
+                "/v1/grants",
+                Some(&user.token),
+                &json!({"request_id": request_id, "results": {template: "accept"}}),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "grant: {}", answer.body);
+        self.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": template, "count": 1})),
+        )
+        .await;
+    }
+
+    /// Moves a scheduled plan's due instant (time passing, without waiting for it).
+    pub async fn make_due(&self, user: &User, kind: &str, at: chrono::DateTime<chrono::Utc>) {
+        let ms = AttributeValue::N(at.timestamp_millis().to_string());
+        self.table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("PLAN#{kind}")))
+            .update_expression("SET next_due_at = :t, due_at = :t")
+            .condition_expression("#s = :scheduled")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":t", ms)
+            .expression_attribute_values(":scheduled", AttributeValue::S("scheduled".into()))
+            .send()
+            .await
+            .expect("the plan is scheduled");
+    }
+
+    /// The stored item `sk` of `user`.
+    pub async fn item(&self, user: &User, sk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.table
+            .client
+            .get_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(sk.to_string()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get item")
+            .item
+    }
+
+    /// Every stored item of `user` whose kind attribute is `kind`.
+    pub async fn items_of(&self, user: &User, kind: &str) -> Vec<HashMap<String, AttributeValue>> {
+        let pk = format!("USER#{}", user.openid);
+        self.items()
+            .await
+            .into_iter()
+            .filter(|i| attr_s(i, "pk") == Some(pk.as_str()) && attr_s(i, "kind") == Some(kind))
+            .collect()
+    }
+
+    /// The stand-in's deliveries.
+    pub async fn deliveries(&self) -> Vec<Value> {
+        self.control("GET", "deliveries", None).await["deliveries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Runs one dispatcher tick with `seconds` of budget.
+    pub async fn tick(&self, seconds: u64) -> dispatcher::Summary {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        dispatcher::tick(&self.deps, deadline).await.expect("tick")
+    }
 }

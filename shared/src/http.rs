@@ -116,13 +116,7 @@ impl ApiError {
 
 /// Logs `err` with its whole source chain.
 fn log_chain(level: tracing::Level, what: &str, err: &(dyn std::error::Error + 'static)) {
-    let mut chain = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        chain.push_str(": ");
-        chain.push_str(&s.to_string());
-        source = s.source();
-    }
+    let chain = crate::telemetry::error_chain(err);
     if level == tracing::Level::ERROR {
         tracing::error!(error = %chain, "{what}");
     } else {

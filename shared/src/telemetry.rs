@@ -33,3 +33,15 @@ pub fn openid_hash(openid: &str) -> String {
     let digest = Sha256::digest(openid.as_bytes());
     hex::encode(&digest[..6])
 }
+
+/// An error and its whole source chain, for one log field.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    chain
+}

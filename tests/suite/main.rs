@@ -4,6 +4,7 @@
 //! stand-in, reached over real HTTP (see `onegrant_tests::spawn_app`).
 
 mod contract;
+mod dispatcher;
 mod emulator;
 mod grants;
 mod inputs;

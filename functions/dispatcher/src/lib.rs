@@ -66,7 +66,11 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         ..Summary::default()
     }));
     let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
-    let due = deps.store.due_items(config.due_shards, horizon).await?;
+    let mut due = deps.store.due_items(config.due_shards, horizon).await?;
+    // Earliest first; among items due at the same instant, a random order, so that
+    // dispatchers running at once mostly start on different plans instead of all
+    // racing for the same one.
+    due.sort_by_cached_key(|item| (item.due_at, uuid::Uuid::new_v4()));
     summary.lock().await.due = u32::try_from(due.len()).unwrap_or(u32::MAX);
     let needed =
         deps.wechat.config().connect_timeout + deps.wechat.config().timeout + FINALIZE_MARGIN;
@@ -80,7 +84,11 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                 Ok(Dispatched::Deferred) => s.deferred += 1,
                 Ok(Dispatched::Lost) => s.lost += 1,
                 Ok(Dispatched::NoGrant) => s.no_grant += 1,
-                Ok(Dispatched::Done { class, restored, latency_ms }) => {
+                Ok(Dispatched::Done {
+                    class,
+                    restored,
+                    latency_ms,
+                }) => {
                     s.claimed += 1;
                     s.restored += u32::from(restored);
                     s.latencies_ms.push(latency_ms);
@@ -91,12 +99,18 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                             s.config_errors += 1;
                             s.failed += 1;
                         }
-                        OutcomeClass::Retryable | OutcomeClass::Refused | OutcomeClass::User => s.failed += 1,
+                        OutcomeClass::Retryable | OutcomeClass::Refused | OutcomeClass::User => {
+                            s.failed += 1
+                        }
                     }
                 }
                 Err(e) => {
                     // Left for the sweep (claimed) or the next tick (not claimed).
-                    tracing::error!(error = %e, pk_hash = %openid_hash(&item.pk), "dispatch failed");
+                    tracing::error!(
+                        error = %onegrant::telemetry::error_chain(&e),
+                        pk_hash = %openid_hash(&item.pk),
+                        "dispatch failed"
+                    );
                     s.lost += 1;
                 }
             }

@@ -18,7 +18,7 @@
 //! - `POST /control/quota {"openid", "template_id", "count"}` adds quota as taps would;
 //!   `GET /control/quota?openid=&template_id=` reads it
 //! - `POST /control/faults {"openid", "errcode"?, "times"?, "hang_ms"?, "deliver"?,
-//!   "drop_after_delivery"?}`; `DELETE /control/faults`
+//!   "drop_after_delivery"?, "http_status"?, "garbage"?}`; `DELETE /control/faults`
 //! - `POST /control/login-fault {"errcode"?, "hang_ms"?}` for `jscode2session`
 //! - `POST /control/latency {"ms"}`; `POST /control/tokens/expire`
 //! - `GET /control/deliveries`, `GET /control/counters`, `POST /control/reset`
@@ -92,6 +92,12 @@ pub struct Fault {
     /// Deliver, then drop the connection instead of answering.
     #[serde(default)]
     pub drop_after_delivery: Option<bool>,
+    /// Answer this HTTP status (e.g. 502) with no errcode, without delivering.
+    #[serde(default)]
+    pub http_status: Option<u16>,
+    /// Deliver, then answer a body that is not JSON.
+    #[serde(default)]
+    pub garbage: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -369,7 +375,10 @@ impl Drop for InFlight {
 
 enum Action {
     Answer(Response),
-    Deliver { drop_connection: bool },
+    Deliver {
+        drop_connection: bool,
+        garbage: bool,
+    },
 }
 
 fn count(inner: &mut Inner, errcode: i64) {
@@ -425,8 +434,18 @@ async fn send(
             count(&mut s.lock(), errcode);
             Action::Answer(wx(errcode, "injected fault"))
         }
+        Some(f) if f.http_status.is_some() => {
+            let status = axum::http::StatusCode::from_u16(f.http_status.unwrap_or(502))
+                .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+            Action::Answer((status, "upstream error").into_response())
+        }
         Some(f) if f.drop_after_delivery == Some(true) => Action::Deliver {
             drop_connection: true,
+            garbage: false,
+        },
+        Some(f) if f.garbage == Some(true) => Action::Deliver {
+            drop_connection: false,
+            garbage: true,
         },
         Some(f) if f.hang_ms.is_some() => {
             tokio::time::sleep(Duration::from_millis(f.hang_ms.unwrap_or(0))).await;
@@ -435,16 +454,21 @@ async fn send(
             } else {
                 Action::Deliver {
                     drop_connection: false,
+                    garbage: false,
                 }
             }
         }
         _ => Action::Deliver {
             drop_connection: false,
+            garbage: false,
         },
     };
-    let drop_connection = match action {
+    let (drop_connection, garbage) = match action {
         Action::Answer(response) => return response,
-        Action::Deliver { drop_connection } => drop_connection,
+        Action::Deliver {
+            drop_connection,
+            garbage,
+        } => (drop_connection, garbage),
     };
 
     let mut inner = s.lock();
@@ -480,6 +504,9 @@ async fn send(
             .header("content-type", "application/json")
             .body(Body::from_stream(failing))
             .unwrap_or_else(|_| wx(-1, "system error"));
+    }
+    if garbage {
+        return (axum::http::StatusCode::OK, "<html>not json</html>").into_response();
     }
     Json(json!({"errcode": 0, "errmsg": "ok", "msgid": msgid})).into_response()
 }

@@ -559,9 +559,9 @@ impl Store {
                 let counters = Update::builder()
                     .table_name(&self.table)
                     .set_key(Some(key(job.pk, &quota_sk(job.template))))
-                    .update_expression(format!(
-                        "SET updated_at = :now ADD reserved :minus, {counter} :one"
-                    ))
+                    // Counter names go through placeholders: CONSUMED is a reserved word.
+                    .update_expression("SET updated_at = :now ADD reserved :minus, #counter :one")
+                    .expression_attribute_names("#counter", counter)
                     .expression_attribute_values(":now", s(rfc3339(now)))
                     .expression_attribute_values(":minus", n(-1))
                     .expression_attribute_values(":one", n(1))

@@ -1,0 +1,522 @@
+//! The dispatcher: at most once, on time, one grant per send, finalize always.
+
+use std::collections::HashMap;
+
+use chrono::{Duration, Utc};
+use futures::future::join_all;
+use onegrant_tests::{
+    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n,
+    attr_s, spawn_app_isolated, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+const FAST: [(&str, &str); 3] = [
+    ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+    ("WECHAT_TIMEOUT_MS", "700"),
+    ("WECHAT_CONNECT_TIMEOUT_MS", "300"),
+];
+
+/// A user with `grants` accepted water grants (held at the stand-in too) and the water
+/// plan enabled, due now.
+async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
+    let user = app.user(name).await;
+    for i in 0..grants {
+        app.accept(&user, WATER, &format!("wr_{name}_{i}")).await;
+    }
+    let plan = app
+        .call(
+            "PUT",
+            "/v1/reminders/water",
+            Some(&user.token),
+            Some(br#"{"enabled": true}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+    app.make_due(&user, "water", Utc::now()).await;
+    user
+}
+
+fn state(
+    item: &Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+) -> Option<&str> {
+    item.as_ref().and_then(|i| attr_s(i, "state"))
+}
+
+#[tokio::test]
+async fn a_due_reminder_is_sent_once_with_its_content_and_the_plan_awaits_the_check_in() {
+    let app = spawn_app_with(&FAST).await;
+    let user = due_user(&app, "alice", 1).await;
+    let summary = app.tick(20).await;
+    assert_eq!((summary.claimed, summary.sent), (1, 1), "{summary:?}");
+    let deliveries = app.deliveries().await;
+    assert_eq!(deliveries.len(), 1);
+    let d = &deliveries[0];
+    assert_eq!(d["openid"], user.openid.as_str());
+    assert_eq!(d["template_id"], WATER);
+    assert_eq!(d["page"], "pages/water/index");
+    assert_eq!(d["miniprogram_state"], "developer");
+    assert!(
+        d["data"]["thing1"]["value"]
+            .as_str()
+            .is_some_and(|v| v.contains("8")),
+        "{d}"
+    );
+    assert!(
+        d["data"]["time2"]["value"]
+            .as_str()
+            .is_some_and(|v| v.contains('年')),
+        "{d}"
+    );
+
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(state(&plan), Some("awaiting_checkin"));
+    let stored = app.items_of(&user, "delivery").await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(attr_s(&stored[0], "state"), Some("sent"));
+    let msgid = attr_s(&stored[0], "msgid").expect("msgid stored");
+    assert_eq!(
+        Some(msgid.parse::<u64>().expect("a u64")),
+        d["msgid"].as_u64(),
+        "msgid kept exactly, as a string"
+    );
+    assert!(!stored[0].contains_key("lease_pk"), "off the lease index");
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(attr_s(&grants[0], "state"), Some("consumed"));
+
+    // Nothing is sent twice: the next ticks find nothing due.
+    assert_eq!(app.tick(5).await.claimed, 0);
+    assert_eq!(app.deliveries().await.len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+
+    // The loop comes back round: a check-in with the next grant schedules again.
+    let answer = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "wc_1", "grant_request_id": "wr_next", "subscription_status": "accept",
+                    "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
+}
+
+struct Row {
+    name: &'static str,
+    fault: Value,
+    delivery: &'static str,
+    grant: &'static str,
+    plan: &'static str,
+    pause_reason: Option<&'static str>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_row_of_the_outcome_table_lands_in_its_states() {
+    let app = spawn_app_with(&FAST).await;
+    let row = |name, fault: Value, delivery, grant, plan, pause_reason| Row {
+        name,
+        fault,
+        delivery,
+        grant,
+        plan,
+        pause_reason,
+    };
+    let rows = vec![
+        row(
+            "errcode 0",
+            json!(null),
+            "sent",
+            "consumed",
+            "awaiting_checkin",
+            None,
+        ),
+        row(
+            "40001 then ok",
+            json!({"errcode": 40001}),
+            "sent",
+            "consumed",
+            "awaiting_checkin",
+            None,
+        ),
+        row(
+            "-1",
+            json!({"errcode": -1}),
+            "failed",
+            "available",
+            "scheduled",
+            None,
+        ),
+        row(
+            "45011",
+            json!({"errcode": 45011}),
+            "failed",
+            "available",
+            "scheduled",
+            None,
+        ),
+        row(
+            "43108",
+            json!({"errcode": 43108}),
+            "failed",
+            "available",
+            "scheduled",
+            None,
+        ),
+        row(
+            "45009",
+            json!({"errcode": 45009}),
+            "failed",
+            "available",
+            "scheduled",
+            None,
+        ),
+        row(
+            "47003",
+            json!({"errcode": 47003}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "40037",
+            json!({"errcode": 40037}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "41030",
+            json!({"errcode": 41030}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "45168",
+            json!({"errcode": 45168}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "43107",
+            json!({"errcode": 43107}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "48001",
+            json!({"errcode": 48001}),
+            "failed",
+            "available",
+            "paused",
+            Some("config_error"),
+        ),
+        row(
+            "43101",
+            json!({"errcode": 43101}),
+            "failed",
+            "invalid",
+            "paused",
+            Some("needs_grant"),
+        ),
+        row(
+            "40003",
+            json!({"errcode": 40003}),
+            "failed",
+            "invalid",
+            "paused",
+            Some("send_failed"),
+        ),
+        row(
+            "50002",
+            json!({"errcode": 50002}),
+            "failed",
+            "invalid",
+            "paused",
+            Some("send_failed"),
+        ),
+        row(
+            "timeout",
+            json!({"hang_ms": 2000}),
+            "unknown",
+            "invalid",
+            "paused",
+            Some("uncertain"),
+        ),
+        row(
+            "reset after delivery",
+            json!({"drop_after_delivery": true}),
+            "unknown",
+            "invalid",
+            "paused",
+            Some("uncertain"),
+        ),
+        row(
+            "HTTP 502",
+            json!({"http_status": 502}),
+            "unknown",
+            "invalid",
+            "paused",
+            Some("uncertain"),
+        ),
+        row(
+            "unparseable",
+            json!({"garbage": true}),
+            "unknown",
+            "invalid",
+            "paused",
+            Some("uncertain"),
+        ),
+    ];
+    let mut users = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        // Two grants each: 43101 must invalidate the other one too.
+        let user = due_user(&app, &format!("u{i}"), 2).await;
+        if !r.fault.is_null() {
+            let mut fault = r.fault.clone();
+            fault["openid"] = json!(user.openid);
+            app.control("POST", "faults", Some(fault)).await;
+        }
+        users.push(user);
+    }
+    let summary = app.tick(30).await;
+    assert_eq!(summary.claimed as usize, rows.len(), "{summary:?}");
+    for (r, user) in rows.iter().zip(&users) {
+        let deliveries = app.items_of(user, "delivery").await;
+        assert_eq!(deliveries.len(), 1, "{}: one delivery", r.name);
+        assert_eq!(
+            attr_s(&deliveries[0], "state"),
+            Some(r.delivery),
+            "{}: delivery",
+            r.name
+        );
+        let grant_sk = attr_s(&deliveries[0], "grant_sk").expect("grant_sk");
+        let grant = app.item(user, grant_sk).await;
+        assert_eq!(
+            state(&grant),
+            Some(r.grant),
+            "{}: the reserved grant",
+            r.name
+        );
+        let plan = app.item(user, "PLAN#water").await;
+        assert_eq!(state(&plan), Some(r.plan), "{}: plan", r.name);
+        assert_eq!(
+            plan.as_ref().and_then(|p| attr_s(p, "pause_reason")),
+            r.pause_reason,
+            "{}: pause reason",
+            r.name
+        );
+        let other = app
+            .items_of(user, "grant")
+            .await
+            .into_iter()
+            .find(|g| attr_s(g, "sk") != Some(grant_sk))
+            .expect("the second grant");
+        let expected_other = if r.name == "43101" {
+            "invalid"
+        } else {
+            "available"
+        };
+        assert_eq!(
+            attr_s(&other, "state"),
+            Some(expected_other),
+            "{}: the other grant",
+            r.name
+        );
+        if r.plan == "scheduled" {
+            let due = plan
+                .as_ref()
+                .and_then(|p| attr_n(p, "next_due_at"))
+                .expect("due");
+            assert!(
+                due > Utc::now().timestamp_millis(),
+                "{}: retried later",
+                r.name
+            );
+            assert_eq!(
+                plan.as_ref().and_then(|p| attr_n(p, "attempts")),
+                Some(1),
+                "{}: attempts",
+                r.name
+            );
+        }
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+    let counters = app.control("GET", "counters", None).await;
+    assert_eq!(counters["force_refresh_calls"], 0, "never force_refresh");
+}
+
+#[tokio::test]
+async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
+    let app = spawn_app_with(&[("DISPATCH_MAX_ATTEMPTS", "2"), FAST[0], FAST[1], FAST[2]]).await;
+    let user = due_user(&app, "alice", 1).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": -1, "times": 0})),
+    )
+    .await;
+    app.tick(10).await;
+    assert_eq!(
+        state(&app.item(&user, "PLAN#water").await),
+        Some("scheduled")
+    );
+    app.make_due(&user, "water", Utc::now()).await;
+    app.tick(10).await;
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(
+        (
+            state(&plan),
+            plan.as_ref().and_then(|p| attr_s(p, "pause_reason"))
+        ),
+        (Some("paused"), Some("send_failed"))
+    );
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(
+        attr_s(&grants[0], "state"),
+        Some("available"),
+        "the grant is restored for later"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn an_access_token_expired_mid_run_is_refetched_once_and_the_send_retried_once() {
+    let app = spawn_app_with(&FAST).await;
+    let first = due_user(&app, "alice", 1).await;
+    assert_eq!(app.tick(10).await.sent, 1);
+    let _ = first;
+    app.control("POST", "tokens/expire", None).await;
+    let _second = due_user(&app, "bob", 1).await;
+    let summary = app.tick(10).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    let counters = app.control("GET", "counters", None).await;
+    assert_eq!(
+        counters["stable_token_calls"], 2,
+        "one fetch, one refetch: {counters}"
+    );
+    assert_eq!(counters["force_refresh_calls"], 0);
+    assert_eq!(counters["send_errcodes"]["42001"], 1, "one refused send");
+    assert_eq!(counters["send_errcodes"]["0"], 2);
+    assert_eq!(counters["token_calls"], 0, "never the plain token endpoint");
+}
+
+#[tokio::test]
+async fn a_plan_without_a_grant_is_paused_instead_of_sent() {
+    let app = spawn_app_with(&FAST).await;
+    let user = due_user(&app, "alice", 1).await;
+    // The grant vanished under the schedule (e.g. spent by another template's push).
+    app.table
+        .client
+        .update_item()
+        .table_name(&app.table.name)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{WATER}")),
+        )
+        .update_expression("SET available = :z, invalid = :one")
+        .expression_attribute_values(":z", aws_sdk_dynamodb::types::AttributeValue::N("0".into()))
+        .expression_attribute_values(
+            ":one",
+            aws_sdk_dynamodb::types::AttributeValue::N("1".into()),
+        )
+        .send()
+        .await
+        .expect("counters");
+    let summary = app.tick(10).await;
+    assert_eq!((summary.no_grant, summary.claimed), (1, 0));
+    assert!(app.deliveries().await.is_empty());
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(
+        plan.as_ref().and_then(|p| attr_s(p, "pause_reason")),
+        Some("needs_grant")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() {
+    const PLANS: usize = 200;
+    const ROUNDS: usize = 3;
+    let app = spawn_app_isolated(&[FAST[0], FAST[1], FAST[2], ("DUE_SHARDS", "4")]).await;
+    let names: Vec<String> = (0..PLANS).map(|i| format!("r{i}")).collect();
+    let users: Vec<User> = join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
+    for round in 0..ROUNDS {
+        if round > 0 {
+            // Each user checks in with the next grant; the plan is due again.
+            join_all(users.iter().enumerate().map(|(i, user)| {
+                let app = &app;
+                async move {
+                    let request_id = format!("wr_r{i}_round{round}");
+                    app.control("POST", "quota", Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})))
+                        .await;
+                    let answer = app
+                        .post(
+                            "/v1/reminders/water/checkins",
+                            Some(&user.token),
+                            &json!({"action_id": format!("wc_{round}"), "grant_request_id": request_id,
+                                    "subscription_status": "accept", "occurred_at": Utc::now().to_rfc3339(),
+                                    "current_count": round, "daily_goal": 8}),
+                        )
+                        .await;
+                    assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
+                    app.make_due(user, "water", Utc::now() + Duration::milliseconds((i % 20) as i64 * 100)).await;
+                }
+            }))
+            .await;
+        }
+        let started = std::time::Instant::now();
+        app.round_trips.take();
+        let summaries = join_all((0..8).map(|_| app.tick(120))).await;
+        let mut ops: std::collections::BTreeMap<String, usize> = Default::default();
+        for op in app.round_trips.take() {
+            *ops.entry(op).or_default() += 1;
+        }
+        eprintln!(
+            "round {round}: 8 dispatchers took {:?}, DynamoDB requests {ops:?}",
+            started.elapsed()
+        );
+        let claimed: u32 = summaries.iter().map(|s| s.claimed).sum();
+        let sent: u32 = summaries.iter().map(|s| s.sent).sum();
+        assert_eq!(
+            (claimed as usize, sent as usize),
+            (PLANS, PLANS),
+            "round {round}: {summaries:?}"
+        );
+        let deliveries = app.deliveries().await;
+        let mut per_user: HashMap<String, usize> = HashMap::new();
+        for d in &deliveries {
+            *per_user
+                .entry(d["openid"].as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+        assert_eq!(
+            per_user.len(),
+            PLANS,
+            "round {round}: every due plan delivered"
+        );
+        assert!(
+            per_user.values().all(|n| *n == round + 1),
+            "round {round}: exactly once each"
+        );
+        let counters = app.control("GET", "counters", None).await;
+        assert_eq!(
+            counters["send_errcodes"].get("43101"),
+            None,
+            "never a send without real quota"
+        );
+        assert_ledger_agrees_with_counters(&app).await;
+        assert_plans_consistent(&app).await;
+    }
+}
