@@ -36,9 +36,7 @@ async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     user
 }
 
-fn state(
-    item: &Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
-) -> Option<&str> {
+fn state(item: &Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>) -> Option<&str> {
     item.as_ref().and_then(|i| attr_s(i, "state"))
 }
 
