@@ -518,3 +518,19 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
         assert_plans_consistent(&app).await;
     }
 }
+
+#[tokio::test]
+async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
+    let app = spawn_app_with(&FAST).await;
+    let user = due_user(&app, "alice", 1).await;
+    // 1 s of budget cannot cover the WeChat timeouts plus a finalize.
+    let summary = app.tick(1).await;
+    assert_eq!((summary.claimed, summary.deferred), (0, 1), "{summary:?}");
+    assert_eq!(
+        state(&app.item(&user, "PLAN#water").await),
+        Some("scheduled"),
+        "left for the next tick"
+    );
+    assert_plans_consistent(&app).await;
+    assert_eq!(app.tick(10).await.sent, 1);
+}
