@@ -1,5 +1,5 @@
-//! The dispatcher: every minute, recover stale claims, then claim each due reminder,
-//! send it at most once, and finalize it — on time to the second.
+//! The dispatcher: every minute, recover stale claims, then claim each due reminder or
+//! notification push, send it at most once, and finalize it — on time to the second.
 //!
 //! One tick:
 //! 1. **Sweep** the lease index: deliveries past their lease become `unknown`.
@@ -24,7 +24,7 @@ use onegrant::domain::keywords::fit_all;
 use onegrant::domain::outcome::{OutcomeClass, SendResult};
 use onegrant::domain::reminder::ContentValues;
 use onegrant::store::StoreError;
-use onegrant::store::deliveries::{Claim, ClaimOutcome, DueItem};
+use onegrant::store::deliveries::{Claim, ClaimOutcome, ClaimSource, DueItem};
 use onegrant::telemetry::openid_hash;
 use onegrant::wechat::Message;
 use serde::Serialize;
@@ -211,7 +211,7 @@ async fn dispatch_one(
     match class {
         OutcomeClass::Config => tracing::error!(
             openid = %openid_hash(claim.openid.as_str()),
-            template = %claim.kind.template_id,
+            template = %claim.template_id,
             delivery_id = %claim.delivery_id,
             errcode = ?result.errcode(),
             "WeChat refused the template or content: fix the configuration"
@@ -222,7 +222,7 @@ async fn dispatch_one(
         | OutcomeClass::User
         | OutcomeClass::Unknown => tracing::info!(
             openid = %openid_hash(claim.openid.as_str()),
-            template = %claim.kind.template_id,
+            template = %claim.template_id,
             delivery_id = %claim.delivery_id,
             errcode = ?result.errcode(),
             outcome = ?class,
@@ -237,31 +237,35 @@ async fn dispatch_one(
     })
 }
 
-/// The message for a claim: the kind's content rendered for the user and fitted to
-/// the template's keyword rules.
+/// The message for a claim: a reminder's content rendered for the user, or a push's
+/// data as ingested, fitted to the template's keyword rules.
 fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult> {
     let template = deps
         .config
         .templates
-        .get(claim.kind.template_id.as_str())
+        .get(claim.template_id.as_str())
         .ok_or_else(|| SendResult::Invalid {
-            reason: format!("template {} is not configured", claim.kind.template_id),
+            reason: format!("template {} is not configured", claim.template_id),
         })?;
-    let schedule = claim.plan.settings.schedule;
-    let local = claim.due_at.with_timezone(&schedule.timezone().tz());
-    let values = ContentValues {
-        due_time: local.format("%H:%M").to_string(),
-        due_date: local.format("%Y年%-m月%-d日").to_string(),
-        count: claim.plan.count_on(schedule.waking_day(claim.due_at)),
-        goal: claim.plan.settings.daily_goal,
+    let (values, page) = match &claim.source {
+        ClaimSource::Plan { kind, plan } => {
+            let schedule = plan.settings.schedule;
+            let local = claim.due_at.with_timezone(&schedule.timezone().tz());
+            let values = ContentValues {
+                due_time: local.format("%H:%M").to_string(),
+                due_date: local.format("%Y年%-m月%-d日").to_string(),
+                count: plan.count_on(schedule.waking_day(claim.due_at)),
+                goal: plan.settings.daily_goal,
+            };
+            (kind.render(&values), template.page.clone())
+        }
+        ClaimSource::Outbox(outbox) => (outbox.data.clone(), outbox.page.clone()),
     };
-    let data = fit_all(template, &claim.kind.render(&values)).map_err(|e| SendResult::Invalid {
-        reason: e.to_string(),
-    })?;
+    let data = fit_all(template, &values).map_err(|e| SendResult::Invalid { reason: e.to_string() })?;
     Ok(Message {
         touser: claim.openid.clone(),
         template_id: template.id.to_string(),
-        page: template.page.clone(),
+        page,
         data,
     })
 }

@@ -5,6 +5,7 @@
 
 pub mod grant;
 pub mod ids;
+pub mod inbox;
 pub mod keywords;
 pub mod outcome;
 pub mod plan;

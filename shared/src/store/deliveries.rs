@@ -16,6 +16,8 @@
 //! - **Sweep**: deliveries still `claimed`/`sending` past their lease become `unknown`,
 //!   their grant invalid, their plan paused `uncertain`. Never resent (I4).
 
+use std::collections::BTreeMap;
+
 use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
@@ -23,6 +25,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{GrantItem, rfc3339};
+use super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::keys::{GRANT_PREFIX, delivery_sk, lease_pk, quota_sk, user_pk};
 use super::plans::{TxOutcome, key, parse, s};
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
@@ -30,7 +33,8 @@ use crate::config::DispatchConfig;
 use crate::domain::outcome::{OutcomeClass, SendResult};
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus};
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
-use crate::domain::{GrantState, OpenId};
+use crate::domain::inbox::PushStatus;
+use crate::domain::{GrantState, OpenId, TemplateId};
 
 /// A plan the due index says is due by the horizon (keys only; re-read on claim).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,11 +50,27 @@ pub struct Claim {
     pub delivery_id: String,
     pub claimer: String,
     pub openid: OpenId,
-    pub kind: ReminderKind,
-    /// The plan as the claim wrote it (`sending`, at its new version).
-    pub plan: Plan,
+    pub template_id: TemplateId,
     pub grant_sk: String,
     pub due_at: DateTime<Utc>,
+    pub source: ClaimSource,
+}
+
+/// What was claimed: a reminder plan or a notification's push.
+#[derive(Debug, Clone)]
+pub enum ClaimSource {
+    /// The kind and the plan as the claim wrote it (`sending`, at its new version).
+    Plan { kind: ReminderKind, plan: Plan },
+    Outbox(OutboxClaim),
+}
+
+/// A claimed push: the message to send (data already fitted at ingest).
+#[derive(Debug, Clone)]
+pub struct OutboxClaim {
+    pub note_id: String,
+    pub data: BTreeMap<String, String>,
+    pub page: Option<String>,
+    item: OutboxItem,
 }
 
 /// How a claim attempt ended.
@@ -80,7 +100,8 @@ struct DeliveryItem {
     kind: String,
     delivery_id: String,
     state: String,
-    reminder: String,
+    /// The sort key of what was claimed: `PLAN#<kind>` or `OUTBOX#<note id>`.
+    source: String,
     template_id: String,
     grant_sk: String,
     claimer: String,
@@ -98,6 +119,16 @@ struct DeliveryItem {
     msgid: Option<String>,
 }
 
+/// What every claim step needs.
+struct ClaimContext<'a> {
+    item: &'a DueItem,
+    openid: OpenId,
+    claimer: &'a str,
+    shards: u32,
+    lease: std::time::Duration,
+    now: DateTime<Utc>,
+}
+
 /// The parts of a settle transaction that still apply.
 struct Settle<'a> {
     pk: &'a str,
@@ -111,8 +142,9 @@ struct Settle<'a> {
     grant_sk: &'a str,
     template: &'a crate::domain::TemplateId,
     grant_to: GrantState,
-    /// The plan to write (conditional on `plan_version`), if it still applies.
-    plan: Option<(Plan, u64)>,
+    /// The claimed item's own writes (plan, or outbox and notification), conditional
+    /// on it being as the claim left it; dropped together if it moved on.
+    source: Vec<TransactWriteItem>,
 }
 
 enum Owner<'a> {
@@ -124,6 +156,23 @@ enum Owner<'a> {
 struct Settled {
     delivery: bool,
     grant: bool,
+}
+
+/// The delay before retry `attempt` (1-based): the base, doubled per attempt, ≤ 6 h.
+fn retry_delay(dispatch: &DispatchConfig, attempt: u32) -> Duration {
+    let base = Duration::from_std(dispatch.retry_base).unwrap_or(Duration::minutes(1));
+    (base * 2i32.saturating_pow(attempt.saturating_sub(1).min(10))).min(Duration::hours(6))
+}
+
+/// A send result in a few words, for the delivery and the notification.
+fn describe(result: &SendResult) -> String {
+    match result {
+        SendResult::Sent { .. } => "sent".to_string(),
+        SendResult::Refused { errcode, errmsg } => format!("errcode {errcode}: {errmsg}"),
+        SendResult::Uncertain { reason } => format!("uncertain: {reason}"),
+        SendResult::NotSent { reason } => format!("not sent: {reason}"),
+        SendResult::Invalid { reason } => format!("invalid content: {reason}"),
+    }
 }
 
 fn n(v: i64) -> AttributeValue {
@@ -173,7 +222,8 @@ impl Store {
         Ok(all)
     }
 
-    /// Claims a due plan (see the module docs). `claimer` names this dispatcher run.
+    /// Claims a due item — a plan or an outbox item (see the module docs). `claimer`
+    /// names this dispatcher run.
     pub async fn claim(
         &self,
         item: &DueItem,
@@ -183,15 +233,96 @@ impl Store {
         lease: std::time::Duration,
         now: DateTime<Utc>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (Some(openid), Some(kind)) = (
-            item.pk
-                .strip_prefix("USER#")
-                .and_then(|o| OpenId::parse(o).ok()),
-            item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)),
-        ) else {
-            tracing::error!(pk = %item.pk, sk = %item.sk, "due item of no configured reminder kind");
+        let Some(openid) = item.pk.strip_prefix("USER#").and_then(|o| OpenId::parse(o).ok()) else {
+            tracing::error!(sk = %item.sk, "due item outside a user partition");
             return Ok(ClaimOutcome::Lost);
         };
+        let ctx = ClaimContext {
+            item,
+            openid,
+            claimer,
+            shards,
+            lease,
+            now,
+        };
+        if let Some(kind) = item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
+            return self.claim_plan(&ctx, kind).await;
+        }
+        if item.sk.starts_with("OUTBOX#") {
+            return self.claim_outbox(&ctx).await;
+        }
+        tracing::error!(sk = %item.sk, "due item of no configured kind");
+        Ok(ClaimOutcome::Lost)
+    }
+
+    /// The claim's shared writes: one grant `available → reserved` naming the delivery,
+    /// the counters, and the delivery itself (on the lease index).
+    fn reservation(
+        &self,
+        ctx: &ClaimContext<'_>,
+        template: &TemplateId,
+        grant_sk: &str,
+        delivery_id: &str,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let now = ctx.now;
+        let lease_until = now + Duration::from_std(ctx.lease).unwrap_or(Duration::seconds(60));
+        let delivery = DeliveryItem {
+            pk: ctx.item.pk.clone(),
+            sk: delivery_sk(delivery_id),
+            kind: "delivery".into(),
+            delivery_id: delivery_id.to_string(),
+            state: "claimed".into(),
+            source: ctx.item.sk.clone(),
+            template_id: template.to_string(),
+            grant_sk: grant_sk.to_string(),
+            claimer: ctx.claimer.to_string(),
+            lease_pk: Some(lease_pk(delivery_id, ctx.shards)),
+            lease_until: Some(lease_until.timestamp_millis()),
+            due_at: ctx.item.due_at.timestamp_millis(),
+            claimed_at: rfc3339(now),
+            outcome: None,
+            errcode: None,
+            msgid: None,
+        };
+        let reserve = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&ctx.item.pk, grant_sk)))
+            .update_expression("SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one")
+            .condition_expression("#s = :available")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":reserved", s("reserved"))
+            .expression_attribute_values(":available", s("available"))
+            .expression_attribute_values(":d", s(delivery_id))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let counters = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&ctx.item.pk, &quota_sk(template))))
+            .update_expression("SET updated_at = :now ADD available :minus, reserved :one")
+            .condition_expression("available > :zero")
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":minus", n(-1))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let delivery_put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(serde_dynamo::to_item(&delivery).map_err(|e| corrupt("delivery", e))?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(vec![
+            TransactWriteItem::builder().update(reserve).build(),
+            TransactWriteItem::builder().update(counters).build(),
+            TransactWriteItem::builder().put(delivery_put).build(),
+        ])
+    }
+
+    async fn claim_plan(&self, ctx: &ClaimContext<'_>, kind: &ReminderKind) -> Result<ClaimOutcome, StoreError> {
+        let item = ctx.item;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             let read = self.read(&item.pk, kind, None).await?;
             let Some(plan) = read.plan else {
@@ -202,7 +333,7 @@ impl Store {
                 return Ok(ClaimOutcome::Lost);
             }
             let grant = if read.counters.available > 0 {
-                self.first_available_grant(&item.pk, kind).await?
+                self.first_available_grant(&item.pk, &kind.template_id).await?
             } else {
                 None
             };
@@ -212,7 +343,7 @@ impl Store {
                     .status
                     .apply(PlanEvent::GrantMissing)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                let put = self.plan_put(&paused, &item.pk, shards, now)?;
+                let put = self.plan_put(&paused, &item.pk, ctx.shards, ctx.now)?;
                 return match self.transact(vec![put]).await? {
                     TxOutcome::Committed => Ok(ClaimOutcome::NoGrant),
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => Ok(ClaimOutcome::Lost),
@@ -225,83 +356,26 @@ impl Store {
                 .apply(PlanEvent::Claimed)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             claimed.delivery_id = Some(delivery_id.clone());
-            let lease_until = now + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
-            let delivery = DeliveryItem {
-                pk: item.pk.clone(),
-                sk: delivery_sk(&delivery_id),
-                kind: "delivery".into(),
-                delivery_id: delivery_id.clone(),
-                state: "claimed".into(),
-                reminder: kind.name.to_string(),
-                template_id: kind.template_id.to_string(),
-                grant_sk: grant.sk.clone(),
-                claimer: claimer.to_string(),
-                lease_pk: Some(lease_pk(&delivery_id, shards)),
-                lease_until: Some(lease_until.timestamp_millis()),
-                due_at: item.due_at.timestamp_millis(),
-                claimed_at: rfc3339(now),
-                outcome: None,
-                errcode: None,
-                msgid: None,
-            };
-            let reserve = Update::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(&item.pk, &grant.sk)))
-                .update_expression("SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one")
-                .condition_expression("#s = :available")
-                .expression_attribute_names("#s", "state")
-                .expression_attribute_values(":reserved", s("reserved"))
-                .expression_attribute_values(":available", s("available"))
-                .expression_attribute_values(":d", s(&delivery_id))
-                .expression_attribute_values(":now", s(rfc3339(now)))
-                .expression_attribute_values(":one", n(1))
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let counters = Update::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(&item.pk, &quota_sk(&kind.template_id))))
-                .update_expression("SET updated_at = :now ADD available :minus, reserved :one")
-                .condition_expression("available > :zero")
-                .expression_attribute_values(":now", s(rfc3339(now)))
-                .expression_attribute_values(":minus", n(-1))
-                .expression_attribute_values(":one", n(1))
-                .expression_attribute_values(":zero", n(0))
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let delivery_put = Put::builder()
-                .table_name(&self.table)
-                .set_item(Some(
-                    serde_dynamo::to_item(&delivery).map_err(|e| corrupt("delivery", e))?,
-                ))
-                .condition_expression("attribute_not_exists(pk)")
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let items = vec![
-                self.plan_put(&claimed, &item.pk, shards, now)?,
-                TransactWriteItem::builder().update(reserve).build(),
-                TransactWriteItem::builder().update(counters).build(),
-                TransactWriteItem::builder().put(delivery_put).build(),
-            ];
+            let mut items = vec![self.plan_put(&claimed, &item.pk, ctx.shards, ctx.now)?];
+            items.extend(self.reservation(ctx, &kind.template_id, &grant.sk, &delivery_id)?);
             match self.transact(items).await? {
                 TxOutcome::Committed => {
                     claimed.version += 1;
                     return Ok(ClaimOutcome::Claimed(Box::new(Claim {
                         delivery_id,
-                        claimer: claimer.to_string(),
-                        openid,
-                        kind: kind.clone(),
-                        plan: claimed,
+                        claimer: ctx.claimer.to_string(),
+                        openid: ctx.openid.clone(),
+                        template_id: kind.template_id.clone(),
                         grant_sk: grant.sk,
                         due_at: item.due_at,
+                        source: ClaimSource::Plan {
+                            kind: kind.clone(),
+                            plan: claimed,
+                        },
                     })));
                 }
                 TxOutcome::Cancelled(reasons) => {
-                    let failed = |i: usize| {
-                        reasons
-                            .get(i)
-                            .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
-                    };
-                    if failed(0) {
+                    if reasons.first().is_some_and(|(code, _)| code == "ConditionalCheckFailed") {
                         // The plan moved on: another dispatcher claimed it, or the user acted.
                         return Ok(ClaimOutcome::Lost);
                     }
@@ -314,10 +388,91 @@ impl Store {
         Ok(ClaimOutcome::Lost)
     }
 
+    async fn claim_outbox(&self, ctx: &ClaimContext<'_>) -> Result<ClaimOutcome, StoreError> {
+        let item = ctx.item;
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let got = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key(&item.pk, &item.sk)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let Some(got) = got.item else {
+                return Ok(ClaimOutcome::Lost);
+            };
+            let outbox: OutboxItem = parse("outbox", got)?;
+            if outbox.state != "pending" || outbox.due_at != Some(item.due_at.timestamp_millis()) {
+                return Ok(ClaimOutcome::Lost);
+            }
+            let template = TemplateId::parse(outbox.template_id.clone())
+                .map_err(|_| StoreError::Corrupt(format!("outbox {}: template id", outbox.sk)))?;
+            let Some(grant) = self.first_available_grant(&item.pk, &template).await? else {
+                // No grant for the template: the push is skipped, the notification stays.
+                let skipped = outbox.moved("skipped", None, ctx.shards, ctx.now);
+                let items = vec![
+                    versioned_put(
+                        &self.table,
+                        serde_dynamo::to_item(&skipped).map_err(|e| corrupt("outbox", e))?,
+                        outbox.version,
+                    )?,
+                    note_push_update(
+                        &self.table,
+                        &item.pk,
+                        &outbox.note_id,
+                        PushStatus::Skipped,
+                        Some("no grant for the template"),
+                    )?,
+                ];
+                return match self.transact(items).await? {
+                    TxOutcome::Committed => Ok(ClaimOutcome::NoGrant),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Ok(ClaimOutcome::Lost),
+                };
+            };
+            let delivery_id = uuid::Uuid::new_v4().simple().to_string();
+            let mut sending = outbox.moved("sending", None, ctx.shards, ctx.now);
+            sending.delivery_id = Some(delivery_id.clone());
+            let mut items = vec![versioned_put(
+                &self.table,
+                serde_dynamo::to_item(&sending).map_err(|e| corrupt("outbox", e))?,
+                outbox.version,
+            )?];
+            items.extend(self.reservation(ctx, &template, &grant.sk, &delivery_id)?);
+            match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    return Ok(ClaimOutcome::Claimed(Box::new(Claim {
+                        delivery_id,
+                        claimer: ctx.claimer.to_string(),
+                        openid: ctx.openid.clone(),
+                        template_id: template,
+                        grant_sk: grant.sk,
+                        due_at: item.due_at,
+                        source: ClaimSource::Outbox(OutboxClaim {
+                            note_id: sending.note_id.clone(),
+                            data: sending.data.clone(),
+                            page: sending.page.clone(),
+                            item: sending,
+                        }),
+                    })));
+                }
+                TxOutcome::Cancelled(reasons) => {
+                    if reasons.first().is_some_and(|(code, _)| code == "ConditionalCheckFailed") {
+                        return Ok(ClaimOutcome::Lost);
+                    }
+                }
+                TxOutcome::Contended => {}
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Ok(ClaimOutcome::Lost)
+    }
+
     async fn first_available_grant(
         &self,
         pk: &str,
-        kind: &ReminderKind,
+        template: &TemplateId,
     ) -> Result<Option<GrantItem>, StoreError> {
         let mut pages = self
             .client
@@ -328,10 +483,7 @@ impl Store {
             .filter_expression("#s = :available")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(
-                ":prefix",
-                s(format!("{GRANT_PREFIX}{}#", kind.template_id)),
-            )
+            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
             .expression_attribute_values(":available", s("available"))
             .into_paginator()
             .items()
@@ -392,42 +544,61 @@ impl Store {
             OutcomeClass::Refused | OutcomeClass::User => ("failed", GrantState::Invalid),
             OutcomeClass::Unknown => ("unknown", GrantState::Invalid),
         };
-        let schedule = claim.plan.settings.schedule;
-        let mut plan = claim.plan.clone();
-        let event = match class {
-            OutcomeClass::Sent => {
-                plan.attempts = 0;
-                PlanEvent::Sent
-            }
-            OutcomeClass::Retryable => {
-                plan.attempts += 1;
-                if plan.attempts >= dispatch.max_attempts {
-                    PlanEvent::SendStopped(PauseReason::SendFailed)
-                } else {
-                    let base =
-                        Duration::from_std(dispatch.retry_base).unwrap_or(Duration::minutes(1));
-                    let delay = base * 2i32.saturating_pow(plan.attempts.saturating_sub(1).min(10));
-                    PlanEvent::RetryLater {
-                        due: schedule.first_awake_from(now + delay.min(Duration::hours(6))),
+        let pk = user_pk(&claim.openid);
+        let source = match &claim.source {
+            ClaimSource::Plan { plan: claimed, .. } => {
+                let schedule = claimed.settings.schedule;
+                let mut plan = claimed.clone();
+                let event = match class {
+                    OutcomeClass::Sent => {
+                        plan.attempts = 0;
+                        PlanEvent::Sent
                     }
-                }
+                    OutcomeClass::Retryable => {
+                        plan.attempts += 1;
+                        if plan.attempts >= dispatch.max_attempts {
+                            PlanEvent::SendStopped(PauseReason::SendFailed)
+                        } else {
+                            PlanEvent::RetryLater {
+                                due: schedule.first_awake_from(now + retry_delay(dispatch, plan.attempts)),
+                            }
+                        }
+                    }
+                    OutcomeClass::Config => PlanEvent::SendStopped(PauseReason::ConfigError),
+                    OutcomeClass::Refused => PlanEvent::SendStopped(PauseReason::NeedsGrant),
+                    OutcomeClass::User => PlanEvent::SendStopped(PauseReason::SendFailed),
+                    OutcomeClass::Unknown => PlanEvent::SendStopped(PauseReason::Uncertain),
+                };
+                plan.status = plan.status.apply(event).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                plan.delivery_id = None;
+                // plan_put writes `version + 1` on the condition `version`: the claimed one.
+                plan.version = claimed.version;
+                vec![self.plan_put(&plan, &pk, shards, now)?]
             }
-            OutcomeClass::Config => PlanEvent::SendStopped(PauseReason::ConfigError),
-            OutcomeClass::Refused => PlanEvent::SendStopped(PauseReason::NeedsGrant),
-            OutcomeClass::User => PlanEvent::SendStopped(PauseReason::SendFailed),
-            OutcomeClass::Unknown => PlanEvent::SendStopped(PauseReason::Uncertain),
-        };
-        plan.status = plan
-            .status
-            .apply(event)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        plan.delivery_id = None;
-        let outcome = match result {
-            SendResult::Sent { .. } => "sent".to_string(),
-            SendResult::Refused { errcode, errmsg } => format!("errcode {errcode}: {errmsg}"),
-            SendResult::Uncertain { reason } => format!("uncertain: {reason}"),
-            SendResult::NotSent { reason } => format!("not sent: {reason}"),
-            SendResult::Invalid { reason } => format!("invalid content: {reason}"),
+            ClaimSource::Outbox(outbox) => {
+                let attempts = outbox.item.attempts + 1;
+                let (state, due, push) = match class {
+                    OutcomeClass::Sent => ("sent", None, PushStatus::Sent),
+                    OutcomeClass::Retryable if attempts < dispatch.max_attempts => {
+                        ("pending", Some(now + retry_delay(dispatch, attempts)), PushStatus::Pending)
+                    }
+                    OutcomeClass::Retryable | OutcomeClass::Config | OutcomeClass::Refused | OutcomeClass::User => {
+                        ("failed", None, PushStatus::Failed)
+                    }
+                    OutcomeClass::Unknown => ("unknown", None, PushStatus::Unknown),
+                };
+                let mut next = outbox.item.moved(state, due, shards, now);
+                next.attempts = if class == OutcomeClass::Retryable { attempts } else { outbox.item.attempts };
+                let reason = (push != PushStatus::Sent).then(|| describe(result));
+                vec![
+                    versioned_put(
+                        &self.table,
+                        serde_dynamo::to_item(&next).map_err(|e| corrupt("outbox", e))?,
+                        outbox.item.version,
+                    )?,
+                    note_push_update(&self.table, &pk, &outbox.note_id, push, reason.as_deref())?,
+                ]
+            }
         };
         let msgid = match result {
             SendResult::Sent { msgid } => msgid.clone(),
@@ -436,8 +607,6 @@ impl Store {
             | SendResult::NotSent { .. }
             | SendResult::Invalid { .. } => None,
         };
-        let pk = user_pk(&claim.openid);
-        let version = claim.plan.version;
         let settled = self
             .settle(
                 Settle {
@@ -445,15 +614,14 @@ impl Store {
                     delivery_id: &claim.delivery_id,
                     owner: Owner::Claimer(&claim.claimer),
                     state,
-                    outcome,
+                    outcome: describe(result),
                     errcode: result.errcode(),
                     msgid,
                     grant_sk: &claim.grant_sk,
-                    template: &claim.kind.template_id,
+                    template: &claim.template_id,
                     grant_to,
-                    plan: Some((plan, version)),
+                    source,
                 },
-                shards,
                 now,
             )
             .await?;
@@ -461,10 +629,7 @@ impl Store {
             // 43101: WeChat holds no quota for this user and template, so none of the
             // grants we hold is real any more.
             for attempt in 1..=MAX_WRITE_ATTEMPTS {
-                if self
-                    .invalidate_grants(&pk, &claim.kind.template_id, None, false, now)
-                    .await?
-                {
+                if self.invalidate_grants(&pk, &claim.template_id, None, false, now).await? {
                     break;
                 }
                 tokio::time::sleep(backoff(attempt)).await;
@@ -481,11 +646,10 @@ impl Store {
     async fn settle(
         &self,
         job: Settle<'_>,
-        shards: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Settled, StoreError> {
+        now: DateTime<Utc>
+) -> Result<Settled, StoreError> {
         let mut include_grant = true;
-        let mut plan = job.plan;
+        let mut source = job.source;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             let mut delivery = Update::builder()
                 .table_name(&self.table)
@@ -570,12 +734,8 @@ impl Store {
                 items.push(TransactWriteItem::builder().update(grant).build());
                 items.push(TransactWriteItem::builder().update(counters).build());
             }
-            let plan_index = plan.as_ref().map(|_| items.len());
-            if let Some((p, version)) = &plan {
-                let mut expected = p.clone();
-                expected.version = *version;
-                items.push(self.plan_put(&expected, job.pk, shards, now)?);
-            }
+            let source_range = items.len()..items.len() + source.len();
+            items.extend(source.iter().cloned());
             match self.transact(items).await? {
                 TxOutcome::Committed => {
                     return Ok(Settled {
@@ -599,11 +759,12 @@ impl Store {
                         // The grant is no longer this delivery's (the plan was disabled).
                         include_grant = false;
                     }
-                    if failed(plan_index) {
-                        // The plan moved on (the user acted): their change stands.
-                        plan = None;
+                    let source_failed = source_range.clone().any(|i| failed(Some(i)));
+                    if source_failed {
+                        // The plan or outbox item moved on (the user acted): that stands.
+                        source.clear();
                     }
-                    if !failed(grant_index) && !failed(plan_index) {
+                    if !failed(grant_index) && !source_failed {
                         tokio::time::sleep(backoff(attempt)).await;
                     }
                 }
@@ -671,32 +832,11 @@ impl Store {
             {
                 continue;
             }
-            let Some(kind) = kinds.get(&delivery.reminder) else {
-                tracing::error!(reminder = %delivery.reminder, "stale delivery of no configured kind");
+            let Ok(template) = TemplateId::parse(delivery.template_id.clone()) else {
+                tracing::error!(delivery_id = %delivery.delivery_id, "stale delivery with a bad template id");
                 continue;
             };
-            let read = self.read(&pk, kind, None).await?;
-            let plan = match read.plan {
-                Some(p) => {
-                    let plan = p.into_plan(kind)?;
-                    (plan.status == PlanStatus::Sending
-                        && plan.delivery_id.as_deref() == Some(delivery.delivery_id.as_str()))
-                    .then_some(plan)
-                }
-                None => None,
-            };
-            let plan = match plan {
-                Some(mut p) => {
-                    let version = p.version;
-                    p.status = p
-                        .status
-                        .apply(PlanEvent::SendStopped(PauseReason::Uncertain))
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    p.delivery_id = None;
-                    Some((p, version))
-                }
-                None => None,
-            };
+            let source = self.stale_source_writes(&pk, &delivery, kinds, shards, now).await?;
             let settled = self
                 .settle(
                     Settle {
@@ -708,11 +848,10 @@ impl Store {
                         errcode: None,
                         msgid: None,
                         grant_sk: &delivery.grant_sk,
-                        template: &kind.template_id,
+                        template: &template,
                         grant_to: GrantState::Invalid,
-                        plan,
+                        source,
                     },
-                    shards,
                     now,
                 )
                 .await?;
@@ -722,5 +861,64 @@ impl Store {
             }
         }
         Ok(recovered)
+    }
+
+    /// What a sweep writes to the item a stale delivery claimed, if it is still that
+    /// delivery's: the plan paused `uncertain`, or the outbox and notification `unknown`.
+    async fn stale_source_writes(
+        &self,
+        pk: &str,
+        delivery: &DeliveryItem,
+        kinds: &ReminderKinds,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        if let Some(kind) = delivery.source.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
+            let read = self.read(pk, kind, None).await?;
+            let Some(item) = read.plan else { return Ok(Vec::new()) };
+            let mut plan = item.into_plan(kind)?;
+            if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery.delivery_id.as_str()) {
+                return Ok(Vec::new());
+            }
+            plan.status = plan
+                .status
+                .apply(PlanEvent::SendStopped(PauseReason::Uncertain))
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            plan.delivery_id = None;
+            return Ok(vec![self.plan_put(&plan, pk, shards, now)?]);
+        }
+        if delivery.source.starts_with("OUTBOX#") {
+            let got = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key(pk, &delivery.source)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let Some(item) = got.item else { return Ok(Vec::new()) };
+            let outbox: OutboxItem = parse("outbox", item)?;
+            if outbox.state != "sending" || outbox.delivery_id.as_deref() != Some(delivery.delivery_id.as_str()) {
+                return Ok(Vec::new());
+            }
+            let unknown = outbox.moved("unknown", None, shards, now);
+            return Ok(vec![
+                versioned_put(
+                    &self.table,
+                    serde_dynamo::to_item(&unknown).map_err(|e| corrupt("outbox", e))?,
+                    outbox.version,
+                )?,
+                note_push_update(
+                    &self.table,
+                    pk,
+                    &outbox.note_id,
+                    PushStatus::Unknown,
+                    Some("the dispatcher stopped mid-send"),
+                )?,
+            ]);
+        }
+        tracing::error!(source = %delivery.source, "stale delivery of no configured kind");
+        Ok(Vec::new())
     }
 }

@@ -37,6 +37,24 @@ pub fn action_sk(action_id: &RequestId) -> String {
     format!("ACTION#{action_id}")
 }
 
+/// A notification in the inbox; ids sort by creation time, so sort keys do too.
+pub fn note_sk(id: &str) -> String {
+    format!("NOTE#{id}")
+}
+
+/// The WeChat push of a notification.
+pub fn outbox_sk(note_id: &str) -> String {
+    format!("OUTBOX#{note_id}")
+}
+
+/// The idempotency record of an ingested event.
+pub fn event_sk(key: &str) -> String {
+    format!("EVENT#{key}")
+}
+
+/// The user's unread counter.
+pub const INBOX_SK: &str = "INBOX";
+
 /// One send attempt.
 pub fn delivery_sk(delivery_id: &str) -> String {
     format!("DELIVERY#{delivery_id}")

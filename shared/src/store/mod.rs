@@ -11,6 +11,7 @@
 
 pub mod deliveries;
 pub mod grants;
+pub mod inbox;
 pub mod keys;
 pub mod plans;
 

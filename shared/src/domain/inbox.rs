@@ -1,0 +1,274 @@
+//! The in-app inbox and the WeChat pushes that may accompany a notification.
+//!
+//! A notification is a business fact: it is stored whatever happens to its push
+//! (invariant I7). Its push, when asked for, is an outbox item the dispatcher sends like
+//! a reminder — claim a grant, send, finalize — and the notification shows how it went.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::ids::{OpenId, TemplateId};
+use super::keywords::{KeywordError, fit_all};
+use super::template::Templates;
+
+/// Limits on what a publishing service may put in a notification.
+pub const MAX_TITLE_CHARS: usize = 100;
+pub const MAX_BODY_CHARS: usize = 2000;
+pub const MAX_PAGE_CHARS: usize = 256;
+pub const MAX_KEY_CHARS: usize = 128;
+
+/// Where a notification's WeChat push stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushStatus {
+    /// Waiting for the dispatcher (or retrying after a definite, retryable failure).
+    Pending,
+    Sent,
+    /// No grant for the template: nothing was sent.
+    Skipped,
+    Failed,
+    /// Sent, but WeChat's answer was lost: never resent.
+    Unknown,
+    /// Refused before sending: unknown template or data that cannot be made valid.
+    Rejected,
+}
+
+impl PushStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sent => "sent",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "pending" => Self::Pending,
+            "sent" => Self::Sent,
+            "skipped" => Self::Skipped,
+            "failed" => Self::Failed,
+            "unknown" => Self::Unknown,
+            "rejected" => Self::Rejected,
+            _ => return None,
+        })
+    }
+}
+
+/// Why an event cannot become a notification at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// The WeChat push an event asks for, validated against the templates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Push {
+    /// Ready to send: template and data fitted to its keyword rules.
+    Ready {
+        template_id: TemplateId,
+        data: BTreeMap<String, String>,
+        page: Option<String>,
+    },
+    /// Not sendable; recorded with the reason.
+    Rejected { reason: String },
+}
+
+/// A validated `notify` event (the EventBridge `detail`, API.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyEvent {
+    pub idempotency_key: String,
+    pub openid: OpenId,
+    pub kind: String,
+    pub title: String,
+    pub body: String,
+    pub page: Option<String>,
+    pub push: Option<Push>,
+    /// A canonical text of the event, for "same key, same payload".
+    pub fingerprint: String,
+}
+
+fn text(object: &serde_json::Map<String, Value>, name: &str, required: bool, max: usize) -> Result<Option<String>, EventError> {
+    match object.get(name) {
+        None | Some(Value::Null) if !required => Ok(None),
+        None | Some(Value::Null) => Err(EventError::Shape(format!("{name} is required"))),
+        Some(Value::String(s)) if s.chars().count() <= max && !(required && s.is_empty()) => Ok(Some(s.clone())),
+        Some(Value::String(_)) => Err(EventError::Shape(format!("{name} must be 1 to {max} characters"))),
+        Some(_) => Err(EventError::Shape(format!("{name} must be a string"))),
+    }
+}
+
+impl NotifyEvent {
+    pub fn from_json(detail: &Value, templates: &Templates) -> Result<Self, EventError> {
+        let object = detail
+            .as_object()
+            .ok_or_else(|| EventError::Shape("detail must be a JSON object".into()))?;
+        let key = text(object, "idempotency_key", true, MAX_KEY_CHARS)?.unwrap_or_default();
+        if key.contains('#') || key.chars().any(char::is_control) {
+            return Err(EventError::Shape("idempotency_key may not contain '#' or control characters".into()));
+        }
+        let openid = OpenId::parse(text(object, "openid", true, 64)?.unwrap_or_default())
+            .map_err(|e| EventError::Shape(format!("openid: {e}")))?;
+        let kind = text(object, "type", true, 32)?.unwrap_or_default();
+        if !kind.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) {
+            return Err(EventError::Shape("type may contain only letters, digits and '_', '.', '-'".into()));
+        }
+        let title = text(object, "title", true, MAX_TITLE_CHARS)?.unwrap_or_default();
+        let body = text(object, "body", false, MAX_BODY_CHARS)?.unwrap_or_default();
+        let page = text(object, "page", false, MAX_PAGE_CHARS)?;
+        let push = match object.get("wechat") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(wechat)) => Some(Self::push(wechat, templates)),
+            Some(_) => return Err(EventError::Shape("wechat must be an object".into())),
+        };
+        let fingerprint = serde_json::json!({
+            "openid": openid.as_str(), "type": kind, "title": title, "body": body,
+            "page": page, "wechat": object.get("wechat"),
+        })
+        .to_string();
+        Ok(Self {
+            idempotency_key: key,
+            openid,
+            kind,
+            title,
+            body,
+            page,
+            push,
+            fingerprint,
+        })
+    }
+
+    fn push(wechat: &serde_json::Map<String, Value>, templates: &Templates) -> Push {
+        let rejected = |reason: String| Push::Rejected { reason };
+        let Some(template_id) = wechat.get("template_id").and_then(Value::as_str) else {
+            return rejected("wechat.template_id is required".into());
+        };
+        let Some(template) = templates.get(template_id) else {
+            return rejected(format!("template {template_id} is not configured"));
+        };
+        let Some(data) = wechat.get("data").and_then(Value::as_object) else {
+            return rejected("wechat.data must be an object of keyword values".into());
+        };
+        let mut values = BTreeMap::new();
+        for (k, v) in data {
+            let value = match v {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => match o.get("value").and_then(Value::as_str) {
+                    Some(s) => s.to_string(),
+                    None => return rejected(format!("wechat.data.{k} has no value")),
+                },
+                Value::Number(n) => n.to_string(),
+                _ => return rejected(format!("wechat.data.{k} must be a string")),
+            };
+            values.insert(k.clone(), value);
+        }
+        match fit_all(template, &values) {
+            Ok(data) => Push::Ready {
+                template_id: template.id.clone(),
+                data,
+                page: wechat
+                    .get("page")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .or_else(|| template.page.clone()),
+            },
+            Err(e @ (KeywordError::Missing(_) | KeywordError::Invalid { .. })) => rejected(e.to_string()),
+        }
+    }
+}
+
+/// `<notification>` of API.md, with its push status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotificationView {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub body: String,
+    pub page: Option<String>,
+    pub read: bool,
+    pub created_at: String,
+    pub push: Option<PushView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PushView {
+    pub status: PushStatus,
+    pub reason: Option<String>,
+}
+
+/// A notification id: `<13-digit epoch ms><12 hex>`, so ids sort by creation time.
+pub fn new_notification_id(now: DateTime<Utc>) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{:013}{}", now.timestamp_millis().max(0), &random[..12])
+}
+
+/// Whether `id` has the shape of a notification id (checked before any read).
+pub fn is_notification_id(id: &str) -> bool {
+    id.len() == 25 && id.bytes().take(13).all(|b| b.is_ascii_digit()) && id.bytes().skip(13).all(|b| b.is_ascii_hexdigit())
+}
+
+/// The opaque cursor for the page after notification `id`.
+pub fn encode_cursor(id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("n1:{id}"))
+}
+
+/// The notification id a cursor continues after, if the cursor is well formed. A cursor
+/// holds no user: pages always come from the caller's own inbox.
+pub fn decode_cursor(cursor: &str) -> Option<String> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let id = text.strip_prefix("n1:")?;
+    is_notification_id(id).then(|| id.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn templates() -> Templates {
+        Templates::from_json(r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#).expect("templates")
+    }
+
+    #[test]
+    fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
+        let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
+                        "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
+        let e = NotifyEvent::from_json(&ok, &templates()).expect("valid");
+        assert!(matches!(e.push, Some(Push::Ready { .. })));
+        let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
+                         "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
+        let e = NotifyEvent::from_json(&bad, &templates()).expect("still a notification");
+        assert!(matches!(e.push, Some(Push::Rejected { .. })));
+        let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
+        assert!(matches!(NotifyEvent::from_json(&unknown, &templates()).expect("kept").push, Some(Push::Rejected { .. })));
+    }
+
+    #[test]
+    fn events_without_their_essentials_are_refused() {
+        for bad in [json!({}), json!({"idempotency_key": "k", "openid": "o#1", "type": "t", "title": "x"}),
+                    json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
+                    json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""})] {
+            assert!(NotifyEvent::from_json(&bad, &templates()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cursors_round_trip_and_forgeries_are_refused() {
+        let id = new_notification_id(Utc::now());
+        assert!(is_notification_id(&id));
+        assert_eq!(decode_cursor(&encode_cursor(&id)), Some(id));
+        for bad in ["", "bm90IGEgY3Vyc29y", "n1:USER#x", "%%%"] {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+    }
+}
