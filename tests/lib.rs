@@ -580,3 +580,32 @@ impl TestApp {
         dispatcher::tick(&self.deps, deadline).await.expect("tick")
     }
 }
+
+impl TestApp {
+    /// Invokes a function through the local Lambda Invoke API and returns its answer.
+    pub async fn invoke(&self, function: &str, payload: &Value) -> Value {
+        let response = self
+            .http
+            .post(format!(
+                "{}/2015-03-31/functions/{function}/invocations",
+                self.invoke_url
+            ))
+            .json(payload)
+            .send()
+            .await
+            .expect("invoke");
+        assert_eq!(response.status().as_u16(), 200, "invoke {function}");
+        response.json().await.expect("invoke answers JSON")
+    }
+
+    /// Publishes a notification event (the EventBridge envelope around `detail`).
+    pub async fn notify(&self, detail: Value) -> Value {
+        self.invoke(
+            "NotifyFunction",
+            &json!({"version": "0", "id": "e", "detail-type": "onegrant.notification", "source": "tests",
+                    "account": "1", "time": "2026-11-30T06:00:00Z", "region": "us-east-1", "resources": [],
+                    "detail": detail}),
+        )
+        .await
+    }
+}

@@ -40,6 +40,7 @@ pub type EventHandler =
 pub fn event_handler(binary: &str) -> Option<EventHandler> {
     match binary {
         "dispatcher" => Some(dispatcher::invoke),
+        "notify" => Some(notify::invoke),
         _ => None,
     }
 }
@@ -53,6 +54,7 @@ pub fn http_handler(binary: &str) -> Option<HttpHandler> {
         "session" => Some(session::handler),
         "grants" => Some(grants::handler),
         "reminders" => Some(reminders::handler),
+        "inbox" => Some(inbox::handler),
         _ => None,
     }
 }

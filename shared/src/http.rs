@@ -31,6 +31,8 @@ pub enum ApiError {
     MalformedJson,
     /// 400: JSON, but not of the documented shape (missing field, wrong type).
     InvalidBody(String),
+    /// 400: a query parameter is malformed (including a cursor this API did not issue).
+    InvalidQuery(String),
     /// 401: missing, malformed, forged or expired session token.
     Unauthorized,
     /// 401: WeChat refused the login code.
@@ -66,6 +68,7 @@ impl ApiError {
         match self {
             Self::MalformedJson => (400, "malformed_json", "the body is not valid JSON".into()),
             Self::InvalidBody(m) => (400, "invalid_body", m.clone()),
+            Self::InvalidQuery(m) => (400, "invalid_query", m.clone()),
             Self::Unauthorized => (
                 401,
                 "unauthorized",

@@ -7,6 +7,7 @@ mod contract;
 mod dispatcher;
 mod emulator;
 mod grants;
+mod inbox;
 mod inputs;
 mod reminders;
 mod session;

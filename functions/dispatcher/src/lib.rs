@@ -261,7 +261,9 @@ fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult> {
         }
         ClaimSource::Outbox(outbox) => (outbox.data.clone(), outbox.page.clone()),
     };
-    let data = fit_all(template, &values).map_err(|e| SendResult::Invalid { reason: e.to_string() })?;
+    let data = fit_all(template, &values).map_err(|e| SendResult::Invalid {
+        reason: e.to_string(),
+    })?;
     Ok(Message {
         touser: claim.openid.clone(),
         template_id: template.id.to_string(),

@@ -96,12 +96,21 @@ pub struct NotifyEvent {
     pub fingerprint: String,
 }
 
-fn text(object: &serde_json::Map<String, Value>, name: &str, required: bool, max: usize) -> Result<Option<String>, EventError> {
+fn text(
+    object: &serde_json::Map<String, Value>,
+    name: &str,
+    required: bool,
+    max: usize,
+) -> Result<Option<String>, EventError> {
     match object.get(name) {
         None | Some(Value::Null) if !required => Ok(None),
         None | Some(Value::Null) => Err(EventError::Shape(format!("{name} is required"))),
-        Some(Value::String(s)) if s.chars().count() <= max && !(required && s.is_empty()) => Ok(Some(s.clone())),
-        Some(Value::String(_)) => Err(EventError::Shape(format!("{name} must be 1 to {max} characters"))),
+        Some(Value::String(s)) if s.chars().count() <= max && !(required && s.is_empty()) => {
+            Ok(Some(s.clone()))
+        }
+        Some(Value::String(_)) => Err(EventError::Shape(format!(
+            "{name} must be 1 to {max} characters"
+        ))),
         Some(_) => Err(EventError::Shape(format!("{name} must be a string"))),
     }
 }
@@ -113,13 +122,20 @@ impl NotifyEvent {
             .ok_or_else(|| EventError::Shape("detail must be a JSON object".into()))?;
         let key = text(object, "idempotency_key", true, MAX_KEY_CHARS)?.unwrap_or_default();
         if key.contains('#') || key.chars().any(char::is_control) {
-            return Err(EventError::Shape("idempotency_key may not contain '#' or control characters".into()));
+            return Err(EventError::Shape(
+                "idempotency_key may not contain '#' or control characters".into(),
+            ));
         }
         let openid = OpenId::parse(text(object, "openid", true, 64)?.unwrap_or_default())
             .map_err(|e| EventError::Shape(format!("openid: {e}")))?;
         let kind = text(object, "type", true, 32)?.unwrap_or_default();
-        if !kind.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) {
-            return Err(EventError::Shape("type may contain only letters, digits and '_', '.', '-'".into()));
+        if !kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        {
+            return Err(EventError::Shape(
+                "type may contain only letters, digits and '_', '.', '-'".into(),
+            ));
         }
         let title = text(object, "title", true, MAX_TITLE_CHARS)?.unwrap_or_default();
         let body = text(object, "body", false, MAX_BODY_CHARS)?.unwrap_or_default();
@@ -180,7 +196,9 @@ impl NotifyEvent {
                     .map(str::to_string)
                     .or_else(|| template.page.clone()),
             },
-            Err(e @ (KeywordError::Missing(_) | KeywordError::Invalid { .. })) => rejected(e.to_string()),
+            Err(e @ (KeywordError::Missing(_) | KeywordError::Invalid { .. })) => {
+                rejected(e.to_string())
+            }
         }
     }
 }
@@ -213,7 +231,9 @@ pub fn new_notification_id(now: DateTime<Utc>) -> String {
 
 /// Whether `id` has the shape of a notification id (checked before any read).
 pub fn is_notification_id(id: &str) -> bool {
-    id.len() == 25 && id.bytes().take(13).all(|b| b.is_ascii_digit()) && id.bytes().skip(13).all(|b| b.is_ascii_hexdigit())
+    id.len() == 25
+        && id.bytes().take(13).all(|b| b.is_ascii_digit())
+        && id.bytes().skip(13).all(|b| b.is_ascii_hexdigit())
 }
 
 /// The opaque cursor for the page after notification `id`.
@@ -224,7 +244,9 @@ pub fn encode_cursor(id: &str) -> String {
 /// The notification id a cursor continues after, if the cursor is well formed. A cursor
 /// holds no user: pages always come from the caller's own inbox.
 pub fn decode_cursor(cursor: &str) -> Option<String> {
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).ok()?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()?;
     let text = String::from_utf8(bytes).ok()?;
     let id = text.strip_prefix("n1:")?;
     is_notification_id(id).then(|| id.to_string())
@@ -236,7 +258,10 @@ mod tests {
     use serde_json::json;
 
     fn templates() -> Templates {
-        Templates::from_json(r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#).expect("templates")
+        Templates::from_json(
+            r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#,
+        )
+        .expect("templates")
     }
 
     #[test]
@@ -250,14 +275,22 @@ mod tests {
         let e = NotifyEvent::from_json(&bad, &templates()).expect("still a notification");
         assert!(matches!(e.push, Some(Push::Rejected { .. })));
         let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
-        assert!(matches!(NotifyEvent::from_json(&unknown, &templates()).expect("kept").push, Some(Push::Rejected { .. })));
+        assert!(matches!(
+            NotifyEvent::from_json(&unknown, &templates())
+                .expect("kept")
+                .push,
+            Some(Push::Rejected { .. })
+        ));
     }
 
     #[test]
     fn events_without_their_essentials_are_refused() {
-        for bad in [json!({}), json!({"idempotency_key": "k", "openid": "o#1", "type": "t", "title": "x"}),
-                    json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
-                    json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""})] {
+        for bad in [
+            json!({}),
+            json!({"idempotency_key": "k", "openid": "o#1", "type": "t", "title": "x"}),
+            json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
+            json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
+        ] {
             assert!(NotifyEvent::from_json(&bad, &templates()).is_err(), "{bad}");
         }
     }

@@ -30,10 +30,10 @@ use super::keys::{GRANT_PREFIX, delivery_sk, lease_pk, quota_sk, user_pk};
 use super::plans::{TxOutcome, key, parse, s};
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::config::DispatchConfig;
+use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{OutcomeClass, SendResult};
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus};
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
-use crate::domain::inbox::PushStatus;
 use crate::domain::{GrantState, OpenId, TemplateId};
 
 /// A plan the due index says is due by the horizon (keys only; re-read on claim).
@@ -60,7 +60,10 @@ pub struct Claim {
 #[derive(Debug, Clone)]
 pub enum ClaimSource {
     /// The kind and the plan as the claim wrote it (`sending`, at its new version).
-    Plan { kind: ReminderKind, plan: Plan },
+    Plan {
+        kind: ReminderKind,
+        plan: Plan,
+    },
     Outbox(OutboxClaim),
 }
 
@@ -233,7 +236,11 @@ impl Store {
         lease: std::time::Duration,
         now: DateTime<Utc>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let Some(openid) = item.pk.strip_prefix("USER#").and_then(|o| OpenId::parse(o).ok()) else {
+        let Some(openid) = item
+            .pk
+            .strip_prefix("USER#")
+            .and_then(|o| OpenId::parse(o).ok())
+        else {
             tracing::error!(sk = %item.sk, "due item outside a user partition");
             return Ok(ClaimOutcome::Lost);
         };
@@ -287,7 +294,9 @@ impl Store {
         let reserve = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(&ctx.item.pk, grant_sk)))
-            .update_expression("SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one")
+            .update_expression(
+                "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
+            )
             .condition_expression("#s = :available")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":reserved", s("reserved"))
@@ -310,7 +319,9 @@ impl Store {
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let delivery_put = Put::builder()
             .table_name(&self.table)
-            .set_item(Some(serde_dynamo::to_item(&delivery).map_err(|e| corrupt("delivery", e))?))
+            .set_item(Some(
+                serde_dynamo::to_item(&delivery).map_err(|e| corrupt("delivery", e))?,
+            ))
             .condition_expression("attribute_not_exists(pk)")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
@@ -321,7 +332,11 @@ impl Store {
         ])
     }
 
-    async fn claim_plan(&self, ctx: &ClaimContext<'_>, kind: &ReminderKind) -> Result<ClaimOutcome, StoreError> {
+    async fn claim_plan(
+        &self,
+        ctx: &ClaimContext<'_>,
+        kind: &ReminderKind,
+    ) -> Result<ClaimOutcome, StoreError> {
         let item = ctx.item;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             let read = self.read(&item.pk, kind, None).await?;
@@ -333,7 +348,8 @@ impl Store {
                 return Ok(ClaimOutcome::Lost);
             }
             let grant = if read.counters.available > 0 {
-                self.first_available_grant(&item.pk, &kind.template_id).await?
+                self.first_available_grant(&item.pk, &kind.template_id)
+                    .await?
             } else {
                 None
             };
@@ -375,7 +391,10 @@ impl Store {
                     })));
                 }
                 TxOutcome::Cancelled(reasons) => {
-                    if reasons.first().is_some_and(|(code, _)| code == "ConditionalCheckFailed") {
+                    if reasons
+                        .first()
+                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    {
                         // The plan moved on: another dispatcher claimed it, or the user acted.
                         return Ok(ClaimOutcome::Lost);
                     }
@@ -458,7 +477,10 @@ impl Store {
                     })));
                 }
                 TxOutcome::Cancelled(reasons) => {
-                    if reasons.first().is_some_and(|(code, _)| code == "ConditionalCheckFailed") {
+                    if reasons
+                        .first()
+                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    {
                         return Ok(ClaimOutcome::Lost);
                     }
                 }
@@ -560,7 +582,8 @@ impl Store {
                             PlanEvent::SendStopped(PauseReason::SendFailed)
                         } else {
                             PlanEvent::RetryLater {
-                                due: schedule.first_awake_from(now + retry_delay(dispatch, plan.attempts)),
+                                due: schedule
+                                    .first_awake_from(now + retry_delay(dispatch, plan.attempts)),
                             }
                         }
                     }
@@ -569,7 +592,10 @@ impl Store {
                     OutcomeClass::User => PlanEvent::SendStopped(PauseReason::SendFailed),
                     OutcomeClass::Unknown => PlanEvent::SendStopped(PauseReason::Uncertain),
                 };
-                plan.status = plan.status.apply(event).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                plan.status = plan
+                    .status
+                    .apply(event)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 plan.delivery_id = None;
                 // plan_put writes `version + 1` on the condition `version`: the claimed one.
                 plan.version = claimed.version;
@@ -579,16 +605,23 @@ impl Store {
                 let attempts = outbox.item.attempts + 1;
                 let (state, due, push) = match class {
                     OutcomeClass::Sent => ("sent", None, PushStatus::Sent),
-                    OutcomeClass::Retryable if attempts < dispatch.max_attempts => {
-                        ("pending", Some(now + retry_delay(dispatch, attempts)), PushStatus::Pending)
-                    }
-                    OutcomeClass::Retryable | OutcomeClass::Config | OutcomeClass::Refused | OutcomeClass::User => {
-                        ("failed", None, PushStatus::Failed)
-                    }
+                    OutcomeClass::Retryable if attempts < dispatch.max_attempts => (
+                        "pending",
+                        Some(now + retry_delay(dispatch, attempts)),
+                        PushStatus::Pending,
+                    ),
+                    OutcomeClass::Retryable
+                    | OutcomeClass::Config
+                    | OutcomeClass::Refused
+                    | OutcomeClass::User => ("failed", None, PushStatus::Failed),
                     OutcomeClass::Unknown => ("unknown", None, PushStatus::Unknown),
                 };
                 let mut next = outbox.item.moved(state, due, shards, now);
-                next.attempts = if class == OutcomeClass::Retryable { attempts } else { outbox.item.attempts };
+                next.attempts = if class == OutcomeClass::Retryable {
+                    attempts
+                } else {
+                    outbox.item.attempts
+                };
                 let reason = (push != PushStatus::Sent).then(|| describe(result));
                 vec![
                     versioned_put(
@@ -629,7 +662,10 @@ impl Store {
             // 43101: WeChat holds no quota for this user and template, so none of the
             // grants we hold is real any more.
             for attempt in 1..=MAX_WRITE_ATTEMPTS {
-                if self.invalidate_grants(&pk, &claim.template_id, None, false, now).await? {
+                if self
+                    .invalidate_grants(&pk, &claim.template_id, None, false, now)
+                    .await?
+                {
                     break;
                 }
                 tokio::time::sleep(backoff(attempt)).await;
@@ -643,11 +679,7 @@ impl Store {
     }
 
     /// The settle transaction shared by finalize and the sweep.
-    async fn settle(
-        &self,
-        job: Settle<'_>,
-        now: DateTime<Utc>
-) -> Result<Settled, StoreError> {
+    async fn settle(&self, job: Settle<'_>, now: DateTime<Utc>) -> Result<Settled, StoreError> {
         let mut include_grant = true;
         let mut source = job.source;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
@@ -836,7 +868,9 @@ impl Store {
                 tracing::error!(delivery_id = %delivery.delivery_id, "stale delivery with a bad template id");
                 continue;
             };
-            let source = self.stale_source_writes(&pk, &delivery, kinds, shards, now).await?;
+            let source = self
+                .stale_source_writes(&pk, &delivery, kinds, shards, now)
+                .await?;
             let settled = self
                 .settle(
                     Settle {
@@ -873,11 +907,19 @@ impl Store {
         shards: u32,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
-        if let Some(kind) = delivery.source.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
+        if let Some(kind) = delivery
+            .source
+            .strip_prefix("PLAN#")
+            .and_then(|k| kinds.get(k))
+        {
             let read = self.read(pk, kind, None).await?;
-            let Some(item) = read.plan else { return Ok(Vec::new()) };
+            let Some(item) = read.plan else {
+                return Ok(Vec::new());
+            };
             let mut plan = item.into_plan(kind)?;
-            if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery.delivery_id.as_str()) {
+            if plan.status != PlanStatus::Sending
+                || plan.delivery_id.as_deref() != Some(delivery.delivery_id.as_str())
+            {
                 return Ok(Vec::new());
             }
             plan.status = plan
@@ -897,9 +939,13 @@ impl Store {
                 .send()
                 .await
                 .map_err(|e| classify_sdk_error(e, |_| false))?;
-            let Some(item) = got.item else { return Ok(Vec::new()) };
+            let Some(item) = got.item else {
+                return Ok(Vec::new());
+            };
             let outbox: OutboxItem = parse("outbox", item)?;
-            if outbox.state != "sending" || outbox.delivery_id.as_deref() != Some(delivery.delivery_id.as_str()) {
+            if outbox.state != "sending"
+                || outbox.delivery_id.as_deref() != Some(delivery.delivery_id.as_str())
+            {
                 return Ok(Vec::new());
             }
             let unknown = outbox.moved("unknown", None, shards, now);

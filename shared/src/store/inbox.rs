@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +19,9 @@ use super::keys::{INBOX_SK, due_pk, event_sk, note_sk, outbox_sk, user_pk};
 use super::plans::{TxOutcome, key, parse, s};
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::domain::OpenId;
-use crate::domain::inbox::{NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id};
+use crate::domain::inbox::{
+    NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id,
+};
 
 /// How long an event's idempotency record is kept (replays within it are no-ops).
 pub const EVENT_RETENTION: Duration = Duration::days(35);
@@ -53,10 +57,14 @@ impl NoteItem {
             page: self.page.clone(),
             read: self.read,
             created_at: self.created_at.clone(),
-            push: self.push_status.as_deref().and_then(PushStatus::parse).map(|status| PushView {
-                status,
-                reason: self.push_reason.clone(),
-            }),
+            push: self
+                .push_status
+                .as_deref()
+                .and_then(PushStatus::parse)
+                .map(|status| PushView {
+                    status,
+                    reason: self.push_reason.clone(),
+                }),
         }
     }
 }
@@ -87,7 +95,13 @@ pub(super) struct OutboxItem {
 
 impl OutboxItem {
     /// This item, pending again at `due` (on the due index) or in a final `state`.
-    pub(super) fn moved(&self, state: &str, due: Option<DateTime<Utc>>, shards: u32, now: DateTime<Utc>) -> Self {
+    pub(super) fn moved(
+        &self,
+        state: &str,
+        due: Option<DateTime<Utc>>,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Self {
         let mut next = self.clone();
         next.state = state.to_string();
         next.due_at = due.map(|d| d.timestamp_millis());
@@ -113,7 +127,10 @@ struct EventItem {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Ingested {
-    Created { note_id: String, push: Option<PushStatus> },
+    Created {
+        note_id: String,
+        push: Option<PushStatus>,
+    },
     /// The same event again: nothing changed.
     Duplicate { note_id: String },
     /// The same idempotency key with a different payload: nothing changed.
@@ -165,7 +182,9 @@ pub(super) fn note_push_update(
         .expression_attribute_values(":s", s(status.as_str()))
         .expression_attribute_values(
             ":r",
-            reason.map_or(AttributeValue::Null(true), |r| s(r.chars().take(300).collect::<String>())),
+            reason.map_or(AttributeValue::Null(true), |r| {
+                s(r.chars().take(300).collect::<String>())
+            }),
         )
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
@@ -174,7 +193,12 @@ pub(super) fn note_push_update(
 
 impl Store {
     /// Ingests a notify event (see the module docs). One round trip.
-    pub async fn ingest(&self, event: &NotifyEvent, shards: u32, now: DateTime<Utc>) -> Result<Ingested, StoreError> {
+    pub async fn ingest(
+        &self,
+        event: &NotifyEvent,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Ingested, StoreError> {
         let pk = user_pk(&event.openid);
         let note_id = new_notification_id(now);
         let (push_status, push_reason) = match &event.push {
@@ -217,7 +241,12 @@ impl Store {
             self.put_new(serde_dynamo::to_item(&note).map_err(|e| corrupt("note", e))?)?,
             TransactWriteItem::builder().update(counter).build(),
         ];
-        if let Some(Push::Ready { template_id, data, page }) = &event.push {
+        if let Some(Push::Ready {
+            template_id,
+            data,
+            page,
+        }) = &event.push
+        {
             let sk = outbox_sk(&note_id);
             let outbox = OutboxItem {
                 due_pk: Some(due_pk(&pk, &sk, shards)),
@@ -235,7 +264,9 @@ impl Store {
                 version: 1,
                 updated_at: rfc3339(now),
             };
-            items.push(self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?);
+            items.push(
+                self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?,
+            );
         }
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             match self.transact(items.clone()).await? {
@@ -251,9 +282,13 @@ impl Store {
                     {
                         let old: EventItem = parse("event", old.clone())?;
                         return Ok(if old.fingerprint == event.fingerprint {
-                            Ingested::Duplicate { note_id: old.note_id }
+                            Ingested::Duplicate {
+                                note_id: old.note_id,
+                            }
                         } else {
-                            Ingested::Conflict { note_id: old.note_id }
+                            Ingested::Conflict {
+                                note_id: old.note_id,
+                            }
                         });
                     }
                 }
@@ -261,7 +296,9 @@ impl Store {
             }
             tokio::time::sleep(backoff(attempt)).await;
         }
-        Err(StoreError::Unavailable("ingest contended past the retry limit".into()))
+        Err(StoreError::Unavailable(
+            "ingest contended past the retry limit".into(),
+        ))
     }
 
     /// A page of `openid`'s notifications, newest first, after `after` (a notification
@@ -303,7 +340,10 @@ impl Store {
             if !conditions.is_empty() {
                 query = query.filter_expression(conditions.join(" AND "));
             }
-            let out = query.send().await.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let out = query
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
             for item in out.items() {
                 if items.len() == limit {
                     more = true;
@@ -322,7 +362,11 @@ impl Store {
             }
         }
         let next_cursor = (more && !items.is_empty())
-            .then(|| items.last().map(|n| crate::domain::inbox::encode_cursor(&n.id)))
+            .then(|| {
+                items
+                    .last()
+                    .map(|n| crate::domain::inbox::encode_cursor(&n.id))
+            })
             .flatten();
         Ok(Page { items, next_cursor })
     }
@@ -348,7 +392,12 @@ impl Store {
 
     /// Marks one notification read (idempotent). `None` if the caller has no such
     /// notification.
-    pub async fn mark_read(&self, openid: &OpenId, id: &str, now: DateTime<Utc>) -> Result<Option<NotificationView>, StoreError> {
+    pub async fn mark_read(
+        &self,
+        openid: &OpenId,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<NotificationView>, StoreError> {
         let pk = user_pk(openid);
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             let flip = Update::builder()
@@ -360,11 +409,19 @@ impl Store {
                 .expression_attribute_values(":true", AttributeValue::Bool(true))
                 .expression_attribute_values(":false", AttributeValue::Bool(false))
                 .expression_attribute_values(":now", s(rfc3339(now)))
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .build()
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
             let counter = self.unread_change(&pk, -1)?;
-            match self.transact(vec![TransactWriteItem::builder().update(flip).build(), counter]).await? {
+            match self
+                .transact(vec![
+                    TransactWriteItem::builder().update(flip).build(),
+                    counter,
+                ])
+                .await?
+            {
                 TxOutcome::Committed => {
                     let got = self
                         .client
@@ -375,12 +432,18 @@ impl Store {
                         .send()
                         .await
                         .map_err(|e| classify_sdk_error(e, |_| false))?;
-                    return got.item.map(|i| parse::<NoteItem>("note", i).map(|n| n.view())).transpose();
+                    return got
+                        .item
+                        .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                        .transpose();
                 }
                 TxOutcome::Cancelled(reasons) => match reasons.first() {
                     Some((code, old)) if code == "ConditionalCheckFailed" => {
                         // Absent: not the caller's. Present: already read.
-                        return old.clone().map(|i| parse::<NoteItem>("note", i).map(|n| n.view())).transpose();
+                        return old
+                            .clone()
+                            .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                            .transpose();
                     }
                     _ => {}
                 },
@@ -388,7 +451,9 @@ impl Store {
             }
             tokio::time::sleep(backoff(attempt)).await;
         }
-        Err(StoreError::Unavailable("mark read contended past the retry limit".into()))
+        Err(StoreError::Unavailable(
+            "mark read contended past the retry limit".into(),
+        ))
     }
 
     fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {
@@ -459,7 +524,9 @@ impl Store {
                     // Some were read meanwhile: look again.
                     attempt += 1;
                     if attempt > MAX_WRITE_ATTEMPTS {
-                        return Err(StoreError::Unavailable("read-all contended past the retry limit".into()));
+                        return Err(StoreError::Unavailable(
+                            "read-all contended past the retry limit".into(),
+                        ));
                     }
                     tokio::time::sleep(backoff(attempt)).await;
                 }

@@ -1,0 +1,105 @@
+//! The inbox API: `GET /v1/notifications`, `GET /v1/notifications/unread-count`,
+//! `POST /v1/notifications/{id}/read`, `POST /v1/notifications/read-all`.
+//!
+//! Every query runs in the caller's own partition: a cursor holds only a position, and
+//! an id that is not the caller's answers 404 (I8).
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use lambda_http::http::Method;
+use lambda_http::{Body, Request, RequestExt, Response};
+use onegrant::Deps;
+use onegrant::domain::inbox::{decode_cursor, is_notification_id};
+use onegrant::http::{ApiError, authenticate, json_response, respond};
+use onegrant::store::inbox::ListFilter;
+use serde_json::json;
+
+/// Page sizes the list accepts.
+const MAX_LIMIT: usize = 100;
+const DEFAULT_LIMIT: usize = 20;
+
+/// The handler as `onegrant::http::run` and the local stack take it.
+pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+    Box::pin(handle(deps, req))
+}
+
+/// The function's handler: one request in, one response out.
+pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let result = match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/v1/notifications") => list(deps, &req).await,
+        (Method::GET, "/v1/notifications/unread-count") => unread(deps, &req).await,
+        (Method::POST, "/v1/notifications/read-all") => read_all(deps, &req).await,
+        (Method::POST, p) if p.ends_with("/read") => read_one(deps, &req).await,
+        // API Gateway routes only the declared routes here.
+        _ => Err(ApiError::NotFound),
+    };
+    respond(result)
+}
+
+fn bad_query(message: &str) -> ApiError {
+    ApiError::InvalidQuery(message.to_string())
+}
+
+async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let query = req.query_string_parameters();
+    let limit = match query.first("limit") {
+        None => DEFAULT_LIMIT,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=MAX_LIMIT).contains(l))
+            .ok_or_else(|| bad_query("limit must be a whole number from 1 to 100"))?,
+    };
+    let after = match query.first("cursor") {
+        None | Some("") => None,
+        Some(c) => {
+            Some(decode_cursor(c).ok_or_else(|| bad_query("cursor is not one this API issued"))?)
+        }
+    };
+    let read = match query.first("read") {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(_) => return Err(bad_query("read must be true or false")),
+    };
+    let kind = match query.first("type") {
+        None => None,
+        Some(t) if !t.is_empty() && t.len() <= 32 => Some(t.to_string()),
+        Some(_) => return Err(bad_query("type must be 1 to 32 characters")),
+    };
+    let page = deps
+        .store
+        .notifications(&openid, limit, after.as_deref(), &ListFilter { read, kind })
+        .await?;
+    json_response(200, &page)
+}
+
+async fn unread(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let unread = deps.store.unread(&openid).await?;
+    json_response(200, &json!({"unread": unread}))
+}
+
+async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let id = req
+        .path_parameters()
+        .first("id")
+        .filter(|id| is_notification_id(id))
+        .map(str::to_string)
+        .ok_or(ApiError::NotFound)?;
+    let note = deps
+        .store
+        .mark_read(&openid, &id, Utc::now())
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    json_response(200, &note)
+}
+
+async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let updated = deps.store.read_all(&openid, Utc::now()).await?;
+    json_response(200, &json!({"updated": updated}))
+}

@@ -1,0 +1,65 @@
+//! `notify`: turns other services' EventBridge events into inbox notifications and,
+//! when asked, WeChat pushes (outbox items the dispatcher sends).
+//!
+//! The event's `detail` is API.md's `{"idempotency_key", "openid", "type", "title",
+//! "body", "page", "wechat"}`. One transaction stores everything; the same key again is
+//! a no-op, and the same key with another payload is logged as a conflict and changes
+//! nothing. A push that cannot be sent (unknown template, invalid keywords) is recorded
+//! `rejected` on the notification, which is stored all the same (record first, I7).
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use onegrant::Deps;
+use onegrant::domain::inbox::NotifyEvent;
+use onegrant::store::inbox::Ingested;
+use onegrant::telemetry::{error_chain, openid_hash};
+use serde_json::{Value, json};
+
+/// Handles one EventBridge event. `Err` only when the store is unavailable, so that
+/// EventBridge retries; a malformed event is answered (and logged), not retried.
+pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
+    let Some(detail) = event.get("detail") else {
+        tracing::error!("notify event without detail");
+        return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
+    };
+    let parsed = match NotifyEvent::from_json(detail, &deps.config.templates) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            tracing::error!(reason = %e, "notify event refused");
+            return Ok(json!({"status": "invalid", "reason": e.to_string()}));
+        }
+    };
+    let ingested = deps
+        .store
+        .ingest(&parsed, deps.config.due_shards, Utc::now())
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %error_chain(&e), "notify event not stored");
+            "the store is unavailable".to_string()
+        })?;
+    let openid = openid_hash(parsed.openid.as_str());
+    match &ingested {
+        Ingested::Created { note_id, push } => {
+            tracing::info!(%openid, note_id, push = ?push, "notification stored")
+        }
+        Ingested::Duplicate { note_id } => {
+            tracing::info!(%openid, note_id, "duplicate event ignored")
+        }
+        Ingested::Conflict { note_id } => tracing::error!(
+            %openid,
+            note_id,
+            key = %parsed.idempotency_key,
+            "idempotency key reused with a different payload: nothing changed"
+        ),
+    }
+    serde_json::to_value(ingested).map_err(|e| e.to_string())
+}
+
+/// The handler as the local stack's Invoke API takes it.
+pub fn invoke(
+    deps: &Deps,
+    event: Value,
+    _budget: std::time::Duration,
+) -> BoxFuture<'_, Result<Value, String>> {
+    Box::pin(handle(deps, event))
+}

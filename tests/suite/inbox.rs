@@ -1,0 +1,467 @@
+//! The inbox and outbox: notifications are business facts, pushes are best effort with
+//! a grant spent at most once, and nobody sees anyone else's inbox.
+
+use std::collections::BTreeSet;
+
+use futures::future::join_all;
+use onegrant_tests::{
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_s, spawn_app, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+fn event(user: &User, key: &str, push: bool) -> Value {
+    let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+                            "title": "订单已发货", "body": format!("订单 {key} 已发货"), "page": "pages/order/detail?id=1"});
+    if push {
+        detail["wechat"] = json!({"template_id": ORDER,
+            "data": {"character_string1": "ORDER-1001", "phrase2": "已发货", "thing3": "顺丰速运"},
+            "page": "pages/order/detail?id=1001"});
+    }
+    detail
+}
+
+async fn list(app: &TestApp, user: &User, query: &str) -> Value {
+    let answer = app
+        .get(&format!("/v1/notifications{query}"), Some(&user.token))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+async fn unread(app: &TestApp, user: &User) -> u64 {
+    app.get("/v1/notifications/unread-count", Some(&user.token))
+        .await
+        .body["unread"]
+        .as_u64()
+        .expect("unread")
+}
+
+#[tokio::test]
+async fn an_event_becomes_a_notification_counted_unread_with_its_push_pending() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let answer = app.notify(event(&user, "order-1:shipped", true)).await;
+    assert_eq!(
+        (answer["status"].as_str(), answer["push"].as_str()),
+        (Some("created"), Some("pending")),
+        "{answer}"
+    );
+    let page = list(&app, &user, "").await;
+    let items = page["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["title"], "订单已发货");
+    assert_eq!(items[0]["read"], false);
+    assert_eq!(items[0]["push"]["status"], "pending");
+    assert_eq!(page["next_cursor"], Value::Null);
+    assert_eq!(unread(&app, &user).await, 1);
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(outbox.len(), 1);
+    assert!(
+        outbox[0].contains_key("due_pk"),
+        "the push is on the due index"
+    );
+}
+
+#[tokio::test]
+async fn a_push_with_an_unknown_template_or_bad_data_is_rejected_but_the_notification_stays() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let mut unknown = event(&user, "k1", true);
+    unknown["wechat"]["template_id"] = json!("tmpl_nope");
+    let mut bad = event(&user, "k2", true);
+    bad["wechat"]["data"]["phrase2"] = json!("shipped");
+    for e in [unknown, bad] {
+        let answer = app.notify(e).await;
+        assert_eq!(answer["push"], "rejected", "{answer}");
+    }
+    let page = list(&app, &user, "").await;
+    for item in page["items"].as_array().expect("items") {
+        assert_eq!(item["push"]["status"], "rejected");
+        assert!(
+            item["push"]["reason"]
+                .as_str()
+                .is_some_and(|r| !r.is_empty())
+        );
+    }
+    assert!(app.items_of(&user, "outbox").await.is_empty());
+    assert_eq!(unread(&app, &user).await, 2);
+}
+
+#[tokio::test]
+async fn malformed_events_are_refused_and_store_nothing() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let mut no_key = event(&user, "k", false);
+    no_key.as_object_mut().map(|o| o.remove("idempotency_key"));
+    let mut bad_openid = event(&user, "k", false);
+    bad_openid["openid"] = json!("o#1");
+    let mut long_title = event(&user, "k", false);
+    long_title["title"] = json!("长".repeat(101));
+    for detail in [no_key, bad_openid, long_title, json!("not an object")] {
+        let answer = app.notify(detail.clone()).await;
+        assert_eq!(answer["status"], "invalid", "{detail}: {answer}");
+    }
+    let no_detail = app
+        .invoke("NotifyFunction", &json!({"detail-type": "x"}))
+        .await;
+    assert_eq!(no_detail["status"], "invalid");
+    assert!(app.items().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_event_twenty_times_at_once_makes_one_notification_and_at_most_one_push() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let detail = event(&user, "order-7:shipped", true);
+    let answers = join_all((0..20).map(|_| app.notify(detail.clone()))).await;
+    let created = answers.iter().filter(|a| a["status"] == "created").count();
+    let duplicates = answers
+        .iter()
+        .filter(|a| a["status"] == "duplicate")
+        .count();
+    assert_eq!((created, duplicates), (1, 19), "{answers:?}");
+    assert_eq!(app.items_of(&user, "note").await.len(), 1);
+    assert_eq!(unread(&app, &user).await, 1);
+    // The same key with another payload changes nothing.
+    let mut changed = detail.clone();
+    changed["title"] = json!("改了");
+    assert_eq!(app.notify(changed).await["status"], "conflict");
+    assert_eq!(app.items_of(&user, "note").await.len(), 1);
+    // At most one push, even over several ticks.
+    for _ in 0..3 {
+        app.tick(10).await;
+    }
+    assert_eq!(app.deliveries().await.len(), 1);
+    let page = list(&app, &user, "").await;
+    assert_eq!(page["items"][0]["push"]["status"], "sent");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn user_b_cannot_list_count_read_or_mark_user_as_notifications_even_with_forged_cursors() {
+    let app = spawn_app().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    for i in 0..3 {
+        app.notify(event(&alice, &format!("a{i}"), false)).await;
+    }
+    app.notify(event(&bob, "b0", false)).await;
+    let alices = list(&app, &alice, "").await;
+    let alice_ids: Vec<String> = alices["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|n| n["id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(alice_ids.len(), 3);
+
+    let bobs = list(&app, &bob, "").await;
+    assert_eq!(bobs["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(unread(&app, &bob).await, 1);
+    // Alice's ids as Bob's cursor: positions in Bob's own inbox, never Alice's items.
+    for id in &alice_ids {
+        let forged = onegrant::domain::inbox::encode_cursor(id);
+        let page = list(&app, &bob, &format!("?cursor={forged}")).await;
+        for item in page["items"].as_array().expect("items") {
+            assert!(!alice_ids.contains(&item["id"].as_str().unwrap_or_default().to_string()));
+        }
+        let read = app
+            .call(
+                "POST",
+                &format!("/v1/notifications/{id}/read"),
+                Some(&bob.token),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (read.status, read.body["error"]["code"].as_str()),
+            (404, Some("not_found"))
+        );
+    }
+    for garbage in ["abc", "bjE6VVNFUiNvMQ", "%00"] {
+        let answer = app
+            .get(
+                &format!("/v1/notifications?cursor={garbage}"),
+                Some(&bob.token),
+            )
+            .await;
+        assert_eq!(
+            (answer.status, answer.body["error"]["code"].as_str()),
+            (400, Some("invalid_query")),
+            "{garbage}"
+        );
+    }
+    assert_eq!(
+        app.call("POST", "/v1/notifications/read-all", Some(&bob.token), None)
+            .await
+            .body["updated"],
+        1
+    );
+    assert_eq!(
+        unread(&app, &alice).await,
+        3,
+        "Bob's read-all touched only Bob's inbox"
+    );
+    let again = list(&app, &alice, "?read=false").await;
+    assert_eq!(again["items"].as_array().map(Vec::len), Some(3));
+}
+
+#[tokio::test]
+async fn paging_250_notifications_while_new_ones_arrive_has_no_duplicates_and_no_gaps() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    for i in 0..250 {
+        app.notify(event(&user, &format!("old{i}"), false)).await;
+    }
+    let existing: BTreeSet<String> = app
+        .items_of(&user, "note")
+        .await
+        .iter()
+        .filter_map(|n| attr_s(n, "id").map(str::to_string))
+        .collect();
+    assert_eq!(existing.len(), 250);
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let query = match &cursor {
+            Some(c) => format!("?limit=20&cursor={c}"),
+            None => "?limit=20".to_string(),
+        };
+        let page = list(&app, &user, &query).await;
+        let items = page["items"].as_array().expect("items");
+        assert!(items.len() <= 20);
+        let ids: Vec<String> = items
+            .iter()
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(ids, sorted, "newest first");
+        seen.extend(ids);
+        pages += 1;
+        // New notifications arrive between pages.
+        for j in 0..2 {
+            app.notify(event(&user, &format!("new{pages}-{j}"), false))
+                .await;
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+        assert!(pages < 30, "paging ends");
+    }
+    let unique: BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no duplicates");
+    assert!(
+        existing.is_subset(&unique),
+        "no gaps: every notification that existed was paged"
+    );
+    assert_eq!(
+        unique, existing,
+        "later arrivals are newer than the first page"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_unread_counter_equals_the_unread_items_after_500_concurrent_mixed_operations() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    for i in 0..40 {
+        app.notify(event(&user, &format!("seed{i}"), false)).await;
+    }
+    let ids: Vec<String> = app
+        .items_of(&user, "note")
+        .await
+        .iter()
+        .filter_map(|n| attr_s(n, "id").map(str::to_string))
+        .collect();
+    // A fixed pseudo-random mix: 60% read one (often the same one), 30% new, 10% read-all.
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let ops: Vec<(u64, u64)> = (0..500).map(|_| (next() % 10, next())).collect();
+    let runs = ops.iter().enumerate().map(|(i, (kind, pick))| {
+        let (app, user, ids) = (&app, &user, &ids);
+        async move {
+            match kind {
+                0..=5 => {
+                    let id = &ids[(*pick as usize) % ids.len()];
+                    let answer = app
+                        .call(
+                            "POST",
+                            &format!("/v1/notifications/{id}/read"),
+                            Some(&user.token),
+                            None,
+                        )
+                        .await;
+                    assert_eq!(answer.status, 200, "{}", answer.body);
+                    assert_eq!(answer.body["read"], true);
+                }
+                6..=8 => {
+                    let answer = app.notify(event(user, &format!("mix{i}"), false)).await;
+                    assert_eq!(answer["status"], "created");
+                }
+                _ => {
+                    let answer = app
+                        .call(
+                            "POST",
+                            "/v1/notifications/read-all",
+                            Some(&user.token),
+                            None,
+                        )
+                        .await;
+                    assert_eq!(answer.status, 200, "{}", answer.body);
+                }
+            }
+        }
+    });
+    join_all(runs).await;
+    let notes = app.items_of(&user, "note").await;
+    let unread_items = notes
+        .iter()
+        .filter(|n| n.get("read").and_then(|v| v.as_bool().ok()) == Some(&false))
+        .count();
+    assert_eq!(
+        unread(&app, &user).await as usize,
+        unread_items,
+        "counter equals unread items"
+    );
+    let counted = list(&app, &user, "?read=false&limit=100").await;
+    assert!(counted["items"].as_array().map_or(0, Vec::len) <= unread_items);
+}
+
+#[tokio::test]
+async fn reading_twice_decrements_once_and_the_counter_never_goes_negative() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    app.notify(event(&user, "k1", false)).await;
+    let id = list(&app, &user, "").await["items"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    for _ in 0..3 {
+        let answer = app
+            .call(
+                "POST",
+                &format!("/v1/notifications/{id}/read"),
+                Some(&user.token),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (answer.status, answer.body["read"].as_bool()),
+            (200, Some(true))
+        );
+    }
+    assert_eq!(unread(&app, &user).await, 0);
+    assert_eq!(
+        app.call(
+            "POST",
+            "/v1/notifications/read-all",
+            Some(&user.token),
+            None
+        )
+        .await
+        .body["updated"],
+        0
+    );
+    assert_eq!(unread(&app, &user).await, 0);
+    let filtered = list(&app, &user, "?read=true&type=order").await;
+    assert_eq!(filtered["items"].as_array().map(Vec::len), Some(1));
+    let other_type = list(&app, &user, "?type=promo").await;
+    assert_eq!(other_type["items"].as_array().map(Vec::len), Some(0));
+    for bad in ["?limit=0", "?limit=101", "?limit=x", "?read=maybe"] {
+        let answer = app
+            .get(&format!("/v1/notifications{bad}"), Some(&user.token))
+            .await;
+        assert_eq!(answer.status, 400, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn a_push_without_a_grant_is_skipped() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.notify(event(&user, "k1", true)).await;
+    let summary = app.tick(10).await;
+    assert_eq!((summary.no_grant, summary.claimed), (1, 0), "{summary:?}");
+    assert!(app.deliveries().await.is_empty());
+    let page = list(&app, &user, "").await;
+    assert_eq!(page["items"][0]["push"]["status"], "skipped");
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(attr_s(&outbox[0], "state"), Some("skipped"));
+    assert!(!outbox[0].contains_key("due_pk"));
+}
+
+#[tokio::test]
+async fn a_push_that_fails_retryably_then_succeeds_sends_once_and_consumes_one_grant() {
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+    ])
+    .await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 45011, "times": 1})),
+    )
+    .await;
+    app.notify(event(&user, "k1", true)).await;
+    let first = app.tick(10).await;
+    assert_eq!((first.failed, first.restored), (1, 1), "{first:?}");
+    assert_eq!(
+        list(&app, &user, "").await["items"][0]["push"]["status"],
+        "pending"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let second = app.tick(10).await;
+    assert_eq!(second.sent, 1, "{second:?}");
+    assert_eq!(app.deliveries().await.len(), 1, "one message delivered");
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(
+        grants
+            .iter()
+            .filter(|g| attr_s(g, "state") == Some("consumed"))
+            .count(),
+        1
+    );
+    assert_eq!(
+        list(&app, &user, "").await["items"][0]["push"]["status"],
+        "sent"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_push_answered_43101_invalidates_the_grants_of_the_template() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.accept(&user, ORDER, "wr_2").await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 43101})),
+    )
+    .await;
+    app.notify(event(&user, "k1", true)).await;
+    app.tick(10).await;
+    let grants = app.items_of(&user, "grant").await;
+    assert!(
+        grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+        "both grants invalid"
+    );
+    assert_eq!(
+        list(&app, &user, "").await["items"][0]["push"]["status"],
+        "failed"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
