@@ -522,6 +522,25 @@ impl TestApp {
         .await;
     }
 
+    /// A user holding `grants` accepted water grants (at the stand-in too) with the
+    /// water plan enabled — scheduled, not yet due (see [`TestApp::make_due`]).
+    pub async fn scheduled_user(&self, name: &str, grants: u32) -> User {
+        let user = self.user(name).await;
+        for i in 0..grants {
+            self.accept(&user, WATER, &format!("wr_{name}_{i}")).await;
+        }
+        let plan = self
+            .call(
+                "PUT",
+                "/v1/reminders/water",
+                Some(&user.token),
+                Some(br#"{"enabled": true}"#.to_vec()),
+            )
+            .await;
+        assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+        user
+    }
+
     /// Moves a scheduled plan's due instant (time passing, without waiting for it).
     pub async fn make_due(&self, user: &User, kind: &str, at: chrono::DateTime<chrono::Utc>) {
         let ms = AttributeValue::N(at.timestamp_millis().to_string());

@@ -15,25 +15,11 @@ use std::time::Instant;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{Duration, Utc};
 use futures::future::join_all;
-use onegrant_tests::{TestApp, User, WATER, spawn_app_isolated};
+use onegrant_tests::{TestApp, User, spawn_app_isolated};
 
 async fn due_users(app: &TestApp, prefix: &str, n: usize) -> Vec<User> {
     let names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
-    join_all(names.iter().map(|name| async move {
-        let user = app.user(name).await;
-        app.accept(&user, WATER, &format!("wr_{name}")).await;
-        let answer = app
-            .call(
-                "PUT",
-                "/v1/reminders/water",
-                Some(&user.token),
-                Some(br#"{"enabled": true}"#.to_vec()),
-            )
-            .await;
-        assert_eq!(answer.body["state"], "scheduled");
-        user
-    }))
-    .await
+    join_all(names.iter().map(|name| app.scheduled_user(name, 1))).await
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {

@@ -19,19 +19,7 @@ const FAST: [(&str, &str); 3] = [
 /// A user with `grants` accepted water grants (held at the stand-in too) and the water
 /// plan enabled, due now.
 async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
-    let user = app.user(name).await;
-    for i in 0..grants {
-        app.accept(&user, WATER, &format!("wr_{name}_{i}")).await;
-    }
-    let plan = app
-        .call(
-            "PUT",
-            "/v1/reminders/water",
-            Some(&user.token),
-            Some(br#"{"enabled": true}"#.to_vec()),
-        )
-        .await;
-    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+    let user = app.scheduled_user(name, grants).await;
     app.make_due(&user, "water", Utc::now()).await;
     user
 }

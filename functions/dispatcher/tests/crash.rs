@@ -11,8 +11,8 @@ use onegrant_local::stack::{
     LOCAL_APPID, LOCAL_REMINDERS, LOCAL_SECRET, LOCAL_SESSION_SECRET, LOCAL_TEMPLATES,
 };
 use onegrant_tests::{
-    User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_s,
-    emulator_endpoint, spawn_app_with,
+    User, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_s, emulator_endpoint,
+    spawn_app_with,
 };
 
 const LEASE_SECONDS: i64 = 10;
@@ -28,17 +28,7 @@ async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_o
         .await;
         let mut users: Vec<User> = Vec::new();
         for i in 0..4 {
-            let user = app.user(&format!("{point}-{i}")).await;
-            app.accept(&user, WATER, &format!("wr_{i}")).await;
-            let plan = app
-                .call(
-                    "PUT",
-                    "/v1/reminders/water",
-                    Some(&user.token),
-                    Some(br#"{"enabled": true}"#.to_vec()),
-                )
-                .await;
-            assert_eq!(plan.body["state"], "scheduled");
+            let user = app.scheduled_user(&format!("{point}-{i}"), 1).await;
             app.make_due(&user, "water", Utc::now()).await;
             users.push(user);
         }
