@@ -522,3 +522,44 @@ async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
     assert_plans_consistent(&app).await;
     assert_eq!(app.tick(10).await.sent, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sending() {
+    let app = spawn_app_with(&FAST).await;
+    let user = due_user(&app, "alice", 1).await;
+    // WeChat takes its time; the user checks in (with the next grant) meanwhile.
+    app.control("POST", "latency", Some(json!({"ms": 400})))
+        .await;
+    let tick = app.tick(20);
+    let check_in = async {
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        app.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+        )
+        .await;
+        app.post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "wc_mid", "grant_request_id": "wr_mid", "subscription_status": "accept",
+                    "occurred_at": Utc::now().to_rfc3339(), "current_count": 2, "daily_goal": 8}),
+        )
+        .await
+    };
+    let (summary, answer) = tokio::join!(tick, check_in);
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.body["state"], "sending",
+        "the check-in saw the send in flight"
+    );
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(
+        state(&plan),
+        Some("scheduled"),
+        "the grant it brought schedules the next reminder"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}

@@ -159,6 +159,8 @@ enum Owner<'a> {
 struct Settled {
     delivery: bool,
     grant: bool,
+    /// The claimed item's own writes landed (false if it had moved on).
+    source: bool,
 }
 
 /// The delay before retry `attempt` (1-based): the base, doubled per attempt, ≤ 6 h.
@@ -567,6 +569,7 @@ impl Store {
             OutcomeClass::Unknown => ("unknown", GrantState::Invalid),
         };
         let pk = user_pk(&claim.openid);
+        let mut plan_event = None;
         let source = match &claim.source {
             ClaimSource::Plan { plan: claimed, .. } => {
                 let schedule = claimed.settings.schedule;
@@ -592,6 +595,7 @@ impl Store {
                     OutcomeClass::User => PlanEvent::SendStopped(PauseReason::SendFailed),
                     OutcomeClass::Unknown => PlanEvent::SendStopped(PauseReason::Uncertain),
                 };
+                plan_event = Some((event, plan.attempts));
                 plan.status = plan
                     .status
                     .apply(event)
@@ -658,6 +662,16 @@ impl Store {
                 now,
             )
             .await?;
+        if let (ClaimSource::Plan { kind, .. }, Some((event, attempts))) =
+            (&claim.source, plan_event)
+            && settled.delivery
+            && !settled.source
+        {
+            // The plan changed while the message was in flight (a check-in, new
+            // settings): it must still leave `sending`.
+            self.advance_plan(&pk, kind, &claim.delivery_id, event, attempts, shards, now)
+                .await?;
+        }
         if settled.delivery && class == OutcomeClass::Refused {
             // 43101: WeChat holds no quota for this user and template, so none of the
             // grants we hold is real any more.
@@ -676,6 +690,63 @@ impl Store {
             restored: settled.grant && grant_to == GrantState::Available,
             superseded: !settled.delivery,
         })
+    }
+
+    /// Moves a plan that is still `sending` for `delivery_id` by `event`, re-reading it
+    /// for each attempt. A check-in that arrived while the message was in flight and
+    /// brought a grant schedules the plan right away instead of waiting for another.
+    #[allow(clippy::too_many_arguments)]
+    async fn advance_plan(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        delivery_id: &str,
+        event: PlanEvent,
+        attempts: u32,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(pk, kind, None).await?;
+            let Some(item) = read.plan else { return Ok(()) };
+            let mut plan = item.into_plan(kind)?;
+            if plan.status != PlanStatus::Sending
+                || plan.delivery_id.as_deref() != Some(delivery_id)
+            {
+                return Ok(());
+            }
+            let mut status = plan
+                .status
+                .apply(event)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if status == PlanStatus::AwaitingCheckin
+                && let Some(checked_in) = plan.last_checkin_at
+                && read.counters.available > 0
+            {
+                let schedule = plan.settings.schedule;
+                let goal =
+                    plan.count_on(schedule.waking_day(checked_in)) >= plan.settings.daily_goal;
+                status = status
+                    .apply(PlanEvent::CheckIn {
+                        grant: true,
+                        due: schedule.next_due_from(checked_in, goal, now),
+                    })
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            }
+            plan.status = status;
+            plan.attempts = attempts;
+            plan.delivery_id = None;
+            if let TxOutcome::Committed = self
+                .transact(vec![self.plan_put(&plan, pk, shards, now)?])
+                .await?
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "plan update after a send contended past the retry limit".into(),
+        ))
     }
 
     /// The settle transaction shared by finalize and the sweep.
@@ -773,6 +844,7 @@ impl Store {
                     return Ok(Settled {
                         delivery: true,
                         grant: include_grant,
+                        source: !source.is_empty(),
                     });
                 }
                 TxOutcome::Cancelled(reasons) => {
@@ -785,6 +857,7 @@ impl Store {
                         return Ok(Settled {
                             delivery: false,
                             grant: false,
+                            source: false,
                         });
                     }
                     if failed(grant_index) {
