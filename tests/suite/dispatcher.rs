@@ -502,6 +502,10 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
             None,
             "never a send without real quota"
         );
+        assert_eq!(
+            counters["stable_token_calls"], 1,
+            "one token for every concurrent send: the refresh is single-flight and cached"
+        );
         assert_ledger_agrees_with_counters(&app).await;
         assert_plans_consistent(&app).await;
     }
