@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use lambda_http::{Body, Request, RequestExt};
 use onegrant::Deps;
+use onegrant::events::Handler as EventHandler;
 use onegrant::http::Handler as HttpHandler;
 use serde_json::json;
 
@@ -26,15 +27,6 @@ use crate::template::{self, Route};
 
 /// API Gateway HTTP APIs accept payloads up to 10 MB; the handlers apply API.md's 64 KiB.
 const GATEWAY_PAYLOAD_LIMIT: usize = 10 * 1024 * 1024;
-
-/// A non-HTTP function's handler: an event in, a JSON answer (or an error message) out,
-/// within a time budget (the function's timeout).
-pub type EventHandler =
-    for<'a> fn(
-        &'a Deps,
-        serde_json::Value,
-        std::time::Duration,
-    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, String>>;
 
 /// The handler of the event function built as `binary`.
 pub fn event_handler(binary: &str) -> Option<EventHandler> {

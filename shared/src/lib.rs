@@ -12,6 +12,7 @@
 //! - [`wechat`]: the WeChat server API client: login code exchange, access tokens,
 //!   subscription-message sends.
 //! - [`session`]: signed, expiring bearer tokens (HS256) carrying the user's openid.
+//! - [`events`]: plumbing shared by the non-HTTP functions (one handler shape).
 //! - [`http`]: HTTP plumbing shared by the HTTP functions — the error type mapped to a
 //!   status in one place, body limits, JSON decoding, bearer authentication.
 //! - [`config`]: typed configuration read once per cold start; secrets are redacted.
@@ -22,6 +23,7 @@
 pub mod aws;
 pub mod config;
 pub mod domain;
+pub mod events;
 pub mod failpoint;
 pub mod http;
 pub mod session;

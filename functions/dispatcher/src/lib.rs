@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures::future::{BoxFuture, join_all};
 use onegrant::Deps;
 use onegrant::domain::keywords::fit_all;
@@ -303,8 +303,8 @@ fn emit_metrics(summary: &Summary) {
     }
 }
 
-/// The dispatcher as the local stack's Invoke API calls it: one tick with `budget` of
-/// time, answering the summary.
+/// The dispatcher as its Lambda `main` and the local Invoke API call it: one tick with
+/// `budget` of time (the invocation's), answering the summary.
 pub fn invoke(
     deps: &Deps,
     _event: serde_json::Value,
@@ -316,9 +316,4 @@ pub fn invoke(
             .map_err(|e| e.to_string())?;
         serde_json::to_value(summary).map_err(|e| e.to_string())
     })
-}
-
-/// Milliseconds until `at`, for callers computing deadlines from epoch times.
-pub fn until(at: DateTime<Utc>) -> Duration {
-    (at - Utc::now()).to_std().unwrap_or_default()
 }

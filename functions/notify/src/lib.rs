@@ -55,7 +55,7 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
     serde_json::to_value(ingested).map_err(|e| e.to_string())
 }
 
-/// The handler as the local stack's Invoke API takes it.
+/// The handler as its Lambda `main` and the local Invoke API take it.
 pub fn invoke(
     deps: &Deps,
     event: Value,

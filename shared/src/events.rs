@@ -1,0 +1,32 @@
+//! Plumbing for the non-HTTP functions (the scheduled dispatcher, the EventBridge
+//! consumer): one handler shape that both the Lambda `main` and the local stack's Invoke
+//! API call, with the time the invocation has left.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lambda_http::lambda_runtime::{self, Error, LambdaEvent, service_fn};
+use serde_json::Value;
+
+/// A non-HTTP function's handler: an event in, a JSON answer (or an error message, which
+/// makes the invocation fail and so be retried) out, within `budget`.
+pub type Handler =
+    for<'a> fn(&'a crate::Deps, Value, Duration) -> BoxFuture<'a, Result<Value, String>>;
+
+/// A non-HTTP function's whole `main`: tracing, dependencies built once, then events
+/// served, each with the time left before the invocation's deadline.
+pub async fn run(handler: Handler) -> Result<(), Error> {
+    crate::telemetry::init();
+    let deps = crate::Deps::from_env().await?;
+    let deps = &deps;
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        let deadline_ms = i64::try_from(event.context.deadline).unwrap_or(0);
+        let budget = chrono::DateTime::from_timestamp_millis(deadline_ms)
+            .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
+            .unwrap_or_default();
+        handler(deps, event.payload, budget)
+            .await
+            .map_err(Error::from)
+    }))
+    .await
+}
