@@ -340,8 +340,10 @@ impl Store {
         Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 
-    /// Sends a transaction; `Ok(None)` when it was cancelled or contended (the caller
-    /// re-reads and retries), `Ok(Some(reasons))` never — reasons are returned in `Err`.
+    /// Sends a transaction and sorts the answer: committed; cancelled, with each item's
+    /// reason and ALL_OLD item (the caller decides: replay, conflict or retry); or
+    /// contended (throttled, in conflict with another transaction — retry). `Err` only
+    /// for failures a retry will not fix.
     pub(super) async fn transact(
         &self,
         items: Vec<TransactWriteItem>,
