@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 
 const FAST: [(&str, &str); 3] = [
     ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
-    ("WECHAT_TIMEOUT_MS", "700"),
+    // Generous for a loopback stand-in under a loaded CI machine; the timeout row hangs
+    // well past it.
+    ("WECHAT_TIMEOUT_MS", "1500"),
     ("WECHAT_CONNECT_TIMEOUT_MS", "300"),
 ];
 
@@ -230,7 +232,7 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
         ),
         row(
             "timeout",
-            json!({"hang_ms": 2000}),
+            json!({"hang_ms": 4000}),
             "unknown",
             "invalid",
             "paused",
@@ -435,7 +437,13 @@ async fn a_plan_without_a_grant_is_paused_instead_of_sent() {
 async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() {
     const PLANS: usize = 200;
     const ROUNDS: usize = 3;
-    let app = spawn_app_isolated(&[FAST[0], FAST[1], FAST[2], ("DUE_SHARDS", "4")]).await;
+    let app = spawn_app_isolated(&[
+        FAST[0],
+        ("WECHAT_TIMEOUT_MS", "5000"),
+        FAST[2],
+        ("DUE_SHARDS", "4"),
+    ])
+    .await;
     let names: Vec<String> = (0..PLANS).map(|i| format!("r{i}")).collect();
     let users: Vec<User> = join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
     for round in 0..ROUNDS {
@@ -529,14 +537,21 @@ async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sending() {
-    let app = spawn_app_with(&FAST).await;
+    let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "10000"), FAST[2]]).await;
     let user = due_user(&app, "alice", 1).await;
-    // WeChat takes its time; the user checks in (with the next grant) meanwhile.
-    app.control("POST", "latency", Some(json!({"ms": 400})))
+    // WeChat takes 3 s to answer; the user checks in (with the next grant) meanwhile.
+    app.control("POST", "latency", Some(json!({"ms": 3000})))
         .await;
-    let tick = app.tick(20);
+    let tick = app.tick(30);
     let check_in = async {
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        // Wait until the send is really in flight.
+        for _ in 0..250 {
+            let plan = app.item(&user, "PLAN#water").await;
+            if state(&plan) == Some("sending") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         app.control(
             "POST",
             "quota",

@@ -263,7 +263,7 @@ async fn concurrent_sends_to_one_openid_get_43108() {
         Some(json!({"openid": openid, "template_id": WATER, "count": 10})),
     )
     .await;
-    app.control("POST", "latency", Some(json!({"ms": 300})))
+    app.control("POST", "latency", Some(json!({"ms": 1000})))
         .await;
     let message = water_message(&openid);
     let answers = join_all((0..4).map(|_| send(&app, Some(&token), &message))).await;
