@@ -379,11 +379,14 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
 #[tokio::test]
 async fn an_access_token_expired_mid_run_is_refetched_once_and_the_send_retried_once() {
     let app = spawn_app_with(&FAST).await;
-    let first = due_user(&app, "alice", 1).await;
-    assert_eq!(app.tick(10).await.sent, 1);
-    let _ = first;
+    due_user(&app, "alice", 1).await;
+    assert_eq!(
+        app.tick(10).await.sent,
+        1,
+        "the first send fetches and caches a token"
+    );
     app.control("POST", "tokens/expire", None).await;
-    let _second = due_user(&app, "bob", 1).await;
+    due_user(&app, "bob", 1).await;
     let summary = app.tick(10).await;
     assert_eq!(summary.sent, 1, "{summary:?}");
     let counters = app.control("GET", "counters", None).await;

@@ -3,7 +3,7 @@
 
 use futures::future::join_all;
 use onegrant_local::stack::{LOCAL_APPID, LOCAL_SECRET};
-use onegrant_tests::{ORDER, TestApp, WATER, spawn_app};
+use onegrant_tests::{TestApp, WATER, spawn_app};
 use serde_json::{Value, json};
 
 async fn stable_token(app: &TestApp, force: bool) -> Value {
@@ -336,5 +336,4 @@ async fn injected_faults_answer_errcodes_expire_tokens_and_drop_connections() {
     assert_eq!(counters["send_errcodes"]["45011"], 1);
     assert_eq!(counters["send_errcodes"]["42001"], 1);
     assert_eq!(counters["send_errcodes"]["0"], 2);
-    let _ = ORDER;
 }
