@@ -108,7 +108,8 @@ impl TestTable {
         }
     }
 
-    /// Every item in the table (tables here are small and short-lived).
+    /// Every item in the table, in (pk, sk) order so snapshots compare directly (tables
+    /// here are small and short-lived).
     pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
         let mut items = Vec::new();
         let mut pages = self
@@ -121,6 +122,12 @@ impl TestTable {
         while let Some(item) = pages.next().await {
             items.push(item.expect("scan succeeds"));
         }
+        items.sort_by_cached_key(|i| {
+            (
+                attr_s(i, "pk").unwrap_or_default().to_string(),
+                attr_s(i, "sk").unwrap_or_default().to_string(),
+            )
+        });
         items
     }
 }
