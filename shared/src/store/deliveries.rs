@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::grants::{GrantItem, rfc3339};
 use super::inbox::{OutboxItem, note_push_update, versioned_put};
-use super::keys::{GRANT_PREFIX, delivery_sk, lease_pk, quota_sk, user_pk};
+use super::keys::{delivery_sk, lease_pk, quota_sk, user_pk};
 use super::plans::{TxOutcome, key, parse, s};
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::config::DispatchConfig;
@@ -499,16 +499,7 @@ impl Store {
         template: &TemplateId,
     ) -> Result<Option<GrantItem>, StoreError> {
         let mut pages = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .filter_expression("#s = :available")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
-            .expression_attribute_values(":available", s("available"))
+            .grants_query(pk, template, &["available"])
             .into_paginator()
             .items()
             .send();

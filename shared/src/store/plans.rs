@@ -376,6 +376,29 @@ impl Store {
         }
     }
 
+    /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
+    /// (one or two state names).
+    pub(super) fn grants_query(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        states: &[&str],
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        let first = states.first().copied().unwrap_or("available");
+        let second = states.get(1).copied().unwrap_or(first);
+        self.client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .filter_expression("#s IN (:first, :second)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
+            .expression_attribute_values(":first", s(first))
+            .expression_attribute_values(":second", s(second))
+    }
+
     /// Invalidates every available or reserved grant of the kind's template, in
     /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
     /// `first` (the plan). Returns false if anything changed underneath (retry).
@@ -388,26 +411,14 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let mut open: Vec<(String, GrantState)> = Vec::new();
+        // "Open" grants: available, and reserved too when a plan is disabled.
+        let states: &[&str] = if include_reserved {
+            &["available", "reserved"]
+        } else {
+            &["available"]
+        };
         let mut pages = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            // "Open" grants: available, and reserved too when a plan is disabled.
-            .filter_expression("#s IN (:available, :other)")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
-            .expression_attribute_values(":available", s("available"))
-            .expression_attribute_values(
-                ":other",
-                s(if include_reserved {
-                    "reserved"
-                } else {
-                    "available"
-                }),
-            )
+            .grants_query(pk, template, states)
             .into_paginator()
             .items()
             .send();
