@@ -132,6 +132,13 @@ impl TestTable {
     }
 }
 
+impl TestTable {
+    /// The emulator this table lives on.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
 impl Drop for TestTable {
     fn drop(&mut self) {
         let name = self.name.clone();
@@ -489,6 +496,31 @@ pub async fn assert_plans_consistent(app: &TestApp) {
         indexed, scheduled,
         "the due index holds exactly the scheduled plans"
     );
+    assert_no_plan_stuck_sending(app).await;
+}
+
+/// Every `sending` plan has a live (`claimed`/`sending`) delivery: a plan whose send has
+/// settled never stays `sending` (I5).
+pub async fn assert_no_plan_stuck_sending(app: &TestApp) {
+    let items = app.items().await;
+    for plan in items
+        .iter()
+        .filter(|i| attr_s(i, "kind") == Some("plan") && attr_s(i, "state") == Some("sending"))
+    {
+        let pk = attr_s(plan, "pk").unwrap_or_default();
+        let delivery_sk = format!(
+            "DELIVERY#{}",
+            attr_s(plan, "delivery_id").unwrap_or_default()
+        );
+        let delivery = items
+            .iter()
+            .find(|i| attr_s(i, "pk") == Some(pk) && attr_s(i, "sk") == Some(delivery_sk.as_str()));
+        let state = delivery.and_then(|d| attr_s(d, "state"));
+        assert!(
+            matches!(state, Some("claimed" | "sending")),
+            "a sending plan without a live delivery ({state:?}): {plan:?}"
+        );
+    }
 }
 
 /// A user with a session, known to the stand-in.
@@ -536,16 +568,20 @@ impl TestApp {
         for i in 0..grants {
             self.accept(&user, WATER, &format!("wr_{name}_{i}")).await;
         }
-        let plan = self
-            .call(
-                "PUT",
-                "/v1/reminders/water",
-                Some(&user.token),
-                Some(br#"{"enabled": true}"#.to_vec()),
-            )
-            .await;
+        let plan = self.enable(&user, "water").await;
         assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
         user
+    }
+
+    /// `PUT /v1/reminders/{kind}` turning the user's plan on with its settings as they are.
+    pub async fn enable(&self, user: &User, kind: &str) -> Answer {
+        self.call(
+            "PUT",
+            &format!("/v1/reminders/{kind}"),
+            Some(&user.token),
+            Some(br#"{"enabled": true}"#.to_vec()),
+        )
+        .await
     }
 
     /// Moves a scheduled plan's due instant (time passing, without waiting for it).
@@ -608,6 +644,62 @@ impl TestApp {
 }
 
 impl TestApp {
+    /// A dispatcher process (`bin`: the `dispatch-once` binary, which only the
+    /// dispatcher's own tests can name) on this app's table and stand-in, with clients
+    /// of its own — another container. `env` adds or overrides variables.
+    pub fn dispatcher_process(&self, bin: &str, env: &[(&str, &str)]) -> std::process::Command {
+        let mut command = std::process::Command::new(bin);
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TABLE_NAME", &self.table.name)
+            .env("AWS_ENDPOINT_URL_DYNAMODB", self.table.endpoint())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "local")
+            .env("AWS_SECRET_ACCESS_KEY", "local")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("WECHAT_API_BASE", &self.standin_url)
+            .env("WECHAT_APPID", stack::LOCAL_APPID)
+            .env("WECHAT_SECRET", stack::LOCAL_SECRET)
+            .env("SESSION_SECRET", stack::LOCAL_SESSION_SECRET)
+            .env("ONEGRANT_TEMPLATES", stack::LOCAL_TEMPLATES)
+            .env("ONEGRANT_REMINDERS", stack::LOCAL_REMINDERS)
+            .env("DUE_SHARDS", self.deps.config.due_shards.to_string())
+            .env("RUST_LOG", "error");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command
+    }
+
+    /// A notification for `user` that asks for a WeChat push of the order template;
+    /// `key` is its idempotency key (and the order number the message carries).
+    pub async fn push(&self, user: &User, key: &str) -> Value {
+        let answer = self
+            .notify(json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+                           "title": "订单已发货", "body": format!("订单 {key} 已发出"),
+                           "wechat": {"template_id": ORDER,
+                                      "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}}))
+            .await;
+        assert_eq!(answer["push"], "pending", "push queued: {answer}");
+        answer
+    }
+
+    /// Runs one sweep as if at `at`.
+    pub async fn sweep_at(
+        &self,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> onegrant::store::dispatch::SweepSummary {
+        self.deps
+            .store
+            .sweep(
+                &self.deps.config.reminders,
+                &self.deps.config.dispatch.retry_policy(),
+                at,
+            )
+            .await
+    }
+
     /// Invokes a function through the local Lambda Invoke API and returns its answer.
     pub async fn invoke(&self, function: &str, payload: &Value) -> Value {
         let response = self

@@ -111,6 +111,16 @@ pub struct DispatchConfig {
     pub concurrency: usize,
 }
 
+impl DispatchConfig {
+    /// How failed sends are retried.
+    pub fn retry_policy(&self) -> crate::domain::outcome::RetryPolicy {
+        crate::domain::outcome::RetryPolicy {
+            max_attempts: self.max_attempts,
+            retry_base: self.retry_base,
+        }
+    }
+}
+
 /// Why the configuration cannot be used. Names the variable, never its value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

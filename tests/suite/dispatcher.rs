@@ -34,7 +34,7 @@ fn state(item: &Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>
 async fn a_due_reminder_is_sent_once_with_its_content_and_the_plan_awaits_the_check_in() {
     let app = spawn_app_with(&FAST).await;
     let user = due_user(&app, "alice", 1).await;
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     assert_eq!((summary.claimed, summary.sent), (1, 1), "{summary:?}");
     let deliveries = app.deliveries().await;
     assert_eq!(deliveries.len(), 1);
@@ -72,7 +72,7 @@ async fn a_due_reminder_is_sent_once_with_its_content_and_the_plan_awaits_the_ch
     assert_eq!(attr_s(&grants[0], "state"), Some("consumed"));
 
     // Nothing is sent twice: the next ticks find nothing due.
-    assert_eq!(app.tick(5).await.claimed, 0);
+    assert_eq!(app.tick(30).await.claimed, 0);
     assert_eq!(app.deliveries().await.len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
@@ -142,9 +142,20 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
             "scheduled",
             None,
         ),
+        // Another container's send to the same user: retried within the send's
+        // window, so a passing 43108 still sends…
         row(
-            "43108",
+            "43108 once",
             json!({"errcode": 43108}),
+            "sent",
+            "consumed",
+            "awaiting_checkin",
+            None,
+        ),
+        // …and one that persists fails without spending an attempt.
+        row(
+            "43108 persisting",
+            json!({"errcode": 43108, "times": 0}),
             "failed",
             "available",
             "scheduled",
@@ -262,6 +273,14 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
             "paused",
             Some("uncertain"),
         ),
+        row(
+            "200 without errcode",
+            json!({"no_errcode": true}),
+            "unknown",
+            "invalid",
+            "paused",
+            Some("uncertain"),
+        ),
     ];
     let mut users = Vec::new();
     for (i, r) in rows.iter().enumerate() {
@@ -328,9 +347,12 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
                 "{}: retried later",
                 r.name
             );
+            let spent = if r.name.starts_with("43108") { 0 } else { 1 };
             assert_eq!(
-                plan.as_ref().and_then(|p| attr_n(p, "attempts")),
-                Some(1),
+                plan.as_ref()
+                    .and_then(|p| attr_n(p, "attempts"))
+                    .unwrap_or(0),
+                spent,
                 "{}: attempts",
                 r.name
             );
@@ -352,13 +374,13 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
         Some(json!({"openid": user.openid, "errcode": -1, "times": 0})),
     )
     .await;
-    app.tick(10).await;
+    app.tick(30).await;
     assert_eq!(
         state(&app.item(&user, "PLAN#water").await),
         Some("scheduled")
     );
     app.make_due(&user, "water", Utc::now()).await;
-    app.tick(10).await;
+    app.tick(30).await;
     let plan = app.item(&user, "PLAN#water").await;
     assert_eq!(
         (
@@ -381,13 +403,13 @@ async fn an_access_token_expired_mid_run_is_refetched_once_and_the_send_retried_
     let app = spawn_app_with(&FAST).await;
     due_user(&app, "alice", 1).await;
     assert_eq!(
-        app.tick(10).await.sent,
+        app.tick(30).await.sent,
         1,
         "the first send fetches and caches a token"
     );
     app.control("POST", "tokens/expire", None).await;
     due_user(&app, "bob", 1).await;
-    let summary = app.tick(10).await;
+    let summary = app.tick(30).await;
     assert_eq!(summary.sent, 1, "{summary:?}");
     let counters = app.control("GET", "counters", None).await;
     assert_eq!(
@@ -426,7 +448,7 @@ async fn a_plan_without_a_grant_is_paused_instead_of_sent() {
         .send()
         .await
         .expect("counters");
-    let summary = app.tick(10).await;
+    let summary = app.tick(30).await;
     assert_eq!((summary.no_grant, summary.claimed), (1, 0));
     assert!(app.deliveries().await.is_empty());
     let plan = app.item(&user, "PLAN#water").await;
@@ -535,7 +557,7 @@ async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
         "left for the next tick"
     );
     assert_plans_consistent(&app).await;
-    assert_eq!(app.tick(10).await.sent, 1);
+    assert_eq!(app.tick(30).await.sent, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -545,7 +567,7 @@ async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sendin
     // WeChat takes 3 s to answer; the user checks in (with the next grant) meanwhile.
     app.control("POST", "latency", Some(json!({"ms": 3000})))
         .await;
-    let tick = app.tick(30);
+    let tick = app.tick(120);
     let check_in = async {
         // Wait until the send is really in flight.
         for _ in 0..250 {
@@ -581,6 +603,248 @@ async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sendin
         state(&plan),
         Some("scheduled"),
         "the grant it brought schedules the next reminder"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_that_cannot_be_fetched_claims_nothing_and_the_tick_ends_within_its_budget() {
+    const PLANS: usize = 40;
+    let app = spawn_app_with(&FAST).await;
+    let names: Vec<String> = (0..PLANS).map(|i| format!("t{i}")).collect();
+    let users: Vec<User> = join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
+    // stable_token hangs far past the client's timeout.
+    app.control("POST", "token-fault", Some(json!({"hang_ms": 60_000})))
+        .await;
+    let budget = std::time::Duration::from_secs(40);
+    let started = std::time::Instant::now();
+    let summary = app.tick(budget.as_secs()).await;
+    let took = started.elapsed();
+    assert!(
+        took < budget,
+        "the tick returned within its budget ({took:?})"
+    );
+    assert_eq!(
+        (summary.claimed, summary.unknown, summary.no_token),
+        (0, 0, PLANS as u32),
+        "{summary:?}"
+    );
+    let counters = app.control("GET", "counters", None).await;
+    assert_eq!(
+        counters["stable_token_calls"], 1,
+        "the failure is remembered: the 39 others do not wait out the timeout again"
+    );
+    assert_eq!(counters["send_calls"], 0);
+    for user in &users {
+        let grants = app.items_of(user, "grant").await;
+        assert_eq!(
+            attr_s(&grants[0], "state"),
+            Some("available"),
+            "never reserved"
+        );
+        assert_eq!(
+            state(&app.item(user, "PLAN#water").await),
+            Some("scheduled")
+        );
+    }
+    assert!(
+        app.items()
+            .await
+            .iter()
+            .all(|i| attr_s(i, "kind") != Some("delivery"))
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+
+    // WeChat recovers: the next tick (past the failure's memory) sends every one.
+    app.control("POST", "token-fault", Some(json!({}))).await;
+    tokio::time::sleep(onegrant::wechat::TOKEN_FAILURE_MEMORY).await;
+    let summary = app.tick(60).await;
+    assert_eq!(summary.sent as usize, PLANS, "{summary:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// Writes a raw item (a corrupt one, as a bug or a manual edit could leave).
+async fn put_raw(app: &TestApp, item: Vec<(&str, aws_sdk_dynamodb::types::AttributeValue)>) {
+    app.table
+        .client
+        .put_item()
+        .table_name(&app.table.name)
+        .set_item(Some(
+            item.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        ))
+        .send()
+        .await
+        .expect("raw put");
+}
+
+/// A delivery `sk` left `sending` with a lease that ended at `lease_until` (epoch ms),
+/// missing every other field: unreadable.
+async fn put_corrupt_stale_delivery(app: &TestApp, sk: &str, lease_until: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue::{N, S};
+    put_raw(
+        app,
+        vec![
+            ("pk", S("USER#oGhost".into())),
+            ("sk", S(sk.into())),
+            ("kind", S("delivery".into())),
+            ("state", S("sending".into())),
+            ("lease_pk", S("LEASE#0".into())),
+            ("lease_until", N(lease_until.into())),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_rest_is_sent() {
+    use aws_sdk_dynamodb::types::AttributeValue::{N, S};
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DUE_SHARDS", "1")]).await;
+    let names: Vec<String> = (0..3).map(|i| format!("c{i}")).collect();
+    let users: Vec<User> = join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
+    let past = (Utc::now() - Duration::minutes(5))
+        .timestamp_millis()
+        .to_string();
+    // A due entry outside any user partition, and a plan that cannot be read.
+    put_raw(
+        &app,
+        vec![
+            ("pk", S("JUNK".into())),
+            ("sk", S("PLAN#water".into())),
+            ("due_pk", S("DUE#0".into())),
+            ("due_at", N(past.clone())),
+        ],
+    )
+    .await;
+    put_raw(
+        &app,
+        vec![
+            ("pk", S("USER#oGhost".into())),
+            ("sk", S("PLAN#water".into())),
+            ("kind", S("plan".into())),
+            ("state", S("scheduled".into())),
+            ("due_pk", S("DUE#0".into())),
+            ("due_at", N(past.clone())),
+        ],
+    )
+    .await;
+    // A stale delivery that cannot be read.
+    put_corrupt_stale_delivery(&app, "DELIVERY#bad", &past).await;
+    let summary = app.tick(30).await;
+    assert_eq!(
+        summary.sent, 3,
+        "every readable due item is sent: {summary:?}"
+    );
+    assert_eq!(
+        summary.skipped, 3,
+        "three bad items, each counted: {summary:?}"
+    );
+    for user in &users {
+        assert_eq!(
+            state(&app.item(user, "PLAN#water").await),
+            Some("awaiting_checkin")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
+    let app = spawn_app_with(&[("DUE_SHARDS", "1")]).await;
+    let past = (Utc::now() - Duration::minutes(5))
+        .timestamp_millis()
+        .to_string();
+    let backlog = onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize + 15;
+    for i in 0..backlog {
+        put_corrupt_stale_delivery(&app, &format!("DELIVERY#bad{i}"), &past).await;
+    }
+    app.round_trips.take();
+    let swept = app.sweep_at(Utc::now()).await;
+    assert_eq!(
+        swept.skipped as usize,
+        onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize,
+        "one page of the lease index, however long the backlog"
+    );
+    let ops = app.round_trips.take();
+    assert_eq!(ops.iter().filter(|o| *o == "Query").count(), 1, "{ops:?}");
+    assert_eq!(
+        ops.iter().filter(|o| *o == "GetItem").count(),
+        onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize
+    );
+}
+
+#[tokio::test]
+async fn enabling_a_scheduled_plan_whose_grant_a_push_spent_answers_200_paused_for_a_grant() {
+    let app = spawn_app_with(&FAST).await;
+    let user = app.scheduled_user("alice", 1).await;
+    // A push of the same template spends the only grant while the plan waits.
+    let answer = app
+        .notify(json!({"idempotency_key": "k1", "openid": user.openid, "type": "water",
+                       "title": "喝水", "body": "喝水提醒",
+                       "wechat": {"template_id": WATER,
+                                  "data": {"thing1": "喝水", "time2": "2026年11月30日 15:00", "number3": "1"}}}))
+        .await;
+    assert_eq!(answer["push"], "pending", "{answer}");
+    let summary = app.tick(30).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    assert_eq!(
+        state(&app.item(&user, "PLAN#water").await),
+        Some("scheduled")
+    );
+
+    app.round_trips.take();
+    let plan = app.enable(&user, "water").await;
+    assert_eq!(plan.status, 200, "{}", plan.body);
+    assert_eq!(
+        (
+            plan.body["state"].as_str(),
+            plan.body["pause_reason"].as_str(),
+            plan.body["needs_grant"].as_bool()
+        ),
+        (Some("paused"), Some("needs_grant"), Some(true)),
+        "{}",
+        plan.body
+    );
+    let ops = app.round_trips.take();
+    assert_eq!(
+        ops.iter().filter(|o| *o == "TransactWriteItems").count(),
+        1,
+        "one write, no retries: {ops:?}"
+    );
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reject_while_the_reminder_is_in_flight_pauses_the_plan_once_the_send_ends() {
+    let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "10000"), FAST[2]]).await;
+    let user = due_user(&app, "alice", 1).await;
+    app.control("POST", "latency", Some(json!({"ms": 2000})))
+        .await;
+    let tick = app.tick(120);
+    let reject = async {
+        for _ in 0..250 {
+            if state(&app.item(&user, "PLAN#water").await) == Some("sending") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        app.post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": "rq_no", "results": {WATER: "reject"}}),
+        )
+        .await
+    };
+    let (summary, answer) = tokio::join!(tick, reject);
+    assert_eq!((summary.sent, answer.status), (1, 200), "{summary:?}");
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(
+        (
+            state(&plan),
+            plan.as_ref().and_then(|p| attr_s(p, "pause_reason"))
+        ),
+        (Some("paused"), Some("rejected")),
+        "the message went, then the refusal stands"
     );
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;

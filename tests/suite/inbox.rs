@@ -130,7 +130,7 @@ async fn the_same_event_twenty_times_at_once_makes_one_notification_and_at_most_
     assert_eq!(app.items_of(&user, "note").await.len(), 1);
     // At most one push, even over several ticks.
     for _ in 0..3 {
-        app.tick(10).await;
+        app.tick(30).await;
     }
     assert_eq!(app.deliveries().await.len(), 1);
     let page = list(&app, &user, "").await;
@@ -389,7 +389,7 @@ async fn a_push_without_a_grant_is_skipped() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.notify(event(&user, "k1", true)).await;
-    let summary = app.tick(10).await;
+    let summary = app.tick(30).await;
     assert_eq!((summary.no_grant, summary.claimed), (1, 0), "{summary:?}");
     assert!(app.deliveries().await.is_empty());
     let page = list(&app, &user, "").await;
@@ -415,14 +415,14 @@ async fn a_push_that_fails_retryably_then_succeeds_sends_once_and_consumes_one_g
     )
     .await;
     app.notify(event(&user, "k1", true)).await;
-    let first = app.tick(10).await;
+    let first = app.tick(30).await;
     assert_eq!((first.failed, first.restored), (1, 1), "{first:?}");
     assert_eq!(
         list(&app, &user, "").await["items"][0]["push"]["status"],
         "pending"
     );
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let second = app.tick(10).await;
+    let second = app.tick(30).await;
     assert_eq!(second.sent, 1, "{second:?}");
     assert_eq!(app.deliveries().await.len(), 1, "one message delivered");
     let grants = app.items_of(&user, "grant").await;
@@ -453,7 +453,7 @@ async fn a_push_answered_43101_invalidates_the_grants_of_the_template() {
     )
     .await;
     app.notify(event(&user, "k1", true)).await;
-    app.tick(10).await;
+    app.tick(30).await;
     let grants = app.items_of(&user, "grant").await;
     assert!(
         grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),

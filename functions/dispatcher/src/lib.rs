@@ -2,17 +2,23 @@
 //! notification push, send it at most once, and finalize it — on time to the second.
 //!
 //! One tick:
-//! 1. **Sweep** the lease index: deliveries past their lease become `unknown`.
-//! 2. **Query** every shard of the due index in parallel for plans due before the next
+//! 1. **Sweep** the lease index: deliveries past their lease become `unknown`; plans a
+//!    settled delivery left `sending` move on. Bounded; a bad item is skipped.
+//! 2. **Query** every shard of the due index in parallel for items due before the next
 //!    tick (now + lookahead).
-//! 3. For each, **wait until it is due**, then claim it (one transaction), send it
-//!    (outside any transaction), and finalize it by the outcome table — up to
-//!    `concurrency` sends in flight, one at a time per openid.
-//! 4. Stop claiming when the invocation's remaining time cannot cover a send and a
-//!    finalize; what is left stays on the index for the next tick.
+//! 3. For each, **wait until it is due**, then wait for the user's **turn** (one send
+//!    per openid at a time), a concurrency permit and an **access token** — only then
+//!    **claim** it (one transaction writing the delivery `sending` with a lease that
+//!    covers the send and the finalize), **send** it (outside any transaction) and
+//!    **finalize** it by the outcome table. A delivery is therefore `sending` only while
+//!    its POST can really be in flight, and no claim ever waits in a queue.
+//! 4. Never start what the invocation's remaining time cannot finish: an item whose
+//!    turn or token does not come in time stays on the due index for the next tick.
 //!
 //! Any number of dispatchers may run at once: a claim is a conditional transaction, so
-//! exactly one wins each plan and the others move on.
+//! exactly one wins each item and the others move on; a 43108 from another container's
+//! send to the same user is retried within the send's window without spending an
+//! attempt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,14 +30,14 @@ use onegrant::domain::keywords::fit_all;
 use onegrant::domain::outcome::{OutcomeClass, SendResult};
 use onegrant::domain::reminder::ContentValues;
 use onegrant::store::StoreError;
-use onegrant::store::deliveries::{Claim, ClaimOutcome, ClaimSource, DueItem};
-use onegrant::telemetry::openid_hash;
+use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem};
+use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
-/// Time kept back, beyond the WeChat timeouts, for a finalize after the last send.
+/// Time kept back, beyond the send's window, for a finalize after the last send.
 const FINALIZE_MARGIN: Duration = Duration::from_secs(3);
 
 /// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
@@ -42,15 +48,41 @@ pub struct Summary {
     pub sent: u32,
     pub failed: u32,
     pub unknown: u32,
+    /// Deliveries the sweep settled `unknown`.
     pub recovered: u32,
+    /// Plans the sweep moved on after their delivery had settled without them.
+    pub advanced: u32,
+    /// Sends a sweep had declared `unknown` that WeChat's late answer settled.
+    pub late: u32,
     pub restored: u32,
     pub config_errors: u32,
     pub no_grant: u32,
     pub lost: u32,
+    /// Left due for the next tick: no time left, or the user's turn came too late.
     pub deferred: u32,
+    /// Left due for the next tick: no access token could be had.
+    pub no_token: u32,
+    /// Items that could not be read or written (logged, skipped).
+    pub skipped: u32,
     /// Milliseconds from each due instant to its send's answer.
     #[serde(skip)]
     pub latencies_ms: Vec<i64>,
+}
+
+/// The time budget of one item: what must be left before each step.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: Instant,
+    /// From a claim: the send's window and the finalize.
+    after_claim: Duration,
+    /// From the turn: a token fetch, then as from a claim.
+    after_turn: Duration,
+}
+
+impl Budget {
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
 }
 
 /// Runs one tick that must finish by `deadline`.
@@ -58,39 +90,48 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     let config = &deps.config;
     let claimer = uuid::Uuid::new_v4().simple().to_string();
     let now = Utc::now();
+    let policy = config.dispatch.retry_policy();
+    let swept = deps.store.sweep(&config.reminders, &policy, now).await;
+    let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
+    let scan = deps.store.due_items(horizon).await?;
     let summary = Arc::new(Mutex::new(Summary {
-        recovered: deps
-            .store
-            .sweep(&config.reminders, config.due_shards, now)
-            .await?,
+        recovered: swept.recovered,
+        advanced: swept.advanced,
+        skipped: swept.skipped + scan.unreadable,
+        due: u32::try_from(scan.items.len()).unwrap_or(u32::MAX),
         ..Summary::default()
     }));
-    let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
-    let mut due = deps.store.due_items(config.due_shards, horizon).await?;
+    let mut due = scan.items;
     // Earliest first; among items due at the same instant, a random order, so that
-    // dispatchers running at once mostly start on different plans instead of all
+    // dispatchers running at once mostly start on different items instead of all
     // racing for the same one.
     due.sort_by_cached_key(|item| (item.due_at, uuid::Uuid::new_v4()));
-    summary.lock().await.due = u32::try_from(due.len()).unwrap_or(u32::MAX);
-    let needed =
-        deps.wechat.config().connect_timeout + deps.wechat.config().timeout + FINALIZE_MARGIN;
+    let after_claim = deps.wechat.send_window() + FINALIZE_MARGIN;
+    let budget = Budget {
+        deadline,
+        after_claim,
+        after_turn: deps.wechat.call_timeout() + after_claim,
+    };
     let permits = Arc::new(Semaphore::new(config.dispatch.concurrency));
     let runs = due.into_iter().map(|item| {
         let (summary, permits, claimer) = (summary.clone(), permits.clone(), claimer.clone());
         async move {
-            let outcome = dispatch_one(deps, &item, &claimer, deadline, needed, &permits).await;
+            let outcome = dispatch_one(deps, &item, &claimer, budget, &permits).await;
             let mut s = summary.lock().await;
             match outcome {
                 Ok(Dispatched::Deferred) => s.deferred += 1,
+                Ok(Dispatched::NoToken) => s.no_token += 1,
                 Ok(Dispatched::Lost) => s.lost += 1,
                 Ok(Dispatched::NoGrant) => s.no_grant += 1,
                 Ok(Dispatched::Done {
                     class,
                     restored,
+                    late,
                     latency_ms,
                 }) => {
                     s.claimed += 1;
                     s.restored += u32::from(restored);
+                    s.late += u32::from(late);
                     s.latencies_ms.push(latency_ms);
                     match class {
                         OutcomeClass::Sent => s.sent += 1,
@@ -107,11 +148,11 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                 Err(e) => {
                     // Left for the sweep (claimed) or the next tick (not claimed).
                     tracing::error!(
-                        error = %onegrant::telemetry::error_chain(&e),
-                        pk_hash = %openid_hash(&item.pk),
-                        "dispatch failed"
+                        error = %error_chain(&e),
+                        openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
+                        "dispatch failed; item skipped"
                     );
-                    s.lost += 1;
+                    s.skipped += 1;
                 }
             }
         }
@@ -125,8 +166,12 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         failed = summary.failed,
         unknown = summary.unknown,
         recovered = summary.recovered,
+        advanced = summary.advanced,
+        late = summary.late,
         restored = summary.restored,
         deferred = summary.deferred,
+        no_token = summary.no_token,
+        skipped = summary.skipped,
         "dispatcher tick"
     );
     emit_metrics(&summary);
@@ -137,43 +182,58 @@ enum Dispatched {
     Done {
         class: OutcomeClass,
         restored: bool,
+        late: bool,
         latency_ms: i64,
     },
     Lost,
     NoGrant,
     Deferred,
+    NoToken,
 }
 
 async fn dispatch_one(
     deps: &Deps,
     item: &DueItem,
     claimer: &str,
-    deadline: Instant,
-    needed: Duration,
+    budget: Budget,
     permits: &Semaphore,
 ) -> Result<Dispatched, StoreError> {
     let config = &deps.config;
+    let Some(openid) = item.openid() else {
+        return Err(StoreError::Corrupt(
+            "due item outside a user partition".into(),
+        ));
+    };
     let wait = (item.due_at - Utc::now()).to_std().unwrap_or_default();
-    if Instant::now() + wait + needed > deadline {
+    if wait + budget.after_turn > budget.left() {
         return Ok(Dispatched::Deferred);
     }
     tokio::time::sleep(wait).await;
+    // The user's turn, then a permit: tasks queued behind one user hold no permit.
+    let turn_by = budget.left().saturating_sub(budget.after_turn);
+    let Ok(turn) = tokio::time::timeout(turn_by, deps.wechat.turn(&openid)).await else {
+        return Ok(Dispatched::Deferred);
+    };
     let Ok(_permit) = permits.acquire().await else {
         return Ok(Dispatched::Deferred);
     };
-    if Instant::now() + needed > deadline {
+    if budget.after_turn > budget.left() {
         return Ok(Dispatched::Deferred);
     }
+    let token = match deps.wechat.token().await {
+        Ok(token) => token,
+        // Nothing claimed, nothing reserved: the item stays due for the next tick.
+        Err(_) => return Ok(Dispatched::NoToken),
+    };
+    if budget.after_claim > budget.left() {
+        return Ok(Dispatched::Deferred);
+    }
+    // The lease covers the send's window and the finalize, and never less than the
+    // configured lease.
+    let lease = config.dispatch.lease.max(budget.after_claim);
     let claim = match deps
         .store
-        .claim(
-            item,
-            &config.reminders,
-            claimer,
-            config.due_shards,
-            config.dispatch.lease,
-            Utc::now(),
-        )
+        .claim(item, &config.reminders, claimer, lease, Utc::now())
         .await?
     {
         ClaimOutcome::Claimed(claim) => claim,
@@ -181,33 +241,37 @@ async fn dispatch_one(
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
     };
     onegrant::failpoint::hit("after_claim");
-    if !deps.store.mark_sending(&claim).await? {
-        return Ok(Dispatched::Lost);
-    }
+    // The send must end inside the lease, before the finalize's margin: measured from
+    // the claim on the wall clock, so a process frozen after claiming does not send.
+    let left = (claim.lease_until - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        .saturating_sub(FINALIZE_MARGIN);
+    let send_by = std::time::Instant::now() + left.min(deps.wechat.send_window());
     let result = match message(deps, &claim) {
-        Ok(message) => deps.wechat.send(&message).await,
+        Ok(message) => {
+            deps.wechat
+                .send_in_turn(&turn, &token, &message, send_by)
+                .await
+        }
         Err(invalid) => invalid,
     };
+    drop(turn);
     let latency_ms = (Utc::now() - claim.due_at).num_milliseconds();
     onegrant::failpoint::hit("after_send");
-    let finalize = deps.store.finalize(
-        &claim,
-        &result,
-        &config.dispatch,
-        config.due_shards,
-        Utc::now(),
-    );
-    if onegrant::failpoint::is_armed("during_finalize") {
+    let policy = config.dispatch.retry_policy();
+    let finalize = deps.store.finalize(&claim, &result, &policy, Utc::now());
+    if let Some(delay) = onegrant::failpoint::delay_of("during_finalize") {
         // Die with the finalize transaction in flight: it may or may not land.
         tokio::select! {
             _ = finalize => {}
-            () = tokio::time::sleep(Duration::from_millis(2)) => {}
+            () = tokio::time::sleep(delay) => {}
         }
         onegrant::failpoint::hit("during_finalize");
         return Ok(Dispatched::Lost);
     }
     let finalized = finalize.await?;
-    let class = finalized.class;
+    let class = finalized.settlement.class;
     match class {
         OutcomeClass::Config => tracing::error!(
             openid = %openid_hash(claim.openid.as_str()),
@@ -225,7 +289,8 @@ async fn dispatch_one(
             template = %claim.template_id,
             delivery_id = %claim.delivery_id,
             errcode = ?result.errcode(),
-            outcome = ?class,
+            outcome = class.as_str(),
+            late = finalized.late,
             latency_ms,
             "delivery finalized"
         ),
@@ -233,6 +298,7 @@ async fn dispatch_one(
     Ok(Dispatched::Done {
         class,
         restored: finalized.restored,
+        late: finalized.late,
         latency_ms,
     })
 }
@@ -285,6 +351,10 @@ fn emit_metrics(summary: &Summary) {
                     {"Name": "Failed", "Unit": "Count"},
                     {"Name": "Unknown", "Unit": "Count"},
                     {"Name": "Recovered", "Unit": "Count"},
+                    {"Name": "Advanced", "Unit": "Count"},
+                    {"Name": "Late", "Unit": "Count"},
+                    {"Name": "NoToken", "Unit": "Count"},
+                    {"Name": "Skipped", "Unit": "Count"},
                     {"Name": "ConfigErrors", "Unit": "Count"},
                     {"Name": "Deferred", "Unit": "Count"}
                 ]
@@ -295,6 +365,10 @@ fn emit_metrics(summary: &Summary) {
         "Failed": summary.failed,
         "Unknown": summary.unknown,
         "Recovered": summary.recovered,
+        "Advanced": summary.advanced,
+        "Late": summary.late,
+        "NoToken": summary.no_token,
+        "Skipped": summary.skipped,
         "ConfigErrors": summary.config_errors,
         "Deferred": summary.deferred,
     });

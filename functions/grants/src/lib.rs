@@ -54,7 +54,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     for (template, result) in &report.results {
         for kind in deps.config.reminders.using_template(template) {
             deps.store
-                .apply_grant_results(&openid, kind, *result, deps.config.due_shards, now)
+                .apply_grant_results(&openid, kind, *result, now)
                 .await?;
         }
     }

@@ -29,14 +29,10 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
             return Ok(json!({"status": "invalid", "reason": e.to_string()}));
         }
     };
-    let ingested = deps
-        .store
-        .ingest(&parsed, deps.config.due_shards, Utc::now())
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %error_chain(&e), "notify event not stored");
-            "the store is unavailable".to_string()
-        })?;
+    let ingested = deps.store.ingest(&parsed, Utc::now()).await.map_err(|e| {
+        tracing::error!(error = %error_chain(&e), "notify event not stored");
+        "the store is unavailable".to_string()
+    })?;
     let openid = openid_hash(parsed.openid.as_str());
     match &ingested {
         Ingested::Created { note_id, push } => {

@@ -58,7 +58,7 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let update = SettingsUpdate::from_json(&body, &current.plan.settings)?;
     let saved = deps
         .store
-        .save_settings(&openid, kind, &update, deps.config.due_shards, now)
+        .save_settings(&openid, kind, &update, now)
         .await?;
     tracing::info!(
         openid = %openid_hash(openid.as_str()),
@@ -75,10 +75,7 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let body = json_body(req)?;
     let now = Utc::now();
     let checkin = CheckIn::from_json(&body, now)?;
-    let outcome = deps
-        .store
-        .check_in(&openid, kind, &checkin, deps.config.due_shards, now)
-        .await?;
+    let outcome = deps.store.check_in(&openid, kind, &checkin, now).await?;
     let answer = match outcome {
         CheckInOutcome::Applied(answer) => {
             tracing::info!(openid = %openid_hash(openid.as_str()), kind = %kind.name, action_id = %checkin.action_id, "check-in applied");

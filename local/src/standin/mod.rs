@@ -18,8 +18,11 @@
 //! - `POST /control/quota {"openid", "template_id", "count"}` adds quota as taps would;
 //!   `GET /control/quota?openid=&template_id=` reads it
 //! - `POST /control/faults {"openid", "errcode"?, "times"?, "hang_ms"?, "deliver"?,
-//!   "drop_after_delivery"?, "http_status"?, "garbage"?}`; `DELETE /control/faults`
+//!   "drop_after_delivery"?, "http_status"?, "garbage"?, "no_errcode"?}`;
+//!   `DELETE /control/faults`
 //! - `POST /control/login-fault {"errcode"?, "hang_ms"?}` for `jscode2session`
+//! - `POST /control/token-fault {"hang_ms"?}` holds every stable_token call that long
+//!   (`{}` clears it)
 //! - `POST /control/latency {"ms"}`; `POST /control/tokens/expire`
 //! - `GET /control/deliveries`, `GET /control/counters`, `POST /control/reset`
 
@@ -98,6 +101,15 @@ pub struct Fault {
     /// Deliver, then answer a body that is not JSON.
     #[serde(default)]
     pub garbage: Option<bool>,
+    /// Deliver, then answer JSON without an errcode.
+    #[serde(default)]
+    pub no_errcode: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+struct TokenFault {
+    #[serde(default)]
+    hang_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -141,6 +153,7 @@ struct Inner {
     quota: HashMap<(String, String), u64>,
     faults: HashMap<String, Fault>,
     login_fault: Option<LoginFault>,
+    token_hang: Option<Duration>,
     latency: Duration,
     in_flight: HashSet<String>,
     deliveries: Vec<Delivery>,
@@ -207,6 +220,7 @@ pub fn router(config: StandinConfig) -> Router {
             post(control_fault).delete(control_clear_faults),
         )
         .route("/control/login-fault", post(control_login_fault))
+        .route("/control/token-fault", post(control_token_fault))
         .route("/control/latency", post(control_latency))
         .route("/control/tokens/expire", post(control_expire_tokens))
         .route("/control/deliveries", get(control_deliveries))
@@ -279,8 +293,15 @@ struct StableTokenRequest {
 }
 
 async fn stable_token(State(s): State<AppState>, body: Bytes) -> Response {
+    let hang = {
+        let mut inner = s.lock();
+        inner.counters.stable_token_calls += 1;
+        inner.token_hang
+    };
+    if let Some(hang) = hang {
+        tokio::time::sleep(hang).await;
+    }
     let mut inner = s.lock();
-    inner.counters.stable_token_calls += 1;
     let Ok(req) = serde_json::from_slice::<StableTokenRequest>(&body) else {
         return wx(47001, "data format error");
     };
@@ -508,6 +529,9 @@ async fn send(
     if garbage {
         return (axum::http::StatusCode::OK, "<html>not json</html>").into_response();
     }
+    if fault.as_ref().and_then(|f| f.no_errcode) == Some(true) {
+        return Json(json!({"errmsg": "ok", "msgid": msgid})).into_response();
+    }
     Json(json!({"errcode": 0, "errmsg": "ok", "msgid": msgid})).into_response()
 }
 
@@ -696,6 +720,11 @@ async fn control_clear_faults(State(s): State<AppState>) -> Response {
     let mut inner = s.lock();
     inner.faults.clear();
     inner.login_fault = None;
+    Json(json!({"ok": true})).into_response()
+}
+
+async fn control_token_fault(State(s): State<AppState>, Json(fault): Json<TokenFault>) -> Response {
+    s.lock().token_hang = fault.hang_ms.map(Duration::from_millis);
     Json(json!({"ok": true})).into_response()
 }
 

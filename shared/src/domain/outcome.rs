@@ -1,7 +1,15 @@
 //! What a WeChat send's answer means for the delivery, the grant and the plan
-//! (DESIGN.md §5). Pure: the dispatcher classifies, then finalizes by the class.
+//! (DESIGN.md §5). Pure: the WeChat client classifies an answer ([`SendResult::class`]),
+//! [`settle`] turns the class into what happens to the delivery, the grant and the
+//! claimed item, and the store only writes that down.
 
-use serde::Serialize;
+use std::time::Duration as StdDuration;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::grant::GrantState;
+use super::plan::PauseReason;
 
 /// How a send ended, as far as onegrant can know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +49,35 @@ pub enum OutcomeClass {
     Unknown,
 }
 
+impl OutcomeClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Retryable => "retryable",
+            Self::Config => "config",
+            Self::Refused => "refused",
+            Self::User => "user",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "sent" => Self::Sent,
+            "retryable" => Self::Retryable,
+            "config" => Self::Config,
+            "refused" => Self::Refused,
+            "user" => Self::User,
+            "unknown" => Self::Unknown,
+            _ => return None,
+        })
+    }
+}
+
+/// Concurrent sends to one openid: WeChat refused this one because another was in
+/// flight. Not the message's fault, so it never spends an attempt.
+pub const CONCURRENT_SEND_ERRCODE: i64 = 43108;
+
 /// Token errcodes: refetch the token (normal mode) and retry once.
 pub const TOKEN_ERRCODES: [i64; 3] = [40001, 40014, 42001];
 
@@ -67,6 +104,200 @@ impl SendResult {
             Self::Sent { .. } => Some(0),
             Self::Refused { errcode, .. } => Some(*errcode),
             Self::Uncertain { .. } | Self::NotSent { .. } | Self::Invalid { .. } => None,
+        }
+    }
+}
+
+/// Where a delivery stands (DESIGN.md §3): `claimed → sending → sent | failed |
+/// unknown`. Claims are written `sending` directly, once the per-openid turn and the
+/// access token are in hand; `claimed` remains readable for items older than that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryState {
+    Claimed,
+    Sending,
+    Sent,
+    Failed,
+    Unknown,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Claimed => "claimed",
+            Self::Sending => "sending",
+            Self::Sent => "sent",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Still owned by a dispatcher (and on the lease index).
+    pub fn is_live(self) -> bool {
+        match self {
+            Self::Claimed | Self::Sending => true,
+            Self::Sent | Self::Failed | Self::Unknown => false,
+        }
+    }
+}
+
+/// Where a notification's push stands in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutboxState {
+    /// Waiting for its due instant (on the due index).
+    Pending,
+    /// Claimed; the send is in flight.
+    Sending,
+    Sent,
+    /// No grant for the template when it came due.
+    Skipped,
+    Failed,
+    /// The send's outcome is unknown; never resent.
+    Unknown,
+}
+
+impl OutboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sending => "sending",
+            Self::Sent => "sent",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// How failed sends are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts (retryable failures in a row) after which the item stops.
+    pub max_attempts: u32,
+    /// The first retry's delay; doubled per attempt, at most [`MAX_RETRY_DELAY`].
+    pub retry_base: StdDuration,
+}
+
+/// The longest wait between two attempts.
+pub const MAX_RETRY_DELAY: Duration = Duration::hours(6);
+
+impl RetryPolicy {
+    /// The delay before retry `attempt` (1-based): the base, doubled per attempt.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let base = Duration::from_std(self.retry_base).unwrap_or(Duration::minutes(1));
+        (base * 2i32.saturating_pow(attempt.saturating_sub(1).min(10))).min(MAX_RETRY_DELAY)
+    }
+}
+
+/// What happens next to the claimed item (plan or push) after a settled send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowUp {
+    /// WeChat took the message: the plan awaits the check-in, the push is done.
+    Delivered,
+    /// A definite non-send worth retrying: due again at (the first waking instant
+    /// from) this instant.
+    RetryAt(DateTime<Utc>),
+    /// Stop: the plan pauses with this reason; the push ends `failed` (or `unknown`).
+    Stop(PauseReason),
+}
+
+/// What a send's outcome does to the delivery, its grant and the claimed item: one row
+/// of DESIGN.md §5, with the attempt count and retry time filled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    pub class: OutcomeClass,
+    pub delivery: DeliveryState,
+    /// Where the reserved grant goes: consumed, back to available, or invalid.
+    pub grant: GrantState,
+    /// 43101: every other available grant of the template is void too.
+    pub invalidate_others: bool,
+    /// Retryable failures in a row after this one.
+    pub attempts: u32,
+    pub follow_up: FollowUp,
+}
+
+/// The outcome table (DESIGN.md §5) as a function: a send of `class` (WeChat's
+/// `errcode`, if it answered one) on an item that had failed `attempts` times in a row.
+pub fn settle(
+    class: OutcomeClass,
+    errcode: Option<i64>,
+    attempts: u32,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+) -> Settlement {
+    let row = |delivery, grant, attempts, follow_up| Settlement {
+        class,
+        delivery,
+        grant,
+        invalidate_others: class == OutcomeClass::Refused,
+        attempts,
+        follow_up,
+    };
+    match class {
+        OutcomeClass::Sent => row(
+            DeliveryState::Sent,
+            GrantState::Consumed,
+            0,
+            FollowUp::Delivered,
+        ),
+        OutcomeClass::Retryable => {
+            // A concurrent send to the same user is contention, not a failure.
+            let spent = u32::from(errcode != Some(CONCURRENT_SEND_ERRCODE));
+            let attempts = attempts.saturating_add(spent);
+            let follow_up = if attempts >= policy.max_attempts {
+                FollowUp::Stop(PauseReason::SendFailed)
+            } else {
+                FollowUp::RetryAt(now + policy.delay(attempts.max(1)))
+            };
+            row(
+                DeliveryState::Failed,
+                GrantState::Available,
+                attempts,
+                follow_up,
+            )
+        }
+        OutcomeClass::Config => row(
+            DeliveryState::Failed,
+            GrantState::Available,
+            attempts,
+            FollowUp::Stop(PauseReason::ConfigError),
+        ),
+        OutcomeClass::Refused => row(
+            DeliveryState::Failed,
+            GrantState::Invalid,
+            attempts,
+            FollowUp::Stop(PauseReason::NeedsGrant),
+        ),
+        OutcomeClass::User => row(
+            DeliveryState::Failed,
+            GrantState::Invalid,
+            attempts,
+            FollowUp::Stop(PauseReason::SendFailed),
+        ),
+        OutcomeClass::Unknown => row(
+            DeliveryState::Unknown,
+            GrantState::Invalid,
+            attempts,
+            FollowUp::Stop(PauseReason::Uncertain),
+        ),
+    }
+}
+
+impl Settlement {
+    /// The push's state after this settlement.
+    pub fn outbox_state(&self) -> OutboxState {
+        match self.follow_up {
+            FollowUp::Delivered => OutboxState::Sent,
+            FollowUp::RetryAt(_) => OutboxState::Pending,
+            FollowUp::Stop(PauseReason::Uncertain) => OutboxState::Unknown,
+            FollowUp::Stop(
+                PauseReason::NeedsGrant
+                | PauseReason::Rejected
+                | PauseReason::Banned
+                | PauseReason::ConfigError
+                | PauseReason::SendFailed,
+            ) => OutboxState::Failed,
         }
     }
 }
@@ -122,5 +353,143 @@ mod tests {
             .class(),
             OutcomeClass::Unknown
         );
+    }
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use super::*;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 3,
+            retry_base: StdDuration::from_secs(60),
+        }
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default()
+    }
+
+    #[test]
+    fn each_class_settles_delivery_grant_and_follow_up_by_the_table() {
+        use FollowUp::{Delivered, RetryAt, Stop};
+        let p = policy();
+        let rows = [
+            (
+                OutcomeClass::Sent,
+                DeliveryState::Sent,
+                GrantState::Consumed,
+                Delivered,
+                false,
+            ),
+            (
+                OutcomeClass::Retryable,
+                DeliveryState::Failed,
+                GrantState::Available,
+                RetryAt(now() + Duration::minutes(1)),
+                false,
+            ),
+            (
+                OutcomeClass::Config,
+                DeliveryState::Failed,
+                GrantState::Available,
+                Stop(PauseReason::ConfigError),
+                false,
+            ),
+            (
+                OutcomeClass::Refused,
+                DeliveryState::Failed,
+                GrantState::Invalid,
+                Stop(PauseReason::NeedsGrant),
+                true,
+            ),
+            (
+                OutcomeClass::User,
+                DeliveryState::Failed,
+                GrantState::Invalid,
+                Stop(PauseReason::SendFailed),
+                false,
+            ),
+            (
+                OutcomeClass::Unknown,
+                DeliveryState::Unknown,
+                GrantState::Invalid,
+                Stop(PauseReason::Uncertain),
+                false,
+            ),
+        ];
+        for (class, delivery, grant, follow_up, others) in rows {
+            let s = settle(class, None, 0, &p, now());
+            assert_eq!(
+                (s.delivery, s.grant, s.follow_up, s.invalidate_others),
+                (delivery, grant, follow_up, others),
+                "{class:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn retries_back_off_doubling_and_stop_at_the_attempt_limit() {
+        let p = policy();
+        let second = settle(OutcomeClass::Retryable, Some(-1), 1, &p, now());
+        assert_eq!(second.attempts, 2);
+        assert_eq!(
+            second.follow_up,
+            FollowUp::RetryAt(now() + Duration::minutes(2))
+        );
+        let last = settle(OutcomeClass::Retryable, Some(-1), 2, &p, now());
+        assert_eq!(last.follow_up, FollowUp::Stop(PauseReason::SendFailed));
+        assert_eq!(
+            last.grant,
+            GrantState::Available,
+            "the grant is kept for later"
+        );
+        let capped = RetryPolicy {
+            max_attempts: 20,
+            ..p
+        };
+        assert_eq!(
+            settle(OutcomeClass::Retryable, None, 15, &capped, now()).follow_up,
+            FollowUp::RetryAt(now() + MAX_RETRY_DELAY)
+        );
+    }
+
+    #[test]
+    fn a_concurrent_send_refusal_never_spends_an_attempt() {
+        let p = policy();
+        let s = settle(
+            OutcomeClass::Retryable,
+            Some(CONCURRENT_SEND_ERRCODE),
+            2,
+            &p,
+            now(),
+        );
+        assert_eq!(s.attempts, 2);
+        assert!(matches!(s.follow_up, FollowUp::RetryAt(_)), "{s:?}");
+    }
+
+    #[test]
+    fn pushes_end_in_the_state_their_follow_up_names() {
+        let p = policy();
+        let state = |class| settle(class, None, 0, &p, now()).outbox_state();
+        assert_eq!(state(OutcomeClass::Sent), OutboxState::Sent);
+        assert_eq!(state(OutcomeClass::Retryable), OutboxState::Pending);
+        assert_eq!(state(OutcomeClass::Config), OutboxState::Failed);
+        assert_eq!(state(OutcomeClass::Unknown), OutboxState::Unknown);
+    }
+
+    #[test]
+    fn class_names_round_trip() {
+        for class in [
+            OutcomeClass::Sent,
+            OutcomeClass::Retryable,
+            OutcomeClass::Config,
+            OutcomeClass::Refused,
+            OutcomeClass::User,
+            OutcomeClass::Unknown,
+        ] {
+            assert_eq!(OutcomeClass::parse(class.as_str()), Some(class));
+        }
     }
 }

@@ -10,6 +10,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::ids::TemplateId;
+use super::outcome::{FollowUp, Settlement};
 use super::reminder::{KindName, ReminderKind, Settings};
 
 /// Why a plan is paused.
@@ -159,8 +160,9 @@ impl PlanStatus {
         match event {
             PlanEvent::Enable { grant, due } => match self {
                 Disabled => Ok(scheduled_or_waiting(grant, due)),
-                // Already on: enabling again keeps the state, re-timing a schedule…
-                Scheduled { .. } => Ok(Scheduled { due }),
+                // Already on: enabling again keeps the state, re-timing a schedule (or
+                // pausing it when its grant is gone: a schedule needs a grant)…
+                Scheduled { .. } => Ok(scheduled_or_waiting(grant, due)),
                 Sending | AwaitingCheckin => Ok(self),
                 // …and lets a paused plan resume if a grant is there.
                 Paused { .. } if grant => Ok(Scheduled { due }),
@@ -187,8 +189,10 @@ impl PlanStatus {
                 Paused { .. } => Ok(self),
             },
             PlanEvent::GrantAdded { due } => match self {
-                Paused { .. } | AwaitingCheckin => Ok(Scheduled { due }),
-                Disabled | Scheduled { .. } | Sending => Ok(self),
+                Paused { .. } => Ok(Scheduled { due }),
+                // A sent reminder waits for the check-in (§3): only a check-in brings
+                // the next one, whatever grants arrive meanwhile.
+                Disabled | Scheduled { .. } | Sending | AwaitingCheckin => Ok(self),
             },
             PlanEvent::Refused(refusal) => {
                 let reason = match refusal {
@@ -197,7 +201,8 @@ impl PlanStatus {
                 };
                 match self {
                     Scheduled { .. } | AwaitingCheckin | Paused { .. } => Ok(Paused { reason }),
-                    // Off stays off; an in-flight send finalizes by its own outcome.
+                    // Off stays off; an in-flight send finalizes by its own outcome, then
+                    // the refusal applies (see `Plan::refuse`).
                     Disabled | Sending => Ok(self),
                 }
             }
@@ -239,8 +244,17 @@ pub struct Plan {
     pub last_checkin_at: Option<DateTime<Utc>>,
     /// Retryable send failures since the last successful send.
     pub attempts: u32,
-    /// While `sending`: the delivery that claimed the plan.
+    /// While `sending`: the delivery that claimed the plan. While paused `uncertain`:
+    /// the delivery whose outcome is unknown (a late answer may still settle it).
     pub delivery_id: Option<String>,
+    /// While `sending`: when the claim's lease ends (the plan is on the lease index
+    /// until then, so a sweep finds it even if its delivery settled without it).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// A refusal that arrived while the send was in flight: applied when it ends.
+    pub pending_refusal: Option<Refusal>,
+    /// The user checked in while the send was in flight: a sent reminder then
+    /// schedules the next one at once (if a grant is there) instead of waiting.
+    pub checked_in_while_sending: bool,
     /// The stored version this plan was read at; 0 when not stored yet.
     pub version: u64,
 }
@@ -257,8 +271,113 @@ impl Plan {
             last_checkin_at: None,
             attempts: 0,
             delivery_id: None,
+            lease_until: None,
+            pending_refusal: None,
+            checked_in_while_sending: false,
             version: 0,
         }
+    }
+
+    /// The next due instant counting from `anchor` (a check-in, or now): the next-due
+    /// rule with the goal judged on `anchor`'s waking day (DESIGN.md §4).
+    pub fn next_due(
+        &self,
+        anchor: DateTime<Utc>,
+        daily_goal: u32,
+        now: DateTime<Utc>,
+    ) -> DateTime<Utc> {
+        let schedule = self.settings.schedule;
+        let reached = self.count_on(schedule.waking_day(anchor)) >= daily_goal;
+        schedule.next_due_from(anchor, reached, now)
+    }
+
+    /// The user rejected or banned the template: the plan pauses — or, while a send is
+    /// in flight, pauses as soon as that send ends.
+    pub fn refuse(&mut self, refusal: Refusal) -> Result<(), IllegalTransition> {
+        match self.status {
+            PlanStatus::Sending => self.pending_refusal = Some(refusal),
+            PlanStatus::Disabled
+            | PlanStatus::Scheduled { .. }
+            | PlanStatus::AwaitingCheckin
+            | PlanStatus::Paused { .. } => {
+                self.status = self.status.apply(PlanEvent::Refused(refusal))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves `sending` once the send is settled: by the settlement's follow-up, then a
+    /// check-in that arrived meanwhile (which schedules the next reminder if a grant
+    /// is `grant_available`), then a refusal that arrived meanwhile.
+    pub fn finish_send(
+        &mut self,
+        follow_up: FollowUp,
+        attempts: u32,
+        grant_available: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), IllegalTransition> {
+        let schedule = self.settings.schedule;
+        let event = match follow_up {
+            FollowUp::Delivered => PlanEvent::Sent,
+            FollowUp::RetryAt(at) => PlanEvent::RetryLater {
+                due: schedule.first_awake_from(at),
+            },
+            FollowUp::Stop(reason) => PlanEvent::SendStopped(reason),
+        };
+        let mut status = self.status.apply(event)?;
+        if status == PlanStatus::AwaitingCheckin
+            && self.checked_in_while_sending
+            && grant_available
+            && let Some(at) = self.last_checkin_at
+        {
+            status = status.apply(PlanEvent::CheckIn {
+                grant: true,
+                due: self.next_due(at, self.settings.daily_goal, now),
+            })?;
+        }
+        if let Some(refusal) = self.pending_refusal.take() {
+            status = status.apply(PlanEvent::Refused(refusal))?;
+        }
+        self.status = status;
+        self.attempts = attempts;
+        self.checked_in_while_sending = false;
+        self.lease_until = None;
+        if !self.is_uncertain_about(self.delivery_id.as_deref().unwrap_or_default()) {
+            self.delivery_id = None;
+        }
+        Ok(())
+    }
+
+    /// Whether the plan is paused `uncertain` because of `delivery_id`'s send.
+    pub fn is_uncertain_about(&self, delivery_id: &str) -> bool {
+        self.status
+            == (PlanStatus::Paused {
+                reason: PauseReason::Uncertain,
+            })
+            && self.delivery_id.as_deref() == Some(delivery_id)
+    }
+
+    /// A definite answer for `delivery_id` arrived after a sweep had paused the plan
+    /// `uncertain` for it: the plan moves on as if the answer had come in time (the
+    /// truth wins, I4). False, and nothing changes, if the plan has moved on since.
+    pub fn settle_late(
+        &mut self,
+        delivery_id: &str,
+        settlement: &Settlement,
+        grant_available: bool,
+        now: DateTime<Utc>,
+    ) -> Result<bool, IllegalTransition> {
+        if !self.is_uncertain_about(delivery_id) {
+            return Ok(false);
+        }
+        self.status = PlanStatus::Sending;
+        self.finish_send(
+            settlement.follow_up,
+            settlement.attempts,
+            grant_available,
+            now,
+        )?;
+        Ok(true)
     }
 
     /// Today's count as of `now` (zero once the waking day has turned).
@@ -448,6 +567,128 @@ mod tests {
                 .apply(PlanEvent::Claimed)
                 .is_err()
         );
+    }
+
+    fn sending_plan() -> Plan {
+        use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
+        let schedule = Schedule::new(
+            120,
+            TimeOfDay::parse("00:00", "wake_time").expect("wake"),
+            TimeOfDay::parse("23:59", "sleep_time").expect("sleep"),
+            Timezone::parse("UTC").expect("zone"),
+        )
+        .expect("schedule");
+        let kind = ReminderKind {
+            name: KindName::parse("water").expect("kind"),
+            template_id: TemplateId::parse("tmpl_water").expect("template"),
+            defaults: Settings {
+                schedule,
+                daily_goal: 8,
+            },
+            content: Default::default(),
+        };
+        let mut plan = Plan::new(&kind);
+        plan.status = PlanStatus::Sending;
+        plan.delivery_id = Some("d1".into());
+        plan.lease_until = Some(at(100));
+        plan
+    }
+
+    #[test]
+    fn enabling_a_scheduled_plan_whose_grant_is_gone_pauses_it_for_a_grant() {
+        let s = PlanStatus::Scheduled { due: at(5) }.apply(PlanEvent::Enable {
+            grant: false,
+            due: at(9),
+        });
+        assert_eq!(
+            s,
+            Ok(PlanStatus::Paused {
+                reason: PauseReason::NeedsGrant
+            })
+        );
+    }
+
+    #[test]
+    fn only_a_check_in_schedules_a_plan_that_was_sent() {
+        assert_eq!(
+            PlanStatus::AwaitingCheckin.apply(PlanEvent::GrantAdded { due: at(9) }),
+            Ok(PlanStatus::AwaitingCheckin)
+        );
+        let mut plan = sending_plan();
+        plan.finish_send(FollowUp::Delivered, 0, true, at(50))
+            .expect("legal");
+        assert_eq!(
+            plan.status,
+            PlanStatus::AwaitingCheckin,
+            "no check-in, no schedule"
+        );
+        assert_eq!(
+            (plan.delivery_id.as_deref(), plan.lease_until),
+            (None, None)
+        );
+
+        let mut plan = sending_plan();
+        plan.checked_in_while_sending = true;
+        plan.last_checkin_at = Some(at(40));
+        plan.finish_send(FollowUp::Delivered, 0, true, at(50))
+            .expect("legal");
+        assert!(
+            matches!(plan.status, PlanStatus::Scheduled { .. }),
+            "{:?}",
+            plan.status
+        );
+        assert!(!plan.checked_in_while_sending);
+    }
+
+    #[test]
+    fn a_refusal_during_a_send_pauses_the_plan_when_the_send_ends() {
+        let mut plan = sending_plan();
+        plan.refuse(Refusal::Reject).expect("legal");
+        assert_eq!(plan.status, PlanStatus::Sending, "the send is left alone");
+        plan.finish_send(FollowUp::RetryAt(at(60)), 1, true, at(50))
+            .expect("legal");
+        assert_eq!(
+            plan.status,
+            PlanStatus::Paused {
+                reason: PauseReason::Rejected
+            }
+        );
+        assert_eq!(plan.pending_refusal, None);
+    }
+
+    #[test]
+    fn a_late_answer_moves_a_plan_paused_uncertain_by_its_own_delivery_only() {
+        let policy = crate::domain::outcome::RetryPolicy {
+            max_attempts: 3,
+            retry_base: std::time::Duration::from_secs(60),
+        };
+        let sent = crate::domain::outcome::settle(
+            crate::domain::outcome::OutcomeClass::Sent,
+            Some(0),
+            0,
+            &policy,
+            at(50),
+        );
+        let swept = crate::domain::outcome::settle(
+            crate::domain::outcome::OutcomeClass::Unknown,
+            None,
+            0,
+            &policy,
+            at(50),
+        );
+        let mut plan = sending_plan();
+        plan.finish_send(swept.follow_up, 0, false, at(50))
+            .expect("legal");
+        assert!(
+            plan.is_uncertain_about("d1"),
+            "the sweep keeps the delivery id"
+        );
+        let mut other = plan.clone();
+        assert_eq!(other.settle_late("d2", &sent, false, at(60)), Ok(false));
+        assert_eq!(other, plan);
+        assert_eq!(plan.settle_late("d1", &sent, false, at(60)), Ok(true));
+        assert_eq!(plan.status, PlanStatus::AwaitingCheckin);
+        assert_eq!(plan.delivery_id, None);
     }
 
     #[test]

@@ -15,13 +15,15 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
+use super::item::{key, parse, s};
 use super::keys::{INBOX_SK, due_pk, event_sk, note_sk, outbox_sk, user_pk};
-use super::plans::{TxOutcome, key, parse, s};
+use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::domain::OpenId;
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id,
 };
+use crate::domain::outcome::OutboxState;
 
 /// How long an event's idempotency record is kept (replays within it are no-ops).
 pub const EVENT_RETENTION: Duration = Duration::days(35);
@@ -80,7 +82,7 @@ pub(super) struct OutboxItem {
     pub(super) data: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) page: Option<String>,
-    pub(super) state: String,
+    pub(super) state: OutboxState,
     #[serde(default)]
     pub(super) attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,13 +99,13 @@ impl OutboxItem {
     /// This item, pending again at `due` (on the due index) or in a final `state`.
     pub(super) fn moved(
         &self,
-        state: &str,
+        state: OutboxState,
         due: Option<DateTime<Utc>>,
         shards: u32,
         now: DateTime<Utc>,
     ) -> Self {
         let mut next = self.clone();
-        next.state = state.to_string();
+        next.state = state;
         next.due_at = due.map(|d| d.timestamp_millis());
         next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
         next.delivery_id = None;
@@ -196,7 +198,6 @@ impl Store {
     pub async fn ingest(
         &self,
         event: &NotifyEvent,
-        shards: u32,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
         let pk = user_pk(&event.openid);
@@ -249,7 +250,7 @@ impl Store {
         {
             let sk = outbox_sk(&note_id);
             let outbox = OutboxItem {
-                due_pk: Some(due_pk(&pk, &sk, shards)),
+                due_pk: Some(due_pk(&pk, &sk, self.shards)),
                 due_at: Some(now.timestamp_millis()),
                 pk: pk.clone(),
                 sk,
@@ -258,7 +259,7 @@ impl Store {
                 template_id: template_id.to_string(),
                 data: data.clone(),
                 page: page.clone(),
-                state: "pending".into(),
+                state: OutboxState::Pending,
                 attempts: 0,
                 delivery_id: None,
                 version: 1,

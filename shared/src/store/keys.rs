@@ -63,15 +63,29 @@ pub fn delivery_sk(delivery_id: &str) -> String {
 /// The lease-index partition of a delivery (same hashing and shard count as the due
 /// index), so the sweep queries every shard in parallel.
 pub fn lease_pk(delivery_id: &str, shards: u32) -> String {
-    due_pk(delivery_id, "lease", shards).replacen("DUE#", "LEASE#", 1)
+    lease_shard_pk(shard_of(delivery_id, "lease", shards))
+}
+
+/// The due-index partition `shard`.
+pub fn due_shard_pk(shard: u32) -> String {
+    format!("DUE#{shard}")
+}
+
+/// The lease-index partition `shard`.
+pub fn lease_shard_pk(shard: u32) -> String {
+    format!("LEASE#{shard}")
 }
 
 /// The due-index partition of an item: a stable hash of its key, mod `shards`, so
 /// due items spread evenly and the dispatcher queries every shard in parallel.
 pub fn due_pk(pk: &str, sk: &str, shards: u32) -> String {
+    due_shard_pk(shard_of(pk, sk, shards))
+}
+
+fn shard_of(pk: &str, sk: &str, shards: u32) -> u32 {
     let digest = Sha256::digest(format!("{pk}|{sk}").as_bytes());
     let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    format!("DUE#{}", n % shards.max(1))
+    n % shards.max(1)
 }
 
 #[cfg(test)]

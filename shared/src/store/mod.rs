@@ -6,12 +6,16 @@
 //! ALL_OLD` without a second read. Item mapping (serde_dynamo) stays inside this module.
 //!
 //! - [`keys`]: the key formats, in one place.
+//! - [`item`]: attribute values, keys and typed items in and out.
 //! - [`grants`]: grant reports and quota counters.
 //! - [`plans`]: reminder plans, settings, check-ins and the due index.
+//! - [`inbox`]: notifications, the unread counter and the outbox.
+//! - [`dispatch`]: due items, claims, finalizes and the sweep.
 
-pub mod deliveries;
+pub mod dispatch;
 pub mod grants;
 pub mod inbox;
+mod item;
 pub mod keys;
 pub mod plans;
 
@@ -26,7 +30,12 @@ pub use grants::{GrantEntry, GrantsRecorded};
 pub struct Store {
     client: aws_sdk_dynamodb::Client,
     table: String,
+    /// Partitions of the due and lease indexes (DESIGN.md §6).
+    shards: u32,
 }
+
+/// The due and lease indexes' shard count when none is configured.
+pub const DEFAULT_SHARDS: u32 = 16;
 
 /// What a store operation can fail with, in the terms callers act on.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +76,18 @@ impl Store {
         Self {
             client,
             table: table.into(),
+            shards: DEFAULT_SHARDS,
         }
+    }
+
+    /// This store with the due and lease indexes spread over `shards` partitions.
+    pub fn with_shards(mut self, shards: u32) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shards
     }
 
     pub fn table(&self) -> &str {

@@ -21,7 +21,10 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{GrantItem, quota_update_item, rfc3339};
-use super::keys::{GRANT_PREFIX, action_sk, due_pk, grant_sk, plan_sk, quota_sk, user_pk};
+use super::item::{key, parse, s};
+use super::keys::{
+    GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, user_pk,
+};
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
 use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
@@ -65,8 +68,32 @@ pub(super) struct PlanItem {
     attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     delivery_id: Option<String>,
+    /// While `sending`: on the lease index, so a sweep finds a plan its delivery left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending_refusal: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    checked_in_while_sending: bool,
     version: u64,
     updated_at: String,
+}
+
+fn refusal_name(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::Reject => "reject",
+        Refusal::Ban => "ban",
+    }
+}
+
+fn parse_refusal(name: &str) -> Option<Refusal> {
+    match name {
+        "reject" => Some(Refusal::Reject),
+        "ban" => Some(Refusal::Ban),
+        _ => None,
+    }
 }
 
 fn millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
@@ -79,6 +106,13 @@ impl PlanItem {
         let sk = plan_sk(&plan.kind);
         let schedule = &plan.settings.schedule;
         let due = plan.status.due().map(|d| d.timestamp_millis());
+        let lease = match plan.status {
+            PlanStatus::Sending => plan.lease_until.map(|t| t.timestamp_millis()),
+            PlanStatus::Disabled
+            | PlanStatus::Scheduled { .. }
+            | PlanStatus::AwaitingCheckin
+            | PlanStatus::Paused { .. } => None,
+        };
         Self {
             pk: pk.to_string(),
             due_pk: due.map(|_| due_pk(pk, &sk, shards)),
@@ -101,11 +135,26 @@ impl PlanItem {
             attempts: plan.attempts,
             delivery_id: match plan.status {
                 PlanStatus::Sending => plan.delivery_id.clone(),
+                PlanStatus::Paused {
+                    reason: PauseReason::Uncertain,
+                } => plan.delivery_id.clone(),
                 PlanStatus::Disabled
                 | PlanStatus::Scheduled { .. }
                 | PlanStatus::AwaitingCheckin
                 | PlanStatus::Paused { .. } => None,
             },
+            lease_pk: lease
+                .map(|_| lease_pk(plan.delivery_id.as_deref().unwrap_or_default(), shards)),
+            lease_until: lease,
+            pending_refusal: match plan.status {
+                PlanStatus::Sending => plan.pending_refusal.map(|r| refusal_name(r).to_string()),
+                PlanStatus::Disabled
+                | PlanStatus::Scheduled { .. }
+                | PlanStatus::AwaitingCheckin
+                | PlanStatus::Paused { .. } => None,
+            },
+            checked_in_while_sending: plan.status == PlanStatus::Sending
+                && plan.checked_in_while_sending,
             version,
             updated_at: rfc3339(now),
         }
@@ -158,6 +207,12 @@ impl PlanItem {
             last_checkin_at: self.last_checkin_at.map(millis).transpose()?,
             attempts: self.attempts,
             delivery_id: self.delivery_id,
+            lease_until: self.lease_until.map(millis).transpose()?,
+            pending_refusal: match self.pending_refusal.as_deref() {
+                None => None,
+                Some(name) => Some(parse_refusal(name).ok_or_else(|| bad("pending_refusal"))?),
+            },
+            checked_in_while_sending: self.checked_in_while_sending,
             version: self.version,
         })
     }
@@ -196,14 +251,6 @@ pub(super) struct Read {
     pub(super) counters: QuotaCounters,
     action: Option<ActionItem>,
     ledger: Option<GrantItem>,
-}
-
-pub(super) fn s(value: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(value.into())
-}
-
-pub(super) fn key(pk: &str, sk: &str) -> HashMap<String, AttributeValue> {
-    HashMap::from([("pk".to_string(), s(pk)), ("sk".to_string(), s(sk))])
 }
 
 impl Store {
@@ -309,10 +356,9 @@ impl Store {
         &self,
         plan: &Plan,
         pk: &str,
-        shards: u32,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let item = PlanItem::from_plan(plan, pk, shards, plan.version + 1, now);
+        let item = PlanItem::from_plan(plan, pk, self.shards, plan.version + 1, now);
         let item = serde_dynamo::to_item(&item).map_err(|e| corrupt("plan", e))?;
         let put = Put::builder()
             .table_name(&self.table)
@@ -501,7 +547,6 @@ impl Store {
         openid: &OpenId,
         kind: &ReminderKind,
         update: &SettingsUpdate,
-        shards: u32,
         now: DateTime<Utc>,
     ) -> Result<PlanSnapshot, StoreError> {
         let pk = user_pk(openid);
@@ -513,14 +558,11 @@ impl Store {
             };
             let mut counters = read.counters;
             plan.settings = update.settings;
-            let schedule = &plan.settings.schedule;
             let event = if update.enabled {
                 let anchor = plan.last_checkin_at.unwrap_or(now);
-                let day = schedule.waking_day(anchor);
-                let goal = plan.count_on(day) >= plan.settings.daily_goal;
                 PlanEvent::Enable {
                     grant: counters.available > 0,
-                    due: schedule.next_due_from(anchor, goal, now),
+                    due: plan.next_due(anchor, plan.settings.daily_goal, now),
                 }
             } else {
                 PlanEvent::Disable
@@ -529,7 +571,7 @@ impl Store {
             plan.status = before
                 .apply(event)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let put = self.plan_put(&plan, &pk, shards, now)?;
+            let put = self.plan_put(&plan, &pk, now)?;
             let committed = if update.enabled {
                 let mut items = vec![put];
                 if matches!(plan.status, PlanStatus::Scheduled { .. }) {
@@ -564,7 +606,6 @@ impl Store {
         openid: &OpenId,
         kind: &ReminderKind,
         checkin: &CheckIn,
-        shards: u32,
         now: DateTime<Utc>,
     ) -> Result<CheckInOutcome, StoreError> {
         let pk = user_pk(openid);
@@ -609,9 +650,12 @@ impl Store {
                 .map_or(checkin.scheduling_instant(now), |last| {
                     last.max(checkin.scheduling_instant(now))
                 });
-            let goal = plan.count_on(schedule.waking_day(anchor)) >= checkin.daily_goal;
-            let due = schedule.next_due_from(anchor, goal, now);
-            let mut status = plan
+            let due = plan.next_due(anchor, checkin.daily_goal, now);
+            if plan.status == PlanStatus::Sending {
+                // The send in flight decides; the check-in counts when it ends.
+                plan.checked_in_while_sending = true;
+            }
+            plan.status = plan
                 .status
                 .apply(PlanEvent::CheckIn {
                     grant: counters.available > 0,
@@ -628,12 +672,10 @@ impl Store {
                     | SubscribeResult::Filter => None,
                 };
                 if let Some(refusal) = refusal {
-                    status = status
-                        .apply(PlanEvent::Refused(refusal))
+                    plan.refuse(refusal)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 }
             }
-            plan.status = status;
             plan.last_checkin_at = Some(anchor.max(plan.last_checkin_at.unwrap_or(anchor)));
 
             let mut answered = plan.clone();
@@ -652,7 +694,7 @@ impl Store {
             };
             let mut items = vec![
                 self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
-                self.plan_put(&plan, &pk, shards, now)?,
+                self.plan_put(&plan, &pk, now)?,
             ];
             let mut ledger_index = None;
             if let Some((request_id, result)) = &write_ledger {
@@ -725,7 +767,6 @@ impl Store {
         openid: &OpenId,
         kind: &ReminderKind,
         result: SubscribeResult,
-        shards: u32,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let pk = user_pk(openid);
@@ -735,10 +776,12 @@ impl Store {
                 return Ok(());
             };
             let mut plan = item.into_plan(kind)?;
-            let schedule = plan.settings.schedule;
-            let event = match result {
-                SubscribeResult::Reject => PlanEvent::Refused(Refusal::Reject),
-                SubscribeResult::Ban => PlanEvent::Refused(Refusal::Ban),
+            let before = plan.clone();
+            let illegal =
+                |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
+            match result {
+                SubscribeResult::Reject => plan.refuse(Refusal::Reject).map_err(illegal)?,
+                SubscribeResult::Ban => plan.refuse(Refusal::Ban).map_err(illegal)?,
                 SubscribeResult::Filter => return Ok(()),
                 SubscribeResult::Accept
                 | SubscribeResult::AcceptWithAudio
@@ -747,22 +790,17 @@ impl Store {
                         return Ok(());
                     }
                     let anchor = plan.last_checkin_at.unwrap_or(now);
-                    let goal =
-                        plan.count_on(schedule.waking_day(anchor)) >= plan.settings.daily_goal;
-                    PlanEvent::GrantAdded {
-                        due: schedule.next_due_from(anchor, goal, now),
-                    }
+                    let due = plan.next_due(anchor, plan.settings.daily_goal, now);
+                    plan.status = plan
+                        .status
+                        .apply(PlanEvent::GrantAdded { due })
+                        .map_err(illegal)?;
                 }
-            };
-            let next = plan
-                .status
-                .apply(event)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if next == plan.status {
+            }
+            if plan == before {
                 return Ok(());
             }
-            plan.status = next;
-            let mut items = vec![self.plan_put(&plan, &pk, shards, now)?];
+            let mut items = vec![self.plan_put(&plan, &pk, now)?];
             if matches!(plan.status, PlanStatus::Scheduled { .. }) {
                 items.push(self.grant_check(&pk, kind)?);
             }
@@ -775,13 +813,6 @@ impl Store {
             "plan update contended past the retry limit".into(),
         ))
     }
-}
-
-pub(super) fn parse<T: serde::de::DeserializeOwned>(
-    what: &str,
-    item: HashMap<String, AttributeValue>,
-) -> Result<T, StoreError> {
-    serde_dynamo::from_item(item).map_err(|e| corrupt(what, e))
 }
 
 fn replay(action: ActionItem, fingerprint: &str) -> Result<CheckInOutcome, StoreError> {

@@ -6,10 +6,16 @@
 //! every `reqwest::Error` is stripped of its URL before it can reach a log.
 //!
 //! Access tokens come from `/cgi-bin/stable_token` in normal mode, cached per container
-//! until `expires_in − 300 s` and refreshed single-flight. On 40001/40014/42001 the
-//! token is refetched (normal mode again — never `force_refresh`, which would invalidate
-//! every other instance's token and burns a 20/day budget) and the send retried once.
-//! Sends to one openid go one at a time (WeChat answers 43108 to concurrent ones).
+//! until `expires_in − 300 s` and refreshed single-flight; a fetch that fails is
+//! remembered for [`TOKEN_FAILURE_MEMORY`], so callers queued behind it do not each wait
+//! out a timeout. On 40001/40014/42001 the token is refetched (normal mode again — never
+//! `force_refresh`, which would invalidate every other instance's token and burns a
+//! 20/day budget) and the send retried once.
+//!
+//! Sends to one openid go one at a time ([`WechatClient::turn`]); WeChat answers 43108
+//! to concurrent ones, which another container can still cause, so a 43108 is retried
+//! after a short wait while the caller's deadline allows — it means "not sent", so the
+//! retry cannot send twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -20,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::config::WechatConfig;
 use crate::domain::OpenId;
-use crate::domain::outcome::{SendResult, TOKEN_ERRCODES};
+use crate::domain::outcome::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
 
 /// Login codes WeChat refused: invalid or expired (40029), already used (40163),
 /// blocked as high-risk (40226). The client must get a new code from `wx.login`.
@@ -52,6 +58,8 @@ pub enum WechatError {
     Unreadable,
     #[error("WeChat answered errcode {errcode}: {errmsg}")]
     Api { errcode: i64, errmsg: String },
+    #[error("the access token could not be fetched moments ago; not retried yet")]
+    TokenRecentlyFailed,
 }
 
 impl WechatError {
@@ -59,7 +67,11 @@ impl WechatError {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            Self::Busy { .. } | Self::Transport(_) | Self::Status { .. } | Self::Unreadable
+            Self::Busy { .. }
+                | Self::Transport(_)
+                | Self::Status { .. }
+                | Self::Unreadable
+                | Self::TokenRecentlyFailed
         )
     }
 }
@@ -79,10 +91,18 @@ struct Code2SessionAnswer {
 /// guarantees at least 300 s left on any token it hands out.
 const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(300);
 
+/// How long a failed token fetch is remembered: callers within it fail at once.
+pub const TOKEN_FAILURE_MEMORY: Duration = Duration::from_secs(10);
+
+/// The first wait before retrying a send WeChat refused as concurrent (43108);
+/// doubled per retry, at most [`CONCURRENT_RETRY_MAX`], with jitter.
+const CONCURRENT_RETRY_BASE: Duration = Duration::from_millis(150);
+const CONCURRENT_RETRY_MAX: Duration = Duration::from_millis(1200);
+
 #[derive(Clone)]
-struct CachedToken {
-    token: String,
-    refresh_at: Instant,
+enum CachedToken {
+    Valid { token: String, refresh_at: Instant },
+    Failed { until: Instant },
 }
 
 #[derive(Deserialize)]
@@ -184,15 +204,44 @@ impl WechatClient {
     }
 
     /// A valid access token: the cached one, or a fresh one from stable_token (normal
-    /// mode). `stale` is a token WeChat just refused: it is never returned from cache.
+    /// mode). Single-flight; a failure is remembered briefly (see the module docs).
+    pub async fn token(&self) -> Result<String, WechatError> {
+        self.access_token(None).await
+    }
+
+    /// Like [`Self::token`]; `stale` is a token WeChat just refused: it is never
+    /// returned from cache.
     async fn access_token(&self, stale: Option<&str>) -> Result<String, WechatError> {
         let mut cached = self.token.lock().await;
-        if let Some(t) = cached.as_ref()
-            && Instant::now() < t.refresh_at
-            && Some(t.token.as_str()) != stale
-        {
-            return Ok(t.token.clone());
+        match cached.as_ref() {
+            Some(CachedToken::Valid { token, refresh_at })
+                if Instant::now() < *refresh_at && Some(token.as_str()) != stale =>
+            {
+                return Ok(token.clone());
+            }
+            Some(CachedToken::Failed { until }) if Instant::now() < *until => {
+                return Err(WechatError::TokenRecentlyFailed);
+            }
+            Some(CachedToken::Valid { .. } | CachedToken::Failed { .. }) | None => {}
         }
+        let fetched = self.fetch_token().await;
+        *cached = Some(match &fetched {
+            Ok((token, lifetime)) => CachedToken::Valid {
+                token: token.clone(),
+                refresh_at: Instant::now() + *lifetime,
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "stable_token failed; remembered briefly");
+                CachedToken::Failed {
+                    until: Instant::now() + TOKEN_FAILURE_MEMORY,
+                }
+            }
+        });
+        fetched.map(|(token, _)| token)
+    }
+
+    /// One stable_token call: the token and how long to keep it.
+    async fn fetch_token(&self) -> Result<(String, Duration), WechatError> {
         let url = format!("{}/cgi-bin/stable_token", self.config.api_base);
         let body = json!({
             "grant_type": "client_credential",
@@ -216,11 +265,7 @@ impl WechatClient {
         match (answer.errcode, answer.access_token, answer.expires_in) {
             (0, Some(token), Some(expires_in)) => {
                 let lifetime = Duration::from_secs(expires_in).saturating_sub(TOKEN_REFRESH_MARGIN);
-                *cached = Some(CachedToken {
-                    token: token.clone(),
-                    refresh_at: Instant::now() + lifetime,
-                });
-                Ok(token)
+                Ok((token, lifetime))
             }
             (0, _, _) => Err(WechatError::Unreadable),
             (errcode, _, _) if BUSY_ERRCODES.contains(&errcode) => {
@@ -233,28 +278,36 @@ impl WechatClient {
         }
     }
 
-    /// Sends one subscription message (`subscribeMessage.send`) and says how it ended.
-    /// Never returns an error: every failure is a [`SendResult`] the caller finalizes.
-    pub async fn send(&self, message: &Message) -> SendResult {
-        let lock = {
-            let mut map = self.sending.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(message.touser.to_string()).or_default().clone()
-        };
-        let result = {
-            let _one_at_a_time = lock.lock().await;
-            self.send_with_token_retry(message).await
-        };
-        let mut map = self.sending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = map.get(message.touser.as_str())
-            && Arc::strong_count(l) <= 2
-        {
-            map.remove(message.touser.as_str());
-        }
-        result
+    /// The longest one call to WeChat can take.
+    pub fn call_timeout(&self) -> Duration {
+        self.config.connect_timeout + self.config.timeout
     }
 
-    async fn send_with_token_retry(&self, message: &Message) -> SendResult {
-        let token = match self.access_token(None).await {
+    /// The longest [`Self::send_in_turn`] needs for a send, one token refetch and the
+    /// retried send: what a claim's lease must cover before its finalize.
+    pub fn send_window(&self) -> Duration {
+        self.call_timeout() * 3
+    }
+
+    /// Waits for `openid`'s turn: sends to one user go one at a time per container.
+    /// The turn lasts until the returned guard is dropped.
+    pub async fn turn(&self, openid: &OpenId) -> Turn {
+        let lock = {
+            let mut map = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(openid.to_string()).or_default().clone()
+        };
+        Turn {
+            guard: Some(lock.lock_owned().await),
+            map: self.sending.clone(),
+            openid: openid.to_string(),
+        }
+    }
+
+    /// Sends one subscription message (`subscribeMessage.send`): turn, token, send.
+    /// Never returns an error: every failure is a [`SendResult`] the caller finalizes.
+    pub async fn send(&self, message: &Message) -> SendResult {
+        let turn = self.turn(&message.touser).await;
+        let token = match self.token().await {
             Ok(token) => token,
             Err(e) => {
                 return SendResult::NotSent {
@@ -262,18 +315,65 @@ impl WechatClient {
                 };
             }
         };
-        let first = self.post_send(&token, message).await;
-        match first {
-            SendResult::Refused { errcode, .. } if TOKEN_ERRCODES.contains(&errcode) => {
-                tracing::warn!(errcode, "access token refused; refetching once");
-                match self.access_token(Some(&token)).await {
-                    Ok(fresh) => self.post_send(&fresh, message).await,
-                    Err(e) => SendResult::NotSent {
-                        reason: format!("no access token after errcode {errcode}: {e}"),
-                    },
+        let send_by = Instant::now() + self.send_window();
+        self.send_in_turn(&turn, &token, message, send_by).await
+    }
+
+    /// Sends `message` with `token` during the user's `turn`, finishing by `send_by`:
+    /// a refused token is refetched and the send retried once; a 43108 is retried
+    /// after a short wait. A retry is started only if it can end by `send_by`.
+    pub async fn send_in_turn(
+        &self,
+        _turn: &Turn,
+        token: &str,
+        message: &Message,
+        send_by: Instant,
+    ) -> SendResult {
+        let call = self.call_timeout();
+        let mut token = token.to_string();
+        let mut refetched = false;
+        let mut concurrent = 0u32;
+        if Instant::now() + call > send_by {
+            // The claim's time is up (the process stalled after claiming): sending now
+            // could outlive the lease, so it does not send at all.
+            return SendResult::NotSent {
+                reason: "no time left to send within the claim's lease".into(),
+            };
+        }
+        loop {
+            let result = self.post_send(&token, message).await;
+            match &result {
+                SendResult::Refused { errcode, .. }
+                    if TOKEN_ERRCODES.contains(errcode) && !refetched =>
+                {
+                    if Instant::now() + call * 2 > send_by {
+                        return result;
+                    }
+                    tracing::warn!(errcode, "access token refused; refetching once");
+                    refetched = true;
+                    match self.access_token(Some(&token)).await {
+                        Ok(fresh) => token = fresh,
+                        Err(e) => {
+                            return SendResult::NotSent {
+                                reason: format!("no access token after errcode {errcode}: {e}"),
+                            };
+                        }
+                    }
                 }
+                SendResult::Refused { errcode, .. } if *errcode == CONCURRENT_SEND_ERRCODE => {
+                    concurrent += 1;
+                    let wait = concurrent_wait(concurrent);
+                    if Instant::now() + wait + call > send_by {
+                        return result;
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+                SendResult::Sent { .. }
+                | SendResult::Refused { .. }
+                | SendResult::Uncertain { .. }
+                | SendResult::NotSent { .. }
+                | SendResult::Invalid { .. } => return result,
             }
-            other => other,
         }
     }
 
@@ -335,7 +435,13 @@ impl WechatClient {
             };
         };
         let errcode = match answer.get("errcode") {
-            None => 0,
+            // WeChat always answers an errcode; without one the answer is unreadable
+            // and the message may have gone (DESIGN.md §5).
+            None => {
+                return SendResult::Uncertain {
+                    reason: "answer without errcode".into(),
+                };
+            }
             Some(code) => match code.as_i64() {
                 Some(code) => code,
                 None => {
@@ -363,5 +469,52 @@ impl WechatClient {
                 .take(200)
                 .collect(),
         }
+    }
+}
+
+/// The wait before concurrent-send retry `n` (1-based): doubling from the base, capped,
+/// with up to half of it as jitter so two containers do not retry in lockstep.
+fn concurrent_wait(n: u32) -> Duration {
+    let window = CONCURRENT_RETRY_BASE
+        .saturating_mul(1u32 << n.saturating_sub(1).min(4))
+        .min(CONCURRENT_RETRY_MAX);
+    let random = u64::from(uuid::Uuid::new_v4().as_bytes()[0]);
+    let jitter_ms = u64::try_from(window.as_millis() / 2).unwrap_or(0) * random / 255;
+    window / 2 + Duration::from_millis(jitter_ms)
+}
+
+/// One user's turn to be sent to (see [`WechatClient::turn`]).
+pub struct Turn {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    map: Arc<StdMutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    openid: String,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Forget the user's lock once nobody holds or waits for it.
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.openid)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.openid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_send_waits_grow_and_stay_capped() {
+        for n in 1..10 {
+            let wait = concurrent_wait(n);
+            assert!(wait >= CONCURRENT_RETRY_BASE / 2, "{n}: {wait:?}");
+            assert!(wait <= CONCURRENT_RETRY_MAX, "{n}: {wait:?}");
+        }
+        assert!(concurrent_wait(5) >= CONCURRENT_RETRY_MAX / 2);
     }
 }

@@ -1,0 +1,413 @@
+//! Dispatchers as separate OS processes — other containers, with their own DynamoDB and
+//! WeChat clients — against one table and one stand-in: frozen mid-send, killed inside
+//! the finalize while the user acts, racing for one user, and slow.
+
+use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::Duration as StdDuration;
+
+use chrono::{Duration, Utc};
+use onegrant_tests::{
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
+    attr_n, attr_s, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dispatch-once");
+/// Past any lease a claim in these tests can have.
+const AFTER_EVERY_LEASE: Duration = Duration::seconds(300);
+
+/// Waits for a child on a blocking thread (the runtime keeps serving the stand-in).
+async fn wait(child: Child) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = child.wait_with_output().expect("wait for the dispatcher");
+        (out.status, String::from_utf8_lossy(&out.stdout).to_string())
+    })
+    .await
+    .expect("join")
+}
+
+/// Whether process `pid` is stopped (SIGSTOP): state `T` in /proc.
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s == "T"))
+        })
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// Polls `check` every 20 ms until it holds (at most `within`).
+async fn until<F, Fut>(within: StdDuration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "timed out waiting for {what}");
+        tokio::time::sleep(StdDuration::from_millis(20)).await;
+    }
+}
+
+async fn state_of(app: &TestApp, user: &User, sk: &str) -> Option<String> {
+    app.item(user, sk)
+        .await
+        .and_then(|i| attr_s(&i, "state").map(str::to_string))
+}
+
+/// The distinct order numbers the stand-in delivered (the pushes' keys).
+fn order_numbers(deliveries: &[Value]) -> BTreeSet<String> {
+    deliveries
+        .iter()
+        .filter(|d| d["template_id"] == ORDER)
+        .filter_map(|d| d["data"]["character_string1"]["value"].as_str())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The user's `consumed` and `invalid` counters of `template`.
+async fn consumed_and_invalid(app: &TestApp, user: &User, template: &str) -> (i64, i64) {
+    let quota = app
+        .item(user, &format!("QUOTA#{template}"))
+        .await
+        .expect("quota");
+    (
+        attr_n(&quota, "consumed").unwrap_or(0),
+        attr_n(&quota, "invalid").unwrap_or(0),
+    )
+}
+
+/// `user` holding `n` accepted grants of `template` (at the stand-in too).
+async fn grants(app: &TestApp, user: &User, template: &str, n: usize) {
+    for i in 0..n {
+        app.accept(user, template, &format!("g_{template}_{i}"))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_wechat_did() {
+    for what in ["plan", "push"] {
+        let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+        let (user, source_sk, template) = if what == "plan" {
+            let user = app.scheduled_user("alice", 1).await;
+            app.make_due(&user, "water", Utc::now()).await;
+            (user, "PLAN#water".to_string(), WATER)
+        } else {
+            let user = app.user("alice").await;
+            grants(&app, &user, ORDER, 1).await;
+            let pushed = app.push(&user, "order-1").await;
+            let sk = format!("OUTBOX#{}", pushed["note_id"].as_str().expect("note id"));
+            (user, sk, ORDER)
+        };
+
+        let child = app
+            .dispatcher_process(
+                BIN,
+                &[
+                    ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+                    ("DISPATCH_ONCE_SECONDS", "60"),
+                    ("ONEGRANT_FAILPOINT", "after_send:stop"),
+                ],
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("dispatch-once starts");
+        let pid = child.id();
+        until(
+            StdDuration::from_secs(30),
+            "the dispatcher to freeze after its send",
+            || async { is_stopped(pid) },
+        )
+        .await;
+        let sent = app.deliveries().await;
+        assert_eq!(
+            sent.len(),
+            1,
+            "{what}: WeChat took the message before the freeze"
+        );
+
+        // The lease runs out while the process is frozen: the sweep declares the send
+        // unknown, voids the grant and pauses the plan (or marks the push unknown).
+        let swept = app.sweep_at(Utc::now() + AFTER_EVERY_LEASE).await;
+        assert_eq!(swept.recovered, 1, "{what}: {swept:?}");
+        assert_eq!(
+            state_of(&app, &user, &source_sk).await.as_deref(),
+            Some(if what == "plan" { "paused" } else { "unknown" })
+        );
+        let delivery = app.items_of(&user, "delivery").await.remove(0);
+        assert_eq!(attr_s(&delivery, "state"), Some("unknown"));
+
+        // Thawed, the dispatcher finalizes with WeChat's answer: the truth wins.
+        signal(pid, "-CONT");
+        let (status, stdout) = wait(child).await;
+        assert!(status.success(), "{what}: {status}");
+        let summary: Value = serde_json::from_str(stdout.trim()).expect("summary JSON");
+        assert_eq!(
+            (summary["sent"].as_u64(), summary["late"].as_u64()),
+            (Some(1), Some(1)),
+            "{summary}"
+        );
+
+        let delivery = app.items_of(&user, "delivery").await.remove(0);
+        assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{what}");
+        assert_eq!(
+            attr_s(&delivery, "msgid").and_then(|m| m.parse::<u64>().ok()),
+            sent[0]["msgid"].as_u64(),
+            "{what}: WeChat's msgid kept"
+        );
+        assert!(
+            delivery.contains_key("swept_at") && delivery.contains_key("sweep_outcome"),
+            "{what}: what the sweep decided is kept: {delivery:?}"
+        );
+        assert!(
+            delivery.contains_key("answered_late_at"),
+            "{what}: {delivery:?}"
+        );
+        let grant = app
+            .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
+            .await;
+        assert_eq!(
+            grant.as_ref().and_then(|g| attr_s(g, "state")),
+            Some("consumed"),
+            "{what}"
+        );
+        assert_eq!(
+            consumed_and_invalid(&app, &user, template).await,
+            (1, 0),
+            "{what}: counters follow the grant"
+        );
+        assert_eq!(
+            state_of(&app, &user, &source_sk).await.as_deref(),
+            Some(if what == "plan" {
+                "awaiting_checkin"
+            } else {
+                "sent"
+            })
+        );
+        if what == "push" {
+            let note = app.items_of(&user, "note").await.remove(0);
+            assert_eq!(attr_s(&note, "push_status"), Some("sent"));
+        }
+        assert_ledger_agrees_with_counters(&app).await;
+        assert_plans_consistent(&app).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_never_leaves_a_plan_sending()
+ {
+    for point in ["after_send", "during_finalize:0", "after_settle"] {
+        let app = spawn_app_with(&[
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("WECHAT_TIMEOUT_MS", "8000"),
+        ])
+        .await;
+        let user = app.scheduled_user("alice", 1).await;
+        app.make_due(&user, "water", Utc::now()).await;
+        app.control("POST", "latency", Some(json!({"ms": 1500})))
+            .await;
+        let child = app
+            .dispatcher_process(
+                BIN,
+                &[
+                    ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+                    ("DISPATCH_ONCE_SECONDS", "60"),
+                    ("WECHAT_TIMEOUT_MS", "8000"),
+                    ("ONEGRANT_FAILPOINT", point),
+                ],
+            )
+            .spawn()
+            .expect("dispatch-once starts");
+        // The user checks in (with the next grant) while the reminder is in flight.
+        until(
+            StdDuration::from_secs(30),
+            "the send to be in flight",
+            || async { state_of(&app, &user, "PLAN#water").await.as_deref() == Some("sending") },
+        )
+        .await;
+        app.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+        )
+        .await;
+        let answer = app
+            .post(
+                "/v1/reminders/water/checkins",
+                Some(&user.token),
+                &json!({"action_id": "wc_mid", "grant_request_id": "wr_mid", "subscription_status": "accept",
+                        "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{point}: {}", answer.body);
+        let (status, _) = wait(child).await;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{point}: killed at its failpoint ({status})"
+        );
+
+        // After the lease: the sweep races the user rejecting the template.
+        let refusal = json!({"request_id": "rq_no", "results": {WATER: "reject"}});
+        let reject = app.post("/v1/grants", Some(&user.token), &refusal);
+        let (swept, rejected) = tokio::join!(app.sweep_at(Utc::now() + AFTER_EVERY_LEASE), reject);
+        assert_eq!(rejected.status, 200, "{point}: {}", rejected.body);
+        assert_eq!(swept.skipped, 0, "{point}: {swept:?}");
+        let plan = app.item(&user, "PLAN#water").await.expect("plan");
+        assert_eq!(
+            (attr_s(&plan, "state"), attr_s(&plan, "pause_reason")),
+            (Some("paused"), Some("rejected")),
+            "{point}: the reject is honoured: {plan:?}"
+        );
+        assert_plans_consistent(&app).await;
+        assert_ledger_agrees_with_counters(&app).await;
+        eprintln!("{point}: sweep {swept:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no_attempt_on_43108()
+{
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.scheduled_user("alice", 1).await;
+    grants(&app, &user, ORDER, 19).await;
+    for i in 0..19 {
+        app.push(&user, &format!("order-{i}")).await;
+    }
+    app.make_due(&user, "water", Utc::now()).await;
+    app.control("POST", "latency", Some(json!({"ms": 200})))
+        .await;
+    let env = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+    ];
+    let first = app
+        .dispatcher_process(BIN, &env)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("first");
+    let second = app
+        .dispatcher_process(BIN, &env)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("second");
+    let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
+    assert!(a.success() && b.success(), "{a} {b}");
+    let summaries: Vec<Value> = [out_a, out_b]
+        .iter()
+        .map(|o| serde_json::from_str(o.trim()).expect("summary JSON"))
+        .collect();
+    let sent: u64 = summaries
+        .iter()
+        .map(|s| s["sent"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(sent, 20, "{summaries:?}");
+
+    let deliveries = app.deliveries().await;
+    let orders = order_numbers(&deliveries);
+    assert_eq!(
+        (deliveries.len(), orders.len()),
+        (20, 19),
+        "each item delivered once"
+    );
+    let counters = app.control("GET", "counters", None).await;
+    let concurrent = counters["send_errcodes"]["43108"].as_u64().unwrap_or(0);
+    eprintln!("43108 answers while two processes sent to one user: {concurrent}; {summaries:?}");
+    assert!(
+        concurrent > 0,
+        "the two processes really sent to the user at once"
+    );
+
+    let plan = app.item(&user, "PLAN#water").await.expect("plan");
+    assert_eq!(
+        attr_s(&plan, "state"),
+        Some("awaiting_checkin"),
+        "not paused: {plan:?}"
+    );
+    assert_eq!(attr_n(&plan, "attempts").unwrap_or(0), 0);
+    for outbox in app.items_of(&user, "outbox").await {
+        assert_eq!(attr_s(&outbox, "state"), Some("sent"), "{outbox:?}");
+        assert_eq!(
+            attr_n(&outbox, "attempts").unwrap_or(0),
+            0,
+            "no attempt spent"
+        );
+    }
+    for delivery in app.items_of(&user, "delivery").await {
+        assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{delivery:?}");
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushes_go_out_once_and_none_is_unknown()
+ {
+    const PUSHES: usize = 30;
+    let timeouts = [
+        ("WECHAT_TIMEOUT_MS", "5000"),
+        ("WECHAT_CONNECT_TIMEOUT_MS", "1000"),
+    ];
+    let app = spawn_app_with(&timeouts).await;
+    let user = app.user("alice").await;
+    grants(&app, &user, ORDER, PUSHES).await;
+    for i in 0..PUSHES {
+        app.push(&user, &format!("order-{i}")).await;
+    }
+    app.control("POST", "latency", Some(json!({"ms": 2500})))
+        .await;
+    let env = [timeouts[0], timeouts[1], ("DISPATCH_ONCE_SECONDS", "90")];
+    let first = app
+        .dispatcher_process(BIN, &env)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("first");
+    tokio::time::sleep(StdDuration::from_secs(65)).await;
+    let second = app
+        .dispatcher_process(BIN, &env)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("second");
+    let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
+    assert!(a.success() && b.success(), "{a} {b}");
+    eprintln!(
+        "first tick: {}\nsecond tick: {}",
+        out_a.trim(),
+        out_b.trim()
+    );
+
+    let deliveries = app.deliveries().await;
+    let orders = order_numbers(&deliveries);
+    assert_eq!(
+        (deliveries.len(), orders.len()),
+        (PUSHES, PUSHES),
+        "each push delivered once"
+    );
+    let stored = app.items_of(&user, "delivery").await;
+    let unknown = stored
+        .iter()
+        .filter(|d| attr_s(d, "state") == Some("unknown"))
+        .count();
+    assert_eq!(unknown, 0, "no send recorded unknown");
+    assert_eq!(
+        consumed_and_invalid(&app, &user, ORDER).await,
+        (PUSHES as i64, 0),
+        "used = delivered"
+    );
+    for outbox in app.items_of(&user, "outbox").await {
+        assert_eq!(attr_s(&outbox, "state"), Some("sent"), "{outbox:?}");
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+}

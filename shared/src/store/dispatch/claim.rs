@@ -1,0 +1,358 @@
+//! Claiming a due item: a plan or a push, behind one [`Claimable`].
+
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
+use chrono::{DateTime, Duration, Utc};
+
+use super::super::grants::{GrantItem, rfc3339};
+use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
+use super::super::item::{key, n, parse, s, to_item};
+use super::super::keys::{delivery_sk, lease_pk, quota_sk};
+use super::super::plans::TxOutcome;
+use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error};
+use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim};
+use crate::domain::inbox::PushStatus;
+use crate::domain::outcome::{DeliveryState, OutboxState};
+use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
+use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::{QuotaCounters, TemplateId};
+
+/// How a claim attempt ended.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    Claimed(Box<Claim>),
+    /// Someone else claimed it first, or it changed since the index was read.
+    Lost,
+    /// No grant to reserve: the plan was paused `needs_grant` / the push skipped.
+    NoGrant,
+}
+
+/// A due item as read for its claim.
+enum Claimable {
+    Plan {
+        kind: ReminderKind,
+        plan: Plan,
+        counters: QuotaCounters,
+    },
+    Outbox(OutboxItem),
+}
+
+impl Claimable {
+    fn template(&self) -> Result<TemplateId, StoreError> {
+        match self {
+            Self::Plan { kind, .. } => Ok(kind.template_id.clone()),
+            Self::Outbox(outbox) => TemplateId::parse(outbox.template_id.clone())
+                .map_err(|_| StoreError::Corrupt(format!("outbox {}: template id", outbox.sk))),
+        }
+    }
+
+    /// Whether a grant may be there (the plan's read includes the counters).
+    fn may_have_grant(&self) -> bool {
+        match self {
+            Self::Plan { counters, .. } => counters.available > 0,
+            Self::Outbox(_) => true,
+        }
+    }
+}
+
+impl Store {
+    /// Claims a due item (see the module docs): `claimer` names this dispatcher run,
+    /// `lease` how long the delivery is its own — long enough for the send and the
+    /// finalize.
+    pub async fn claim(
+        &self,
+        item: &DueItem,
+        kinds: &ReminderKinds,
+        claimer: &str,
+        lease: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let Some(openid) = item.openid() else {
+            tracing::error!(sk = %item.sk, "due item outside a user partition");
+            return Ok(ClaimOutcome::Lost);
+        };
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let Some(claimable) = self.claimable(item, kinds).await? else {
+                return Ok(ClaimOutcome::Lost);
+            };
+            let template = claimable.template()?;
+            let grant = if claimable.may_have_grant() {
+                self.first_available_grant(&item.pk, &template).await?
+            } else {
+                None
+            };
+            let Some(grant) = grant else {
+                let writes = self.no_grant_writes(item, &claimable, now)?;
+                return match self.transact(writes).await? {
+                    TxOutcome::Committed => Ok(ClaimOutcome::NoGrant),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Ok(ClaimOutcome::Lost),
+                };
+            };
+            let delivery_id = uuid::Uuid::new_v4().simple().to_string();
+            let lease_until = now + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
+            let (source_write, source, attempts) =
+                self.claimed_source(item, claimable, &delivery_id, lease_until, now)?;
+            let mut writes = vec![source_write];
+            writes.extend(self.reservation(
+                item,
+                &template,
+                &grant.sk,
+                &delivery_id,
+                claimer,
+                attempts,
+                lease_until,
+                now,
+            )?);
+            match self.transact(writes).await? {
+                TxOutcome::Committed => {
+                    return Ok(ClaimOutcome::Claimed(Box::new(Claim {
+                        delivery_id,
+                        claimer: claimer.to_string(),
+                        openid,
+                        template_id: template,
+                        due_at: item.due_at,
+                        lease_until,
+                        source,
+                        grant_sk: grant.sk,
+                    })));
+                }
+                TxOutcome::Cancelled(reasons)
+                    if reasons
+                        .first()
+                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed") =>
+                {
+                    // The item moved on: another dispatcher claimed it, or the user acted.
+                    return Ok(ClaimOutcome::Lost);
+                }
+                // The grant was taken (or the counters changed): pick again.
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Ok(ClaimOutcome::Lost)
+    }
+
+    /// The item behind a due entry, if it is still due at that instant.
+    async fn claimable(
+        &self,
+        item: &DueItem,
+        kinds: &ReminderKinds,
+    ) -> Result<Option<Claimable>, StoreError> {
+        if let Some(kind) = item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
+            let read = self.read(&item.pk, kind, None).await?;
+            let Some(plan) = read.plan else {
+                return Ok(None);
+            };
+            let plan = plan.into_plan(kind)?;
+            if plan.status != (PlanStatus::Scheduled { due: item.due_at }) {
+                return Ok(None);
+            }
+            return Ok(Some(Claimable::Plan {
+                kind: kind.clone(),
+                plan,
+                counters: read.counters,
+            }));
+        }
+        if item.sk.starts_with("OUTBOX#") {
+            let got = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key(&item.pk, &item.sk)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let Some(got) = got.item else {
+                return Ok(None);
+            };
+            let outbox: OutboxItem = parse("outbox", got)?;
+            if outbox.state != OutboxState::Pending
+                || outbox.due_at != Some(item.due_at.timestamp_millis())
+            {
+                return Ok(None);
+            }
+            return Ok(Some(Claimable::Outbox(outbox)));
+        }
+        tracing::error!(sk = %item.sk, "due item of no configured kind");
+        Ok(None)
+    }
+
+    /// No grant when it came due: the plan pauses `needs_grant`; the push is skipped
+    /// (the notification stays).
+    fn no_grant_writes(
+        &self,
+        item: &DueItem,
+        claimable: &Claimable,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        match claimable {
+            Claimable::Plan { plan, .. } => {
+                let mut paused = plan.clone();
+                paused.status = plan
+                    .status
+                    .apply(PlanEvent::GrantMissing)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(vec![self.plan_put(&paused, &item.pk, now)?])
+            }
+            Claimable::Outbox(outbox) => {
+                let skipped = outbox.moved(OutboxState::Skipped, None, self.shards, now);
+                Ok(vec![
+                    versioned_put(&self.table, to_item("outbox", &skipped)?, outbox.version)?,
+                    note_push_update(
+                        &self.table,
+                        &item.pk,
+                        &outbox.note_id,
+                        PushStatus::Skipped,
+                        Some("no grant for the template"),
+                    )?,
+                ])
+            }
+        }
+    }
+
+    /// The claimed item's write (`sending`, naming the delivery, on the lease index for
+    /// a plan), what the dispatcher keeps of it, and its attempts so far.
+    fn claimed_source(
+        &self,
+        item: &DueItem,
+        claimable: Claimable,
+        delivery_id: &str,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(TransactWriteItem, ClaimSource, u32), StoreError> {
+        match claimable {
+            Claimable::Plan { kind, plan, .. } => {
+                let mut claimed = plan.clone();
+                claimed.status = plan
+                    .status
+                    .apply(PlanEvent::Claimed)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                claimed.delivery_id = Some(delivery_id.to_string());
+                claimed.lease_until = Some(lease_until);
+                claimed.pending_refusal = None;
+                claimed.checked_in_while_sending = false;
+                let write = self.plan_put(&claimed, &item.pk, now)?;
+                claimed.version += 1;
+                let attempts = claimed.attempts;
+                Ok((
+                    write,
+                    ClaimSource::Plan {
+                        kind,
+                        plan: claimed,
+                    },
+                    attempts,
+                ))
+            }
+            Claimable::Outbox(outbox) => {
+                let mut sending = outbox.moved(OutboxState::Sending, None, self.shards, now);
+                sending.delivery_id = Some(delivery_id.to_string());
+                let write =
+                    versioned_put(&self.table, to_item("outbox", &sending)?, outbox.version)?;
+                let attempts = sending.attempts;
+                Ok((
+                    write,
+                    ClaimSource::Outbox(OutboxClaim {
+                        note_id: sending.note_id.clone(),
+                        data: sending.data.clone(),
+                        page: sending.page.clone(),
+                        item: sending,
+                    }),
+                    attempts,
+                ))
+            }
+        }
+    }
+
+    /// The claim's shared writes: one grant `available → reserved` naming the delivery,
+    /// the counters, and the delivery itself, `sending` on the lease index.
+    #[allow(clippy::too_many_arguments)]
+    fn reservation(
+        &self,
+        item: &DueItem,
+        template: &TemplateId,
+        grant_sk: &str,
+        delivery_id: &str,
+        claimer: &str,
+        attempts: u32,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let delivery = DeliveryItem {
+            pk: item.pk.clone(),
+            sk: delivery_sk(delivery_id),
+            kind: "delivery".into(),
+            delivery_id: delivery_id.to_string(),
+            state: DeliveryState::Sending,
+            source: item.sk.clone(),
+            template_id: template.to_string(),
+            grant_sk: grant_sk.to_string(),
+            claimer: claimer.to_string(),
+            lease_pk: Some(lease_pk(delivery_id, self.shards)),
+            lease_until: Some(lease_until.timestamp_millis()),
+            due_at: item.due_at.timestamp_millis(),
+            claimed_at: rfc3339(now),
+            attempts,
+            class: None,
+            outcome: None,
+            errcode: None,
+            msgid: None,
+            swept_at: None,
+            sweep_outcome: None,
+            answered_late_at: None,
+        };
+        let reserve = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, grant_sk)))
+            .update_expression(
+                "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
+            )
+            .condition_expression("#s = :available")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":reserved", s("reserved"))
+            .expression_attribute_values(":available", s("available"))
+            .expression_attribute_values(":d", s(delivery_id))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let counters = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &quota_sk(template))))
+            .update_expression("SET updated_at = :now ADD available :minus, reserved :one")
+            .condition_expression("available > :zero")
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":minus", n(-1))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let delivery_put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(to_item("delivery", &delivery)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(vec![
+            TransactWriteItem::builder().update(reserve).build(),
+            TransactWriteItem::builder().update(counters).build(),
+            TransactWriteItem::builder().put(delivery_put).build(),
+        ])
+    }
+
+    async fn first_available_grant(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+    ) -> Result<Option<GrantItem>, StoreError> {
+        let mut pages = self
+            .grants_query(pk, template, &["available"])
+            .into_paginator()
+            .items()
+            .send();
+        if let Some(item) = pages.next().await {
+            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            return Ok(Some(parse("grant", item)?));
+        }
+        Ok(None)
+    }
+}

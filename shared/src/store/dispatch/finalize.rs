@@ -1,0 +1,335 @@
+//! Finalizing a send: the outcome table written down, and late answers.
+//!
+//! **Late answers.** A sweep declares a delivery `unknown` when its lease ends with no
+//! answer recorded (the dispatcher vanished or stalled). If that dispatcher then comes
+//! back with WeChat's definite answer, the answer wins (I4): the delivery takes the
+//! answer's state, `msgid` and errcode and keeps `swept_at`/`sweep_outcome` beside
+//! `answered_late_at`; a grant of a message WeChat took goes `invalid → consumed`, one
+//! of a message it certainly did not take goes back to `available` (only if the sweep,
+//! not the user, voided it); a plan still paused `uncertain` for that delivery moves on
+//! as if the answer had come in time, and a push still `unknown` likewise. Counters
+//! move with the grant in the same transaction, so I2 holds throughout. A late answer
+//! that is itself uncertain changes nothing.
+
+use chrono::{DateTime, Utc};
+
+use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
+use super::super::item::{parse, to_item};
+use super::super::keys::user_pk;
+use super::super::plans::TxOutcome;
+use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
+use super::{
+    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer, describe,
+};
+use crate::domain::GrantState;
+use crate::domain::inbox::PushStatus;
+use crate::domain::outcome::{
+    DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, settle,
+};
+use crate::domain::plan::PlanStatus;
+use crate::domain::reminder::ReminderKind;
+
+/// How a finalize ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finalized {
+    pub settlement: Settlement,
+    /// The grant went back to `available`.
+    pub restored: bool,
+    /// A sweep had settled the delivery first and nothing more was written (the
+    /// answer was itself uncertain, or someone else answered it).
+    pub superseded: bool,
+    /// A sweep had declared the send `unknown`; this definite answer settled it.
+    pub late: bool,
+}
+
+/// The push state a notification shows for an outbox state.
+fn push_status(state: OutboxState) -> PushStatus {
+    match state {
+        OutboxState::Pending | OutboxState::Sending => PushStatus::Pending,
+        OutboxState::Sent => PushStatus::Sent,
+        OutboxState::Skipped => PushStatus::Skipped,
+        OutboxState::Failed => PushStatus::Failed,
+        OutboxState::Unknown => PushStatus::Unknown,
+    }
+}
+
+impl Store {
+    /// Finalizes a delivery by its send result (see the module docs of
+    /// [`dispatch`](super)).
+    pub async fn finalize(
+        &self,
+        claim: &Claim,
+        result: &SendResult,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<Finalized, StoreError> {
+        let attempts = match &claim.source {
+            ClaimSource::Plan { plan, .. } => plan.attempts,
+            ClaimSource::Outbox(outbox) => outbox.item.attempts,
+        };
+        let settlement = settle(result.class(), result.errcode(), attempts, policy, now);
+        let pk = user_pk(&claim.openid);
+        let source = match &claim.source {
+            ClaimSource::Plan { plan, .. } => {
+                let mut plan = plan.clone();
+                plan.finish_send(settlement.follow_up, settlement.attempts, false, now)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                // plan_put writes `version + 1` on the condition `version`: the claimed one.
+                vec![self.plan_put(&plan, &pk, now)?]
+            }
+            ClaimSource::Outbox(outbox) => self.outbox_writes(
+                &pk,
+                &outbox.item,
+                &claim.delivery_id,
+                &settlement,
+                result,
+                now,
+            )?,
+        };
+        let tx = SettleTx {
+            pk: &pk,
+            delivery_id: &claim.delivery_id,
+            guard: Guard::Claimer(&claim.claimer),
+            write: delivery_write(&settlement, result, Writer::Finalize),
+            grant: Some(GrantMove {
+                sk: &claim.grant_sk,
+                template: &claim.template_id,
+                from: GrantState::Reserved,
+                to: settlement.grant,
+            }),
+            source,
+        };
+        match self.settle(tx, now).await? {
+            Settled::Landed { grant, source } => {
+                if !source && let ClaimSource::Plan { kind, .. } = &claim.source {
+                    crate::failpoint::hit("after_settle");
+                    // The plan changed while the message was in flight (a check-in, a
+                    // refusal, new settings): it must still leave `sending`.
+                    self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
+                        .await?;
+                }
+                self.after_settle(&pk, claim, &settlement, now).await?;
+                Ok(Finalized {
+                    settlement,
+                    restored: grant && settlement.grant == GrantState::Available,
+                    superseded: false,
+                    late: false,
+                })
+            }
+            Settled::DeliveryMoved(Some(now_item))
+                if now_item.state == DeliveryState::Unknown
+                    && now_item.swept_at.is_some()
+                    && now_item.answered_late_at.is_none()
+                    && now_item.claimer == claim.claimer
+                    && settlement.delivery != DeliveryState::Unknown =>
+            {
+                self.answer_late(&pk, claim, settlement, result, now).await
+            }
+            Settled::DeliveryMoved(_) => Ok(Finalized {
+                settlement,
+                restored: false,
+                superseded: true,
+                late: false,
+            }),
+        }
+    }
+
+    /// A definite answer after a sweep (see the module docs).
+    async fn answer_late(
+        &self,
+        pk: &str,
+        claim: &Claim,
+        settlement: Settlement,
+        result: &SendResult,
+        now: DateTime<Utc>,
+    ) -> Result<Finalized, StoreError> {
+        tracing::warn!(
+            delivery_id = %claim.delivery_id,
+            outcome = settlement.class.as_str(),
+            "WeChat answered after the sweep declared the send unknown: the answer wins"
+        );
+        let source = match &claim.source {
+            // The plan is advanced after, on a fresh read: it may have moved on.
+            ClaimSource::Plan { .. } => Vec::new(),
+            ClaimSource::Outbox(outbox) => match self.current_outbox(pk, &outbox.item.sk).await? {
+                Some(current)
+                    if current.state == OutboxState::Unknown
+                        && current.delivery_id.as_deref() == Some(&claim.delivery_id) =>
+                {
+                    self.outbox_writes(pk, &current, &claim.delivery_id, &settlement, result, now)?
+                }
+                Some(_) | None => Vec::new(),
+            },
+        };
+        let grant = match settlement.grant {
+            GrantState::Consumed | GrantState::Available => Some(GrantMove {
+                sk: &claim.grant_sk,
+                template: &claim.template_id,
+                from: GrantState::Invalid,
+                to: settlement.grant,
+            }),
+            GrantState::Invalid | GrantState::Reserved => None,
+        };
+        let tx = SettleTx {
+            pk,
+            delivery_id: &claim.delivery_id,
+            guard: Guard::Swept(&claim.claimer),
+            write: delivery_write(&settlement, result, Writer::LateAnswer),
+            grant,
+            source,
+        };
+        match self.settle(tx, now).await? {
+            Settled::Landed { grant, .. } => {
+                if let ClaimSource::Plan { kind, .. } = &claim.source {
+                    self.advance_plan(pk, kind, &claim.delivery_id, &settlement, true, now)
+                        .await?;
+                }
+                self.after_settle(pk, claim, &settlement, now).await?;
+                Ok(Finalized {
+                    settlement,
+                    restored: grant && settlement.grant == GrantState::Available,
+                    superseded: false,
+                    late: true,
+                })
+            }
+            Settled::DeliveryMoved(_) => Ok(Finalized {
+                settlement,
+                restored: false,
+                superseded: true,
+                late: false,
+            }),
+        }
+    }
+
+    /// 43101: WeChat holds no quota for this user and template, so none of the grants
+    /// we hold is real any more.
+    async fn after_settle(
+        &self,
+        pk: &str,
+        claim: &Claim,
+        settlement: &Settlement,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        if !settlement.invalidate_others {
+            return Ok(());
+        }
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            if self
+                .invalidate_grants(pk, &claim.template_id, None, false, now)
+                .await?
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "grant invalidation contended past the retry limit".into(),
+        ))
+    }
+
+    /// A push's writes for a settlement: the outbox item (conditional on its version)
+    /// and the notification's push status.
+    pub(super) fn outbox_writes(
+        &self,
+        pk: &str,
+        outbox: &OutboxItem,
+        delivery_id: &str,
+        settlement: &Settlement,
+        result: &SendResult,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
+        let state = settlement.outbox_state();
+        let due = match settlement.follow_up {
+            FollowUp::RetryAt(at) => Some(at),
+            FollowUp::Delivered | FollowUp::Stop(_) => None,
+        };
+        let mut next = outbox.moved(state, due, self.shards, now);
+        next.attempts = settlement.attempts;
+        if state == OutboxState::Unknown {
+            // Kept so that a late answer or WeChat's push event can still settle it.
+            next.delivery_id = Some(delivery_id.to_string());
+        }
+        let push = push_status(state);
+        let reason = (push != PushStatus::Sent).then(|| describe(result));
+        Ok(vec![
+            versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,
+            note_push_update(&self.table, pk, &outbox.note_id, push, reason.as_deref())?,
+        ])
+    }
+
+    pub(super) async fn current_outbox(
+        &self,
+        pk: &str,
+        sk: &str,
+    ) -> Result<Option<OutboxItem>, StoreError> {
+        self.get(pk, sk)
+            .await?
+            .map(|item| parse("outbox", item))
+            .transpose()
+    }
+
+    /// Moves a plan out of `sending` for `delivery_id` by `settlement` — or, `late`,
+    /// out of `paused uncertain` for it — re-reading it for each attempt. Nothing
+    /// happens if the plan has moved on (disabled, or another delivery's).
+    pub(super) async fn advance_plan(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        delivery_id: &str,
+        settlement: &Settlement,
+        late: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let read = self.read(pk, kind, None).await?;
+            let Some(item) = read.plan else { return Ok(()) };
+            let mut plan = item.into_plan(kind)?;
+            let available = read.counters.available > 0;
+            let corrupt =
+                |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
+            let moved = if late {
+                plan.settle_late(delivery_id, settlement, available, now)
+                    .map_err(corrupt)?
+            } else if plan.status == PlanStatus::Sending
+                && plan.delivery_id.as_deref() == Some(delivery_id)
+            {
+                plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
+                    .map_err(corrupt)?;
+                true
+            } else {
+                false
+            };
+            if !moved {
+                return Ok(());
+            }
+            if let TxOutcome::Committed =
+                self.transact(vec![self.plan_put(&plan, pk, now)?]).await?
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        Err(StoreError::Unavailable(
+            "plan update after a send contended past the retry limit".into(),
+        ))
+    }
+}
+
+/// What a settlement writes to the delivery.
+fn delivery_write(settlement: &Settlement, result: &SendResult, by: Writer) -> DeliveryWrite {
+    let msgid = match result {
+        SendResult::Sent { msgid } => msgid.clone(),
+        SendResult::Refused { .. }
+        | SendResult::Uncertain { .. }
+        | SendResult::NotSent { .. }
+        | SendResult::Invalid { .. } => None,
+    };
+    DeliveryWrite {
+        state: settlement.delivery,
+        class: settlement.class,
+        outcome: describe(result),
+        errcode: result.errcode(),
+        msgid,
+        by,
+    }
+}

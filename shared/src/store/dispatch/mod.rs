@@ -1,0 +1,450 @@
+//! Deliveries: the dispatcher's writes, split by step (DESIGN.md §2 I1, I4–I6, §5).
+//!
+//! - [`due`]: the due index, every shard queried in parallel.
+//! - [`claim`]: one transaction takes a due plan or push (`scheduled`/`pending` →
+//!   `sending`, off the due index, onto the lease index), reserves one grant naming
+//!   the delivery, moves the counters and writes the delivery `sending` with a lease
+//!   covering the send and the finalize. The dispatcher claims only once the user's
+//!   per-openid turn and an access token are in hand, so a delivery is `sending` only
+//!   while its POST can actually be in flight.
+//! - [`finalize`]: one transaction, conditional on the delivery still being this
+//!   claimer's, writes what [`settle`](crate::domain::outcome::settle) decided for the
+//!   delivery, the grant (fenced: only the delivery that reserved it moves it) and the
+//!   claimed item. If the item moved on meanwhile (a check-in, a refusal), the item is
+//!   re-read and advanced on its own; a finalize always completes. If a sweep got there
+//!   first, a definite answer still wins: see [`finalize`] ("late answers").
+//! - [`sweep`]: deliveries and plans past their lease. A live delivery becomes
+//!   `unknown` (grant void, plan paused `uncertain`; never resent, I4); a plan still
+//!   `sending` whose delivery is already terminal is advanced by that delivery's
+//!   outcome (I5). Bounded per tick; one bad item is logged, counted and skipped.
+//! - this module: the types shared by the steps and the one settle transaction.
+
+pub mod claim;
+pub mod due;
+pub mod finalize;
+pub mod sweep;
+
+use std::collections::BTreeMap;
+
+use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::grants::rfc3339;
+use super::inbox::OutboxItem;
+use super::item::{Item, key, n, parse, s, text};
+use super::keys::{delivery_sk, quota_sk};
+use super::plans::TxOutcome;
+use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
+use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
+use crate::domain::plan::Plan;
+use crate::domain::reminder::ReminderKind;
+use crate::domain::{GrantState, OpenId, TemplateId};
+
+pub use claim::ClaimOutcome;
+pub use due::{DueItem, DueScan};
+pub use finalize::Finalized;
+pub use sweep::SweepSummary;
+
+/// What a dispatcher holds between claim and finalize.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub delivery_id: String,
+    pub claimer: String,
+    pub openid: OpenId,
+    pub template_id: TemplateId,
+    pub due_at: DateTime<Utc>,
+    /// The claim's lease: the delivery is this claimer's until then.
+    pub lease_until: DateTime<Utc>,
+    pub source: ClaimSource,
+    grant_sk: String,
+}
+
+/// What was claimed: a reminder plan or a notification's push.
+#[derive(Debug, Clone)]
+pub enum ClaimSource {
+    /// The kind and the plan as the claim wrote it (`sending`, at its new version).
+    Plan {
+        kind: ReminderKind,
+        plan: Plan,
+    },
+    Outbox(OutboxClaim),
+}
+
+/// A claimed push: the message to send (data already fitted at ingest).
+#[derive(Debug, Clone)]
+pub struct OutboxClaim {
+    pub note_id: String,
+    pub data: BTreeMap<String, String>,
+    pub page: Option<String>,
+    item: OutboxItem,
+}
+
+/// The stored delivery: one send attempt and everything known about it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DeliveryItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    delivery_id: String,
+    state: DeliveryState,
+    /// The sort key of what was claimed: `PLAN#<kind>` or `OUTBOX#<note id>`.
+    source: String,
+    template_id: String,
+    grant_sk: String,
+    claimer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until: Option<i64>,
+    due_at: i64,
+    claimed_at: String,
+    /// The claimed item's retryable failures in a row before this send.
+    #[serde(default)]
+    attempts: u32,
+    /// The outcome class, once settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    errcode: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    msgid: Option<String>,
+    /// When a sweep declared the send `unknown` (kept when a late answer settles it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    swept_at: Option<String>,
+    /// What the sweep decided, in a few words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sweep_outcome: Option<String>,
+    /// When WeChat's answer arrived after the sweep and settled the delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    answered_late_at: Option<String>,
+}
+
+impl DeliveryItem {
+    /// The class it was settled with (older items: from the state alone).
+    fn settled_class(&self) -> Option<OutcomeClass> {
+        if let Some(class) = self.class.as_deref().and_then(OutcomeClass::parse) {
+            return Some(class);
+        }
+        match self.state {
+            DeliveryState::Claimed | DeliveryState::Sending => None,
+            DeliveryState::Sent => Some(OutcomeClass::Sent),
+            DeliveryState::Unknown => Some(OutcomeClass::Unknown),
+            DeliveryState::Failed => Some(OutcomeClass::Retryable),
+        }
+    }
+}
+
+/// A send result in a few words, for the delivery and the notification. Never
+/// WeChat's errmsg (it carries a request id) nor an HTTP client's error text.
+fn describe(result: &SendResult) -> String {
+    match result {
+        SendResult::Sent { .. } => "sent".to_string(),
+        SendResult::Refused { errcode, .. } => format!("errcode {errcode}"),
+        SendResult::Uncertain { reason } => format!("uncertain: {reason}"),
+        SendResult::NotSent { reason } => format!("not sent: {reason}"),
+        SendResult::Invalid { reason } => format!("invalid content: {reason}"),
+    }
+}
+
+/// Which delivery a settle may move.
+enum Guard<'a> {
+    /// Still live and this claimer's (a finalize).
+    Claimer(&'a str),
+    /// Still live with this expired lease (the sweep).
+    ExpiredLease(i64),
+    /// Declared `unknown` by a sweep, claimed by this claimer, not yet answered late.
+    Swept(&'a str),
+}
+
+/// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
+#[derive(Debug, Clone, Copy)]
+struct GrantMove<'a> {
+    sk: &'a str,
+    template: &'a TemplateId,
+    from: GrantState,
+    to: GrantState,
+}
+
+/// What a settle writes to the delivery.
+struct DeliveryWrite {
+    state: DeliveryState,
+    class: OutcomeClass,
+    outcome: String,
+    errcode: Option<i64>,
+    msgid: Option<String>,
+    /// Whether this write comes from the sweep (or is a late answer after one).
+    by: Writer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    Finalize,
+    Sweep,
+    LateAnswer,
+}
+
+/// One settle transaction: the delivery, its grant, and the claimed item's writes.
+struct SettleTx<'a> {
+    pk: &'a str,
+    delivery_id: &'a str,
+    guard: Guard<'a>,
+    write: DeliveryWrite,
+    grant: Option<GrantMove<'a>>,
+    /// The claimed item's writes (conditional on it being as expected); dropped
+    /// together if it moved on.
+    source: Vec<TransactWriteItem>,
+}
+
+/// Which parts of a settle landed.
+#[derive(Debug)]
+enum Settled {
+    /// The delivery moved; the grant and the claimed item's writes too, if true.
+    Landed { grant: bool, source: bool },
+    /// The delivery was not in the guarded state: as it is now (ALL_OLD), if it exists.
+    DeliveryMoved(Option<Box<DeliveryItem>>),
+}
+
+fn grant_state_name(state: GrantState) -> &'static str {
+    match state {
+        GrantState::Available => "available",
+        GrantState::Reserved => "reserved",
+        GrantState::Consumed => "consumed",
+        GrantState::Invalid => "invalid",
+    }
+}
+
+impl Store {
+    fn delivery_update(
+        &self,
+        tx: &SettleTx<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let w = &tx.write;
+        let mut set = vec![
+            "#s = :final",
+            // CLASS is a reserved word: the name goes through a placeholder.
+            "#class = :class",
+            "outcome = :outcome",
+            "finished_at = :now",
+        ];
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(tx.pk, &delivery_sk(tx.delivery_id))))
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_names("#class", "class")
+            .expression_attribute_values(":final", s(w.state.as_str()))
+            .expression_attribute_values(":class", s(w.class.as_str()))
+            .expression_attribute_values(
+                ":outcome",
+                s(w.outcome.chars().take(300).collect::<String>()),
+            )
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(code) = w.errcode {
+            set.push("errcode = :errcode");
+            update = update.expression_attribute_values(":errcode", n(code));
+        }
+        if let Some(msgid) = &w.msgid {
+            set.push("msgid = :msgid");
+            update = update.expression_attribute_values(":msgid", s(msgid));
+        }
+        match w.by {
+            Writer::Finalize => {}
+            Writer::Sweep => {
+                set.push("swept_at = :now");
+                set.push("sweep_outcome = :outcome");
+            }
+            Writer::LateAnswer => set.push("answered_late_at = :now"),
+        }
+        update = match tx.guard {
+            Guard::Claimer(claimer) => update
+                .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
+                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
+                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
+                .expression_attribute_values(":c", s(claimer)),
+            Guard::ExpiredLease(until) => update
+                .condition_expression("#s IN (:claimed, :sending) AND lease_until = :l")
+                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
+                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
+                .expression_attribute_values(":l", n(until)),
+            Guard::Swept(claimer) => update
+                .condition_expression(
+                    "#s = :unknown AND claimer = :c AND attribute_exists(swept_at) \
+                     AND attribute_not_exists(answered_late_at)",
+                )
+                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str()))
+                .expression_attribute_values(":c", s(claimer)),
+        };
+        let expression = format!("SET {} REMOVE lease_pk, lease_until", set.join(", "));
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// The grant's move and its counters (two items).
+    fn grant_move(
+        &self,
+        pk: &str,
+        delivery_id: &str,
+        grant: GrantMove<'_>,
+        by: Writer,
+        now: DateTime<Utc>,
+    ) -> Result<[TransactWriteItem; 2], StoreError> {
+        let mut expression =
+            "SET #s = :to, updated_at = :now, version = version + :one".to_string();
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, grant.sk)))
+            // Fenced: only the delivery that reserved the grant moves it.
+            .condition_expression("#s = :from AND delivery_id = :d")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":to", s(grant_state_name(grant.to)))
+            .expression_attribute_values(":from", s(grant_state_name(grant.from)))
+            .expression_attribute_values(":d", s(delivery_id))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
+            // Undoing a void: only the sweep's guess, never the user's disable.
+            update = update
+                .condition_expression("#s = :from AND delivery_id = :d AND void_reason = :sweep")
+                .expression_attribute_values(":sweep", s(SWEEP_VOID));
+        }
+        match grant.to {
+            // A restore: free again for any later claim.
+            GrantState::Available => expression.push_str(" REMOVE delivery_id, void_reason"),
+            GrantState::Invalid => {
+                expression.push_str(", void_reason = :why");
+                let why = if by == Writer::Sweep {
+                    SWEEP_VOID
+                } else {
+                    "send"
+                };
+                update = update.expression_attribute_values(":why", s(why));
+            }
+            GrantState::Consumed | GrantState::Reserved => {}
+        }
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let counters = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(grant.template))))
+            // Counter names go through placeholders: CONSUMED is a reserved word.
+            .update_expression("SET updated_at = :now ADD #from :minus, #to :one")
+            .expression_attribute_names("#from", grant_state_name(grant.from))
+            .expression_attribute_names("#to", grant_state_name(grant.to))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":minus", n(-1))
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok([
+            TransactWriteItem::builder().update(update).build(),
+            TransactWriteItem::builder().update(counters).build(),
+        ])
+    }
+
+    /// Runs a settle transaction (see the module docs), dropping the parts that no
+    /// longer apply: a grant that is not this delivery's to move any more, a claimed
+    /// item that moved on. A grant already voided for this delivery is still moved to
+    /// `consumed` when WeChat took the message (the truth wins), and back to
+    /// `available` only if the sweep voided it.
+    async fn settle(
+        &self,
+        mut tx: SettleTx<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Settled, StoreError> {
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let mut items = vec![self.delivery_update(&tx, now)?];
+            let grant_index = items.len();
+            if let Some(grant) = tx.grant.filter(|g| g.from != g.to) {
+                items.extend(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
+            }
+            let source_range = items.len()..items.len() + tx.source.len();
+            items.extend(tx.source.iter().cloned());
+            let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
+            let reasons = match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    return Ok(Settled::Landed {
+                        grant: with_grant,
+                        source: !tx.source.is_empty(),
+                    });
+                }
+                TxOutcome::Contended => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+                TxOutcome::Cancelled(reasons) => reasons,
+            };
+            let failed = |i: usize| {
+                reasons
+                    .get(i)
+                    .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+            };
+            let old = |i: usize| reasons.get(i).and_then(|(_, item)| item.clone());
+            if failed(0) {
+                let now_item = match old(0) {
+                    Some(item) => Some(Box::new(parse::<DeliveryItem>("delivery", item)?)),
+                    None => None,
+                };
+                return Ok(Settled::DeliveryMoved(now_item));
+            }
+            let mut changed = false;
+            if with_grant && failed(grant_index) {
+                tx.grant = tx
+                    .grant
+                    .and_then(|g| regrant(g, tx.delivery_id, old(grant_index)));
+                changed = true;
+            }
+            if source_range.clone().any(failed) {
+                // The plan or push moved on (the user acted): that stands.
+                tx.source.clear();
+                changed = true;
+            }
+            if !changed {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+        }
+        Err(StoreError::Unavailable(
+            "settle contended past the retry limit".into(),
+        ))
+    }
+}
+
+/// `void_reason` of a grant the sweep voided (its send's outcome unknown).
+const SWEEP_VOID: &str = "sweep";
+
+/// The grant move to try again after the grant's condition failed, given the grant as
+/// it is: none if it is no longer this delivery's to move.
+fn regrant<'a>(
+    wanted: GrantMove<'a>,
+    delivery_id: &str,
+    now: Option<Item>,
+) -> Option<GrantMove<'a>> {
+    let now = now?;
+    if text(&now, "delivery_id") != Some(delivery_id) || text(&now, "state") != Some("invalid") {
+        return None;
+    }
+    let voided_by_sweep = text(&now, "void_reason") == Some(SWEEP_VOID);
+    match wanted.to {
+        // WeChat took the message: whoever voided the grant, it was used.
+        GrantState::Consumed => Some(GrantMove {
+            from: GrantState::Invalid,
+            ..wanted
+        }),
+        // Not sent after all: the quota is still WeChat's, but only a sweep's guess
+        // is undone (a user who disabled the plan voided it on purpose).
+        GrantState::Available if voided_by_sweep => Some(GrantMove {
+            from: GrantState::Invalid,
+            ..wanted
+        }),
+        GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
+    }
+}
