@@ -13,7 +13,7 @@
 //! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
 //! | `ONEGRANT_REMINDERS` | JSON array of reminder kinds (see [`ReminderKinds::from_json`]); `water` required | required |
 //! | `DUE_SHARDS` | shards of the due index and the lease index (1–256) | 16 |
-//! | `DISPATCH_LEASE_SECONDS` | how long a claim is held before the sweep may recover it (10–900) | 60 |
+//! | `DISPATCH_LEASE_SECONDS` | how long a claim is held before the sweep may recover it (10–900; never less than the send window plus 3 s) | 60 |
 //! | `DISPATCH_LOOKAHEAD_SECONDS` | how far ahead a tick claims (waiting until each is due) (0–300) | 60 |
 //! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |

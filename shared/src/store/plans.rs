@@ -1,9 +1,11 @@
 //! Reminder plans: settings, check-ins, the effects of grant reports, and the due index.
 //!
 //! A plan item (`PLAN#<kind>`) carries its state, version and settings; while
-//! `scheduled` it also carries `due_pk`/`due_at`, which put it on the sparse due index.
-//! Every write is a whole-item Put conditional on the version it was read at, so the
-//! index entry is added and removed in the same write that changes the state.
+//! `scheduled` it also carries `due_pk`/`due_at`, which put it on the sparse due index,
+//! and while `sending` its claim's `lease_pk`/`lease_until`, which put it on the lease
+//! index (so a sweep finds a plan its settled delivery left behind). Every write is a
+//! whole-item Put conditional on the version it was read at, so index entries are
+//! added and removed in the same write that changes the state.
 //!
 //! A check-in is one read (plan, quota, action record, the carried grant's ledger item)
 //! and one transaction: the action record (with the answer, kept 35 days), the plan,
