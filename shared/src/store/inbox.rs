@@ -18,7 +18,10 @@ use super::grants::rfc3339;
 use super::item::{key, parse, s};
 use super::keys::{INBOX_SK, due_pk, event_sk, note_sk, outbox_sk, user_pk};
 use super::plans::TxOutcome;
-use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use super::{
+    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
+    retry_contended,
+};
 use crate::domain::OpenId;
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id,
@@ -269,20 +272,21 @@ impl Store {
                 self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?,
             );
         }
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+        let (items, note_id) = (&items, &note_id);
+        retry_contended("ingest", || async move {
             match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
-                    return Ok(Ingested::Created {
-                        note_id,
+                    return Ok(Attempt::Done(Ingested::Created {
+                        note_id: note_id.clone(),
                         push: push_status,
-                    });
+                    }));
                 }
                 TxOutcome::Cancelled(reasons) => {
                     if let Some((code, Some(old))) = reasons.first()
                         && code == "ConditionalCheckFailed"
                     {
                         let old: EventItem = parse("event", old.clone())?;
-                        return Ok(if old.fingerprint == event.fingerprint {
+                        return Ok(Attempt::Done(if old.fingerprint == event.fingerprint {
                             Ingested::Duplicate {
                                 note_id: old.note_id,
                             }
@@ -290,16 +294,14 @@ impl Store {
                             Ingested::Conflict {
                                 note_id: old.note_id,
                             }
-                        });
+                        }));
                     }
                 }
                 TxOutcome::Contended => {}
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "ingest contended past the retry limit".into(),
-        ))
+            Ok(Attempt::Retry)
+        })
+        .await
     }
 
     /// A page of `openid`'s notifications, newest first, after `after` (a notification
@@ -399,11 +401,11 @@ impl Store {
         id: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<NotificationView>, StoreError> {
-        let pk = user_pk(openid);
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+        let pk = &user_pk(openid);
+        retry_contended("mark read", || async move {
             let flip = Update::builder()
                 .table_name(&self.table)
-                .set_key(Some(key(&pk, &note_sk(id))))
+                .set_key(Some(key(pk, &note_sk(id))))
                 .update_expression("SET #read = :true, read_at = :now")
                 .condition_expression("attribute_exists(pk) AND #read = :false")
                 .expression_attribute_names("#read", "read")
@@ -415,7 +417,7 @@ impl Store {
                 )
                 .build()
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let counter = self.unread_change(&pk, -1)?;
+            let counter = self.unread_change(pk, -1)?;
             match self
                 .transact(vec![
                     TransactWriteItem::builder().update(flip).build(),
@@ -428,7 +430,7 @@ impl Store {
                         .client
                         .get_item()
                         .table_name(&self.table)
-                        .set_key(Some(key(&pk, &note_sk(id))))
+                        .set_key(Some(key(pk, &note_sk(id))))
                         .consistent_read(true)
                         .send()
                         .await
@@ -436,7 +438,8 @@ impl Store {
                     return got
                         .item
                         .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
-                        .transpose();
+                        .transpose()
+                        .map(Attempt::Done);
                 }
                 TxOutcome::Cancelled(reasons) => match reasons.first() {
                     Some((code, old)) if code == "ConditionalCheckFailed" => {
@@ -444,17 +447,16 @@ impl Store {
                         return old
                             .clone()
                             .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
-                            .transpose();
+                            .transpose()
+                            .map(Attempt::Done);
                     }
                     _ => {}
                 },
                 TxOutcome::Contended => {}
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "mark read contended past the retry limit".into(),
-        ))
+            Ok(Attempt::Retry)
+        })
+        .await
     }
 
     fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {

@@ -71,6 +71,37 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(random % window + 1)
 }
 
+/// What one try of a contended write decided.
+pub(crate) enum Attempt<T> {
+    /// Finished with this answer.
+    Done(T),
+    /// Lost a race (a condition or a conflicting write): read again and try again.
+    Retry,
+}
+
+/// Runs `attempt` until it is done, pausing [`backoff`] between tries; past
+/// [`MAX_WRITE_ATTEMPTS`] the write is `Unavailable` (503 with `Retry-After`), naming
+/// `what`. The one retry loop of the store: every read-decide-write cycle goes through
+/// it.
+pub(crate) async fn retry_contended<T, F, Fut>(
+    what: &'static str,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
+{
+    for n in 1..=MAX_WRITE_ATTEMPTS {
+        if let Attempt::Done(answer) = attempt().await? {
+            return Ok(answer);
+        }
+        tokio::time::sleep(backoff(n)).await;
+    }
+    Err(StoreError::Unavailable(
+        format!("{what} contended past the retry limit").into(),
+    ))
+}
+
 impl Store {
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         Self {

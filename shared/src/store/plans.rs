@@ -27,7 +27,10 @@ use super::item::{key, parse, s};
 use super::keys::{
     GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, user_pk,
 };
-use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use super::{
+    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
+    retry_contended,
+};
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
 use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
@@ -551,9 +554,9 @@ impl Store {
         update: &SettingsUpdate,
         now: DateTime<Utc>,
     ) -> Result<PlanSnapshot, StoreError> {
-        let pk = user_pk(openid);
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            let read = self.read(&pk, kind, None).await?;
+        let pk = &user_pk(openid);
+        retry_contended("plan settings", || async move {
+            let read = self.read(pk, kind, None).await?;
             let mut plan = match read.plan {
                 Some(item) => item.into_plan(kind)?,
                 None => Plan::new(kind),
@@ -573,16 +576,16 @@ impl Store {
             plan.status = before
                 .apply(event)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let put = self.plan_put(&plan, &pk, now)?;
+            let put = self.plan_put(&plan, pk, now)?;
             let committed = if update.enabled {
                 let mut items = vec![put];
                 if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                    items.push(self.grant_check(&pk, kind)?);
+                    items.push(self.grant_check(pk, kind)?);
                 }
                 matches!(self.transact(items).await?, TxOutcome::Committed)
             } else {
                 let done = self
-                    .invalidate_grants(&pk, &kind.template_id, Some(put), true, now)
+                    .invalidate_grants(pk, &kind.template_id, Some(put), true, now)
                     .await?;
                 if done {
                     counters.invalid += counters.available + counters.reserved;
@@ -591,15 +594,13 @@ impl Store {
                 }
                 done
             };
-            if committed {
-                plan.version += 1;
-                return Ok(PlanSnapshot { plan, counters });
+            if !committed {
+                return Ok(Attempt::Retry);
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "plan settings contended past the retry limit".into(),
-        ))
+            plan.version += 1;
+            Ok(Attempt::Done(PlanSnapshot { plan, counters }))
+        })
+        .await
     }
 
     /// `POST /v1/reminders/{kind}/checkins` (see the module docs).
@@ -610,12 +611,12 @@ impl Store {
         checkin: &CheckIn,
         now: DateTime<Utc>,
     ) -> Result<CheckInOutcome, StoreError> {
-        let pk = user_pk(openid);
-        let fingerprint = checkin.fingerprint(&kind.name);
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            let read = self.read(&pk, kind, Some(checkin)).await?;
+        let pk = &user_pk(openid);
+        let fingerprint = &checkin.fingerprint(&kind.name);
+        retry_contended("check-in", || async move {
+            let read = self.read(pk, kind, Some(checkin)).await?;
             if let Some(action) = read.action {
-                return replay(action, &fingerprint);
+                return replay(action, fingerprint).map(Attempt::Done);
             }
             // The grant the check-in carries: new, a replay of an earlier report, or a
             // conflict with one.
@@ -685,36 +686,38 @@ impl Store {
             let response = serde_json::to_value(answered.view(counters.available, now))
                 .map_err(|e| corrupt("plan view", e))?;
             let action = ActionItem {
-                pk: pk.clone(),
+                pk: pk.to_string(),
                 sk: action_sk(&checkin.action_id),
                 kind: "action".into(),
                 reminder: kind.name.to_string(),
-                fingerprint: fingerprint.clone(),
+                fingerprint: fingerprint.to_string(),
                 response: response.to_string(),
                 created_at: rfc3339(now),
                 expires_at: (now + ACTION_RETENTION).timestamp(),
             };
             let mut items = vec![
                 self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
-                self.plan_put(&plan, &pk, now)?,
+                self.plan_put(&plan, pk, now)?,
             ];
             let mut ledger_index = None;
             if let Some((request_id, result)) = &write_ledger {
-                let item = GrantItem::new(&pk, &kind.template_id, request_id, *result, now);
+                let item = GrantItem::new(pk, &kind.template_id, request_id, *result, now);
                 ledger_index = Some(items.len());
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
                 if let Some(update) =
-                    quota_update_item(&self.table, &pk, &kind.template_id, *result, now)?
+                    quota_update_item(&self.table, pk, &kind.template_id, *result, now)?
                 {
                     items.push(update);
                 }
             } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                items.push(self.grant_check(&pk, kind)?);
+                items.push(self.grant_check(pk, kind)?);
             }
             match self.transact(items).await? {
-                TxOutcome::Committed => return Ok(CheckInOutcome::Applied(response)),
+                TxOutcome::Committed => {
+                    return Ok(Attempt::Done(CheckInOutcome::Applied(response)));
+                }
                 TxOutcome::Cancelled(reasons) => {
                     let failed = |i: usize| {
                         reasons
@@ -730,7 +733,7 @@ impl Store {
                             })?;
                         let old: ActionItem =
                             serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
-                        return replay(old, &fingerprint);
+                        return replay(old, fingerprint).map(Attempt::Done);
                     }
                     if let Some(i) = ledger_index
                         && failed(i)
@@ -754,11 +757,9 @@ impl Store {
                 }
                 TxOutcome::Contended => {}
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "check-in contended past the retry limit".into(),
-        ))
+            Ok(Attempt::Retry)
+        })
+        .await
     }
 
     /// After a grant report: a grant for a kind's template resumes a plan that waits
@@ -771,11 +772,11 @@ impl Store {
         result: SubscribeResult,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let pk = user_pk(openid);
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            let read = self.read(&pk, kind, None).await?;
+        let pk = &user_pk(openid);
+        retry_contended("plan update", || async move {
+            let read = self.read(pk, kind, None).await?;
             let Some(item) = read.plan else {
-                return Ok(());
+                return Ok(Attempt::Done(()));
             };
             let mut plan = item.into_plan(kind)?;
             let before = plan.clone();
@@ -784,12 +785,12 @@ impl Store {
             match result {
                 SubscribeResult::Reject => plan.refuse(Refusal::Reject).map_err(illegal)?,
                 SubscribeResult::Ban => plan.refuse(Refusal::Ban).map_err(illegal)?,
-                SubscribeResult::Filter => return Ok(()),
+                SubscribeResult::Filter => return Ok(Attempt::Done(())),
                 SubscribeResult::Accept
                 | SubscribeResult::AcceptWithAudio
                 | SubscribeResult::AcceptWithAlert => {
                     if read.counters.available == 0 {
-                        return Ok(());
+                        return Ok(Attempt::Done(()));
                     }
                     let anchor = plan.last_checkin_at.unwrap_or(now);
                     let due = plan.next_due(anchor, plan.settings.daily_goal, now);
@@ -800,20 +801,18 @@ impl Store {
                 }
             }
             if plan == before {
-                return Ok(());
+                return Ok(Attempt::Done(()));
             }
-            let mut items = vec![self.plan_put(&plan, &pk, now)?];
+            let mut items = vec![self.plan_put(&plan, pk, now)?];
             if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                items.push(self.grant_check(&pk, kind)?);
+                items.push(self.grant_check(pk, kind)?);
             }
-            if let TxOutcome::Committed = self.transact(items).await? {
-                return Ok(());
-            }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "plan update contended past the retry limit".into(),
-        ))
+            Ok(match self.transact(items).await? {
+                TxOutcome::Committed => Attempt::Done(()),
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+            })
+        })
+        .await
     }
 }
 

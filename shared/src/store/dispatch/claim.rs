@@ -8,7 +8,7 @@ use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{key, n, parse, s, to_item};
 use super::super::keys::{delivery_sk, lease_pk, quota_sk};
 use super::super::plans::TxOutcome;
-use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error};
+use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim};
 use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{DeliveryState, OutboxState};
@@ -70,9 +70,12 @@ impl Store {
             tracing::error!(sk = %item.sk, "due item outside a user partition");
             return Ok(ClaimOutcome::Lost);
         };
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+        // Contended past the retry limit, the item is left for the next tick (the
+        // dispatcher logs and counts it).
+        let openid = &openid;
+        retry_contended("claim", || async move {
             let Some(claimable) = self.claimable(item, kinds).await? else {
-                return Ok(ClaimOutcome::Lost);
+                return Ok(Attempt::Done(ClaimOutcome::Lost));
             };
             let template = claimable.template()?;
             let grant = if claimable.may_have_grant() {
@@ -82,10 +85,10 @@ impl Store {
             };
             let Some(grant) = grant else {
                 let writes = self.no_grant_writes(item, &claimable, now)?;
-                return match self.transact(writes).await? {
-                    TxOutcome::Committed => Ok(ClaimOutcome::NoGrant),
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Ok(ClaimOutcome::Lost),
-                };
+                return Ok(Attempt::Done(match self.transact(writes).await? {
+                    TxOutcome::Committed => ClaimOutcome::NoGrant,
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => ClaimOutcome::Lost,
+                }));
             };
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             let lease_until = now + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
@@ -104,16 +107,16 @@ impl Store {
             )?);
             match self.transact(writes).await? {
                 TxOutcome::Committed => {
-                    return Ok(ClaimOutcome::Claimed(Box::new(Claim {
+                    return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(Claim {
                         delivery_id,
                         claimer: claimer.to_string(),
-                        openid,
+                        openid: openid.clone(),
                         template_id: template,
                         due_at: item.due_at,
                         lease_until,
                         source,
                         grant_sk: grant.sk,
-                    })));
+                    }))));
                 }
                 TxOutcome::Cancelled(reasons)
                     if reasons
@@ -121,14 +124,14 @@ impl Store {
                         .is_some_and(|(code, _)| code == "ConditionalCheckFailed") =>
                 {
                     // The item moved on: another dispatcher claimed it, or the user acted.
-                    return Ok(ClaimOutcome::Lost);
+                    return Ok(Attempt::Done(ClaimOutcome::Lost));
                 }
                 // The grant was taken (or the counters changed): pick again.
                 TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Ok(ClaimOutcome::Lost)
+            Ok(Attempt::Retry)
+        })
+        .await
     }
 
     /// The item behind a due entry, if it is still due at that instant.

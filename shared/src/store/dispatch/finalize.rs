@@ -17,7 +17,7 @@ use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{parse, to_item};
 use super::super::keys::user_pk;
 use super::super::plans::TxOutcome;
-use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
+use super::super::{Attempt, Store, StoreError, retry_contended};
 use super::{
     Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer, describe,
 };
@@ -213,18 +213,17 @@ impl Store {
         if !settlement.invalidate_others {
             return Ok(());
         }
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            if self
+        retry_contended("grant invalidation", || async move {
+            let done = self
                 .invalidate_grants(pk, &claim.template_id, None, false, now)
-                .await?
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "grant invalidation contended past the retry limit".into(),
-        ))
+                .await?;
+            Ok(if done {
+                Attempt::Done(())
+            } else {
+                Attempt::Retry
+            })
+        })
+        .await
     }
 
     /// A push's writes for a settlement: the outbox item (conditional on its version)
@@ -280,9 +279,11 @@ impl Store {
         late: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+        retry_contended("plan update after a send", || async move {
             let read = self.read(pk, kind, None).await?;
-            let Some(item) = read.plan else { return Ok(()) };
+            let Some(item) = read.plan else {
+                return Ok(Attempt::Done(()));
+            };
             let mut plan = item.into_plan(kind)?;
             let available = read.counters.available > 0;
             let corrupt =
@@ -300,18 +301,16 @@ impl Store {
                 false
             };
             if !moved {
-                return Ok(());
+                return Ok(Attempt::Done(()));
             }
-            if let TxOutcome::Committed =
-                self.transact(vec![self.plan_put(&plan, pk, now)?]).await?
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        Err(StoreError::Unavailable(
-            "plan update after a send contended past the retry limit".into(),
-        ))
+            Ok(
+                match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
+                    TxOutcome::Committed => Attempt::Done(()),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                },
+            )
+        })
+        .await
     }
 }
 
