@@ -13,7 +13,7 @@
 //! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
 //! | `ONEGRANT_REMINDERS` | JSON array of reminder kinds (see [`ReminderKinds::from_json`]); `water` required | required |
 //! | `DUE_SHARDS` | shards of the due index and the lease index (1–256) | 16 |
-//! | `DISPATCH_LEASE_SECONDS` | how long a claim is held before the sweep may recover it (10–900; never less than the send window plus 3 s) | 60 |
+//! | `DISPATCH_LEASE_SECONDS` | the least a claim is held before the sweep may recover it (10–900); a claim is always held for its send's window (4 × (connect + answer timeout)) plus 5 s for the finalize, when that is longer | 10 |
 //! | `DISPATCH_LOOKAHEAD_SECONDS` | how far ahead a tick claims (waiting until each is due) (0–300) | 60 |
 //! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
@@ -246,7 +246,7 @@ impl Config {
                 ),
             };
         let dispatch = DispatchConfig {
-            lease: Duration::from_secs(number("DISPATCH_LEASE_SECONDS", 60, 10..=900)?),
+            lease: Duration::from_secs(number("DISPATCH_LEASE_SECONDS", 10, 10..=900)?),
             lookahead: Duration::from_secs(number("DISPATCH_LOOKAHEAD_SECONDS", 60, 0..=300)?),
             max_attempts: u32::try_from(number("DISPATCH_MAX_ATTEMPTS", 5, 1..=20)?).unwrap_or(5),
             retry_base: Duration::from_secs(number("DISPATCH_RETRY_BASE_SECONDS", 60, 1..=3600)?),

@@ -746,6 +746,17 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
             Some("awaiting_checkin")
         );
     }
+    // Each bad item was taken off its index (kept for an operator): the next tick
+    // does not trip over them again.
+    let quarantined = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| i.contains_key("quarantined_at"))
+        .count();
+    assert_eq!(quarantined, 3);
+    let again = app.tick(30).await;
+    assert_eq!((again.due, again.skipped), (0, 0), "{again:?}");
 }
 
 #[tokio::test]
@@ -770,6 +781,12 @@ async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
     assert_eq!(
         ops.iter().filter(|o| *o == "GetItem").count(),
         onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize
+    );
+    // The unreadable ones left the lease index: the next sweep reaches the rest.
+    let next = app.sweep_at(Utc::now()).await;
+    assert_eq!(
+        next.skipped as usize,
+        backlog - onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize
     );
 }
 

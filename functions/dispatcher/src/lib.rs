@@ -30,7 +30,7 @@ use onegrant::domain::keywords::fit_all;
 use onegrant::domain::outcome::{OutcomeClass, SendResult};
 use onegrant::domain::reminder::ContentValues;
 use onegrant::store::StoreError;
-use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem};
+use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
 use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use serde::Serialize;
@@ -38,7 +38,7 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
 /// Time kept back, beyond the send's window, for a finalize after the last send.
-const FINALIZE_MARGIN: Duration = Duration::from_secs(3);
+const FINALIZE_MARGIN: Duration = Duration::from_secs(5);
 
 /// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -54,6 +54,10 @@ pub struct Summary {
     pub advanced: u32,
     /// Sends a sweep had declared `unknown` that WeChat's late answer settled.
     pub late: u32,
+    /// Claims given back unsent for want of time (grant restored, due again).
+    pub released: u32,
+    /// Finalizes that found the delivery already settled by a sweep and wrote nothing.
+    pub superseded: u32,
     pub restored: u32,
     pub config_errors: u32,
     pub no_grant: u32,
@@ -88,17 +92,50 @@ impl Budget {
 /// Runs one tick that must finish by `deadline`.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
     let config = &deps.config;
-    let claimer = uuid::Uuid::new_v4().simple().to_string();
     let now = Utc::now();
+    // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
+    // rather than before them, so it never delays a reminder that is due.
     let policy = config.dispatch.retry_policy();
-    let swept = deps.store.sweep(&config.reminders, &policy, now).await;
+    let sweeping = deps.store.sweep(&config.reminders, &policy, now);
+    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, now));
+    let mut summary = dispatched?;
+    summary.recovered = swept.recovered;
+    summary.advanced = swept.advanced;
+    summary.skipped += swept.skipped;
+    tracing::info!(
+        due = summary.due,
+        claimed = summary.claimed,
+        sent = summary.sent,
+        failed = summary.failed,
+        unknown = summary.unknown,
+        recovered = summary.recovered,
+        advanced = summary.advanced,
+        late = summary.late,
+        released = summary.released,
+        superseded = summary.superseded,
+        restored = summary.restored,
+        deferred = summary.deferred,
+        no_token = summary.no_token,
+        skipped = summary.skipped,
+        "dispatcher tick"
+    );
+    emit_metrics(&summary);
+    Ok(summary)
+}
+
+/// Everything due by the next tick: each item waited for, claimed, sent, finalized.
+async fn dispatch_due(
+    deps: &Deps,
+    deadline: Instant,
+    now: chrono::DateTime<Utc>,
+) -> Result<Summary, StoreError> {
+    let config = &deps.config;
+    let claimer = uuid::Uuid::new_v4().simple().to_string();
     let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
     let scan = deps.store.due_items(horizon).await?;
     let summary = Arc::new(Mutex::new(Summary {
-        recovered: swept.recovered,
-        advanced: swept.advanced,
-        skipped: swept.skipped + scan.unreadable,
         due: u32::try_from(scan.items.len()).unwrap_or(u32::MAX),
+        skipped: scan.unreadable,
         ..Summary::default()
     }));
     let mut due = scan.items;
@@ -123,17 +160,25 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                 Ok(Dispatched::NoToken) => s.no_token += 1,
                 Ok(Dispatched::Lost) => s.lost += 1,
                 Ok(Dispatched::NoGrant) => s.no_grant += 1,
+                Ok(Dispatched::Released) => {
+                    s.claimed += 1;
+                    s.released += 1;
+                    s.restored += 1;
+                }
                 Ok(Dispatched::Done {
-                    class,
-                    restored,
-                    late,
+                    finalized,
                     latency_ms,
                 }) => {
                     s.claimed += 1;
-                    s.restored += u32::from(restored);
-                    s.late += u32::from(late);
                     s.latencies_ms.push(latency_ms);
-                    match class {
+                    if finalized.superseded {
+                        // The sweep had settled it; its outcome is counted there.
+                        s.superseded += 1;
+                        return;
+                    }
+                    s.restored += u32::from(finalized.restored);
+                    s.late += u32::from(finalized.late);
+                    match finalized.settlement.class {
                         OutcomeClass::Sent => s.sent += 1,
                         OutcomeClass::Unknown => s.unknown += 1,
                         OutcomeClass::Config => {
@@ -146,45 +191,35 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                     }
                 }
                 Err(e) => {
-                    // Left for the sweep (claimed) or the next tick (not claimed).
+                    // Left for the sweep (claimed) or the next tick (not claimed) — or,
+                    // if it cannot be read at all, taken off the due index.
                     tracing::error!(
                         error = %error_chain(&e),
                         openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
                         "dispatch failed; item skipped"
                     );
                     s.skipped += 1;
+                    drop(s);
+                    if let StoreError::Corrupt(_) = e
+                        && let Err(e) = deps.store.quarantine_due(&item, Utc::now()).await
+                    {
+                        tracing::error!(error = %error_chain(&e), "due item not quarantined");
+                    }
                 }
             }
         }
     });
     join_all(runs).await;
     let summary = summary.lock().await.clone();
-    tracing::info!(
-        due = summary.due,
-        claimed = summary.claimed,
-        sent = summary.sent,
-        failed = summary.failed,
-        unknown = summary.unknown,
-        recovered = summary.recovered,
-        advanced = summary.advanced,
-        late = summary.late,
-        restored = summary.restored,
-        deferred = summary.deferred,
-        no_token = summary.no_token,
-        skipped = summary.skipped,
-        "dispatcher tick"
-    );
-    emit_metrics(&summary);
     Ok(summary)
 }
 
 enum Dispatched {
     Done {
-        class: OutcomeClass,
-        restored: bool,
-        late: bool,
+        finalized: Finalized,
         latency_ms: i64,
     },
+    Released,
     Lost,
     NoGrant,
     Deferred,
@@ -241,13 +276,24 @@ async fn dispatch_one(
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
     };
     onegrant::failpoint::hit("after_claim");
-    // The send must end inside the lease, before the finalize's margin: measured from
-    // the claim on the wall clock, so a process frozen after claiming does not send.
-    let left = (claim.lease_until - Utc::now())
+    // The send must end inside the lease and the invocation, before the finalize's
+    // margin: measured now, on the wall clock for the lease, so a process that stalled
+    // after claiming gives the claim back instead of sending late.
+    let lease_left = (claim.lease_until - Utc::now())
         .to_std()
         .unwrap_or_default()
         .saturating_sub(FINALIZE_MARGIN);
-    let send_by = std::time::Instant::now() + left.min(deps.wechat.send_window());
+    let time_left = lease_left
+        .min(budget.left().saturating_sub(FINALIZE_MARGIN))
+        .min(deps.wechat.send_window());
+    if time_left < deps.wechat.call_timeout() {
+        drop(turn);
+        deps.store
+            .release(&claim, "no time left to send", Utc::now())
+            .await?;
+        return Ok(Dispatched::Released);
+    }
+    let send_by = std::time::Instant::now() + time_left;
     let result = match message(deps, &claim) {
         Ok(message) => {
             deps.wechat
@@ -272,6 +318,9 @@ async fn dispatch_one(
     }
     let finalized = finalize.await?;
     let class = finalized.settlement.class;
+    if finalized.superseded {
+        tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
+    }
     match class {
         OutcomeClass::Config => tracing::error!(
             openid = %openid_hash(claim.openid.as_str()),
@@ -296,9 +345,7 @@ async fn dispatch_one(
         ),
     }
     Ok(Dispatched::Done {
-        class,
-        restored: finalized.restored,
-        late: finalized.late,
+        finalized,
         latency_ms,
     })
 }
@@ -353,6 +400,7 @@ fn emit_metrics(summary: &Summary) {
                     {"Name": "Recovered", "Unit": "Count"},
                     {"Name": "Advanced", "Unit": "Count"},
                     {"Name": "Late", "Unit": "Count"},
+                    {"Name": "Released", "Unit": "Count"},
                     {"Name": "NoToken", "Unit": "Count"},
                     {"Name": "Skipped", "Unit": "Count"},
                     {"Name": "ConfigErrors", "Unit": "Count"},
@@ -367,6 +415,7 @@ fn emit_metrics(summary: &Summary) {
         "Recovered": summary.recovered,
         "Advanced": summary.advanced,
         "Late": summary.late,
+        "Released": summary.released,
         "NoToken": summary.no_token,
         "Skipped": summary.skipped,
         "ConfigErrors": summary.config_errors,

@@ -411,3 +411,68 @@ async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushe
     }
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_gives_the_claim_back() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.scheduled_user("alice", 1).await;
+    app.make_due(&user, "water", Utc::now()).await;
+    let child = app
+        .dispatcher_process(
+            BIN,
+            &[
+                ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+                ("DISPATCH_ONCE_SECONDS", "60"),
+                ("ONEGRANT_FAILPOINT", "after_claim:stop"),
+                // Short timeouts, so the lease (10 s at least) really runs out.
+                ("WECHAT_TIMEOUT_MS", "500"),
+                ("WECHAT_CONNECT_TIMEOUT_MS", "200"),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("dispatch-once starts");
+    let pid = child.id();
+    until(
+        StdDuration::from_secs(30),
+        "the dispatcher to freeze after its claim",
+        || async { is_stopped(pid) },
+    )
+    .await;
+    // Frozen until its lease has really run out, by the wall clock; then swept.
+    let claimed = app.items_of(&user, "delivery").await.remove(0);
+    let lease_until = attr_n(&claimed, "lease_until").expect("a lease");
+    let wait_ms = lease_until - Utc::now().timestamp_millis() + 300;
+    tokio::time::sleep(StdDuration::from_millis(
+        u64::try_from(wait_ms).unwrap_or(0),
+    ))
+    .await;
+    let swept = app.sweep_at(Utc::now()).await;
+    assert_eq!(swept.recovered, 1, "{swept:?}");
+    // Thawed, it finds no time left in its lease: it must not send.
+    signal(pid, "-CONT");
+    let (status, stdout) = wait(child).await;
+    assert!(status.success(), "{status}");
+    let summary: Value = serde_json::from_str(stdout.trim()).expect("summary JSON");
+    assert!(app.deliveries().await.is_empty(), "nothing reached WeChat");
+    let delivery = app.items_of(&user, "delivery").await.remove(0);
+    assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");
+    assert!(delivery.contains_key("answered_late_at"), "{summary}");
+    let grant = app
+        .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
+        .await;
+    assert_eq!(
+        grant.as_ref().and_then(|g| attr_s(g, "state")),
+        Some("available"),
+        "the sweep's void undone: the quota is still WeChat's"
+    );
+    let plan = app.item(&user, "PLAN#water").await.expect("plan");
+    assert_eq!(attr_s(&plan, "state"), Some("scheduled"), "{plan:?}");
+    assert_eq!(
+        attr_n(&plan, "attempts").unwrap_or(0),
+        0,
+        "no attempt spent"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}

@@ -284,6 +284,20 @@ pub fn settle(
     }
 }
 
+/// A claim given back unsent, for want of time (the invocation's budget, or a process
+/// that stalled after claiming): the grant is restored and the item is due again at
+/// `due`, its own due instant. Not the message's fault, so no attempt is spent.
+pub fn release(attempts: u32, due: DateTime<Utc>) -> Settlement {
+    Settlement {
+        class: OutcomeClass::Retryable,
+        delivery: DeliveryState::Failed,
+        grant: GrantState::Available,
+        invalidate_others: false,
+        attempts,
+        follow_up: FollowUp::RetryAt(due),
+    }
+}
+
 impl Settlement {
     /// The push's state after this settlement.
     pub fn outbox_state(&self) -> OutboxState {
@@ -477,6 +491,16 @@ mod settle_tests {
         assert_eq!(state(OutcomeClass::Retryable), OutboxState::Pending);
         assert_eq!(state(OutcomeClass::Config), OutboxState::Failed);
         assert_eq!(state(OutcomeClass::Unknown), OutboxState::Unknown);
+    }
+
+    #[test]
+    fn a_released_claim_is_due_again_at_its_own_instant_without_spending_an_attempt() {
+        let s = release(2, now());
+        assert_eq!(
+            (s.grant, s.attempts, s.follow_up),
+            (GrantState::Available, 2, FollowUp::RetryAt(now()))
+        );
+        assert_eq!(s.outbox_state(), OutboxState::Pending);
     }
 
     #[test]

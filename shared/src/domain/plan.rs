@@ -307,8 +307,9 @@ impl Plan {
     }
 
     /// Leaves `sending` once the send is settled: by the settlement's follow-up, then a
-    /// check-in that arrived meanwhile (which schedules the next reminder if a grant
-    /// is `grant_available`), then a refusal that arrived meanwhile.
+    /// check-in that arrived meanwhile (applied as if it came just after: with a grant
+    /// `grant_available` it schedules the next reminder), then a refusal that arrived
+    /// meanwhile.
     pub fn finish_send(
         &mut self,
         follow_up: FollowUp,
@@ -325,13 +326,11 @@ impl Plan {
             FollowUp::Stop(reason) => PlanEvent::SendStopped(reason),
         };
         let mut status = self.status.apply(event)?;
-        if status == PlanStatus::AwaitingCheckin
-            && self.checked_in_while_sending
-            && grant_available
+        if self.checked_in_while_sending
             && let Some(at) = self.last_checkin_at
         {
             status = status.apply(PlanEvent::CheckIn {
-                grant: true,
+                grant: grant_available,
                 due: self.next_due(at, self.settings.daily_goal, now),
             })?;
         }
@@ -637,6 +636,16 @@ mod tests {
             "{:?}",
             plan.status
         );
+
+        // A send that ends paused still counts the check-in that brought a grant.
+        let mut paused = sending_plan();
+        paused.checked_in_while_sending = true;
+        paused.last_checkin_at = Some(at(40));
+        paused
+            .finish_send(FollowUp::Stop(PauseReason::Uncertain), 0, true, at(50))
+            .expect("legal");
+        assert!(matches!(paused.status, PlanStatus::Scheduled { .. }));
+        assert_eq!(paused.delivery_id, None, "the plan moved on from that send");
         assert!(!plan.checked_in_while_sending);
     }
 

@@ -283,10 +283,11 @@ impl WechatClient {
         self.config.connect_timeout + self.config.timeout
     }
 
-    /// The longest [`Self::send_in_turn`] needs for a send, one token refetch and the
-    /// retried send: what a claim's lease must cover before its finalize.
+    /// The longest [`Self::send_in_turn`] needs: a send, one token refetch (which may
+    /// first wait for another task's fetch) and the retried send — what a claim's lease
+    /// must cover before its finalize.
     pub fn send_window(&self) -> Duration {
-        self.call_timeout() * 3
+        self.call_timeout() * 4
     }
 
     /// Waits for `openid`'s turn: sends to one user go one at a time per container.
@@ -303,25 +304,11 @@ impl WechatClient {
         }
     }
 
-    /// Sends one subscription message (`subscribeMessage.send`): turn, token, send.
-    /// Never returns an error: every failure is a [`SendResult`] the caller finalizes.
-    pub async fn send(&self, message: &Message) -> SendResult {
-        let turn = self.turn(&message.touser).await;
-        let token = match self.token().await {
-            Ok(token) => token,
-            Err(e) => {
-                return SendResult::NotSent {
-                    reason: format!("no access token: {e}"),
-                };
-            }
-        };
-        let send_by = Instant::now() + self.send_window();
-        self.send_in_turn(&turn, &token, message, send_by).await
-    }
-
-    /// Sends `message` with `token` during the user's `turn`, finishing by `send_by`:
-    /// a refused token is refetched and the send retried once; a 43108 is retried
-    /// after a short wait. A retry is started only if it can end by `send_by`.
+    /// Sends one subscription message (`subscribeMessage.send`) with `token` during
+    /// the user's `turn`, finishing by `send_by`. Never returns an error: every failure
+    /// is a [`SendResult`] the caller finalizes. A refused token is refetched and the
+    /// send retried once; a 43108 is retried after a short wait. A call is started only
+    /// if it can end by `send_by`.
     pub async fn send_in_turn(
         &self,
         _turn: &Turn,
@@ -346,7 +333,8 @@ impl WechatClient {
                 SendResult::Refused { errcode, .. }
                     if TOKEN_ERRCODES.contains(errcode) && !refetched =>
                 {
-                    if Instant::now() + call * 2 > send_by {
+                    // Room for a wait behind another task's fetch, the fetch, the send.
+                    if Instant::now() + call * 3 > send_by {
                         return result;
                     }
                     tracing::warn!(errcode, "access token refused; refetching once");

@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use super::super::item::{n, number, s, text};
 use super::super::keys::due_shard_pk;
 use super::super::{Store, StoreError, classify_sdk_error};
+use super::Index;
 use crate::domain::OpenId;
+use crate::telemetry::error_chain;
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
 /// claim).
@@ -70,11 +72,29 @@ impl Store {
         });
         let mut all = DueScan::default();
         for shard in futures::future::join_all(queries).await {
-            let shard = shard?;
-            all.items.extend(shard.items);
-            all.unreadable += shard.unreadable;
+            match shard {
+                Ok(shard) => {
+                    all.items.extend(shard.items);
+                    all.unreadable += shard.unreadable;
+                }
+                // One shard that cannot be read does not stop the others' items.
+                Err(e) => {
+                    tracing::error!(error = %error_chain(&e), "due-index shard unreadable; skipped this tick");
+                    all.unreadable += 1;
+                }
+            }
         }
         all.items.sort_by_key(|i| i.due_at);
         Ok(all)
+    }
+
+    /// Takes a due item that cannot be claimed (it cannot be read) off the due index,
+    /// so it is skipped once rather than every tick; the item stays for an operator.
+    pub async fn quarantine_due(
+        &self,
+        item: &DueItem,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.quarantine(&item.pk, &item.sk, Index::Due, now).await
     }
 }

@@ -24,7 +24,7 @@ use super::{
 use crate::domain::GrantState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{
-    DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, settle,
+    DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
 };
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::ReminderKind;
@@ -40,6 +40,16 @@ pub struct Finalized {
     pub superseded: bool,
     /// A sweep had declared the send `unknown`; this definite answer settled it.
     pub late: bool,
+}
+
+impl Claim {
+    /// The claimed item's retryable failures in a row before this send.
+    fn attempts(&self) -> u32 {
+        match &self.source {
+            ClaimSource::Plan { plan, .. } => plan.attempts,
+            ClaimSource::Outbox(outbox) => outbox.item.attempts,
+        }
+    }
 }
 
 /// The push state a notification shows for an outbox state.
@@ -63,11 +73,38 @@ impl Store {
         policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<Finalized, StoreError> {
-        let attempts = match &claim.source {
-            ClaimSource::Plan { plan, .. } => plan.attempts,
-            ClaimSource::Outbox(outbox) => outbox.item.attempts,
+        let settlement = settle(
+            result.class(),
+            result.errcode(),
+            claim.attempts(),
+            policy,
+            now,
+        );
+        self.finalize_with(claim, settlement, result, now).await
+    }
+
+    /// Gives a claim back unsent, for want of time: the grant restored, the item due
+    /// again at its own due instant, no attempt spent (never left for the sweep).
+    pub async fn release(
+        &self,
+        claim: &Claim,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Finalized, StoreError> {
+        let settlement = release(claim.attempts(), claim.due_at);
+        let result = SendResult::NotSent {
+            reason: format!("released unsent: {reason}"),
         };
-        let settlement = settle(result.class(), result.errcode(), attempts, policy, now);
+        self.finalize_with(claim, settlement, &result, now).await
+    }
+
+    async fn finalize_with(
+        &self,
+        claim: &Claim,
+        settlement: Settlement,
+        result: &SendResult,
+        now: DateTime<Utc>,
+    ) -> Result<Finalized, StoreError> {
         let pk = user_pk(&claim.openid);
         let source = match &claim.source {
             ClaimSource::Plan { plan, .. } => {
@@ -97,9 +134,10 @@ impl Store {
                 from: GrantState::Reserved,
                 to: settlement.grant,
             }),
+            grant_with_source: false,
             source,
         };
-        match self.settle(tx, now).await? {
+        match self.write_settlement(tx, now).await? {
             Settled::Landed { grant, source } => {
                 if !source && let ClaimSource::Plan { kind, .. } = &claim.source {
                     crate::failpoint::hit("after_settle");
@@ -148,9 +186,28 @@ impl Store {
             outcome = settlement.class.as_str(),
             "WeChat answered after the sweep declared the send unknown: the answer wins"
         );
+        // The claimed item moves in the same transaction, if it still waits on this
+        // delivery's outcome (conditional on the version read here).
         let source = match &claim.source {
-            // The plan is advanced after, on a fresh read: it may have moved on.
-            ClaimSource::Plan { .. } => Vec::new(),
+            ClaimSource::Plan { kind, .. } => {
+                let read = self.read(pk, kind, None).await?;
+                match read.plan {
+                    Some(item) => {
+                        let mut plan = item.into_plan(kind)?;
+                        let available = read.counters.available > 0
+                            || settlement.grant == GrantState::Available;
+                        let moved = plan
+                            .settle_late(&claim.delivery_id, &settlement, available, now)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                        if moved {
+                            vec![self.plan_put(&plan, pk, now)?]
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                    None => Vec::new(),
+                }
+            }
             ClaimSource::Outbox(outbox) => match self.current_outbox(pk, &outbox.item.sk).await? {
                 Some(current)
                     if current.state == OutboxState::Unknown
@@ -162,25 +219,36 @@ impl Store {
             },
         };
         let grant = match settlement.grant {
-            GrantState::Consumed | GrantState::Available => Some(GrantMove {
+            GrantState::Consumed => Some(GrantMove {
                 sk: &claim.grant_sk,
                 template: &claim.template_id,
                 from: GrantState::Invalid,
-                to: settlement.grant,
+                to: GrantState::Consumed,
             }),
-            GrantState::Invalid | GrantState::Reserved => None,
+            // A grant goes back only together with the item it would serve: if the user
+            // has moved that on (disabled the plan, say), the void stands.
+            GrantState::Available if !source.is_empty() => Some(GrantMove {
+                sk: &claim.grant_sk,
+                template: &claim.template_id,
+                from: GrantState::Invalid,
+                to: GrantState::Available,
+            }),
+            GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
         };
+        let grant_with_source = settlement.grant == GrantState::Available;
         let tx = SettleTx {
             pk,
             delivery_id: &claim.delivery_id,
             guard: Guard::Swept(&claim.claimer),
             write: delivery_write(&settlement, result, Writer::LateAnswer),
             grant,
+            grant_with_source,
             source,
         };
-        match self.settle(tx, now).await? {
-            Settled::Landed { grant, .. } => {
-                if let ClaimSource::Plan { kind, .. } = &claim.source {
+        match self.write_settlement(tx, now).await? {
+            Settled::Landed { grant, source } => {
+                if !source && let ClaimSource::Plan { kind, .. } = &claim.source {
+                    // The plan changed between the read and the write: read it again.
                     self.advance_plan(pk, kind, &claim.delivery_id, &settlement, true, now)
                         .await?;
                 }
@@ -269,7 +337,7 @@ impl Store {
 
     /// Moves a plan out of `sending` for `delivery_id` by `settlement` — or, `late`,
     /// out of `paused uncertain` for it — re-reading it for each attempt. Nothing
-    /// happens if the plan has moved on (disabled, or another delivery's).
+    /// happens (false) if the plan has moved on (disabled, or another delivery's).
     pub(super) async fn advance_plan(
         &self,
         pk: &str,
@@ -278,11 +346,11 @@ impl Store {
         settlement: &Settlement,
         late: bool,
         now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         retry_contended("plan update after a send", || async move {
             let read = self.read(pk, kind, None).await?;
             let Some(item) = read.plan else {
-                return Ok(Attempt::Done(()));
+                return Ok(Attempt::Done(false));
             };
             let mut plan = item.into_plan(kind)?;
             let available = read.counters.available > 0;
@@ -301,11 +369,11 @@ impl Store {
                 false
             };
             if !moved {
-                return Ok(Attempt::Done(()));
+                return Ok(Attempt::Done(false));
             }
             Ok(
                 match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
-                    TxOutcome::Committed => Attempt::Done(()),
+                    TxOutcome::Committed => Attempt::Done(true),
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
                 },
             )

@@ -132,7 +132,14 @@ impl DeliveryItem {
             DeliveryState::Claimed | DeliveryState::Sending => None,
             DeliveryState::Sent => Some(OutcomeClass::Sent),
             DeliveryState::Unknown => Some(OutcomeClass::Unknown),
-            DeliveryState::Failed => Some(OutcomeClass::Retryable),
+            DeliveryState::Failed => Some(match self.errcode {
+                Some(errcode) => SendResult::Refused {
+                    errcode,
+                    errmsg: String::new(),
+                }
+                .class(),
+                None => OutcomeClass::Retryable,
+            }),
         }
     }
 }
@@ -193,6 +200,8 @@ struct SettleTx<'a> {
     guard: Guard<'a>,
     write: DeliveryWrite,
     grant: Option<GrantMove<'a>>,
+    /// Drop the grant's move too if the claimed item's writes are dropped.
+    grant_with_source: bool,
     /// The claimed item's writes (conditional on it being as expected); dropped
     /// together if it moved on.
     source: Vec<TransactWriteItem>,
@@ -356,7 +365,7 @@ impl Store {
     /// item that moved on. A grant already voided for this delivery is still moved to
     /// `consumed` when WeChat took the message (the truth wins), and back to
     /// `available` only if the sweep voided it.
-    async fn settle(
+    async fn write_settlement(
         &self,
         mut tx: SettleTx<'_>,
         now: DateTime<Utc>,
@@ -406,6 +415,9 @@ impl Store {
             if source_range.clone().any(failed) {
                 // The plan or push moved on (the user acted): that stands.
                 tx.source.clear();
+                if tx.grant_with_source {
+                    tx.grant = None;
+                }
                 changed = true;
             }
             if !changed {
@@ -415,6 +427,57 @@ impl Store {
         Err(StoreError::Unavailable(
             "settle contended past the retry limit".into(),
         ))
+    }
+}
+
+/// The sparse indexes an item can be taken off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Index {
+    Due,
+    Lease,
+}
+
+impl Store {
+    /// Takes an item that cannot be read or acted on off `index` (it stays in the
+    /// table, marked `quarantined_at`, for an operator to look at), so one bad item
+    /// is skipped once, not every tick.
+    async fn quarantine(
+        &self,
+        pk: &str,
+        sk: &str,
+        index: Index,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let (expression, present) = match index {
+            Index::Due => ("REMOVE due_pk, due_at SET quarantined_at = :now", "due_pk"),
+            Index::Lease => (
+                "REMOVE lease_pk, lease_until SET quarantined_at = :now",
+                "lease_pk",
+            ),
+        };
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .update_expression(expression)
+            .condition_expression(format!("attribute_exists({present})"))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .send()
+            .await;
+        match result {
+            Ok(_) => {
+                tracing::error!(sk = %sk, ?index, "unreadable item taken off the index (quarantined_at)");
+                Ok(())
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(super::classify_sdk_error(e, |_| false)),
+        }
     }
 }
 

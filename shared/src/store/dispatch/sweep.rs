@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use super::super::item::{Item, key, n, parse, s, text};
 use super::super::keys::{delivery_sk, lease_shard_pk};
 use super::super::{Store, StoreError, classify_sdk_error};
-use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer};
+use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, SettleTx, Settled, Writer};
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
@@ -72,21 +72,51 @@ impl Store {
         // Deliveries first: settling one usually moves its plan in the same write.
         for (pk, sk) in keys("DELIVERY#") {
             let settled = self.sweep_delivery(&pk, &sk, kinds, policy, now).await;
-            summary.recovered += count(settled, &sk, &mut summary.skipped);
+            summary.recovered += self.tally(settled, &pk, &sk, now, &mut summary).await;
         }
         for (pk, sk) in keys("PLAN#") {
             let moved = self.sweep_plan(&pk, &sk, kinds, policy, now).await;
-            summary.advanced += count(moved, &sk, &mut summary.skipped);
+            summary.advanced += self.tally(moved, &pk, &sk, now, &mut summary).await;
         }
         let unknown_entries = stale.len() - keys("DELIVERY#").len() - keys("PLAN#").len();
         if unknown_entries > 0 {
-            tracing::error!(
-                unknown_entries,
-                "lease-index entries of no known kind skipped"
-            );
-            summary.skipped += u32::try_from(unknown_entries).unwrap_or(u32::MAX);
+            tracing::error!(unknown_entries, "lease-index entries of no known kind");
+        }
+        for (pk, sk) in keys("") {
+            if !sk.starts_with("DELIVERY#") && !sk.starts_with("PLAN#") {
+                let unknown = Err(StoreError::Corrupt(format!(
+                    "{sk}: no kind of lease holder"
+                )));
+                self.tally(unknown, &pk, &sk, now, &mut summary).await;
+            }
         }
         summary
+    }
+
+    /// 1 if a sweep step acted on its entry. An error is logged and counted; an entry
+    /// that cannot be read or settled at all is taken off the lease index (kept, and
+    /// marked `quarantined_at`, for an operator), so it cannot hold up the shard's
+    /// page tick after tick.
+    async fn tally(
+        &self,
+        step: Result<bool, StoreError>,
+        pk: &str,
+        sk: &str,
+        now: DateTime<Utc>,
+        summary: &mut SweepSummary,
+    ) -> u32 {
+        let error = match step {
+            Ok(acted) => return u32::from(acted),
+            Err(e) => e,
+        };
+        summary.skipped += 1;
+        tracing::error!(error = %error_chain(&error), sk = %sk, "stale entry skipped");
+        if let StoreError::Corrupt(_) = error
+            && let Err(e) = self.quarantine(pk, sk, Index::Lease, now).await
+        {
+            tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not quarantined");
+        }
+        0
     }
 
     pub(super) async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
@@ -132,15 +162,15 @@ impl Store {
             .and_then(|k| kinds.get(k));
         let mut source = Vec::new();
         if let Some(kind) = kind {
-            let read = self.read(pk, kind, None).await?;
-            if let Some(item) = read.plan {
-                let mut plan = item.into_plan(kind)?;
-                if plan.status == PlanStatus::Sending
-                    && plan.delivery_id.as_deref() == Some(delivery.delivery_id.as_str())
-                {
-                    plan.finish_send(settlement.follow_up, settlement.attempts, false, now)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    source.push(self.plan_put(&plan, pk, now)?);
+            // A plan that cannot be read does not stop the delivery and its grant from
+            // settling; the plan's own lease entry reports it.
+            match self
+                .stale_plan_write(pk, kind, &delivery.delivery_id, &settlement, now)
+                .await
+            {
+                Ok(write) => source.extend(write),
+                Err(e) => {
+                    tracing::error!(error = %error_chain(&e), "stale delivery's plan unreadable")
                 }
             }
         } else if delivery.source.starts_with("OUTBOX#") {
@@ -181,9 +211,10 @@ impl Store {
                 from: GrantState::Reserved,
                 to: GrantState::Invalid,
             }),
+            grant_with_source: false,
             source,
         };
-        match self.settle(tx, now).await? {
+        match self.write_settlement(tx, now).await? {
             Settled::Landed { source, .. } => {
                 if !source && let Some(kind) = kind {
                     self.advance_plan(pk, kind, &delivery.delivery_id, &settlement, false, now)
@@ -194,6 +225,28 @@ impl Store {
             }
             Settled::DeliveryMoved(_) => Ok(false),
         }
+    }
+
+    /// The plan's write for a swept delivery, if the plan is still `sending` for it.
+    async fn stale_plan_write(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        delivery_id: &str,
+        settlement: &crate::domain::outcome::Settlement,
+        now: DateTime<Utc>,
+    ) -> Result<Option<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
+        let read = self.read(pk, kind, None).await?;
+        let Some(item) = read.plan else {
+            return Ok(None);
+        };
+        let mut plan = item.into_plan(kind)?;
+        if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery_id) {
+            return Ok(None);
+        }
+        plan.finish_send(settlement.follow_up, settlement.attempts, false, now)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some(self.plan_put(&plan, pk, now)?))
     }
 
     /// A plan still `sending` past its lease. If its delivery is terminal (settled, but
@@ -220,7 +273,10 @@ impl Store {
         if plan.status != PlanStatus::Sending || !expired {
             return Ok(false);
         }
-        let delivery_id = plan.delivery_id.clone().unwrap_or_default();
+        let delivery_id = plan
+            .delivery_id
+            .clone()
+            .ok_or_else(|| StoreError::Corrupt(format!("plan {sk}: sending without a delivery")))?;
         let delivery = match self.get(pk, &delivery_sk(&delivery_id)).await? {
             Some(item) => Some(parse::<DeliveryItem>("delivery", item)?),
             None => None,
@@ -237,21 +293,12 @@ impl Store {
             ),
             None => settle(OutcomeClass::Unknown, None, plan.attempts, policy, now),
         };
-        self.advance_plan(pk, kind, &delivery_id, &settlement, false, now)
+        let moved = self
+            .advance_plan(pk, kind, &delivery_id, &settlement, false, now)
             .await?;
-        tracing::warn!(delivery_id = %delivery_id, "plan left sending moved on by its delivery's outcome");
-        Ok(true)
-    }
-}
-
-/// 1 if a sweep step acted on its entry; an error is logged and counted in `skipped`.
-fn count(step: Result<bool, StoreError>, sk: &str, skipped: &mut u32) -> u32 {
-    match step {
-        Ok(acted) => u32::from(acted),
-        Err(e) => {
-            tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry skipped");
-            *skipped += 1;
-            0
+        if moved {
+            tracing::warn!(delivery_id = %delivery_id, "plan left sending moved on by its delivery's outcome");
         }
+        Ok(moved)
     }
 }
