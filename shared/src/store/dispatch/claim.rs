@@ -1,6 +1,6 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`].
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
 
 use super::super::grants::{GrantItem, rfc3339};
@@ -84,7 +84,8 @@ impl Store {
                 None
             };
             let Some(grant) = grant else {
-                let writes = self.no_grant_writes(item, &claimable, now)?;
+                let mut writes = self.no_grant_writes(item, &claimable, now)?;
+                writes.push(self.still_no_grant(&item.pk, &template)?);
                 return Ok(Attempt::Done(match self.transact(writes).await? {
                     TxOutcome::Committed => ClaimOutcome::NoGrant,
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => ClaimOutcome::Lost,
@@ -211,6 +212,24 @@ impl Store {
                 ])
             }
         }
+    }
+
+    /// A condition that the template still has no available grant: a grant report
+    /// landing between the read and the write makes the pause (or skip) lose, and the
+    /// item is claimed with that grant on the next try.
+    fn still_no_grant(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression("attribute_not_exists(available) OR available <= :zero")
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 
     /// The claimed item's write (`sending`, naming the delivery, on the lease index for

@@ -11,12 +11,15 @@
 //!   claimer's, writes what [`settle`](crate::domain::outcome::settle) decided for the
 //!   delivery, the grant (fenced: only the delivery that reserved it moves it) and the
 //!   claimed item. If the item moved on meanwhile (a check-in, a refusal), the item is
-//!   re-read and advanced on its own; a finalize always completes. If a sweep got there
-//!   first, a definite answer still wins: see [`finalize`] ("late answers").
+//!   re-read and advanced on its own; should that second write be lost (a crash), the
+//!   plan is still on the lease index and the next sweep advances it. If a sweep got
+//!   there first, a definite answer still wins: see [`finalize`] ("late answers"). A
+//!   claim with no time left to send is released the same way, unsent.
 //! - [`sweep`]: deliveries and plans past their lease. A live delivery becomes
 //!   `unknown` (grant void, plan paused `uncertain`; never resent, I4); a plan still
 //!   `sending` whose delivery is already terminal is advanced by that delivery's
-//!   outcome (I5). Bounded per tick; one bad item is logged, counted and skipped.
+//!   outcome (I5). One page per shard per tick; an entry that cannot be read is
+//!   logged, counted and taken off the index (quarantined), never retried forever.
 //! - this module: the types shared by the steps and the one settle transaction.
 
 pub mod claim;
