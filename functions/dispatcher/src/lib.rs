@@ -96,12 +96,23 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
     // rather than before them, so it never delays a reminder that is due.
     let policy = config.dispatch.retry_policy();
-    let sweeping = deps.store.sweep(&config.reminders, &policy, now);
+    // Bounded by the invocation too: what it does not reach, the next tick does.
+    let sweeping = tokio::time::timeout_at(
+        deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
+        deps.store.sweep(&config.reminders, &policy, now),
+    );
     let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, now));
     let mut summary = dispatched?;
-    summary.recovered = swept.recovered;
-    summary.advanced = swept.advanced;
-    summary.skipped += swept.skipped;
+    match swept {
+        Ok(swept) => {
+            summary.recovered = swept.recovered;
+            summary.advanced = swept.advanced;
+            summary.skipped += swept.skipped;
+        }
+        Err(_) => {
+            tracing::warn!("the sweep ran out of the invocation's time; the next tick goes on")
+        }
+    }
     tracing::info!(
         due = summary.due,
         claimed = summary.claimed,
@@ -160,10 +171,15 @@ async fn dispatch_due(
                 Ok(Dispatched::NoToken) => s.no_token += 1,
                 Ok(Dispatched::Lost) => s.lost += 1,
                 Ok(Dispatched::NoGrant) => s.no_grant += 1,
-                Ok(Dispatched::Released) => {
+                Ok(Dispatched::Unreadable) => s.skipped += 1,
+                Ok(Dispatched::Released(finalized)) => {
                     s.claimed += 1;
-                    s.released += 1;
-                    s.restored += 1;
+                    if finalized.superseded {
+                        s.superseded += 1;
+                    } else {
+                        s.released += 1;
+                        s.restored += u32::from(finalized.restored);
+                    }
                 }
                 Ok(Dispatched::Done {
                     finalized,
@@ -191,20 +207,13 @@ async fn dispatch_due(
                     }
                 }
                 Err(e) => {
-                    // Left for the sweep (claimed) or the next tick (not claimed) — or,
-                    // if it cannot be read at all, taken off the due index.
+                    // Left for the sweep (claimed) or the next tick (not claimed).
                     tracing::error!(
                         error = %error_chain(&e),
                         openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
                         "dispatch failed; item skipped"
                     );
                     s.skipped += 1;
-                    drop(s);
-                    if let StoreError::Corrupt(_) = e
-                        && let Err(e) = deps.store.quarantine_due(&item, Utc::now()).await
-                    {
-                        tracing::error!(error = %error_chain(&e), "due item not quarantined");
-                    }
                 }
             }
         }
@@ -219,7 +228,8 @@ enum Dispatched {
         finalized: Finalized,
         latency_ms: i64,
     },
-    Released,
+    Released(Finalized),
+    Unreadable,
     Lost,
     NoGrant,
     Deferred,
@@ -235,9 +245,9 @@ async fn dispatch_one(
 ) -> Result<Dispatched, StoreError> {
     let config = &deps.config;
     let Some(openid) = item.openid() else {
-        return Err(StoreError::Corrupt(
-            "due item outside a user partition".into(),
-        ));
+        tracing::error!("due item outside any user partition taken off the due index");
+        deps.store.quarantine_due(item, Utc::now()).await?;
+        return Ok(Dispatched::Unreadable);
     };
     let wait = (item.due_at - Utc::now()).to_std().unwrap_or_default();
     if wait + budget.after_turn > budget.left() {
@@ -274,6 +284,12 @@ async fn dispatch_one(
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
+        ClaimOutcome::Unreadable(why) => {
+            // It can never be claimed as it is: off the due index, for an operator.
+            tracing::error!(why = %why, "unreadable due item taken off the due index");
+            deps.store.quarantine_due(item, Utc::now()).await?;
+            return Ok(Dispatched::Unreadable);
+        }
     };
     onegrant::failpoint::hit("after_claim");
     // The send must end inside the lease and the invocation, before the finalize's
@@ -288,10 +304,11 @@ async fn dispatch_one(
         .min(deps.wechat.send_window());
     if time_left < deps.wechat.call_timeout() {
         drop(turn);
-        deps.store
+        let finalized = deps
+            .store
             .release(&claim, "no time left to send", Utc::now())
             .await?;
-        return Ok(Dispatched::Released);
+        return Ok(Dispatched::Released(finalized));
     }
     let send_by = std::time::Instant::now() + time_left;
     let result = match message(deps, &claim) {

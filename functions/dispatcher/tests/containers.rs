@@ -457,7 +457,10 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     assert!(app.deliveries().await.is_empty(), "nothing reached WeChat");
     let delivery = app.items_of(&user, "delivery").await.remove(0);
     assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");
-    assert!(delivery.contains_key("answered_late_at"), "{summary}");
+    assert!(
+        delivery.contains_key("answered_late_at") && delivery.contains_key("released_at"),
+        "{summary}: {delivery:?}"
+    );
     let grant = app
         .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
         .await;

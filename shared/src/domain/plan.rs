@@ -320,8 +320,10 @@ impl Plan {
         let schedule = self.settings.schedule;
         let event = match follow_up {
             FollowUp::Delivered => PlanEvent::Sent,
+            // Never in the past (a released claim's own due instant may be), and
+            // never in sleeping hours.
             FollowUp::RetryAt(at) => PlanEvent::RetryLater {
-                due: schedule.first_awake_from(at),
+                due: schedule.first_awake_from(at.max(now)),
             },
             FollowUp::Stop(reason) => PlanEvent::SendStopped(reason),
         };

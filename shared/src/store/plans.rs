@@ -380,6 +380,22 @@ impl Store {
             .build())
     }
 
+    /// A transaction item that only checks `plan` is still at the version it was read.
+    pub(super) fn plan_unchanged(
+        &self,
+        pk: &str,
+        plan: &Plan,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &plan_sk(&plan.kind))))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", AttributeValue::N(plan.version.to_string()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
     fn grant_check(&self, pk: &str, kind: &ReminderKind) -> Result<TransactWriteItem, StoreError> {
         let check = ConditionCheck::builder()
             .table_name(&self.table)

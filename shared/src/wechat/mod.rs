@@ -340,6 +340,12 @@ impl WechatClient {
                     tracing::warn!(errcode, "access token refused; refetching once");
                     refetched = true;
                     match self.access_token(Some(&token)).await {
+                        // The wait for the token may have eaten the time: check again.
+                        Ok(_) if Instant::now() + call > send_by => {
+                            return SendResult::NotSent {
+                                reason: format!("no time left to resend after errcode {errcode}"),
+                            };
+                        }
                         Ok(fresh) => token = fresh,
                         Err(e) => {
                             return SendResult::NotSent {

@@ -24,6 +24,17 @@ pub enum ClaimOutcome {
     Lost,
     /// No grant to reserve: the plan was paused `needs_grant` / the push skipped.
     NoGrant,
+    /// The item itself cannot be read (or belongs to no configured kind): it can never
+    /// be claimed as it is. Say why.
+    Unreadable(String),
+}
+
+/// A due entry's item, as found.
+enum Found {
+    Due(Box<Claimable>),
+    /// Moved on (claimed, changed, gone): nothing to do.
+    Gone,
+    Unreadable(String),
 }
 
 /// A due item as read for its claim.
@@ -67,15 +78,18 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<ClaimOutcome, StoreError> {
         let Some(openid) = item.openid() else {
-            tracing::error!(sk = %item.sk, "due item outside a user partition");
-            return Ok(ClaimOutcome::Lost);
+            return Ok(ClaimOutcome::Unreadable(
+                "due item outside a user partition".into(),
+            ));
         };
         // Contended past the retry limit, the item is left for the next tick (the
         // dispatcher logs and counts it).
         let openid = &openid;
         retry_contended("claim", || async move {
-            let Some(claimable) = self.claimable(item, kinds).await? else {
-                return Ok(Attempt::Done(ClaimOutcome::Lost));
+            let claimable = match self.claimable(item, kinds).await? {
+                Found::Due(claimable) => *claimable,
+                Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
+                Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
             let template = claimable.template()?;
             let grant = if claimable.may_have_grant() {
@@ -86,10 +100,11 @@ impl Store {
             let Some(grant) = grant else {
                 let mut writes = self.no_grant_writes(item, &claimable, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
-                return Ok(Attempt::Done(match self.transact(writes).await? {
-                    TxOutcome::Committed => ClaimOutcome::NoGrant,
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => ClaimOutcome::Lost,
-                }));
+                return Ok(match self.transact(writes).await? {
+                    TxOutcome::Committed => Attempt::Done(ClaimOutcome::NoGrant),
+                    // A grant arrived (or the item moved): read again.
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                });
             };
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             let lease_until = now + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
@@ -136,49 +151,52 @@ impl Store {
     }
 
     /// The item behind a due entry, if it is still due at that instant.
-    async fn claimable(
-        &self,
-        item: &DueItem,
-        kinds: &ReminderKinds,
-    ) -> Result<Option<Claimable>, StoreError> {
+    async fn claimable(&self, item: &DueItem, kinds: &ReminderKinds) -> Result<Found, StoreError> {
         if let Some(kind) = item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
-            let read = self.read(&item.pk, kind, None).await?;
-            let Some(plan) = read.plan else {
-                return Ok(None);
+            let read = match self.read(&item.pk, kind, None).await {
+                Ok(read) => read,
+                Err(e) => {
+                    return match self.plan_unreadable(&item.pk, kind).await? {
+                        Some(why) => Ok(Found::Unreadable(why)),
+                        None => Err(e),
+                    };
+                }
             };
-            let plan = plan.into_plan(kind)?;
+            let Some(plan) = read.plan else {
+                return Ok(Found::Gone);
+            };
+            let plan = match plan.into_plan(kind) {
+                Ok(plan) => plan,
+                Err(e) => return Ok(Found::Unreadable(e.to_string())),
+            };
             if plan.status != (PlanStatus::Scheduled { due: item.due_at }) {
-                return Ok(None);
+                return Ok(Found::Gone);
             }
-            return Ok(Some(Claimable::Plan {
+            return Ok(Found::Due(Box::new(Claimable::Plan {
                 kind: kind.clone(),
                 plan,
                 counters: read.counters,
-            }));
+            })));
         }
         if item.sk.starts_with("OUTBOX#") {
-            let got = self
-                .client
-                .get_item()
-                .table_name(&self.table)
-                .set_key(Some(key(&item.pk, &item.sk)))
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
-            let Some(got) = got.item else {
-                return Ok(None);
+            let Some(got) = self.get(&item.pk, &item.sk).await? else {
+                return Ok(Found::Gone);
             };
-            let outbox: OutboxItem = parse("outbox", got)?;
+            let outbox: OutboxItem = match parse("outbox", got) {
+                Ok(outbox) => outbox,
+                Err(e) => return Ok(Found::Unreadable(e.to_string())),
+            };
             if outbox.state != OutboxState::Pending
                 || outbox.due_at != Some(item.due_at.timestamp_millis())
             {
-                return Ok(None);
+                return Ok(Found::Gone);
             }
-            return Ok(Some(Claimable::Outbox(outbox)));
+            return Ok(Found::Due(Box::new(Claimable::Outbox(outbox))));
         }
-        tracing::error!(sk = %item.sk, "due item of no configured kind");
-        Ok(None)
+        // A kind missing from the configuration (removed, or a rollback) is not a bad
+        // item: it stays due, logged, for when the kind is back.
+        tracing::error!(sk = %item.sk, "due item of no configured kind left on the index");
+        Ok(Found::Gone)
     }
 
     /// No grant when it came due: the plan pauses `needs_grant`; the push is skipped
@@ -321,6 +339,7 @@ impl Store {
             swept_at: None,
             sweep_outcome: None,
             answered_late_at: None,
+            released_at: None,
         };
         let reserve = Update::builder()
             .table_name(&self.table)

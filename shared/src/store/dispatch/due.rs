@@ -95,6 +95,8 @@ impl Store {
         item: &DueItem,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        self.quarantine(&item.pk, &item.sk, Index::Due, now).await
+        let seen = item.due_at.timestamp_millis();
+        self.quarantine(&item.pk, &item.sk, Index::Due, seen, now)
+            .await
     }
 }

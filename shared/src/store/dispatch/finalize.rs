@@ -13,6 +13,8 @@
 
 use chrono::{DateTime, Utc};
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
 use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{parse, to_item};
 use super::super::keys::user_pk;
@@ -28,6 +30,7 @@ use crate::domain::outcome::{
 };
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::ReminderKind;
+use crate::telemetry::error_chain;
 
 /// How a finalize ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +83,8 @@ impl Store {
             policy,
             now,
         );
-        self.finalize_with(claim, settlement, result, now).await
+        self.finalize_with(claim, settlement, result, false, now)
+            .await
     }
 
     /// Gives a claim back unsent, for want of time: the grant restored, the item due
@@ -95,7 +99,8 @@ impl Store {
         let result = SendResult::NotSent {
             reason: format!("released unsent: {reason}"),
         };
-        self.finalize_with(claim, settlement, &result, now).await
+        self.finalize_with(claim, settlement, &result, true, now)
+            .await
     }
 
     async fn finalize_with(
@@ -103,6 +108,7 @@ impl Store {
         claim: &Claim,
         settlement: Settlement,
         result: &SendResult,
+        released: bool,
         now: DateTime<Utc>,
     ) -> Result<Finalized, StoreError> {
         let pk = user_pk(&claim.openid);
@@ -127,18 +133,29 @@ impl Store {
             pk: &pk,
             delivery_id: &claim.delivery_id,
             guard: Guard::Claimer(&claim.claimer),
-            write: delivery_write(&settlement, result, Writer::Finalize),
+            write: delivery_write(
+                &settlement,
+                result,
+                if released {
+                    Writer::Release { late: false }
+                } else {
+                    Writer::Finalize
+                },
+            ),
             grant: Some(GrantMove {
                 sk: &claim.grant_sk,
                 template: &claim.template_id,
                 from: GrantState::Reserved,
                 to: settlement.grant,
             }),
-            grant_with_source: false,
+            retry_whole: false,
             source,
         };
         match self.write_settlement(tx, now).await? {
             Settled::Landed { grant, source } => {
+                // 43101 voids the template's other grants first, so a plan moved on
+                // below sees the grants that are really left.
+                self.after_settle(&pk, claim, &settlement, now).await?;
                 if !source && let ClaimSource::Plan { kind, .. } = &claim.source {
                     crate::failpoint::hit("after_settle");
                     // The plan changed while the message was in flight (a check-in, a
@@ -146,7 +163,6 @@ impl Store {
                     self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
                         .await?;
                 }
-                self.after_settle(&pk, claim, &settlement, now).await?;
                 Ok(Finalized {
                     settlement,
                     restored: grant && settlement.grant == GrantState::Available,
@@ -161,9 +177,10 @@ impl Store {
                     && now_item.claimer == claim.claimer
                     && settlement.delivery != DeliveryState::Unknown =>
             {
-                self.answer_late(&pk, claim, settlement, result, now).await
+                self.answer_late(&pk, claim, settlement, result, released, now)
+                    .await
             }
-            Settled::DeliveryMoved(_) => Ok(Finalized {
+            Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Finalized {
                 settlement,
                 restored: false,
                 superseded: true,
@@ -172,13 +189,16 @@ impl Store {
         }
     }
 
-    /// A definite answer after a sweep (see the module docs).
+    /// A definite answer after a sweep (see the module docs): one transaction with the
+    /// delivery, the grant and the claimed item, tried again from a fresh read if the
+    /// item changes meanwhile.
     async fn answer_late(
         &self,
         pk: &str,
         claim: &Claim,
         settlement: Settlement,
         result: &SendResult,
+        released: bool,
         now: DateTime<Utc>,
     ) -> Result<Finalized, StoreError> {
         tracing::warn!(
@@ -186,86 +206,121 @@ impl Store {
             outcome = settlement.class.as_str(),
             "WeChat answered after the sweep declared the send unknown: the answer wins"
         );
-        // The claimed item moves in the same transaction, if it still waits on this
-        // delivery's outcome (conditional on the version read here).
-        let source = match &claim.source {
+        let settlement = &settlement;
+        retry_contended("late answer", || async move {
+            let (source, may_restore) =
+                match self.late_source(pk, claim, settlement, result, now).await {
+                    Ok(found) => found,
+                    // The answer is recorded all the same; the grant stays void (the
+                    // plan may have been disabled) and the plan is left as it is.
+                    Err(e) => {
+                        tracing::error!(error = %error_chain(&e), "late answer: the claimed item could not be read");
+                        (Vec::new(), false)
+                    }
+                };
+            let grant = match settlement.grant {
+                GrantState::Consumed => Some(GrantState::Consumed),
+                GrantState::Available if may_restore => Some(GrantState::Available),
+                GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
+            };
+            let tx = SettleTx {
+                pk,
+                delivery_id: &claim.delivery_id,
+                guard: Guard::Swept(&claim.claimer),
+                write: delivery_write(
+                    settlement,
+                    result,
+                    if released {
+                        Writer::Release { late: true }
+                    } else {
+                        Writer::LateAnswer
+                    },
+                ),
+                grant: grant.map(|to| GrantMove {
+                    sk: &claim.grant_sk,
+                    template: &claim.template_id,
+                    from: GrantState::Invalid,
+                    to,
+                }),
+                retry_whole: true,
+                source,
+            };
+            match self.write_settlement(tx, now).await? {
+                Settled::Landed { grant, .. } => {
+                    self.after_settle(pk, claim, settlement, now).await?;
+                    Ok(Attempt::Done(Finalized {
+                        settlement: *settlement,
+                        restored: grant && settlement.grant == GrantState::Available,
+                        superseded: false,
+                        late: true,
+                    }))
+                }
+                Settled::SourceMoved => Ok(Attempt::Retry),
+                Settled::DeliveryMoved(_) => Ok(Attempt::Done(Finalized {
+                    settlement: *settlement,
+                    restored: false,
+                    superseded: true,
+                    late: false,
+                })),
+            }
+        })
+        .await
+    }
+
+    /// For a late answer: the claimed item's writes (or a check that it has not
+    /// changed), and whether its grant may go back to `available` — not if the user
+    /// disabled the plan, whose disable voided it for good.
+    async fn late_source(
+        &self,
+        pk: &str,
+        claim: &Claim,
+        settlement: &Settlement,
+        result: &SendResult,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<TransactWriteItem>, bool), StoreError> {
+        match &claim.source {
             ClaimSource::Plan { kind, .. } => {
                 let read = self.read(pk, kind, None).await?;
-                match read.plan {
-                    Some(item) => {
-                        let mut plan = item.into_plan(kind)?;
-                        let available = read.counters.available > 0
-                            || settlement.grant == GrantState::Available;
-                        let moved = plan
-                            .settle_late(&claim.delivery_id, &settlement, available, now)
-                            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                        if moved {
-                            vec![self.plan_put(&plan, pk, now)?]
-                        } else {
-                            Vec::new()
-                        }
+                let Some(item) = read.plan else {
+                    return Ok((Vec::new(), true));
+                };
+                let mut plan = item.into_plan(kind)?;
+                if plan.status == PlanStatus::Disabled {
+                    return Ok((vec![self.plan_unchanged(pk, &plan)?], false));
+                }
+                let available =
+                    read.counters.available > 0 || settlement.grant == GrantState::Available;
+                let moved = plan
+                    .settle_late(&claim.delivery_id, settlement, available, now)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let write = if moved {
+                    self.plan_put(&plan, pk, now)?
+                } else {
+                    // Not waiting on this delivery any more, but still the plan read
+                    // here: a disable landing meanwhile makes the answer read again.
+                    self.plan_unchanged(pk, &plan)?
+                };
+                Ok((vec![write], true))
+            }
+            ClaimSource::Outbox(outbox) => {
+                let writes = match self.current_outbox(pk, &outbox.item.sk).await? {
+                    Some(current)
+                        if current.state == OutboxState::Unknown
+                            && current.delivery_id.as_deref() == Some(&claim.delivery_id) =>
+                    {
+                        self.outbox_writes(
+                            pk,
+                            &current,
+                            &claim.delivery_id,
+                            settlement,
+                            result,
+                            now,
+                        )?
                     }
-                    None => Vec::new(),
-                }
+                    Some(_) | None => Vec::new(),
+                };
+                Ok((writes, true))
             }
-            ClaimSource::Outbox(outbox) => match self.current_outbox(pk, &outbox.item.sk).await? {
-                Some(current)
-                    if current.state == OutboxState::Unknown
-                        && current.delivery_id.as_deref() == Some(&claim.delivery_id) =>
-                {
-                    self.outbox_writes(pk, &current, &claim.delivery_id, &settlement, result, now)?
-                }
-                Some(_) | None => Vec::new(),
-            },
-        };
-        let grant = match settlement.grant {
-            GrantState::Consumed => Some(GrantMove {
-                sk: &claim.grant_sk,
-                template: &claim.template_id,
-                from: GrantState::Invalid,
-                to: GrantState::Consumed,
-            }),
-            // A grant goes back only together with the item it would serve: if the user
-            // has moved that on (disabled the plan, say), the void stands.
-            GrantState::Available if !source.is_empty() => Some(GrantMove {
-                sk: &claim.grant_sk,
-                template: &claim.template_id,
-                from: GrantState::Invalid,
-                to: GrantState::Available,
-            }),
-            GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
-        };
-        let grant_with_source = settlement.grant == GrantState::Available;
-        let tx = SettleTx {
-            pk,
-            delivery_id: &claim.delivery_id,
-            guard: Guard::Swept(&claim.claimer),
-            write: delivery_write(&settlement, result, Writer::LateAnswer),
-            grant,
-            grant_with_source,
-            source,
-        };
-        match self.write_settlement(tx, now).await? {
-            Settled::Landed { grant, source } => {
-                if !source && let ClaimSource::Plan { kind, .. } = &claim.source {
-                    // The plan changed between the read and the write: read it again.
-                    self.advance_plan(pk, kind, &claim.delivery_id, &settlement, true, now)
-                        .await?;
-                }
-                self.after_settle(pk, claim, &settlement, now).await?;
-                Ok(Finalized {
-                    settlement,
-                    restored: grant && settlement.grant == GrantState::Available,
-                    superseded: false,
-                    late: true,
-                })
-            }
-            Settled::DeliveryMoved(_) => Ok(Finalized {
-                settlement,
-                restored: false,
-                superseded: true,
-                late: false,
-            }),
         }
     }
 
@@ -304,7 +359,7 @@ impl Store {
         settlement: &Settlement,
         result: &SendResult,
         now: DateTime<Utc>,
-    ) -> Result<Vec<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let state = settlement.outbox_state();
         let due = match settlement.follow_up {
             FollowUp::RetryAt(at) => Some(at),

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use super::grants::rfc3339;
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
-use super::keys::{delivery_sk, quota_sk};
+use super::keys::{delivery_sk, plan_sk, quota_sk};
 use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
 use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
@@ -123,6 +123,9 @@ struct DeliveryItem {
     /// When WeChat's answer arrived after the sweep and settled the delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     answered_late_at: Option<String>,
+    /// When the claim was given back unsent, for want of time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    released_at: Option<String>,
 }
 
 impl DeliveryItem {
@@ -194,6 +197,10 @@ enum Writer {
     Finalize,
     Sweep,
     LateAnswer,
+    /// A finalize (or late answer) giving the claim back unsent.
+    Release {
+        late: bool,
+    },
 }
 
 /// One settle transaction: the delivery, its grant, and the claimed item's writes.
@@ -203,8 +210,9 @@ struct SettleTx<'a> {
     guard: Guard<'a>,
     write: DeliveryWrite,
     grant: Option<GrantMove<'a>>,
-    /// Drop the grant's move too if the claimed item's writes are dropped.
-    grant_with_source: bool,
+    /// If the claimed item moved on, give up (the caller reads it again) instead of
+    /// landing the rest without it.
+    retry_whole: bool,
     /// The claimed item's writes (conditional on it being as expected); dropped
     /// together if it moved on.
     source: Vec<TransactWriteItem>,
@@ -217,6 +225,8 @@ enum Settled {
     Landed { grant: bool, source: bool },
     /// The delivery was not in the guarded state: as it is now (ALL_OLD), if it exists.
     DeliveryMoved(Option<Box<DeliveryItem>>),
+    /// With `retry_whole`: the claimed item moved on; nothing was written.
+    SourceMoved,
 }
 
 fn grant_state_name(state: GrantState) -> &'static str {
@@ -270,6 +280,12 @@ impl Store {
                 set.push("sweep_outcome = :outcome");
             }
             Writer::LateAnswer => set.push("answered_late_at = :now"),
+            Writer::Release { late } => {
+                set.push("released_at = :now");
+                if late {
+                    set.push("answered_late_at = :now");
+                }
+            }
         }
         update = match tx.guard {
             Guard::Claimer(claimer) => update
@@ -416,11 +432,11 @@ impl Store {
                 changed = true;
             }
             if source_range.clone().any(failed) {
+                if tx.retry_whole {
+                    return Ok(Settled::SourceMoved);
+                }
                 // The plan or push moved on (the user acted): that stands.
                 tx.source.clear();
-                if tx.grant_with_source {
-                    tx.grant = None;
-                }
                 changed = true;
             }
             if !changed {
@@ -449,13 +465,18 @@ impl Store {
         pk: &str,
         sk: &str,
         index: Index,
+        seen: i64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let (expression, present) = match index {
-            Index::Due => ("REMOVE due_pk, due_at SET quarantined_at = :now", "due_pk"),
+        // Only the entry as it was seen: one the item got since is left alone.
+        let (expression, condition) = match index {
+            Index::Due => (
+                "REMOVE due_pk, due_at SET quarantined_at = :now",
+                "due_at = :seen",
+            ),
             Index::Lease => (
                 "REMOVE lease_pk, lease_until SET quarantined_at = :now",
-                "lease_pk",
+                "lease_until = :seen",
             ),
         };
         let result = self
@@ -464,7 +485,8 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
             .update_expression(expression)
-            .condition_expression(format!("attribute_exists({present})"))
+            .condition_expression(condition)
+            .expression_attribute_values(":seen", n(seen))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .send()
             .await;
@@ -481,6 +503,24 @@ impl Store {
             }
             Err(e) => Err(super::classify_sdk_error(e, |_| false)),
         }
+    }
+}
+
+impl Store {
+    /// Why the plan item of `kind` itself cannot be read, if it cannot (as opposed to
+    /// a neighbour in the same read, or the database, being the problem).
+    async fn plan_unreadable(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(item) = self.get(pk, &plan_sk(&kind.name)).await? else {
+            return Ok(None);
+        };
+        Ok(parse::<super::plans::PlanItem>("plan", item)
+            .and_then(|plan| plan.into_plan(kind))
+            .err()
+            .map(|e| e.to_string()))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::item::{Item, key, n, parse, s, text};
+use super::super::item::{Item, key, n, number, parse, s, text};
 use super::super::keys::{delivery_sk, lease_shard_pk};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, SettleTx, Settled, Writer};
@@ -15,6 +15,15 @@ use crate::telemetry::error_chain;
 /// At most this many lease-index entries per shard are handled in one sweep; the rest
 /// wait for the next tick (a sweep's work is bounded whatever the backlog).
 pub const SWEEP_BATCH_PER_SHARD: i32 = 25;
+
+/// What a sweep step did with its entry.
+enum Step {
+    Acted,
+    /// Nothing to do (not stale, or already settled).
+    Idle,
+    /// The entry's own item cannot be read: why.
+    Unreadable(String),
+}
 
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,61 +71,72 @@ impl Store {
                 }
             }
         }
-        let keys = |prefix: &str| -> Vec<(String, String)> {
+        let keys = |prefix: &str| -> Vec<(String, String, i64)> {
             stale
                 .iter()
-                .filter_map(|i| Some((text(i, "pk")?.to_string(), text(i, "sk")?.to_string())))
-                .filter(|(_, sk)| sk.starts_with(prefix))
+                .filter_map(|i| {
+                    Some((
+                        text(i, "pk")?.to_string(),
+                        text(i, "sk")?.to_string(),
+                        number(i, "lease_until")?,
+                    ))
+                })
+                .filter(|(_, sk, _)| sk.starts_with(prefix))
                 .collect()
         };
         // Deliveries first: settling one usually moves its plan in the same write.
-        for (pk, sk) in keys("DELIVERY#") {
+        for (pk, sk, seen) in keys("DELIVERY#") {
             let settled = self.sweep_delivery(&pk, &sk, kinds, policy, now).await;
-            summary.recovered += self.tally(settled, &pk, &sk, now, &mut summary).await;
+            summary.recovered += self
+                .tally(settled, (&pk, &sk, seen), now, &mut summary)
+                .await;
         }
-        for (pk, sk) in keys("PLAN#") {
+        for (pk, sk, seen) in keys("PLAN#") {
             let moved = self.sweep_plan(&pk, &sk, kinds, policy, now).await;
-            summary.advanced += self.tally(moved, &pk, &sk, now, &mut summary).await;
+            summary.advanced += self.tally(moved, (&pk, &sk, seen), now, &mut summary).await;
         }
         let unknown_entries = stale.len() - keys("DELIVERY#").len() - keys("PLAN#").len();
         if unknown_entries > 0 {
             tracing::error!(unknown_entries, "lease-index entries of no known kind");
         }
-        for (pk, sk) in keys("") {
+        for (pk, sk, seen) in keys("") {
             if !sk.starts_with("DELIVERY#") && !sk.starts_with("PLAN#") {
-                let unknown = Err(StoreError::Corrupt(format!(
-                    "{sk}: no kind of lease holder"
-                )));
-                self.tally(unknown, &pk, &sk, now, &mut summary).await;
+                let unknown = Ok(Step::Unreadable(format!("{sk}: no kind of lease holder")));
+                self.tally(unknown, (&pk, &sk, seen), now, &mut summary)
+                    .await;
             }
         }
         summary
     }
 
-    /// 1 if a sweep step acted on its entry. An error is logged and counted; an entry
-    /// that cannot be read or settled at all is taken off the lease index (kept, and
-    /// marked `quarantined_at`, for an operator), so it cannot hold up the shard's
-    /// page tick after tick.
+    /// 1 if a sweep step acted on its entry. An error is logged and counted (the entry
+    /// is tried again next tick); an entry that itself cannot be read is taken off the
+    /// lease index (kept, marked `quarantined_at`, for an operator), so it cannot hold
+    /// up the shard's page tick after tick.
     async fn tally(
         &self,
-        step: Result<bool, StoreError>,
-        pk: &str,
-        sk: &str,
+        step: Result<Step, StoreError>,
+        (pk, sk, seen): (&str, &str, i64),
         now: DateTime<Utc>,
         summary: &mut SweepSummary,
     ) -> u32 {
-        let error = match step {
-            Ok(acted) => return u32::from(acted),
-            Err(e) => e,
-        };
-        summary.skipped += 1;
-        tracing::error!(error = %error_chain(&error), sk = %sk, "stale entry skipped");
-        if let StoreError::Corrupt(_) = error
-            && let Err(e) = self.quarantine(pk, sk, Index::Lease, now).await
-        {
-            tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not quarantined");
+        match step {
+            Ok(Step::Acted) => 1,
+            Ok(Step::Idle) => 0,
+            Ok(Step::Unreadable(why)) => {
+                summary.skipped += 1;
+                tracing::error!(sk = %sk, why = %why, "unreadable stale entry");
+                if let Err(e) = self.quarantine(pk, sk, Index::Lease, seen, now).await {
+                    tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not quarantined");
+                }
+                0
+            }
+            Err(e) => {
+                summary.skipped += 1;
+                tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry skipped");
+                0
+            }
         }
-        0
     }
 
     pub(super) async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
@@ -141,20 +161,23 @@ impl Store {
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
         now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Step, StoreError> {
         let Some(item) = self.get(pk, sk).await? else {
-            return Ok(false);
+            return Ok(Step::Idle);
         };
-        let delivery: DeliveryItem = parse("delivery", item)?;
+        let delivery: DeliveryItem = match parse("delivery", item) {
+            Ok(delivery) => delivery,
+            Err(e) => return Ok(Step::Unreadable(e.to_string())),
+        };
         let Some(until) = delivery.lease_until else {
-            return Ok(false);
+            return Ok(Step::Idle);
         };
         if until >= now.timestamp_millis() || !delivery.state.is_live() {
-            return Ok(false);
+            return Ok(Step::Idle);
         }
-        let template = TemplateId::parse(delivery.template_id.clone()).map_err(|_| {
-            StoreError::Corrupt(format!("delivery {}: template id", delivery.delivery_id))
-        })?;
+        let Ok(template) = TemplateId::parse(delivery.template_id.clone()) else {
+            return Ok(Step::Unreadable("a delivery with a bad template id".into()));
+        };
         let settlement = settle(OutcomeClass::Unknown, None, delivery.attempts, policy, now);
         let kind = delivery
             .source
@@ -174,7 +197,15 @@ impl Store {
                 }
             }
         } else if delivery.source.starts_with("OUTBOX#") {
-            if let Some(outbox) = self.current_outbox(pk, &delivery.source).await?
+            let outbox = self
+                .current_outbox(pk, &delivery.source)
+                .await
+                .unwrap_or_else(|e| {
+                    // The delivery and its grant settle all the same.
+                    tracing::error!(error = %error_chain(&e), "stale delivery's push unreadable");
+                    None
+                });
+            if let Some(outbox) = outbox
                 && outbox.state == OutboxState::Sending
                 && outbox.delivery_id.as_deref() == Some(delivery.delivery_id.as_str())
             {
@@ -211,7 +242,7 @@ impl Store {
                 from: GrantState::Reserved,
                 to: GrantState::Invalid,
             }),
-            grant_with_source: false,
+            retry_whole: false,
             source,
         };
         match self.write_settlement(tx, now).await? {
@@ -221,9 +252,9 @@ impl Store {
                         .await?;
                 }
                 tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
-                Ok(true)
+                Ok(Step::Acted)
             }
-            Settled::DeliveryMoved(_) => Ok(false),
+            Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Step::Idle),
         }
     }
 
@@ -244,7 +275,9 @@ impl Store {
         if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery_id) {
             return Ok(None);
         }
-        plan.finish_send(settlement.follow_up, settlement.attempts, false, now)
+        // A check-in made during the send counts, with the grants there are now.
+        let available = read.counters.available > 0;
+        plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         Ok(Some(self.plan_put(&plan, pk, now)?))
     }
@@ -259,31 +292,48 @@ impl Store {
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
         now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let kind: &ReminderKind = sk
-            .strip_prefix("PLAN#")
-            .and_then(|k| kinds.get(k))
-            .ok_or_else(|| StoreError::Corrupt(format!("plan {sk}: no configured kind")))?;
-        let read = self.read(pk, kind, None).await?;
-        let Some(item) = read.plan else {
-            return Ok(false);
+    ) -> Result<Step, StoreError> {
+        let Some(kind) = sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) else {
+            // A configuration change, not a bad item: left where it is, to be swept
+            // once the kind is configured again.
+            return Err(StoreError::Corrupt(format!("{sk}: no configured kind")));
         };
-        let plan = item.into_plan(kind)?;
+        let read = match self.read(pk, kind, None).await {
+            Ok(read) => read,
+            Err(e) => {
+                return match self.plan_unreadable(pk, kind).await? {
+                    Some(why) => Ok(Step::Unreadable(why)),
+                    None => Err(e),
+                };
+            }
+        };
+        let Some(item) = read.plan else {
+            return Ok(Step::Idle);
+        };
+        let plan = match item.into_plan(kind) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(Step::Unreadable(e.to_string())),
+        };
         let expired = plan.lease_until.is_some_and(|until| until < now);
         if plan.status != PlanStatus::Sending || !expired {
-            return Ok(false);
+            return Ok(Step::Idle);
         }
-        let delivery_id = plan
-            .delivery_id
-            .clone()
-            .ok_or_else(|| StoreError::Corrupt(format!("plan {sk}: sending without a delivery")))?;
-        let delivery = match self.get(pk, &delivery_sk(&delivery_id)).await? {
-            Some(item) => Some(parse::<DeliveryItem>("delivery", item)?),
-            None => None,
+        let Some(delivery_id) = plan.delivery_id.clone() else {
+            return Ok(Step::Unreadable("a sending plan without a delivery".into()));
         };
+        // A delivery that cannot be read counts as missing: its own entry reports it.
+        let delivery = self
+            .get(pk, &delivery_sk(&delivery_id))
+            .await?
+            .and_then(|item| parse::<DeliveryItem>("delivery", item).ok());
         let settlement = match &delivery {
             // Its own lease-index entry settles it (and this plan with it).
-            Some(d) if d.state.is_live() => return Ok(false),
+            Some(d) if d.state.is_live() => return Ok(Step::Idle),
+            // Given back unsent: due again at its own instant, no attempt spent.
+            Some(d) if d.released_at.is_some() => crate::domain::outcome::release(
+                plan.attempts,
+                DateTime::from_timestamp_millis(d.due_at).unwrap_or(now),
+            ),
             Some(d) => settle(
                 d.settled_class().unwrap_or(OutcomeClass::Unknown),
                 d.errcode,
@@ -299,6 +349,6 @@ impl Store {
         if moved {
             tracing::warn!(delivery_id = %delivery_id, "plan left sending moved on by its delivery's outcome");
         }
-        Ok(moved)
+        Ok(if moved { Step::Acted } else { Step::Idle })
     }
 }
