@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
 use super::item::{key, parse, s};
-use super::keys::{INBOX_SK, due_pk, event_sk, note_sk, outbox_sk, user_pk};
+use super::keys::{INBOX_SK, NOTES, due_pk, event_sk, note_sk, outbox_sk, user_pk};
 use super::plans::TxOutcome;
 use super::{
     Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
@@ -326,7 +326,7 @@ impl Store {
                 .scan_index_forward(false)
                 .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
                 .expression_attribute_values(":pk", s(&pk))
-                .expression_attribute_values(":prefix", s("NOTE#"))
+                .expression_attribute_values(":prefix", s(NOTES))
                 .limit(i32::try_from(limit).unwrap_or(100))
                 .set_exclusive_start_key(start.take());
             let mut conditions = Vec::new();
@@ -487,7 +487,7 @@ impl Store {
                 .filter_expression("#read = :false")
                 .expression_attribute_names("#read", "read")
                 .expression_attribute_values(":pk", s(&pk))
-                .expression_attribute_values(":prefix", s("NOTE#"))
+                .expression_attribute_values(":prefix", s(NOTES))
                 .expression_attribute_values(":false", AttributeValue::Bool(false))
                 .projection_expression("sk")
                 .into_paginator()

@@ -5,10 +5,49 @@ use sha2::{Digest, Sha256};
 use crate::domain::reminder::KindName;
 use crate::domain::{OpenId, RequestId, TemplateId};
 
+const USER_PREFIX: &str = "USER#";
+const PLAN_PREFIX: &str = "PLAN#";
+const OUTBOX_PREFIX: &str = "OUTBOX#";
+const DELIVERY_PREFIX: &str = "DELIVERY#";
+const NOTE_PREFIX: &str = "NOTE#";
+
 /// The partition of everything one user owns.
 pub fn user_pk(openid: &OpenId) -> String {
-    format!("USER#{openid}")
+    format!("{USER_PREFIX}{openid}")
 }
+
+/// The user a partition key belongs to, if it is a user's partition.
+pub fn openid_of(pk: &str) -> Option<OpenId> {
+    pk.strip_prefix(USER_PREFIX)
+        .and_then(|o| OpenId::parse(o).ok())
+}
+
+/// What a sort key names (for items reached through an index, keys only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortKey<'a> {
+    /// A plan, by its kind's name.
+    Plan(&'a str),
+    /// A push, by its notification id.
+    Outbox(&'a str),
+    Delivery(&'a str),
+    Other,
+}
+
+/// Reads a sort key.
+pub fn sort_key(sk: &str) -> SortKey<'_> {
+    if let Some(kind) = sk.strip_prefix(PLAN_PREFIX) {
+        SortKey::Plan(kind)
+    } else if let Some(note) = sk.strip_prefix(OUTBOX_PREFIX) {
+        SortKey::Outbox(note)
+    } else if let Some(id) = sk.strip_prefix(DELIVERY_PREFIX) {
+        SortKey::Delivery(id)
+    } else {
+        SortKey::Other
+    }
+}
+
+/// Sort-key prefix of the notifications (one `begins_with` query lists them).
+pub const NOTES: &str = NOTE_PREFIX;
 
 /// Sort-key prefix of the per-template quota counters.
 pub const QUOTA_PREFIX: &str = "QUOTA#";
@@ -29,7 +68,7 @@ pub fn grant_sk(template: &TemplateId, request_id: &RequestId) -> String {
 
 /// A user's plan for one reminder kind.
 pub fn plan_sk(kind: &KindName) -> String {
-    format!("PLAN#{kind}")
+    format!("{PLAN_PREFIX}{kind}")
 }
 
 /// A check-in's action record (the idempotency record of `action_id`).
@@ -39,12 +78,12 @@ pub fn action_sk(action_id: &RequestId) -> String {
 
 /// A notification in the inbox; ids sort by creation time, so sort keys do too.
 pub fn note_sk(id: &str) -> String {
-    format!("NOTE#{id}")
+    format!("{NOTE_PREFIX}{id}")
 }
 
 /// The WeChat push of a notification.
 pub fn outbox_sk(note_id: &str) -> String {
-    format!("OUTBOX#{note_id}")
+    format!("{OUTBOX_PREFIX}{note_id}")
 }
 
 /// The idempotency record of an ingested event.
@@ -57,7 +96,7 @@ pub const INBOX_SK: &str = "INBOX";
 
 /// One send attempt.
 pub fn delivery_sk(delivery_id: &str) -> String {
-    format!("DELIVERY#{delivery_id}")
+    format!("{DELIVERY_PREFIX}{delivery_id}")
 }
 
 /// The lease-index partition of a delivery (same hashing and shard count as the due
@@ -91,6 +130,18 @@ fn shard_of(pk: &str, sk: &str, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sort_keys_read_back_what_they_name() {
+        let kind = KindName::parse("water").expect("kind");
+        assert_eq!(sort_key(&plan_sk(&kind)), SortKey::Plan("water"));
+        assert_eq!(sort_key(&outbox_sk("n1")), SortKey::Outbox("n1"));
+        assert_eq!(sort_key(&delivery_sk("d1")), SortKey::Delivery("d1"));
+        assert_eq!(sort_key("INBOX"), SortKey::Other);
+        let openid = OpenId::parse("o1").expect("openid");
+        assert_eq!(openid_of(&user_pk(&openid)), Some(openid));
+        assert_eq!(openid_of("JUNK"), None);
+    }
 
     #[test]
     fn due_shards_are_stable_and_in_range() {

@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use super::super::grants::{GrantItem, rfc3339};
 use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{key, n, parse, s, to_item};
-use super::super::keys::{delivery_sk, lease_pk, quota_sk};
+use super::super::keys::{SortKey, delivery_sk, lease_pk, quota_sk, sort_key};
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim};
@@ -152,7 +152,11 @@ impl Store {
 
     /// The item behind a due entry, if it is still due at that instant.
     async fn claimable(&self, item: &DueItem, kinds: &ReminderKinds) -> Result<Found, StoreError> {
-        if let Some(kind) = item.sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) {
+        let named = sort_key(&item.sk);
+        if let Some(kind) = match named {
+            SortKey::Plan(kind) => kinds.get(kind),
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+        } {
             let read = match self.read(&item.pk, kind, None).await {
                 Ok(read) => read,
                 Err(e) => {
@@ -178,7 +182,7 @@ impl Store {
                 counters: read.counters,
             })));
         }
-        if item.sk.starts_with("OUTBOX#") {
+        if let SortKey::Outbox(_) = named {
             let Some(got) = self.get(&item.pk, &item.sk).await? else {
                 return Ok(Found::Gone);
             };

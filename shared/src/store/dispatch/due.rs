@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::super::item::{n, number, s, text};
-use super::super::keys::due_shard_pk;
+use super::super::keys::{due_shard_pk, openid_of};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::Index;
 use crate::domain::OpenId;
@@ -21,9 +21,7 @@ pub struct DueItem {
 impl DueItem {
     /// The user it belongs to, if its partition names one.
     pub fn openid(&self) -> Option<OpenId> {
-        self.pk
-            .strip_prefix("USER#")
-            .and_then(|o| OpenId::parse(o).ok())
+        openid_of(&self.pk)
     }
 }
 

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::super::item::{Item, key, n, number, parse, s, text};
-use super::super::keys::{delivery_sk, lease_shard_pk};
+use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, SettleTx, Settled, Writer};
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
@@ -71,40 +71,38 @@ impl Store {
                 }
             }
         }
-        let keys = |prefix: &str| -> Vec<(String, String, i64)> {
-            stale
-                .iter()
-                .filter_map(|i| {
-                    Some((
-                        text(i, "pk")?.to_string(),
-                        text(i, "sk")?.to_string(),
-                        number(i, "lease_until")?,
-                    ))
-                })
-                .filter(|(_, sk, _)| sk.starts_with(prefix))
-                .collect()
-        };
+        // (pk, sk, lease as seen) of the deliveries, the plans, and anything else.
+        let (mut deliveries, mut plans, mut others) = (Vec::new(), Vec::new(), Vec::new());
+        for item in &stale {
+            let (Some(pk), Some(sk), Some(seen)) = (
+                text(item, "pk"),
+                text(item, "sk"),
+                number(item, "lease_until"),
+            ) else {
+                continue;
+            };
+            let entry = (pk.to_string(), sk.to_string(), seen);
+            match sort_key(sk) {
+                SortKey::Delivery(_) => deliveries.push(entry),
+                SortKey::Plan(_) => plans.push(entry),
+                SortKey::Outbox(_) | SortKey::Other => others.push(entry),
+            }
+        }
         // Deliveries first: settling one usually moves its plan in the same write.
-        for (pk, sk, seen) in keys("DELIVERY#") {
+        for (pk, sk, seen) in deliveries {
             let settled = self.sweep_delivery(&pk, &sk, kinds, policy, now).await;
             summary.recovered += self
                 .tally(settled, (&pk, &sk, seen), now, &mut summary)
                 .await;
         }
-        for (pk, sk, seen) in keys("PLAN#") {
+        for (pk, sk, seen) in plans {
             let moved = self.sweep_plan(&pk, &sk, kinds, policy, now).await;
             summary.advanced += self.tally(moved, (&pk, &sk, seen), now, &mut summary).await;
         }
-        let unknown_entries = stale.len() - keys("DELIVERY#").len() - keys("PLAN#").len();
-        if unknown_entries > 0 {
-            tracing::error!(unknown_entries, "lease-index entries of no known kind");
-        }
-        for (pk, sk, seen) in keys("") {
-            if !sk.starts_with("DELIVERY#") && !sk.starts_with("PLAN#") {
-                let unknown = Ok(Step::Unreadable(format!("{sk}: no kind of lease holder")));
-                self.tally(unknown, (&pk, &sk, seen), now, &mut summary)
-                    .await;
-            }
+        for (pk, sk, seen) in others {
+            let unknown = Ok(Step::Unreadable(format!("{sk}: no kind of lease holder")));
+            self.tally(unknown, (&pk, &sk, seen), now, &mut summary)
+                .await;
         }
         summary
     }
@@ -179,10 +177,11 @@ impl Store {
             return Ok(Step::Unreadable("a delivery with a bad template id".into()));
         };
         let settlement = settle(OutcomeClass::Unknown, None, delivery.attempts, policy, now);
-        let kind = delivery
-            .source
-            .strip_prefix("PLAN#")
-            .and_then(|k| kinds.get(k));
+        let claimed = sort_key(&delivery.source);
+        let kind = match claimed {
+            SortKey::Plan(kind) => kinds.get(kind),
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+        };
         let mut source = Vec::new();
         if let Some(kind) = kind {
             // A plan that cannot be read does not stop the delivery and its grant from
@@ -196,7 +195,7 @@ impl Store {
                     tracing::error!(error = %error_chain(&e), "stale delivery's plan unreadable")
                 }
             }
-        } else if delivery.source.starts_with("OUTBOX#") {
+        } else if let SortKey::Outbox(_) = claimed {
             let outbox = self
                 .current_outbox(pk, &delivery.source)
                 .await
@@ -293,7 +292,11 @@ impl Store {
         policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<Step, StoreError> {
-        let Some(kind) = sk.strip_prefix("PLAN#").and_then(|k| kinds.get(k)) else {
+        let named = match sort_key(sk) {
+            SortKey::Plan(kind) => kinds.get(kind),
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+        };
+        let Some(kind) = named else {
             // A configuration change, not a bad item: left where it is, to be swept
             // once the kind is configured again.
             return Err(StoreError::Corrupt(format!("{sk}: no configured kind")));
