@@ -47,6 +47,30 @@ fn signal(pid: u32, sig: &str) {
     assert!(status.success(), "kill {sig} {pid}");
 }
 
+/// A `dispatch-once` process that stops itself (SIGSTOP) at `point`, once it has.
+async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> (Child, u32) {
+    let failpoint = format!("{point}:stop");
+    let mut all = vec![
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+        ("ONEGRANT_FAILPOINT", failpoint.as_str()),
+    ];
+    all.extend_from_slice(env);
+    let child = app
+        .dispatcher_process(BIN, &all)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("dispatch-once starts");
+    let pid = child.id();
+    until(
+        StdDuration::from_secs(30),
+        &format!("the dispatcher to stop at {point}"),
+        || async { is_stopped(pid) },
+    )
+    .await;
+    (child, pid)
+}
+
 /// Polls `check` every 20 ms until it holds (at most `within`).
 async fn until<F, Fut>(within: StdDuration, what: &str, mut check: F)
 where
@@ -112,25 +136,7 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
             (user, sk, ORDER)
         };
 
-        let child = app
-            .dispatcher_process(
-                BIN,
-                &[
-                    ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
-                    ("DISPATCH_ONCE_SECONDS", "60"),
-                    ("ONEGRANT_FAILPOINT", "after_send:stop"),
-                ],
-            )
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("dispatch-once starts");
-        let pid = child.id();
-        until(
-            StdDuration::from_secs(30),
-            "the dispatcher to freeze after its send",
-            || async { is_stopped(pid) },
-        )
-        .await;
+        let (child, pid) = frozen_dispatcher(&app, "after_send", &[]).await;
         let sent = app.deliveries().await;
         assert_eq!(
             sent.len(),
@@ -417,28 +423,12 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.scheduled_user("alice", 1).await;
     app.make_due(&user, "water", Utc::now()).await;
-    let child = app
-        .dispatcher_process(
-            BIN,
-            &[
-                ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
-                ("DISPATCH_ONCE_SECONDS", "60"),
-                ("ONEGRANT_FAILPOINT", "after_claim:stop"),
-                // Short timeouts, so the lease (10 s at least) really runs out.
-                ("WECHAT_TIMEOUT_MS", "500"),
-                ("WECHAT_CONNECT_TIMEOUT_MS", "200"),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("dispatch-once starts");
-    let pid = child.id();
-    until(
-        StdDuration::from_secs(30),
-        "the dispatcher to freeze after its claim",
-        || async { is_stopped(pid) },
-    )
-    .await;
+    // Short timeouts, so the lease (10 s at least) really runs out.
+    let short = [
+        ("WECHAT_TIMEOUT_MS", "500"),
+        ("WECHAT_CONNECT_TIMEOUT_MS", "200"),
+    ];
+    let (child, pid) = frozen_dispatcher(&app, "after_claim", &short).await;
     // Frozen until its lease has really run out, by the wall clock; then swept.
     let claimed = app.items_of(&user, "delivery").await.remove(0);
     let lease_until = attr_n(&claimed, "lease_until").expect("a lease");

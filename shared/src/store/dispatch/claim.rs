@@ -9,7 +9,7 @@ use super::super::item::{key, n, parse, s, to_item};
 use super::super::keys::{SortKey, delivery_sk, lease_pk, quota_sk, sort_key};
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
-use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim};
+use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead};
 use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{DeliveryState, OutboxState};
 use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
@@ -157,21 +157,10 @@ impl Store {
             SortKey::Plan(kind) => kinds.get(kind),
             SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
         } {
-            let read = match self.read(&item.pk, kind, None).await {
-                Ok(read) => read,
-                Err(e) => {
-                    return match self.plan_unreadable(&item.pk, kind).await? {
-                        Some(why) => Ok(Found::Unreadable(why)),
-                        None => Err(e),
-                    };
-                }
-            };
-            let Some(plan) = read.plan else {
-                return Ok(Found::Gone);
-            };
-            let plan = match plan.into_plan(kind) {
-                Ok(plan) => plan,
-                Err(e) => return Ok(Found::Unreadable(e.to_string())),
+            let (plan, counters) = match self.read_plan(&item.pk, kind).await? {
+                PlanRead::Found(plan, counters) => (*plan, counters),
+                PlanRead::Missing => return Ok(Found::Gone),
+                PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
             };
             if plan.status != (PlanStatus::Scheduled { due: item.due_at }) {
                 return Ok(Found::Gone);
@@ -179,7 +168,7 @@ impl Store {
             return Ok(Found::Due(Box::new(Claimable::Plan {
                 kind: kind.clone(),
                 plan,
-                counters: read.counters,
+                counters,
             })));
         }
         if let SortKey::Outbox(_) = named {

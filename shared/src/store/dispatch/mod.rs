@@ -506,21 +506,40 @@ impl Store {
     }
 }
 
+/// A plan as the dispatcher reads it.
+enum PlanRead {
+    Found(Box<Plan>, crate::domain::QuotaCounters),
+    Missing,
+    /// The plan item itself cannot be read: why.
+    Unreadable(String),
+}
+
 impl Store {
-    /// Why the plan item of `kind` itself cannot be read, if it cannot (as opposed to
-    /// a neighbour in the same read, or the database, being the problem).
-    async fn plan_unreadable(
-        &self,
-        pk: &str,
-        kind: &ReminderKind,
-    ) -> Result<Option<String>, StoreError> {
-        let Some(item) = self.get(pk, &plan_sk(&kind.name)).await? else {
-            return Ok(None);
+    /// The user's plan of `kind` and its template's counters (one read), telling a
+    /// plan item that is itself unreadable apart from a failure of anything else.
+    async fn read_plan(&self, pk: &str, kind: &ReminderKind) -> Result<PlanRead, StoreError> {
+        let read = match self.read(pk, kind, None).await {
+            Ok(read) => read,
+            Err(e) => {
+                // Is it the plan item, or a neighbour in the read (or the database)?
+                let Some(item) = self.get(pk, &plan_sk(&kind.name)).await? else {
+                    return Err(e);
+                };
+                return match parse::<super::plans::PlanItem>("plan", item)
+                    .and_then(|plan| plan.into_plan(kind))
+                {
+                    Ok(_) => Err(e),
+                    Err(why) => Ok(PlanRead::Unreadable(why.to_string())),
+                };
+            }
         };
-        Ok(parse::<super::plans::PlanItem>("plan", item)
-            .and_then(|plan| plan.into_plan(kind))
-            .err()
-            .map(|e| e.to_string()))
+        let Some(item) = read.plan else {
+            return Ok(PlanRead::Missing);
+        };
+        Ok(match item.into_plan(kind) {
+            Ok(plan) => PlanRead::Found(Box::new(plan), read.counters),
+            Err(why) => PlanRead::Unreadable(why.to_string()),
+        })
     }
 }
 

@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use super::super::item::{Item, key, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
-use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, SettleTx, Settled, Writer};
+use super::{
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
+};
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
@@ -301,21 +303,10 @@ impl Store {
             // once the kind is configured again.
             return Err(StoreError::Corrupt(format!("{sk}: no configured kind")));
         };
-        let read = match self.read(pk, kind, None).await {
-            Ok(read) => read,
-            Err(e) => {
-                return match self.plan_unreadable(pk, kind).await? {
-                    Some(why) => Ok(Step::Unreadable(why)),
-                    None => Err(e),
-                };
-            }
-        };
-        let Some(item) = read.plan else {
-            return Ok(Step::Idle);
-        };
-        let plan = match item.into_plan(kind) {
-            Ok(plan) => plan,
-            Err(e) => return Ok(Step::Unreadable(e.to_string())),
+        let plan = match self.read_plan(pk, kind).await? {
+            PlanRead::Found(plan, _) => *plan,
+            PlanRead::Missing => return Ok(Step::Idle),
+            PlanRead::Unreadable(why) => return Ok(Step::Unreadable(why)),
         };
         let expired = plan.lease_until.is_some_and(|until| until < now);
         if plan.status != PlanStatus::Sending || !expired {
