@@ -248,7 +248,6 @@ impl From<CheckInError> for ApiError {
             CheckInError::GrantPair => unprocessable("invalid_grant", message),
             CheckInError::Status(_) => unprocessable("invalid_result", message),
             CheckInError::OccurredAt => unprocessable("invalid_occurred_at", message),
-            CheckInError::Future => unprocessable("occurred_at_in_future", message),
             CheckInError::Count => unprocessable("invalid_count", message),
             CheckInError::DailyGoal => unprocessable("invalid_daily_goal", message),
         }

@@ -493,17 +493,6 @@ async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_st
             "invalid_occurred_at",
         ),
         (
-            "occurred_at far in the future",
-            "POST",
-            "/v1/reminders/water/checkins",
-            checkin_with(
-                "occurred_at",
-                json!((now + chrono::Duration::days(3)).to_rfc3339()),
-            ),
-            422,
-            "occurred_at_in_future",
-        ),
-        (
             "negative count",
             "POST",
             "/v1/reminders/water/checkins",

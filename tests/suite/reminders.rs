@@ -294,20 +294,92 @@ async fn an_action_id_reused_with_a_different_payload_is_refused_and_changes_not
         (refused.status, refused.body["error"]["code"].as_str()),
         (409, Some("idempotency_conflict"))
     );
-    // A new action whose grant repeats wr_1 with another result conflicts too.
-    let rejected = app
-        .post(
-            CHECKINS,
-            Some(&token),
-            &checkin("wc_2", 3, Some(("wr_1", "reject"))),
-        )
-        .await;
-    assert_eq!(rejected.status, 409);
     assert_eq!(
         before,
         app.items().await,
         "a refused check-in writes nothing"
     );
+}
+
+#[tokio::test]
+async fn a_check_in_whose_grant_conflicts_is_recorded_without_the_grant_and_says_so() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    // The report said accept; the queued check-in carries the same request as reject.
+    grant(&app, &token, "wr_1").await;
+    let before = app.get("/v1/grants", Some(&token)).await;
+    let body = checkin("wc_1", 3, Some(("wr_1", "reject")));
+    let answer = app.post(CHECKINS, Some(&token), &body).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["grant_conflict"], true, "{}", answer.body);
+    assert_eq!(answer.body["today"]["count"], 3, "the drink is counted");
+    assert_eq!(
+        answer.body["state"], "scheduled",
+        "the earlier accept stands"
+    );
+    let after = app.get("/v1/grants", Some(&token)).await;
+    assert_eq!(
+        quota(&before.body, WATER),
+        quota(&after.body, WATER),
+        "no grant added or refused"
+    );
+    let ledger = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| attr_s(i, "kind") == Some("grant"))
+        .collect::<Vec<_>>();
+    assert_eq!(ledger.len(), 1);
+    assert_eq!(attr_s(&ledger[0], "result"), Some("accept"));
+    let replay = app.post(CHECKINS, Some(&token), &body).await;
+    assert_eq!(
+        (replay.status, &replay.body),
+        (200, &answer.body),
+        "the replay answers the same"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_check_in_from_a_fast_clock_is_recorded_and_schedules_from_server_time() {
+    let app = spawn_app().await;
+    let token = app.login("alice").await;
+    grant(&app, &token, "wr_0").await;
+    put(&app, &token, &json!({"enabled": true})).await;
+    for (i, ahead) in [Duration::minutes(10), Duration::days(3650)]
+        .into_iter()
+        .enumerate()
+    {
+        let count = 2 + i as u32;
+        let request = format!("wr_{}", i + 1);
+        let mut body = checkin(&format!("wc_{i}"), count, Some((&request, "accept")));
+        let before = Utc::now();
+        body["occurred_at"] = json!((before + ahead).to_rfc3339());
+        let answer = app.post(CHECKINS, Some(&token), &body).await;
+        assert_eq!(answer.status, 200, "{ahead}: {}", answer.body);
+        assert_eq!(
+            answer.body["today"]["count"], count,
+            "{ahead}: counted today"
+        );
+        let due = answer.body["next_due_at"]
+            .as_str()
+            .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
+            .expect("scheduled")
+            .with_timezone(&Utc);
+        assert!(
+            due < Utc::now() + chrono::Duration::days(2),
+            "{ahead}: scheduled from server time, not from the phone's ({due})"
+        );
+        let replay = app.post(CHECKINS, Some(&token), &body).await;
+        assert_eq!(
+            replay.body, answer.body,
+            "{ahead}: the replay answers the same"
+        );
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
 }
 
 #[tokio::test]

@@ -74,7 +74,7 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = Utc::now();
-    let checkin = CheckIn::from_json(&body, now)?;
+    let checkin = CheckIn::from_json(&body)?;
     let outcome = deps.store.check_in(&openid, kind, &checkin, now).await?;
     let answer = match outcome {
         CheckInOutcome::Applied(answer) => {

@@ -635,21 +635,18 @@ impl Store {
                 return replay(action, fingerprint).map(Attempt::Done);
             }
             // The grant the check-in carries: new, a replay of an earlier report, or a
-            // conflict with one.
+            // conflict with one — which refuses the grant part alone: the check-in itself
+            // is a fact the user made and is recorded all the same (I7).
             let mut write_ledger = None;
+            let mut grant_conflict = false;
             if let Some((request_id, result)) = &checkin.grant {
                 match &read.ledger {
                     Some(old) if old.result == *result => {}
-                    Some(old) => {
-                        return Err(StoreError::IdempotencyConflict(format!(
-                            "grant_request_id {request_id} already recorded {} for template {}",
-                            old.result.as_str(),
-                            kind.template_id
-                        )));
-                    }
+                    Some(_) => grant_conflict = true,
                     None => write_ledger = Some((request_id.clone(), *result)),
                 }
             }
+            let carried = checkin.grant.as_ref().filter(|_| !grant_conflict);
             let new_grant = write_ledger.as_ref().is_some_and(|(_, r)| r.grants());
             let mut counters = read.counters;
             if new_grant {
@@ -662,7 +659,8 @@ impl Store {
                 None => Plan::new(kind),
             };
             let schedule = plan.settings.schedule;
-            let day = schedule.waking_day(checkin.occurred_at);
+            // A phone clock running fast counts the check-in now (I9).
+            let day = schedule.waking_day(checkin.counted_at(now));
             plan.record_count(day, checkin.current_count);
             let anchor = plan
                 .last_checkin_at
@@ -681,7 +679,7 @@ impl Store {
                     due,
                 })
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if let Some((_, result)) = &checkin.grant {
+            if let Some((_, result)) = carried {
                 let refusal = match result {
                     SubscribeResult::Reject => Some(Refusal::Reject),
                     SubscribeResult::Ban => Some(Refusal::Ban),
@@ -699,8 +697,11 @@ impl Store {
 
             let mut answered = plan.clone();
             answered.version += 1;
-            let response = serde_json::to_value(answered.view(counters.available, now))
+            let mut response = serde_json::to_value(answered.view(counters.available, now))
                 .map_err(|e| corrupt("plan view", e))?;
+            if grant_conflict && let Some(object) = response.as_object_mut() {
+                object.insert("grant_conflict".into(), serde_json::Value::Bool(true));
+            }
             let action = ActionItem {
                 pk: pk.to_string(),
                 sk: action_sk(&checkin.action_id),
@@ -715,10 +716,8 @@ impl Store {
                 self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
                 self.plan_put(&plan, pk, now)?,
             ];
-            let mut ledger_index = None;
             if let Some((request_id, result)) = &write_ledger {
                 let item = GrantItem::new(pk, &kind.template_id, request_id, *result, now);
-                ledger_index = Some(items.len());
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
@@ -751,25 +750,8 @@ impl Store {
                             serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
                         return replay(old, fingerprint).map(Attempt::Done);
                     }
-                    if let Some(i) = ledger_index
-                        && failed(i)
-                        && let Some((_, Some(old))) = reasons.get(i)
-                    {
-                        let old: GrantItem = serde_dynamo::from_item(old.clone())
-                            .map_err(|e| corrupt("grant", e))?;
-                        if checkin
-                            .grant
-                            .as_ref()
-                            .is_some_and(|(_, r)| *r != old.result)
-                        {
-                            return Err(StoreError::IdempotencyConflict(format!(
-                                "grant_request_id {} already recorded {} for template {}",
-                                old.request_id,
-                                old.result.as_str(),
-                                kind.template_id
-                            )));
-                        }
-                    }
+                    // A report of the same grant landed meanwhile: the next read sees
+                    // it (a replay, or a conflict refused on its own).
                 }
                 TxOutcome::Contended => {}
             }
