@@ -690,11 +690,18 @@ impl TestApp {
         &self,
         at: chrono::DateTime<chrono::Utc>,
     ) -> onegrant::store::dispatch::SweepSummary {
+        let shards = self
+            .deps
+            .store
+            .shard_span(at)
+            .await
+            .expect("the shard registry");
         self.deps
             .store
             .sweep(
                 &self.deps.config.reminders,
                 &self.deps.config.dispatch.retry_policy(),
+                &shards,
                 at,
             )
             .await

@@ -780,7 +780,8 @@ async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
     assert_eq!(ops.iter().filter(|o| *o == "Query").count(), 1, "{ops:?}");
     assert_eq!(
         ops.iter().filter(|o| *o == "GetItem").count(),
-        onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize
+        1 + onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize,
+        "the shard registry, then one read per entry"
     );
     // The unreadable ones left the lease index: the next sweep reaches the rest.
     let next = app.sweep_at(Utc::now()).await;
@@ -951,4 +952,77 @@ async fn a_token_error_that_persists_after_the_one_refetch_fails_the_send_and_re
     let grants = app.items_of(&user, "grant").await;
     assert_eq!(attr_s(&grants[0], "state"), Some("available"));
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_and_to_32() {
+    for to in [4u32, 32] {
+        let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DUE_SHARDS", "16")]).await;
+        // The deployed dispatcher has been ticking under 16 shards.
+        app.tick(30).await;
+        let names: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+        join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
+        // One of its runs claimed two of them and vanished.
+        let now = Utc::now();
+        let store = &app.deps.store;
+        let old = store.shard_span(now).await.expect("registry");
+        let due = store
+            .due_items(now + Duration::seconds(5), &old)
+            .await
+            .expect("due")
+            .items;
+        assert_eq!(due.len(), 12);
+        for item in due.iter().take(2) {
+            let claimed = store
+                .claim(
+                    item,
+                    &app.deps.config.reminders,
+                    "crashed",
+                    std::time::Duration::from_secs(10),
+                    now,
+                )
+                .await
+                .expect("claim");
+            assert!(matches!(
+                claimed,
+                onegrant::store::dispatch::ClaimOutcome::Claimed(_)
+            ));
+        }
+
+        // Redeployed with another shard count: same table, same WeChat.
+        let mut config = (*app.deps.config).clone();
+        config.due_shards = to;
+        let deps = onegrant_local::stack::deps(config, app.table.client.clone()).expect("deps");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        let summary = dispatcher::tick(&deps, deadline).await.expect("tick");
+        assert_eq!(
+            summary.sent, 10,
+            "{to}: every item written under 16 shards is found: {summary:?}"
+        );
+        let span = deps.store.shard_span(Utc::now()).await.expect("registry");
+        assert_eq!(span.span, 16.max(to), "{to}: {span:?}");
+        let swept = deps
+            .store
+            .sweep(
+                &deps.config.reminders,
+                &deps.config.dispatch.retry_policy(),
+                &span,
+                Utc::now() + Duration::seconds(300),
+            )
+            .await;
+        assert_eq!(
+            swept.recovered, 2,
+            "{to}: the old shards' leases are swept: {swept:?}"
+        );
+        // Once the old partitions are empty (and the change has settled), the
+        // extra queries stop.
+        let later =
+            Utc::now() + onegrant::store::dispatch::shards::DRAIN_GRACE + Duration::minutes(1);
+        let drained = deps.store.drain_shards(&span, later).await.expect("drain");
+        assert_eq!(drained, to < 16, "{to}");
+        let after = deps.store.shard_span(later).await.expect("registry");
+        assert_eq!(after.span, to, "{to}: {after:?}");
+        assert_eq!(app.deliveries().await.len(), 10);
+        assert_ledger_agrees_with_counters(&app).await;
+    }
 }

@@ -30,7 +30,7 @@ use onegrant::domain::keywords::fit_all;
 use onegrant::domain::outcome::{OutcomeClass, SendResult};
 use onegrant::domain::reminder::ContentValues;
 use onegrant::store::StoreError;
-use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
+use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized, ShardSpan};
 use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use serde::Serialize;
@@ -96,12 +96,20 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
     // rather than before them, so it never delays a reminder that is due.
     let policy = config.dispatch.retry_policy();
+    // Every partition that may hold items, old shard counts included.
+    let shards = match deps.store.shard_span(now).await {
+        Ok(shards) => shards,
+        Err(e) => {
+            tracing::error!(error = %error_chain(&e), "shard registry unreadable; this tick queries its own shards only");
+            ShardSpan::only(deps.store.shards(), now)
+        }
+    };
     // Bounded by the invocation too: what it does not reach, the next tick does.
     let sweeping = tokio::time::timeout_at(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
-        deps.store.sweep(&config.reminders, &policy, now),
+        deps.store.sweep(&config.reminders, &policy, &shards, now),
     );
-    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, now));
+    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, &shards, now));
     let mut summary = dispatched?;
     match swept {
         Ok(swept) => {
@@ -112,6 +120,9 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         Err(_) => {
             tracing::warn!("the sweep ran out of the invocation's time; the next tick goes on")
         }
+    }
+    if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
+        tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
     }
     tracing::info!(
         due = summary.due,
@@ -138,12 +149,13 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
 async fn dispatch_due(
     deps: &Deps,
     deadline: Instant,
+    shards: &ShardSpan,
     now: chrono::DateTime<Utc>,
 ) -> Result<Summary, StoreError> {
     let config = &deps.config;
     let claimer = uuid::Uuid::new_v4().simple().to_string();
     let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
-    let scan = deps.store.due_items(horizon).await?;
+    let scan = deps.store.due_items(horizon, shards).await?;
     let summary = Arc::new(Mutex::new(Summary {
         due: u32::try_from(scan.items.len()).unwrap_or(u32::MAX),
         skipped: scan.unreadable,

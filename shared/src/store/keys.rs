@@ -91,6 +91,11 @@ pub fn event_sk(key: &str) -> String {
     format!("EVENT#{key}")
 }
 
+/// The dispatcher's shard registry (see `store::dispatch::shards`): one item outside
+/// every user's partition.
+pub const SHARDS_PK: &str = "META";
+pub const SHARDS_SK: &str = "SHARDS";
+
 /// The user's unread counter.
 pub const INBOX_SK: &str = "INBOX";
 

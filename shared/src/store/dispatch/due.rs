@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use super::super::item::{n, number, s, text};
 use super::super::keys::{due_shard_pk, openid_of};
 use super::super::{Store, StoreError, classify_sdk_error};
-use super::Index;
+use super::{Index, ShardSpan};
 use crate::domain::OpenId;
 use crate::telemetry::error_chain;
 
@@ -35,10 +35,14 @@ pub struct DueScan {
 }
 
 impl Store {
-    /// The items due by `horizon`, across every shard of the due index, queried in
-    /// parallel, earliest first. An unreadable entry is logged and counted, not fatal.
-    pub async fn due_items(&self, horizon: DateTime<Utc>) -> Result<DueScan, StoreError> {
-        let queries = (0..self.shards).map(|shard| async move {
+    /// The items due by `horizon`, across every partition of the due index that may
+    /// hold items (`shards`), queried in parallel, earliest first. An unreadable entry is logged and counted, not fatal.
+    pub async fn due_items(
+        &self,
+        horizon: DateTime<Utc>,
+        shards: &ShardSpan,
+    ) -> Result<DueScan, StoreError> {
+        let queries = (0..shards.span).map(|shard| async move {
             let mut scan = DueScan::default();
             let mut pages = self
                 .client

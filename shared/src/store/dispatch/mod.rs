@@ -20,11 +20,13 @@
 //!   `sending` whose delivery is already terminal is advanced by that delivery's
 //!   outcome (I5). One page per shard per tick; an entry that cannot be read is
 //!   logged, counted and taken off the index (quarantined), never retried forever.
+//! - [`shards`]: which partitions to query when `DUE_SHARDS` has changed.
 //! - this module: the types shared by the steps and the one settle transaction.
 
 pub mod claim;
 pub mod due;
 pub mod finalize;
+pub mod shards;
 pub mod sweep;
 
 use std::collections::BTreeMap;
@@ -47,6 +49,7 @@ use crate::domain::{GrantState, OpenId, TemplateId};
 pub use claim::ClaimOutcome;
 pub use due::{DueItem, DueScan};
 pub use finalize::Finalized;
+pub use shards::ShardSpan;
 pub use sweep::SweepSummary;
 
 /// What a dispatcher holds between claim and finalize.

@@ -6,7 +6,8 @@ use super::super::item::{Item, key, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, ShardSpan,
+    Writer,
 };
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
 use crate::domain::plan::PlanStatus;
@@ -45,9 +46,10 @@ impl Store {
         &self,
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
+        shards: &ShardSpan,
         now: DateTime<Utc>,
     ) -> SweepSummary {
-        let queries = (0..self.shards).map(|shard| async move {
+        let queries = (0..shards.span).map(|shard| async move {
             let out = self
                 .client
                 .query()

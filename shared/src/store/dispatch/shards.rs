@@ -1,0 +1,156 @@
+//! Changing `DUE_SHARDS` safely. Plans, pushes and leases written under one shard count
+//! live on that count's partitions; a dispatcher with a smaller count would never query
+//! the partitions above it, and the items there would never be sent or swept.
+//!
+//! So the table remembers the highest count in use (`META` / `SHARDS`): every tick
+//! reads it (one item), raises it when this dispatcher's count is higher, and queries
+//! the due and lease indexes over that whole span. A larger count needs nothing more
+//! (its span covers the old partitions). After a decrease, once the partitions above
+//! the new count are empty on both indexes — checked by a tick at least
+//! [`DRAIN_GRACE`] after the change, so containers still on the old count have
+//! finished — the remembered count comes down and the extra queries stop.
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::super::item::{key, n, number};
+use super::super::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
+use super::super::{Store, StoreError, classify_sdk_error};
+
+/// How long after a change of count the old partitions are first checked for empty.
+pub const DRAIN_GRACE: Duration = Duration::minutes(15);
+
+/// The shard registry as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardSpan {
+    /// Partitions to query: every count still possibly holding items.
+    pub span: u32,
+    /// This store's own count.
+    pub current: u32,
+    /// Since when the registry has known `current`.
+    since: DateTime<Utc>,
+}
+
+impl ShardSpan {
+    /// Only `current`'s own partitions (when the registry cannot be read).
+    pub fn only(current: u32, now: DateTime<Utc>) -> Self {
+        Self {
+            span: current,
+            current,
+            since: now,
+        }
+    }
+}
+
+impl Store {
+    /// The partitions a tick must query (see the module docs), registering this
+    /// store's count first if the table does not know it yet.
+    pub async fn shard_span(&self, now: DateTime<Utc>) -> Result<ShardSpan, StoreError> {
+        let got = self.get(SHARDS_PK, SHARDS_SK).await?;
+        let stored = got.as_ref().and_then(|item| {
+            Some((
+                u32::try_from(number(item, "max_shards")?).ok()?,
+                u32::try_from(number(item, "current")?).ok()?,
+                DateTime::from_timestamp_millis(number(item, "current_since")?)?,
+            ))
+        });
+        if let Some((max, current, since)) = stored
+            && current == self.shards
+        {
+            return Ok(ShardSpan {
+                span: max.max(current),
+                current,
+                since,
+            });
+        }
+        let max = stored.map_or(self.shards, |(max, _, _)| max.max(self.shards));
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
+            .update_expression("SET max_shards = :max, #current = :c, current_since = :now")
+            .expression_attribute_names("#current", "current")
+            .expression_attribute_values(":max", n(max))
+            .expression_attribute_values(":c", n(self.shards))
+            .expression_attribute_values(":now", n(now.timestamp_millis()));
+        update = match stored {
+            None => update.condition_expression("attribute_not_exists(pk)"),
+            Some((old_max, old_current, _)) => update
+                .condition_expression("max_shards = :old_max AND #current = :old_current")
+                .expression_attribute_values(":old_max", n(old_max))
+                .expression_attribute_values(":old_current", n(old_current)),
+        };
+        match update.send().await {
+            Ok(_) => tracing::warn!(shards = self.shards, span = max, "shard count registered"),
+            // Another dispatcher registered first: its view is at least as wide.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) => {}
+            Err(e) => return Err(classify_sdk_error(e, |_| false)),
+        }
+        Ok(ShardSpan {
+            span: max,
+            current: self.shards,
+            since: now,
+        })
+    }
+
+    /// After a decrease, lowers the remembered count once the partitions above this
+    /// store's count are empty on both indexes (at least [`DRAIN_GRACE`] after the
+    /// change). True if it did.
+    pub async fn drain_shards(
+        &self,
+        span: &ShardSpan,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        if span.span <= span.current || now - span.since < DRAIN_GRACE {
+            return Ok(false);
+        }
+        for shard in span.current..span.span {
+            for (index, partition, pk) in [
+                ("due", "due_pk", due_shard_pk(shard)),
+                ("lease", "lease_pk", lease_shard_pk(shard)),
+            ] {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(index)
+                    .key_condition_expression(format!("{partition} = :p"))
+                    .expression_attribute_values(":p", super::super::item::s(pk))
+                    .limit(1)
+                    .send()
+                    .await
+                    .map_err(|e| classify_sdk_error(e, |_| false))?;
+                if out.count() > 0 {
+                    return Ok(false);
+                }
+            }
+        }
+        let lowered = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
+            .update_expression("SET max_shards = :c")
+            .condition_expression("max_shards = :old AND #current = :c")
+            .expression_attribute_names("#current", "current")
+            .expression_attribute_values(":c", n(span.current))
+            .expression_attribute_values(":old", n(span.span))
+            .send()
+            .await;
+        match lowered {
+            Ok(_) => {
+                tracing::warn!(from = span.span, to = span.current, "old shards drained");
+                Ok(true)
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
+    }
+}
