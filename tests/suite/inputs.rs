@@ -554,4 +554,37 @@ async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_st
         app.items().await.is_empty(),
         "nothing is stored by refused requests"
     );
+
+    // Edge inputs a real phone sends are facts to record, not errors (I7, I9).
+    let recorded = [
+        (
+            "occurred_at 10 minutes ahead (a fast clock)",
+            now + chrono::Duration::minutes(10),
+        ),
+        ("occurred_at 3 days ahead", now + chrono::Duration::days(3)),
+        (
+            "occurred_at 10 years ahead",
+            now + chrono::Duration::days(3650),
+        ),
+        (
+            "occurred_at 30 days ago (a long offline queue)",
+            now - chrono::Duration::days(30),
+        ),
+    ];
+    for (i, (name, at)) in recorded.into_iter().enumerate() {
+        let mut body = ok_checkin.clone();
+        body["action_id"] = json!(format!("wc_rec{i}"));
+        body["occurred_at"] = json!(at.to_rfc3339());
+        let answer = app
+            .post("/v1/reminders/water/checkins", Some(&token), &body)
+            .await;
+        assert_eq!(answer.status, 200, "{name}: {}", answer.body);
+    }
+    let actions = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| onegrant_tests::attr_s(i, "kind") == Some("action"))
+        .count();
+    assert_eq!(actions, 4, "each recorded");
 }
