@@ -1026,3 +1026,38 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
         assert_ledger_agrees_with_counters(&app).await;
     }
 }
+
+#[tokio::test]
+async fn the_shard_registry_assumes_the_default_when_new_and_everything_when_unreadable() {
+    use aws_sdk_dynamodb::types::AttributeValue::S;
+    let app = spawn_app_with(&[("DUE_SHARDS", "4")]).await;
+    let store = &app.deps.store;
+    let now = Utc::now();
+    // An upgrade that also lowered the count: the default's partitions stay covered.
+    let first = store.shard_span(now).await.expect("registry");
+    assert_eq!((first.span, first.current), (16, 4));
+    // A registry item no one can read is rewritten to cover every partition.
+    put_raw(
+        &app,
+        vec![
+            ("pk", S("META".into())),
+            ("sk", S("SHARDS".into())),
+            ("max_shards", S("many".into())),
+        ],
+    )
+    .await;
+    assert_eq!(store.known_shards().await.expect("read"), 256);
+    let widest = store.shard_span(now).await.expect("registry");
+    assert_eq!(widest.span, 256);
+    // A dispatcher still on another count registering between a tick's read and its
+    // drain stops that drain; the next tick's drain, after the grace, goes through.
+    let mut config = (*app.deps.config).clone();
+    config.due_shards = 16;
+    let other = onegrant_local::stack::deps(config, app.table.client.clone()).expect("deps");
+    other.store.shard_span(now).await.expect("registry");
+    let later = now + onegrant::store::dispatch::shards::DRAIN_GRACE + Duration::minutes(1);
+    assert!(!store.drain_shards(&widest, later).await.expect("drain"));
+    let again = store.shard_span(now).await.expect("registry");
+    assert!(store.drain_shards(&again, later).await.expect("drain"));
+    assert_eq!(store.known_shards().await.expect("read"), 4);
+}

@@ -12,12 +12,27 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::super::item::{key, n, number};
+use super::super::item::{Item, key, n, number, s};
 use super::super::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
-use super::super::{Store, StoreError, classify_sdk_error};
+use super::super::{DEFAULT_SHARDS, Store, StoreError, classify_sdk_error};
 
 /// How long after a change of count the old partitions are first checked for empty.
 pub const DRAIN_GRACE: Duration = Duration::minutes(15);
+
+/// The most partitions `DUE_SHARDS` allows: the span assumed when the registry is
+/// unreadable, so nothing is missed until it is repaired (and drained).
+pub const MAX_SHARDS: u32 = 256;
+
+/// The registry item as stored: (widest count, current count, since when).
+type Registry = (u32, u32, DateTime<Utc>);
+
+fn registry(item: &Item) -> Option<Registry> {
+    Some((
+        u32::try_from(number(item, "max_shards")?).ok()?,
+        u32::try_from(number(item, "current")?).ok()?,
+        DateTime::from_timestamp_millis(number(item, "current_since")?)?,
+    ))
+}
 
 /// The shard registry as read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,14 +61,8 @@ impl Store {
     /// store's count first if the table does not know it yet.
     pub async fn shard_span(&self, now: DateTime<Utc>) -> Result<ShardSpan, StoreError> {
         let got = self.get(SHARDS_PK, SHARDS_SK).await?;
-        let stored = got.as_ref().and_then(|item| {
-            Some((
-                u32::try_from(number(item, "max_shards")?).ok()?,
-                u32::try_from(number(item, "current")?).ok()?,
-                DateTime::from_timestamp_millis(number(item, "current_since")?)?,
-            ))
-        });
-        if let Some((max, current, since)) = stored
+        let stored = got.as_ref().map(registry);
+        if let Some(Some((max, current, since))) = stored
             && current == self.shards
         {
             return Ok(ShardSpan {
@@ -62,7 +71,16 @@ impl Store {
                 since,
             });
         }
-        let max = stored.map_or(self.shards, |(max, _, _)| max.max(self.shards));
+        let max = match stored {
+            // First tick with a registry: the default count may have been in use
+            // before (an upgrade that also lowers the count must not strand it).
+            None => self.shards.max(DEFAULT_SHARDS),
+            Some(Some((max, _, _))) => max.max(self.shards),
+            Some(None) => {
+                tracing::error!("shard registry unreadable: rewritten with the widest span");
+                MAX_SHARDS.max(self.shards)
+            }
+        };
         let mut update = self
             .client
             .update_item()
@@ -75,7 +93,8 @@ impl Store {
             .expression_attribute_values(":now", n(now.timestamp_millis()));
         update = match stored {
             None => update.condition_expression("attribute_not_exists(pk)"),
-            Some((old_max, old_current, _)) => update
+            Some(None) => update,
+            Some(Some((old_max, old_current, _))) => update
                 .condition_expression("max_shards = :old_max AND #current = :old_current")
                 .expression_attribute_values(":old_max", n(old_max))
                 .expression_attribute_values(":old_current", n(old_current)),
@@ -91,7 +110,19 @@ impl Store {
         Ok(ShardSpan {
             span: max,
             current: self.shards,
-            since: now,
+            // As stored (milliseconds), so a later check compares equal.
+            since: DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now),
+        })
+    }
+
+    /// The partitions that may hold items, read only (for checks and tools that must not
+    /// register a count).
+    pub async fn known_shards(&self) -> Result<u32, StoreError> {
+        let got = self.get(SHARDS_PK, SHARDS_SK).await?;
+        Ok(match got.as_ref().map(registry) {
+            None => self.shards,
+            Some(Some((max, _, _))) => max.max(self.shards),
+            Some(None) => MAX_SHARDS.max(self.shards),
         })
     }
 
@@ -106,25 +137,34 @@ impl Store {
         if span.span <= span.current || now - span.since < DRAIN_GRACE {
             return Ok(false);
         }
-        for shard in span.current..span.span {
-            for (index, partition, pk) in [
+        // The registry must still be as this tick read it: a count registered since
+        // (a rollback, a dispatcher still on the old count) starts the grace again.
+        let now_stored = self.get(SHARDS_PK, SHARDS_SK).await?;
+        if now_stored.as_ref().and_then(registry) != Some((span.span, span.current, span.since)) {
+            return Ok(false);
+        }
+        let checks = (span.current..span.span).flat_map(|shard| {
+            [
                 ("due", "due_pk", due_shard_pk(shard)),
                 ("lease", "lease_pk", lease_shard_pk(shard)),
-            ] {
-                let out = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(index)
-                    .key_condition_expression(format!("{partition} = :p"))
-                    .expression_attribute_values(":p", super::super::item::s(pk))
-                    .limit(1)
-                    .send()
-                    .await
-                    .map_err(|e| classify_sdk_error(e, |_| false))?;
-                if out.count() > 0 {
-                    return Ok(false);
-                }
+            ]
+        });
+        let queries = checks.map(|(index, partition, pk)| async move {
+            self.client
+                .query()
+                .table_name(&self.table)
+                .index_name(index)
+                .key_condition_expression(format!("{partition} = :p"))
+                .expression_attribute_values(":p", s(pk))
+                .limit(1)
+                .send()
+                .await
+                .map(|out| out.count() == 0)
+                .map_err(|e| classify_sdk_error(e, |_| false))
+        });
+        for empty in futures::future::join_all(queries).await {
+            if !empty? {
+                return Ok(false);
             }
         }
         let lowered = self
@@ -133,10 +173,11 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
             .update_expression("SET max_shards = :c")
-            .condition_expression("max_shards = :old AND #current = :c")
+            .condition_expression("max_shards = :old AND #current = :c AND current_since = :since")
             .expression_attribute_names("#current", "current")
             .expression_attribute_values(":c", n(span.current))
             .expression_attribute_values(":old", n(span.span))
+            .expression_attribute_values(":since", n(span.since.timestamp_millis()))
             .send()
             .await;
         match lowered {
