@@ -627,6 +627,18 @@ impl TestApp {
             .item
     }
 
+    /// The state of the grant a stored delivery of `user` reserved.
+    pub async fn grant_state_of(
+        &self,
+        user: &User,
+        delivery: &HashMap<String, AttributeValue>,
+    ) -> Option<String> {
+        let grant = self
+            .item(user, attr_s(delivery, "grant_sk").unwrap_or_default())
+            .await?;
+        attr_s(&grant, "state").map(str::to_string)
+    }
+
     /// Every stored item of `user` whose kind attribute is `kind`.
     pub async fn items_of(&self, user: &User, kind: &str) -> Vec<HashMap<String, AttributeValue>> {
         let pk = format!("USER#{}", user.openid);

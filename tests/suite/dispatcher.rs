@@ -902,16 +902,13 @@ async fn disabling_a_plan_while_its_reminder_is_in_flight_never_gives_the_grant_
         assert_eq!(off.body["state"], "disabled");
         assert_eq!(summary.claimed, 1, "{fault}: {summary:?}");
         let delivery = app.items_of(&user, "delivery").await.remove(0);
-        let grant = app
-            .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
-            .await;
         let expected = if fault.is_null() {
             "consumed"
         } else {
             "invalid"
         };
         assert_eq!(
-            grant.as_ref().and_then(|g| attr_s(g, "state")),
+            app.grant_state_of(&user, &delivery).await.as_deref(),
             Some(expected),
             "{fault}: the send's finalize and the disable both landed"
         );

@@ -181,11 +181,8 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
             delivery.contains_key("answered_late_at"),
             "{what}: {delivery:?}"
         );
-        let grant = app
-            .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
-            .await;
         assert_eq!(
-            grant.as_ref().and_then(|g| attr_s(g, "state")),
+            app.grant_state_of(&user, &delivery).await.as_deref(),
             Some("consumed"),
             "{what}"
         );
@@ -451,11 +448,8 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
         delivery.contains_key("answered_late_at") && delivery.contains_key("released_at"),
         "{summary}: {delivery:?}"
     );
-    let grant = app
-        .item(&user, attr_s(&delivery, "grant_sk").unwrap_or_default())
-        .await;
     assert_eq!(
-        grant.as_ref().and_then(|g| attr_s(g, "state")),
+        app.grant_state_of(&user, &delivery).await.as_deref(),
         Some("available"),
         "the sweep's void undone: the quota is still WeChat's"
     );
