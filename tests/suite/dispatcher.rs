@@ -777,7 +777,11 @@ async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
         "one page of the lease index, however long the backlog"
     );
     let ops = app.round_trips.take();
-    assert_eq!(ops.iter().filter(|o| *o == "Query").count(), 1, "{ops:?}");
+    assert_eq!(
+        ops.iter().filter(|o| *o == "Query@index").count(),
+        1,
+        "{ops:?}"
+    );
     assert_eq!(
         ops.iter().filter(|o| *o == "GetItem").count(),
         1 + onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize,
@@ -1057,4 +1061,165 @@ async fn the_shard_registry_assumes_the_default_when_new_and_everything_when_unr
     let again = store.shard_span(now).await.expect("registry");
     assert!(store.drain_shards(&again, later).await.expect("drain"));
     assert_eq!(store.known_shards().await.expect("read"), 4);
+}
+
+/// Per operation, how many requests a step sent.
+fn tally(ops: Vec<String>) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for op in ops {
+        *counts.entry(op).or_default() += 1;
+    }
+    counts
+}
+
+/// `n` past results of `template` in `user`'s ledger, as years of taps leave them
+/// (refusals: they carry no grant state, so the counters need not change).
+async fn history(app: &TestApp, user: &User, template: &str, n: usize) {
+    use aws_sdk_dynamodb::types::{AttributeValue::S, PutRequest, WriteRequest};
+    for chunk in (0..n).collect::<Vec<_>>().chunks(25) {
+        let writes = chunk
+            .iter()
+            .map(|i| {
+                let item = [
+                    ("pk", format!("USER#{}", user.openid)),
+                    ("sk", format!("GRANT#{template}#old_{i}")),
+                    ("kind", "grant".to_string()),
+                    ("template_id", template.to_string()),
+                    ("request_id", format!("old_{i}")),
+                    ("result", "reject".to_string()),
+                    ("created_at", "2025-11-30T00:00:00Z".to_string()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), S(v)))
+                .chain([(
+                    "version".to_string(),
+                    aws_sdk_dynamodb::types::AttributeValue::N("1".into()),
+                )])
+                .collect();
+                WriteRequest::builder()
+                    .put_request(
+                        PutRequest::builder()
+                            .set_item(Some(item))
+                            .build()
+                            .expect("put"),
+                    )
+                    .build()
+            })
+            .collect();
+        app.table
+            .client
+            .batch_write_item()
+            .request_items(&app.table.name, writes)
+            .send()
+            .await
+            .expect("history written");
+    }
+}
+
+#[tokio::test]
+async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants_as_with_none() {
+    let app = spawn_app_with(&FAST).await;
+    let fresh = app.scheduled_user("fresh", 3).await;
+    let veteran = app.scheduled_user("veteran", 3).await;
+    history(&app, &veteran, WATER, 1000).await;
+    // The first tick registers the shard count: not part of what is compared.
+    app.tick(30).await;
+    let mut costs = Vec::new();
+    for user in [&fresh, &veteran] {
+        // A reminder.
+        app.make_due(user, "water", Utc::now()).await;
+        app.round_trips.take();
+        assert_eq!(app.tick(30).await.sent, 1);
+        let dispatch = tally(app.round_trips.take());
+        // A push of the same template that meets 43101: the other grants are voided.
+        app.control(
+            "POST",
+            "faults",
+            Some(json!({"openid": user.openid, "errcode": 43101})),
+        )
+        .await;
+        app.notify(json!({"idempotency_key": format!("k-{}", user.openid), "openid": user.openid,
+                          "type": "water", "title": "喝水", "body": "喝水提醒",
+                          "wechat": {"template_id": WATER,
+                                     "data": {"thing1": "喝水", "time2": "2026年11月30日 15:00", "number3": "1"}}}))
+            .await;
+        app.round_trips.take();
+        assert_eq!(app.tick(30).await.failed, 1);
+        let refused = tally(app.round_trips.take());
+        // Disabling the plan.
+        let off = app
+            .call(
+                "PUT",
+                "/v1/reminders/water",
+                Some(&user.token),
+                Some(br#"{"enabled": false}"#.to_vec()),
+            )
+            .await;
+        assert_eq!(off.status, 200);
+        let disable = tally(app.round_trips.take());
+        for (what, ops) in [
+            ("dispatch", &dispatch),
+            ("43101", &refused),
+            ("disable", &disable),
+        ] {
+            assert!(
+                !ops.contains_key("Query") && !ops.contains_key("Scan"),
+                "{what} reads no partition of the user's history: {ops:?}"
+            );
+        }
+        costs.push((dispatch, refused, disable));
+    }
+    assert_eq!(
+        costs[0], costs[1],
+        "the same requests with 0 and 1,000 past grants"
+    );
+    eprintln!("requests with 0 and with 1,000 past grants: {:?}", costs[0]);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and_voided() {
+    let app = spawn_app_with(&FAST).await;
+    let user = due_user(&app, "alice", 3).await;
+    // As an older version left them: counters, but no open-grant sets.
+    app.table
+        .client
+        .update_item()
+        .table_name(&app.table.name)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{WATER}")),
+        )
+        .update_expression("REMOVE open_available, open_reserved")
+        .send()
+        .await
+        .expect("sets removed");
+    assert_eq!(app.tick(30).await.sent, 1, "claimed from the ledger");
+    assert_ledger_agrees_with_counters(&app).await;
+    let off = app
+        .call(
+            "PUT",
+            "/v1/reminders/water",
+            Some(&user.token),
+            Some(br#"{"enabled": false}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(off.status, 200);
+    let states: Vec<_> = app
+        .items_of(&user, "grant")
+        .await
+        .iter()
+        .filter_map(|g| attr_s(g, "state").map(str::to_string))
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| *s == "invalid").count(),
+        2,
+        "the two unlisted grants left are voided: {states:?}"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
 }

@@ -2,8 +2,10 @@
 //!
 //! A report writes, in one transaction, one ledger item per template it names — keyed
 //! (user, template, request_id) and conditional on not existing — and, per accepted
-//! template, `ADD accepted 1, available 1` on that template's counters. So a report is
-//! applied whole or not at all, and reading quotas never scans grants.
+//! template, `ADD accepted 1, available 1` on that template's counters, whose item also
+//! lists the request ids of the open grants ([`OPEN_AVAILABLE`], [`OPEN_RESERVED`]). So
+//! a report is applied whole or not at all, and neither reading quotas nor claiming or
+//! voiding grants ever reads the grant history.
 //!
 //! Idempotency is per (user, request_id, template), the same key a check-in's grant
 //! uses: a template already recorded with the same result is a replay and answers from
@@ -132,7 +134,9 @@ impl Store {
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
-                if let Some(update) = quota_update_item(&self.table, &pk, template, *result, now)? {
+                if let Some(update) =
+                    quota_update_item(&self.table, &pk, template, &report.request_id, *result, now)?
+                {
                     items.push(update);
                 }
             }
@@ -252,12 +256,14 @@ impl Store {
     }
 }
 
-/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant,
-/// the refusal recorded for reject/ban, nothing for filter.
+/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant
+/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]), the refusal
+/// recorded for reject/ban, nothing for filter.
 pub(super) fn quota_update_item(
     table: &str,
     pk: &str,
     template: &TemplateId,
+    request_id: &RequestId,
     result: SubscribeResult,
     now: DateTime<Utc>,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
@@ -274,9 +280,12 @@ pub(super) fn quota_update_item(
     let update = if result.grants() {
         update
             .update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now ADD accepted :one, available :one",
+                "SET template_id = :t, kind = :kind, updated_at = :now \
+                 ADD accepted :one, available :one, #open :id",
             )
+            .expression_attribute_names("#open", OPEN_AVAILABLE)
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
     } else {
         update
             .update_expression(
@@ -287,6 +296,12 @@ pub(super) fn quota_update_item(
     let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(Some(TransactWriteItem::builder().update(update).build()))
 }
+
+/// The quota item's set of the request ids of its `available` grants: a claim picks
+/// one from it and invalidation reads it, so neither touches the grant history.
+pub(super) const OPEN_AVAILABLE: &str = "open_available";
+/// The quota item's set of the request ids of its `reserved` grants.
+pub(super) const OPEN_RESERVED: &str = "open_reserved";
 
 /// Transaction errors that mean "try again later".
 pub(super) fn transact_unavailable(err: &TransactWriteItemsError) -> bool {

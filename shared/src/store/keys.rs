@@ -66,6 +66,13 @@ pub fn grant_sk(template: &TemplateId, request_id: &RequestId) -> String {
     format!("{GRANT_PREFIX}{template}#{request_id}")
 }
 
+/// The request id a grant's sort key names (what the quota item's open-grant sets hold).
+pub fn request_id_of_grant(sk: &str) -> Option<RequestId> {
+    let rest = sk.strip_prefix(GRANT_PREFIX)?;
+    let (_template, request) = rest.split_once('#')?;
+    RequestId::parse(request).ok()
+}
+
 /// A user's plan for one reminder kind.
 pub fn plan_sk(kind: &KindName) -> String {
     format!("{PLAN_PREFIX}{kind}")
@@ -135,6 +142,17 @@ fn shard_of(pk: &str, sk: &str, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_key_reads_back_its_request_id() {
+        let template = TemplateId::parse("tmpl_a").expect("template");
+        let request = RequestId::parse("wr_1").expect("request");
+        assert_eq!(
+            request_id_of_grant(&grant_sk(&template, &request)),
+            Some(request)
+        );
+        assert_eq!(request_id_of_grant("PLAN#water"), None);
+    }
 
     #[test]
     fn sort_keys_read_back_what_they_name() {

@@ -22,10 +22,11 @@ use aws_sdk_dynamodb::types::{
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::grants::{GrantItem, quota_update_item, rfc3339};
+use super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, quota_update_item, rfc3339};
 use super::item::{key, parse, s};
 use super::keys::{
-    GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, user_pk,
+    GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant,
+    user_pk,
 };
 use super::{
     Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
@@ -34,7 +35,7 @@ use super::{
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
 use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
-use crate::domain::{GrantState, OpenId, QuotaCounters, SubscribeResult};
+use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult};
 
 /// How long a check-in's action record (and so its replay answer) is kept.
 pub const ACTION_RETENTION: Duration = Duration::days(35);
@@ -254,6 +255,8 @@ pub enum CheckInOutcome {
 pub(super) struct Read {
     pub(super) plan: Option<PlanItem>,
     pub(super) counters: QuotaCounters,
+    /// The template's open grants, from the quota item's sets.
+    pub(super) open: OpenGrants,
     action: Option<ActionItem>,
     ledger: Option<GrantItem>,
 }
@@ -318,11 +321,15 @@ impl Store {
         sks.extend(action_key.iter().cloned());
         sks.extend(ledger_key.iter().cloned());
         let mut items = self.read_items(pk, &sks).await?;
-        let counters = match items.remove(&quota_key) {
-            Some(item) => parse("quota", item).map(|q: QuotaItemCounters| q.counters)?,
-            None => QuotaCounters::default(),
+        let (counters, open) = match items.remove(&quota_key) {
+            Some(item) => (
+                parse("quota", item.clone()).map(|q: QuotaItemCounters| q.counters)?,
+                OpenGrants::of(&item),
+            ),
+            None => (QuotaCounters::default(), OpenGrants::default()),
         };
         Ok(Read {
+            open,
             plan: items
                 .remove(&plan_key)
                 .map(|i| parse("plan", i))
@@ -478,23 +485,51 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let mut open: Vec<(String, GrantState)> = Vec::new();
-        // "Open" grants: available, and reserved too when a plan is disabled.
-        let states: &[&str] = if include_reserved {
-            &["available", "reserved"]
-        } else {
-            &["available"]
+        // "Open" grants: available, and reserved too when a plan is disabled. The quota
+        // item lists them; only grants recorded before it did need the ledger query.
+        let quota_key = quota_sk(template);
+        let listed = match self
+            .read_items(pk, std::slice::from_ref(&quota_key))
+            .await?
+            .remove(&quota_key)
+        {
+            Some(quota) => {
+                let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
+                Some(OpenGrants::of(&quota)).filter(|sets| sets.complete(&counters))
+            }
+            None => Some(OpenGrants::default()),
         };
-        let mut pages = self
-            .grants_query(pk, template, states)
-            .into_paginator()
-            .items()
-            .send();
-        while let Some(item) = pages.next().await {
-            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
-            let grant: GrantItem =
-                serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
-            if let Some(state) = grant.state {
-                open.push((grant.sk, state));
+        if let Some(sets) = listed {
+            open.extend(
+                sets.available
+                    .iter()
+                    .map(|id| (grant_sk(template, id), GrantState::Available)),
+            );
+            if include_reserved {
+                open.extend(
+                    sets.reserved
+                        .iter()
+                        .map(|id| (grant_sk(template, id), GrantState::Reserved)),
+                );
+            }
+        } else {
+            let states: &[&str] = if include_reserved {
+                &["available", "reserved"]
+            } else {
+                &["available"]
+            };
+            let mut pages = self
+                .grants_query(pk, template, states)
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(item) = pages.next().await {
+                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+                let grant: GrantItem =
+                    serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
+                if let Some(state) = grant.state {
+                    open.push((grant.sk, state));
+                }
             }
         }
         let mut first = first;
@@ -507,14 +542,18 @@ impl Store {
                 break;
             }
             let (mut available, mut reserved) = (0i64, 0i64);
+            let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
             for (sk, state) in &chunk {
+                let id = request_id_of_grant(sk).map(|r| r.to_string());
                 let from = match state {
                     GrantState::Available => {
                         available += 1;
+                        available_ids.extend(id);
                         "available"
                     }
                     GrantState::Reserved => {
                         reserved += 1;
+                        reserved_ids.extend(id);
                         "reserved"
                     }
                     GrantState::Consumed | GrantState::Invalid => continue,
@@ -536,12 +575,30 @@ impl Store {
                 items.push(TransactWriteItem::builder().update(update).build());
             }
             if available + reserved > 0 {
-                let update = Update::builder()
+                // The voided grants leave the quota item's open-grant sets too.
+                let mut expression =
+                    "SET updated_at = :now ADD available :a, reserved :r, invalid :n".to_string();
+                let mut update = Update::builder()
                     .table_name(&self.table)
-                    .set_key(Some(key(pk, &quota_sk(template))))
-                    .update_expression(
-                        "SET updated_at = :now ADD available :a, reserved :r, invalid :n",
-                    )
+                    .set_key(Some(key(pk, &quota_sk(template))));
+                let mut deletes = Vec::new();
+                if !available_ids.is_empty() {
+                    deletes.push("#oa :oa");
+                    update = update
+                        .expression_attribute_names("#oa", OPEN_AVAILABLE)
+                        .expression_attribute_values(":oa", AttributeValue::Ss(available_ids));
+                }
+                if !reserved_ids.is_empty() {
+                    deletes.push("#or :or");
+                    update = update
+                        .expression_attribute_names("#or", OPEN_RESERVED)
+                        .expression_attribute_values(":or", AttributeValue::Ss(reserved_ids));
+                }
+                if !deletes.is_empty() {
+                    expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
+                }
+                let update = update
+                    .update_expression(expression)
                     .expression_attribute_values(":now", s(rfc3339(now)))
                     .expression_attribute_values(":a", AttributeValue::N((-available).to_string()))
                     .expression_attribute_values(":r", AttributeValue::N((-reserved).to_string()))
@@ -722,7 +779,7 @@ impl Store {
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
                 if let Some(update) =
-                    quota_update_item(&self.table, pk, &kind.template_id, *result, now)?
+                    quota_update_item(&self.table, pk, &kind.template_id, request_id, *result, now)?
                 {
                     items.push(update);
                 }
@@ -831,6 +888,40 @@ pub(super) enum TxOutcome {
     Cancelled(Vec<(String, Option<HashMap<String, AttributeValue>>)>),
     /// Throttled or in conflict with another transaction.
     Contended,
+}
+
+/// A template's open grants as its quota item lists them (request ids).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct OpenGrants {
+    pub(super) available: Vec<RequestId>,
+    pub(super) reserved: Vec<RequestId>,
+}
+
+impl OpenGrants {
+    pub(super) fn of(quota: &HashMap<String, AttributeValue>) -> Self {
+        let set = |name: &str| -> Vec<RequestId> {
+            quota
+                .get(name)
+                .and_then(|v| v.as_ss().ok())
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|id| RequestId::parse(id.clone()).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Self {
+            available: set(OPEN_AVAILABLE),
+            reserved: set(OPEN_RESERVED),
+        }
+    }
+
+    /// Whether the sets account for the counters. Grants recorded before the sets
+    /// existed are not in them: then the caller falls back to the ledger query.
+    pub(super) fn complete(&self, counters: &QuotaCounters) -> bool {
+        self.available.len() as u64 == counters.available
+            && self.reserved.len() as u64 == counters.reserved
+    }
 }
 
 #[derive(Deserialize)]

@@ -1,12 +1,13 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`].
 
-use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
 
-use super::super::grants::{GrantItem, rfc3339};
+use super::super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, rfc3339};
 use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{key, n, parse, s, to_item};
-use super::super::keys::{SortKey, delivery_sk, lease_pk, quota_sk, sort_key};
+use super::super::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sort_key};
+use super::super::plans::OpenGrants;
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead};
@@ -14,7 +15,7 @@ use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{DeliveryState, OutboxState};
 use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
-use crate::domain::{QuotaCounters, TemplateId};
+use crate::domain::{QuotaCounters, RequestId, TemplateId};
 
 /// How a claim attempt ended.
 #[derive(Debug, Clone)]
@@ -37,30 +38,44 @@ enum Found {
     Unreadable(String),
 }
 
+/// The grant a claim reserves.
+struct Reserve {
+    sk: String,
+    request: RequestId,
+    /// Listed in the quota item's set of available grants (else an older grant).
+    listed: bool,
+}
+
 /// A due item as read for its claim.
 enum Claimable {
     Plan {
         kind: ReminderKind,
         plan: Plan,
         counters: QuotaCounters,
+        open: OpenGrants,
     },
-    Outbox(OutboxItem),
+    Outbox {
+        outbox: OutboxItem,
+        counters: QuotaCounters,
+        open: OpenGrants,
+    },
 }
 
 impl Claimable {
     fn template(&self) -> Result<TemplateId, StoreError> {
         match self {
             Self::Plan { kind, .. } => Ok(kind.template_id.clone()),
-            Self::Outbox(outbox) => TemplateId::parse(outbox.template_id.clone())
+            Self::Outbox { outbox, .. } => TemplateId::parse(outbox.template_id.clone())
                 .map_err(|_| StoreError::Corrupt(format!("outbox {}: template id", outbox.sk))),
         }
     }
 
-    /// Whether a grant may be there (the plan's read includes the counters).
-    fn may_have_grant(&self) -> bool {
+    /// The template's counters and open grants, as read with the item.
+    fn grants(&self) -> (&QuotaCounters, &OpenGrants) {
         match self {
-            Self::Plan { counters, .. } => counters.available > 0,
-            Self::Outbox(_) => true,
+            Self::Plan { counters, open, .. } | Self::Outbox { counters, open, .. } => {
+                (counters, open)
+            }
         }
     }
 }
@@ -92,11 +107,8 @@ impl Store {
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
             let template = claimable.template()?;
-            let grant = if claimable.may_have_grant() {
-                self.first_available_grant(&item.pk, &template).await?
-            } else {
-                None
-            };
+            let (counters, open) = claimable.grants();
+            let grant = self.pick_grant(&item.pk, &template, counters, open).await?;
             let Some(grant) = grant else {
                 let mut writes = self.no_grant_writes(item, &claimable, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
@@ -114,7 +126,7 @@ impl Store {
             writes.extend(self.reservation(
                 item,
                 &template,
-                &grant.sk,
+                &grant,
                 &delivery_id,
                 claimer,
                 attempts,
@@ -157,8 +169,8 @@ impl Store {
             SortKey::Plan(kind) => kinds.get(kind),
             SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
         } {
-            let (plan, counters) = match self.read_plan(&item.pk, kind).await? {
-                PlanRead::Found(plan, counters) => (*plan, counters),
+            let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
+                PlanRead::Found(plan, counters, open) => (*plan, counters, open),
                 PlanRead::Missing => return Ok(Found::Gone),
                 PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
             };
@@ -169,6 +181,7 @@ impl Store {
                 kind: kind.clone(),
                 plan,
                 counters,
+                open,
             })));
         }
         if let SortKey::Outbox(_) = named {
@@ -184,7 +197,21 @@ impl Store {
             {
                 return Ok(Found::Gone);
             }
-            return Ok(Found::Due(Box::new(Claimable::Outbox(outbox))));
+            let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
+                return Ok(Found::Unreadable("a push with a bad template id".into()));
+            };
+            let (counters, open) = match self.get(&item.pk, &quota_sk(&template)).await? {
+                Some(quota) => (
+                    parse::<QuotaCounters>("quota", quota.clone())?,
+                    OpenGrants::of(&quota),
+                ),
+                None => (QuotaCounters::default(), OpenGrants::default()),
+            };
+            return Ok(Found::Due(Box::new(Claimable::Outbox {
+                outbox,
+                counters,
+                open,
+            })));
         }
         // A kind missing from the configuration (removed, or a rollback) is not a bad
         // item: it stays due, logged, for when the kind is back.
@@ -209,7 +236,7 @@ impl Store {
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 Ok(vec![self.plan_put(&paused, &item.pk, now)?])
             }
-            Claimable::Outbox(outbox) => {
+            Claimable::Outbox { outbox, .. } => {
                 let skipped = outbox.moved(OutboxState::Skipped, None, self.shards, now);
                 Ok(vec![
                     versioned_put(&self.table, to_item("outbox", &skipped)?, outbox.version)?,
@@ -276,7 +303,7 @@ impl Store {
                     attempts,
                 ))
             }
-            Claimable::Outbox(outbox) => {
+            Claimable::Outbox { outbox, .. } => {
                 let mut sending = outbox.moved(OutboxState::Sending, None, self.shards, now);
                 sending.delivery_id = Some(delivery_id.to_string());
                 let write =
@@ -303,7 +330,7 @@ impl Store {
         &self,
         item: &DueItem,
         template: &TemplateId,
-        grant_sk: &str,
+        grant: &Reserve,
         delivery_id: &str,
         claimer: &str,
         attempts: u32,
@@ -318,7 +345,7 @@ impl Store {
             state: DeliveryState::Sending,
             source: item.sk.clone(),
             template_id: template.to_string(),
-            grant_sk: grant_sk.to_string(),
+            grant_sk: grant.sk.clone(),
             claimer: claimer.to_string(),
             lease_pk: Some(lease_pk(delivery_id, self.shards)),
             lease_until: Some(lease_until.timestamp_millis()),
@@ -336,7 +363,7 @@ impl Store {
         };
         let reserve = Update::builder()
             .table_name(&self.table)
-            .set_key(Some(key(&item.pk, grant_sk)))
+            .set_key(Some(key(&item.pk, &grant.sk)))
             .update_expression(
                 "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
             )
@@ -349,11 +376,32 @@ impl Store {
             .expression_attribute_values(":one", n(1))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let counters = Update::builder()
+        // The grant moves from the quota item's available set to its reserved set.
+        let mut counters = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(&item.pk, &quota_sk(template))))
-            .update_expression("SET updated_at = :now ADD available :minus, reserved :one")
-            .condition_expression("available > :zero")
+            .expression_attribute_names("#reserved", OPEN_RESERVED)
+            .expression_attribute_values(
+                ":id",
+                AttributeValue::Ss(vec![grant.request.to_string()]),
+            );
+        counters = if grant.listed {
+            counters
+                .update_expression(
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id \
+                     DELETE #available :id",
+                )
+                .condition_expression("available > :zero AND contains(#available, :idv)")
+                .expression_attribute_names("#available", OPEN_AVAILABLE)
+                .expression_attribute_values(":idv", s(grant.request.as_str()))
+        } else {
+            counters
+                .update_expression(
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id",
+                )
+                .condition_expression("available > :zero")
+        };
+        let counters = counters
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":minus", n(-1))
             .expression_attribute_values(":one", n(1))
@@ -373,11 +421,29 @@ impl Store {
         ])
     }
 
-    async fn first_available_grant(
+    /// A grant to reserve: one the quota item lists as available — or, when its sets
+    /// do not account for every available grant (grants recorded before the sets
+    /// existed), the first from the ledger. Either way a claim reads a bounded number
+    /// of items once the ledger's old grants are settled.
+    async fn pick_grant(
         &self,
         pk: &str,
         template: &TemplateId,
-    ) -> Result<Option<GrantItem>, StoreError> {
+        counters: &QuotaCounters,
+        open: &OpenGrants,
+    ) -> Result<Option<Reserve>, StoreError> {
+        if counters.available == 0 {
+            return Ok(None);
+        }
+        if open.complete(counters)
+            && let Some(request) = open.available.first()
+        {
+            return Ok(Some(Reserve {
+                sk: grant_sk(template, request),
+                request: request.clone(),
+                listed: true,
+            }));
+        }
         let mut pages = self
             .grants_query(pk, template, &["available"])
             .into_paginator()
@@ -385,7 +451,12 @@ impl Store {
             .send();
         if let Some(item) = pages.next().await {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
-            return Ok(Some(parse("grant", item)?));
+            let grant: GrantItem = parse("grant", item)?;
+            return Ok(Some(Reserve {
+                sk: grant.sk,
+                request: grant.request_id,
+                listed: false,
+            }));
         }
         Ok(None)
     }

@@ -31,14 +31,18 @@ pub mod sweep;
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
+use super::grants::{OPEN_AVAILABLE, OPEN_RESERVED};
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
-use super::keys::{delivery_sk, plan_sk, quota_sk};
+use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
+use super::plans::OpenGrants;
 use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
 use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
@@ -364,13 +368,37 @@ impl Store {
             .update_expression(expression)
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let counters = Update::builder()
+        // The quota item's open-grant sets follow the grant: out of `reserved`, into
+        // `available` on a restore.
+        let mut adds = vec!["#from :minus", "#to :one"];
+        let mut deletes = Vec::new();
+        if grant.from == GrantState::Reserved {
+            deletes.push("#open_reserved :id");
+        }
+        if grant.to == GrantState::Available {
+            adds.push("#open_available :id");
+        }
+        let mut expression = format!("SET updated_at = :now ADD {}", adds.join(", "));
+        if !deletes.is_empty() {
+            expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
+        }
+        let request = request_id_of_grant(grant.sk)
+            .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
+        let mut counters = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(grant.template))))
             // Counter names go through placeholders: CONSUMED is a reserved word.
-            .update_expression("SET updated_at = :now ADD #from :minus, #to :one")
+            .update_expression(expression)
             .expression_attribute_names("#from", grant_state_name(grant.from))
-            .expression_attribute_names("#to", grant_state_name(grant.to))
+            .expression_attribute_names("#to", grant_state_name(grant.to));
+        if grant.from == GrantState::Reserved {
+            counters = counters.expression_attribute_names("#open_reserved", OPEN_RESERVED);
+        }
+        if grant.to == GrantState::Available {
+            counters = counters.expression_attribute_names("#open_available", OPEN_AVAILABLE);
+        }
+        let counters = counters
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![request.to_string()]))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":minus", n(-1))
             .expression_attribute_values(":one", n(1))
@@ -511,7 +539,7 @@ impl Store {
 
 /// A plan as the dispatcher reads it.
 enum PlanRead {
-    Found(Box<Plan>, crate::domain::QuotaCounters),
+    Found(Box<Plan>, crate::domain::QuotaCounters, OpenGrants),
     Missing,
     /// The plan item itself cannot be read: why.
     Unreadable(String),
@@ -540,7 +568,7 @@ impl Store {
             return Ok(PlanRead::Missing);
         };
         Ok(match item.into_plan(kind) {
-            Ok(plan) => PlanRead::Found(Box::new(plan), read.counters),
+            Ok(plan) => PlanRead::Found(Box::new(plan), read.counters, read.open),
             Err(why) => PlanRead::Unreadable(why.to_string()),
         })
     }

@@ -306,7 +306,7 @@ impl Store {
             return Err(StoreError::Corrupt(format!("{sk}: no configured kind")));
         };
         let plan = match self.read_plan(pk, kind).await? {
-            PlanRead::Found(plan, _) => *plan,
+            PlanRead::Found(plan, _, _) => *plan,
             PlanRead::Missing => return Ok(Step::Idle),
             PlanRead::Unreadable(why) => return Ok(Step::Unreadable(why)),
         };
