@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use chrono::{Duration, Utc};
 use futures::future::join_all;
 use onegrant_tests::{
-    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n,
-    attr_s, spawn_app_isolated, spawn_app_with,
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
+    attr_n, attr_s, spawn_app_isolated, spawn_app_with,
 };
 use serde_json::{Value, json};
 
@@ -1222,4 +1222,48 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
         "the two unlisted grants left are voided: {states:?}"
     );
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_listed_grant_found_through_the_ledger_leaves_the_list_when_claimed() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let app = spawn_app_with(&FAST).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_0").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    // wr_1 as an older version left it: not listed. The list no longer accounts for
+    // every grant, so claims go through the ledger — whose first grant, wr_0, is listed.
+    let quota_key = |app: &TestApp| {
+        app.table
+            .client
+            .update_item()
+            .table_name(&app.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("QUOTA#{ORDER}")))
+    };
+    quota_key(&app)
+        .update_expression("DELETE open_available :x")
+        .expression_attribute_values(":x", AttributeValue::Ss(vec!["wr_1".into()]))
+        .send()
+        .await
+        .expect("unlisted");
+    for (i, key) in ["order-1", "order-2"].into_iter().enumerate() {
+        app.push(&user, key).await;
+        let summary = app.tick(30).await;
+        assert_eq!(summary.sent, 1, "push {i}: {summary:?}");
+        let quota = app
+            .item(&user, &format!("QUOTA#{ORDER}"))
+            .await
+            .expect("quota");
+        let listed: Vec<String> = quota
+            .get("open_available")
+            .and_then(|v| v.as_ss().ok())
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !listed.contains(&"wr_0".to_string()),
+            "push {i}: {listed:?}"
+        );
+        assert_ledger_agrees_with_counters(&app).await;
+    }
 }

@@ -100,6 +100,9 @@ impl Store {
         // Contended past the retry limit, the item is left for the next tick (the
         // dispatcher logs and counts it).
         let openid = &openid;
+        // Set when the quota item listed a grant that was not available after all: the
+        // next tries pick from the ledger.
+        let ledger_only = &std::sync::atomic::AtomicBool::new(false);
         retry_contended("claim", || async move {
             let claimable = match self.claimable(item, kinds).await? {
                 Found::Due(claimable) => *claimable,
@@ -108,7 +111,15 @@ impl Store {
             };
             let template = claimable.template()?;
             let (counters, open) = claimable.grants();
-            let grant = self.pick_grant(&item.pk, &template, counters, open).await?;
+            let grant = self
+                .pick_grant(
+                    &item.pk,
+                    &template,
+                    counters,
+                    open,
+                    ledger_only.load(std::sync::atomic::Ordering::Relaxed),
+                )
+                .await?;
             let Some(grant) = grant else {
                 let mut writes = self.no_grant_writes(item, &claimable, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
@@ -155,7 +166,22 @@ impl Store {
                     return Ok(Attempt::Done(ClaimOutcome::Lost));
                 }
                 // The grant was taken (or the counters changed): pick again.
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
+                TxOutcome::Cancelled(reasons) => {
+                    let grant_refused = reasons
+                        .get(1)
+                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed");
+                    let counters_agreed = reasons
+                        .get(2)
+                        .is_some_and(|(code, _)| code != "ConditionalCheckFailed");
+                    if grant.listed && grant_refused && counters_agreed {
+                        // Listed as available but not: the list is wrong for this one.
+                        tracing::error!(
+                            "a grant listed as available is not; claiming from the ledger"
+                        );
+                        ledger_only.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                TxOutcome::Contended => {}
             }
             Ok(Attempt::Retry)
         })
@@ -395,11 +421,15 @@ impl Store {
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
                 .expression_attribute_values(":idv", s(grant.request.as_str()))
         } else {
+            // Found through the ledger: out of the available set too, should it be there
+            // (deleting an absent member changes nothing).
             counters
                 .update_expression(
-                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id",
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id \
+                     DELETE #available :id",
                 )
                 .condition_expression("available > :zero")
+                .expression_attribute_names("#available", OPEN_AVAILABLE)
         };
         let counters = counters
             .expression_attribute_values(":now", s(rfc3339(now)))
@@ -431,11 +461,13 @@ impl Store {
         template: &TemplateId,
         counters: &QuotaCounters,
         open: &OpenGrants,
+        ledger_only: bool,
     ) -> Result<Option<Reserve>, StoreError> {
         if counters.available == 0 {
             return Ok(None);
         }
-        if open.complete(counters)
+        if !ledger_only
+            && open.complete(counters)
             && let Some(request) = open.available.first()
         {
             return Ok(Some(Reserve {
@@ -452,10 +484,11 @@ impl Store {
         if let Some(item) = pages.next().await {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
             let grant: GrantItem = parse("grant", item)?;
+            let listed = open.available.contains(&grant.request_id);
             return Ok(Some(Reserve {
                 sk: grant.sk,
                 request: grant.request_id,
-                listed: false,
+                listed,
             }));
         }
         Ok(None)

@@ -397,8 +397,12 @@ impl Store {
         if grant.to == GrantState::Available {
             counters = counters.expression_attribute_names("#open_available", OPEN_AVAILABLE);
         }
+        if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
+            // Bound only when a set clause uses it: DynamoDB refuses unused values.
+            counters = counters
+                .expression_attribute_values(":id", AttributeValue::Ss(vec![request.to_string()]));
+        }
         let counters = counters
-            .expression_attribute_values(":id", AttributeValue::Ss(vec![request.to_string()]))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":minus", n(-1))
             .expression_attribute_values(":one", n(1))
