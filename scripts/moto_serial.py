@@ -15,6 +15,10 @@ transaction touches is an equivalent rollback; the suite proves a cancelled tran
 (Put, Update and Delete before a failing condition) still leaves nothing behind. And a
 base-table Query reads only its partition instead of scanning the table (see below).
 
+And it refuses, as DynamoDB does and moto does not, a request whose
+ExpressionAttributeNames or ExpressionAttributeValues hold a key no expression uses
+(ValidationException), so such a bug fails the suite instead of production.
+
 Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0] [--exit-on-stdin-eof]
 Prints one line "listening on <port>" once the socket accepts connections, then serves
 until killed (SIGKILL is fine: all data is in memory).
@@ -22,7 +26,10 @@ until killed (SIGKILL is fine: all data is in memory).
 
 import argparse
 import copy
+import io
+import json
 import os
+import re
 import sys
 import threading
 
@@ -122,6 +129,76 @@ def _partition_query(self, hash_key, *args, **kwargs):
 Table.query = _partition_query
 
 
+_PLACEHOLDER = re.compile(r"[#:][A-Za-z0-9_]+")
+_EXPRESSIONS = (
+    "KeyConditionExpression",
+    "FilterExpression",
+    "UpdateExpression",
+    "ConditionExpression",
+    "ProjectionExpression",
+)
+
+
+def _unused_placeholders(request):
+    """DynamoDB refuses a request whose ExpressionAttributeNames or Values hold a key no
+    expression uses (ValidationException); moto accepts it. The message DynamoDB gives,
+    or None."""
+    used = set()
+    for field in _EXPRESSIONS:
+        used.update(_PLACEHOLDER.findall(request.get(field) or ""))
+    for kind in ("Values", "Names"):
+        unused = sorted(set(request.get(f"ExpressionAttribute{kind}") or {}) - used)
+        if unused:
+            keys = ", ".join(unused)
+            return (
+                f"Value provided in ExpressionAttribute{kind} unused in expressions: "
+                f"keys: {{{keys}}}"
+            )
+    return None
+
+
+def _validation_error(environ, start_response):
+    """The checks DynamoDB makes that moto does not: the error, or None to go on."""
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if not target.startswith("DynamoDB_"):
+        return None
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError:
+        return None
+    operation = target.split(".", 1)[-1]
+    if operation == "TransactWriteItems":
+        parts = [
+            part
+            for item in request.get("TransactItems", [])
+            for part in item.values()
+            if isinstance(part, dict)
+        ]
+    else:
+        parts = [request]
+    for part in parts:
+        message = _unused_placeholders(part)
+        if message:
+            payload = json.dumps(
+                {
+                    "__type": "com.amazonaws.dynamodb.v20120810#ValidationException",
+                    "message": message,
+                }
+            ).encode()
+            start_response(
+                "400 Bad Request",
+                [
+                    ("Content-Type", "application/x-amz-json-1.0"),
+                    ("Content-Length", str(len(payload))),
+                ],
+            )
+            return [payload]
+    return None
+
+
 class SerialApp:
     """A WSGI app that runs the wrapped app under a lock, body included."""
 
@@ -130,6 +207,9 @@ class SerialApp:
         self._lock = threading.Lock()
 
     def __call__(self, environ, start_response):
+        refused = _validation_error(environ, start_response)
+        if refused is not None:
+            return refused
         with self._lock:
             result = self._app(environ, start_response)
             try:

@@ -302,3 +302,54 @@ async fn a_cancelled_transaction_rolls_back_updates_deletes_and_puts_applied_bef
         "nothing of the cancelled transaction remains"
     );
 }
+
+#[tokio::test]
+async fn a_request_with_an_unused_expression_value_or_name_is_refused_as_dynamodb_does() {
+    let table = TestTable::create().await;
+    let unused_value = table
+        .client
+        .update_item()
+        .table_name(&table.name)
+        .key("pk", s("K"))
+        .key("sk", s("K"))
+        .update_expression("SET a = :a")
+        .expression_attribute_values(":a", s("1"))
+        .expression_attribute_values(":spare", s("2"))
+        .send()
+        .await;
+    let error = unused_value.expect_err("refused");
+    assert!(
+        format!("{:?}", error.raw_response()).contains("400")
+            || format!("{error:?}").contains("ValidationException"),
+        "{error:?}"
+    );
+    let put = Put::builder()
+        .table_name(&table.name)
+        .item("pk", s("K"))
+        .item("sk", s("K"))
+        .condition_expression("attribute_not_exists(pk)")
+        .expression_attribute_names("#spare", "spare")
+        .build()
+        .expect("put");
+    let in_transaction = table
+        .client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().put(put).build())
+        .send()
+        .await;
+    assert!(format!("{:?}", in_transaction.expect_err("refused")).contains("ValidationException"));
+    assert!(table.items().await.is_empty(), "nothing written");
+    // Every placeholder used: accepted.
+    table
+        .client
+        .update_item()
+        .table_name(&table.name)
+        .key("pk", s("K"))
+        .key("sk", s("K"))
+        .update_expression("SET #a = :a")
+        .expression_attribute_names("#a", "a")
+        .expression_attribute_values(":a", s("1"))
+        .send()
+        .await
+        .expect("accepted");
+}
