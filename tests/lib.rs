@@ -638,6 +638,20 @@ impl TestApp {
             .item
     }
 
+    /// An update of `user`'s counter item of `template` (to set up states a test needs).
+    pub fn quota_update(
+        &self,
+        user: &User,
+        template: &str,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("QUOTA#{template}")))
+    }
+
     /// The state of the grant a stored delivery of `user` reserved.
     pub async fn grant_state_of(
         &self,

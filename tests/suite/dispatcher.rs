@@ -427,18 +427,7 @@ async fn a_plan_without_a_grant_is_paused_instead_of_sent() {
     let app = spawn_app_with(&FAST).await;
     let user = due_user(&app, "alice", 1).await;
     // The grant vanished under the schedule (e.g. spent by another template's push).
-    app.table
-        .client
-        .update_item()
-        .table_name(&app.table.name)
-        .key(
-            "pk",
-            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
-        )
-        .key(
-            "sk",
-            aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{WATER}")),
-        )
+    app.quota_update(&user, WATER)
         .update_expression("SET available = :z, invalid = :one")
         .expression_attribute_values(":z", aws_sdk_dynamodb::types::AttributeValue::N("0".into()))
         .expression_attribute_values(
@@ -1183,18 +1172,7 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
     let app = spawn_app_with(&FAST).await;
     let user = due_user(&app, "alice", 3).await;
     // As an older version left them: counters, but no open-grant sets.
-    app.table
-        .client
-        .update_item()
-        .table_name(&app.table.name)
-        .key(
-            "pk",
-            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
-        )
-        .key(
-            "sk",
-            aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{WATER}")),
-        )
+    app.quota_update(&user, WATER)
         .update_expression("REMOVE open_available, open_reserved")
         .send()
         .await
@@ -1233,15 +1211,7 @@ async fn a_listed_grant_found_through_the_ledger_leaves_the_list_when_claimed() 
     app.accept(&user, ORDER, "wr_1").await;
     // wr_1 as an older version left it: not listed. The list no longer accounts for
     // every grant, so claims go through the ledger — whose first grant, wr_0, is listed.
-    let quota_key = |app: &TestApp| {
-        app.table
-            .client
-            .update_item()
-            .table_name(&app.table.name)
-            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
-            .key("sk", AttributeValue::S(format!("QUOTA#{ORDER}")))
-    };
-    quota_key(&app)
+    app.quota_update(&user, ORDER)
         .update_expression("DELETE open_available :x")
         .expression_attribute_values(":x", AttributeValue::Ss(vec!["wr_1".into()]))
         .send()

@@ -71,6 +71,14 @@ async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> 
     (child, pid)
 }
 
+/// A `dispatch-once` process with `env`, its summary on a pipe.
+fn spawn_dispatcher(app: &TestApp, env: &[(&str, &str)]) -> Child {
+    app.dispatcher_process(BIN, env)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("dispatch-once starts")
+}
+
 /// Polls `check` every 20 ms until it holds (at most `within`).
 async fn until<F, Fut>(within: StdDuration, what: &str, mut check: F)
 where
@@ -296,16 +304,8 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
         ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
         ("DISPATCH_ONCE_SECONDS", "60"),
     ];
-    let first = app
-        .dispatcher_process(BIN, &env)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("first");
-    let second = app
-        .dispatcher_process(BIN, &env)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("second");
+    let first = spawn_dispatcher(&app, &env);
+    let second = spawn_dispatcher(&app, &env);
     let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
     assert!(a.success() && b.success(), "{a} {b}");
     let summaries: Vec<Value> = [out_a, out_b]
@@ -372,17 +372,9 @@ async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushe
     app.control("POST", "latency", Some(json!({"ms": 2500})))
         .await;
     let env = [timeouts[0], timeouts[1], ("DISPATCH_ONCE_SECONDS", "90")];
-    let first = app
-        .dispatcher_process(BIN, &env)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("first");
+    let first = spawn_dispatcher(&app, &env);
     tokio::time::sleep(StdDuration::from_secs(65)).await;
-    let second = app
-        .dispatcher_process(BIN, &env)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("second");
+    let second = spawn_dispatcher(&app, &env);
     let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
     assert!(a.success() && b.success(), "{a} {b}");
     eprintln!(
