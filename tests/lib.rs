@@ -34,15 +34,24 @@ pub fn dynamodb() -> aws_sdk_dynamodb::Client {
 }
 
 /// Counts the DynamoDB requests a client sends (every attempt, retries included), by
-/// operation name, so tests can pin the round trips an operation costs. Queries of an
-/// index are named `Query@index`.
+/// operation name, so tests can pin the round trips an operation costs, and the items
+/// those requests read (what DynamoDB bills reads by: a query's or scan's scanned items,
+/// a get's item, a batch get's items). Queries of an index are named `Query@index`.
 #[derive(Debug, Clone, Default)]
-pub struct RoundTrips(Arc<Mutex<Vec<String>>>);
+pub struct RoundTrips {
+    ops: Arc<Mutex<Vec<String>>>,
+    items_read: Arc<std::sync::atomic::AtomicU64>,
+}
 
 impl RoundTrips {
     /// The operations sent since the last call, in order; resets the count.
     pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.ops.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The items read since the last call; resets the count.
+    pub fn take_items_read(&self) -> u64 {
+        self.items_read.swap(0, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// `client` with this counter attached.
@@ -54,6 +63,29 @@ impl RoundTrips {
             .build();
         aws_sdk_dynamodb::Client::from_conf(config)
     }
+}
+
+/// The items one DynamoDB answer reports reading.
+fn items_in_answer(body: &[u8]) -> u64 {
+    let Ok(answer) = serde_json::from_slice::<Value>(body) else {
+        return 0;
+    };
+    if let Some(scanned) = answer.get("ScannedCount").and_then(Value::as_u64) {
+        return scanned;
+    }
+    if answer.get("Item").is_some_and(Value::is_object) {
+        return 1;
+    }
+    answer
+        .get("Responses")
+        .and_then(Value::as_object)
+        .map_or(0, |tables| {
+            tables
+                .values()
+                .filter_map(Value::as_array)
+                .map(|items| items.len() as u64)
+                .sum()
+        })
 }
 
 impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
@@ -84,10 +116,25 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
         {
             target.push_str("@index");
         }
-        self.0
+        self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(target);
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef<
+            '_,
+        >,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        if let Some(body) = context.response().body().bytes() {
+            self.items_read
+                .fetch_add(items_in_answer(body), std::sync::atomic::Ordering::SeqCst);
+        }
         Ok(())
     }
 }

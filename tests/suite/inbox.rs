@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use futures::StreamExt;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_s, spawn_app, spawn_app_with,
@@ -332,6 +333,11 @@ async fn the_unread_counter_equals_the_unread_items_after_500_concurrent_mixed_o
         unread_items,
         "counter equals unread items"
     );
+    assert_eq!(
+        app.items_of(&user, "unread").await.len(),
+        unread_items,
+        "one marker per unread item"
+    );
     let counted = list(&app, &user, "?read=false&limit=100").await;
     assert!(counted["items"].as_array().map_or(0, Vec::len) <= unread_items);
 }
@@ -464,4 +470,193 @@ async fn a_push_answered_43101_invalidates_the_grants_of_the_template() {
         "failed"
     );
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// Sends `events` through the notify function, 8 at a time.
+async fn notify_all(app: &TestApp, events: Vec<Value>) {
+    futures::stream::iter(events)
+        .for_each_concurrent(8, |e| async move {
+            assert_eq!(app.notify(e).await["status"], "created");
+        })
+        .await;
+}
+
+/// Follows `query`'s cursors until a page holds an item; returns the pages it took,
+/// the item, and the most items one call read.
+async fn first_match(app: &TestApp, user: &User, query: &str) -> (usize, Value, u64) {
+    let mut cursor: Option<String> = None;
+    let mut most_read = 0;
+    for pages in 1..=10 {
+        let q = match &cursor {
+            Some(c) => format!("{query}&cursor={c}"),
+            None => query.to_string(),
+        };
+        app.round_trips.take_items_read();
+        let page = list(app, user, &q).await;
+        most_read = most_read.max(app.round_trips.take_items_read());
+        if let Some(found) = page["items"].as_array().and_then(|i| i.first()) {
+            return (pages, found.clone(), most_read);
+        }
+        cursor = Some(
+            page["next_cursor"]
+                .as_str()
+                .expect("an empty page while a match exists carries a cursor")
+                .to_string(),
+        );
+    }
+    panic!("no match within 10 pages of {query}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded_number_of_items() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let mut first = event(&user, "oldest", false);
+    first["type"] = json!("system");
+    app.notify(first).await;
+    notify_all(
+        &app,
+        (0..500)
+            .map(|i| event(&user, &format!("read{i}"), false))
+            .collect(),
+    )
+    .await;
+    let oldest = app.items_of(&user, "note").await;
+    let target = oldest
+        .iter()
+        .find(|n| attr_s(n, "note_type") == Some("system"))
+        .and_then(|n| attr_s(n, "id"))
+        .expect("the oldest note")
+        .to_string();
+    let others: Vec<String> = oldest
+        .iter()
+        .filter_map(|n| attr_s(n, "id"))
+        .filter(|id| *id != target)
+        .map(str::to_string)
+        .collect();
+    futures::stream::iter(others)
+        .for_each_concurrent(8, |id| {
+            let (app, user) = (&app, &user);
+            async move {
+                let path = format!("/v1/notifications/{id}/read");
+                let answer = app.call("POST", &path, Some(&user.token), None).await;
+                assert_eq!(answer.status, 200, "{}", answer.body);
+            }
+        })
+        .await;
+    assert_eq!(unread(&app, &user).await, 1);
+
+    // read=false walks only what is unread: the first page has it.
+    let (pages, found, most_read) = first_match(&app, &user, "?read=false&limit=20").await;
+    assert_eq!(found["id"], target.as_str());
+    assert_eq!(pages, 1, "read=false finds it on the first page");
+    assert!(most_read <= 2, "a marker and its note, read {most_read}");
+
+    // A type filter walks the notifications, at most LIST_BUDGET per call, each empty
+    // page carrying a cursor: 501 notes take 3 calls.
+    let (pages, found, most_read) = first_match(&app, &user, "?type=system&limit=20").await;
+    assert_eq!(found["id"], target.as_str());
+    assert!(pages <= 3, "found within 3 pages, took {pages}");
+    let budget = onegrant::store::inbox::LIST_BUDGET as u64;
+    assert!(
+        most_read <= budget,
+        "a call reads at most {budget}, read {most_read}"
+    );
+
+    // The same with nothing behind it reads the same for read=false.
+    let bob = app.user("bob").await;
+    app.notify(event(&bob, "only", false)).await;
+    let (_, _, bob_read) = first_match(&app, &bob, "?read=false&limit=20").await;
+    assert_eq!(bob_read, 2, "bounded whatever the history");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exact() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    notify_all(
+        &app,
+        (0..1000)
+            .map(|i| event(&user, &format!("n{i}"), false))
+            .collect(),
+    )
+    .await;
+    assert_eq!(unread(&app, &user).await, 1000);
+
+    let reader = async {
+        let mut calls = 0;
+        let mut updated = 0;
+        loop {
+            calls += 1;
+            let answer = app
+                .call(
+                    "POST",
+                    "/v1/notifications/read-all",
+                    Some(&user.token),
+                    None,
+                )
+                .await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            updated += answer.body["updated"].as_u64().expect("updated");
+            if answer.body["more"] == false {
+                return (calls, updated);
+            }
+            assert!(calls < 10, "read-all ends");
+        }
+    };
+    let arrivals = notify_all(
+        &app,
+        (0..60)
+            .map(|i| event(&user, &format!("late{i}"), false))
+            .collect(),
+    );
+    let ((calls, updated), ()) = tokio::join!(reader, arrivals);
+    assert!(calls >= 1);
+    assert!(updated >= 1000, "every earlier one was read: {updated}");
+
+    let unread_notes = |notes: &[std::collections::HashMap<String, _>]| {
+        notes
+            .iter()
+            .filter(|n| {
+                n.get("read")
+                    .and_then(|v: &aws_sdk_dynamodb::types::AttributeValue| v.as_bool().ok())
+                    == Some(&false)
+            })
+            .count()
+    };
+    let notes = app.items_of(&user, "note").await;
+    assert_eq!(notes.len(), 1060);
+    let left = unread_notes(&notes);
+    assert_eq!(unread(&app, &user).await as usize, left, "counter exact");
+    assert_eq!(
+        app.items_of(&user, "unread").await.len(),
+        left,
+        "markers exact"
+    );
+    assert_eq!(
+        updated as usize + left,
+        1060,
+        "every note read once or left"
+    );
+
+    let answer = app
+        .call(
+            "POST",
+            "/v1/notifications/read-all",
+            Some(&user.token),
+            None,
+        )
+        .await;
+    assert_eq!(answer.body["updated"].as_u64(), Some(left as u64));
+    assert_eq!(answer.body["more"], false);
+    assert_eq!(unread(&app, &user).await, 0);
+    let notes = app.items_of(&user, "note").await;
+    assert_eq!(unread_notes(&notes), 0);
+    assert!(app.items_of(&user, "unread").await.is_empty());
+    assert!(
+        notes
+            .iter()
+            .all(|n| onegrant_tests::attr_n(n, "expires_at").is_some()),
+        "a read note expires"
+    );
 }

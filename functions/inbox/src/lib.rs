@@ -100,6 +100,6 @@ async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
 
 async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions)?;
-    let updated = deps.store.read_all(&openid, Utc::now()).await?;
-    json_response(200, &json!({"updated": updated}))
+    let done = deps.store.read_all(&openid, Utc::now()).await?;
+    json_response(200, &json!({"updated": done.updated, "more": done.more}))
 }

@@ -10,6 +10,7 @@ const PLAN_PREFIX: &str = "PLAN#";
 const OUTBOX_PREFIX: &str = "OUTBOX#";
 const DELIVERY_PREFIX: &str = "DELIVERY#";
 const NOTE_PREFIX: &str = "NOTE#";
+const UNREAD_PREFIX: &str = "UNREAD#";
 
 /// The partition of everything one user owns.
 pub fn user_pk(openid: &OpenId) -> String {
@@ -86,6 +87,21 @@ pub fn action_sk(action_id: &RequestId) -> String {
 /// A notification in the inbox; ids sort by creation time, so sort keys do too.
 pub fn note_sk(id: &str) -> String {
     format!("{NOTE_PREFIX}{id}")
+}
+
+/// Sort-key prefix of the unread markers: one small item per unread notification, so
+/// `read=false` pages and read-all read only what is unread.
+pub const UNREADS: &str = UNREAD_PREFIX;
+
+/// The unread marker of notification `id` (exists exactly while it is unread).
+pub fn unread_sk(id: &str) -> String {
+    format!("{UNREAD_PREFIX}{id}")
+}
+
+/// The notification id a note's or an unread marker's sort key names.
+pub fn note_id_of(sk: &str) -> Option<&str> {
+    sk.strip_prefix(NOTE_PREFIX)
+        .or_else(|| sk.strip_prefix(UNREAD_PREFIX))
 }
 
 /// The WeChat push of a notification.

@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem, Update,
 };
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, quota_update_item, rfc3339};
@@ -37,8 +37,6 @@ use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult};
 
-/// How long a check-in's action record (and so its replay answer) is kept.
-pub const ACTION_RETENTION: Duration = Duration::days(35);
 /// Most grants one transaction invalidates (100 items per transaction, less the plan
 /// and the counters).
 const INVALIDATE_CHUNK: usize = 98;
@@ -767,7 +765,7 @@ impl Store {
                 fingerprint: fingerprint.to_string(),
                 response: response.to_string(),
                 created_at: rfc3339(now),
-                expires_at: (now + ACTION_RETENTION).timestamp(),
+                expires_at: (now + self.limits.retention.actions).timestamp(),
             };
             let mut items = vec![
                 self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,

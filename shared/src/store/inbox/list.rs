@@ -1,0 +1,222 @@
+//! Listing the inbox and reading its counter.
+//!
+//! Every call reads a bounded number of items ([`LIST_BUDGET`]), whatever the filter
+//! and the history: `read=false` walks the unread markers (only what is unread), the
+//! other filters walk the notifications. A filtered walk that spends its budget before
+//! filling the page answers what it found and a cursor to where it stopped, so a page is
+//! never empty without a cursor while older matches exist.
+
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+
+use super::super::item::{Item, key, number, parse, s, text};
+use super::super::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
+use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error};
+use super::{ListFilter, NoteItem, Page};
+use crate::domain::OpenId;
+use crate::domain::inbox::{NotificationView, encode_cursor};
+
+/// Most items one listing call reads (notifications or unread markers).
+pub const LIST_BUDGET: usize = 200;
+
+/// What a bounded walk found, and where the next call resumes (a sort key).
+struct Walk {
+    found: Vec<Item>,
+    resume: Option<String>,
+}
+
+impl Store {
+    /// A page of `openid`'s notifications, newest first, after `after` (a notification
+    /// id from a cursor). Pages come from the caller's partition only.
+    pub async fn notifications(
+        &self,
+        openid: &OpenId,
+        limit: usize,
+        after: Option<&str>,
+        filter: &ListFilter,
+    ) -> Result<Page, StoreError> {
+        let pk = user_pk(openid);
+        let kind = filter.kind.as_deref();
+        let (items, resume) = if filter.read == Some(false) {
+            let walk = self
+                .walk_back(&pk, UNREADS, after.map(unread_sk), limit, None, kind)
+                .await?;
+            let ids: Vec<String> = walk
+                .found
+                .iter()
+                .filter_map(|m| text(m, "sk").and_then(note_id_of).map(str::to_string))
+                .collect();
+            let notes = self.notes_by_id(&pk, &ids).await?;
+            // A marker read meanwhile may point at a note that is read by now.
+            let unread = notes.into_iter().filter(|n| !n.read).collect();
+            (unread, walk.resume)
+        } else {
+            let walk = self
+                .walk_back(&pk, NOTES, after.map(note_sk), limit, filter.read, kind)
+                .await?;
+            let notes = walk
+                .found
+                .into_iter()
+                .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                .collect::<Result<Vec<_>, _>>()?;
+            (notes, walk.resume)
+        };
+        let next_cursor = resume.as_deref().and_then(note_id_of).map(encode_cursor);
+        Ok(Page { items, next_cursor })
+    }
+
+    /// Walks `pk`'s items under `prefix`, newest first, strictly after `after` (a sort
+    /// key), collecting up to `want` items whose `read` and `note_type` match, and
+    /// reading at most [`LIST_BUDGET`] items.
+    async fn walk_back(
+        &self,
+        pk: &str,
+        prefix: &str,
+        after: Option<String>,
+        want: usize,
+        read: Option<bool>,
+        kind: Option<&str>,
+    ) -> Result<Walk, StoreError> {
+        let mut found: Vec<Item> = Vec::new();
+        let mut examined = 0usize;
+        let mut start = after.map(|sk| key(pk, &sk));
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .scan_index_forward(false)
+                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                .expression_attribute_values(":pk", s(pk))
+                .expression_attribute_values(":prefix", s(prefix));
+            let mut conditions = Vec::new();
+            if let Some(read) = read {
+                conditions.push("#read = :read");
+                query = query
+                    .expression_attribute_names("#read", "read")
+                    .expression_attribute_values(":read", AttributeValue::Bool(read));
+            }
+            if let Some(kind) = kind {
+                conditions.push("note_type = :type");
+                query = query.expression_attribute_values(":type", s(kind));
+            }
+            // Unfiltered, a page's worth is enough; filtered, whatever the budget allows.
+            let room = LIST_BUDGET.saturating_sub(examined);
+            let page = if conditions.is_empty() {
+                room.min(want - found.len())
+            } else {
+                query = query.filter_expression(conditions.join(" AND "));
+                room
+            };
+            let out = query
+                .limit(i32::try_from(page.max(1)).unwrap_or(1))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let scanned = usize::try_from(out.scanned_count()).unwrap_or(0);
+            examined += scanned.max(out.items().len());
+            let mut left_over = false;
+            for item in out.items() {
+                if found.len() == want {
+                    left_over = true;
+                    break;
+                }
+                found.push(item.clone());
+            }
+            let last_found = found.last().and_then(|i| text(i, "sk")).map(str::to_string);
+            match out.last_evaluated_key() {
+                _ if left_over => return Ok(Walk::resume(found, last_found)),
+                None => return Ok(Walk::resume(found, None)),
+                Some(_) if found.len() == want => return Ok(Walk::resume(found, last_found)),
+                Some(last) if examined >= LIST_BUDGET => {
+                    let at = text(last, "sk").map(str::to_string);
+                    return Ok(Walk::resume(found, at));
+                }
+                Some(last) => start = Some(last.clone()),
+            }
+        }
+    }
+
+    /// The notifications `ids` names, in that order (strongly consistent; missing ones
+    /// left out).
+    async fn notes_by_id(
+        &self,
+        pk: &str,
+        ids: &[String],
+    ) -> Result<Vec<NotificationView>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys: Vec<Item> = ids.iter().map(|id| key(pk, &note_sk(id))).collect();
+        let mut got: Vec<NoteItem> = Vec::with_capacity(ids.len());
+        let mut attempt = 0;
+        while !keys.is_empty() {
+            let wanted = KeysAndAttributes::builder()
+                .set_keys(Some(std::mem::take(&mut keys)))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, wanted)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
+                got.push(parse("note", item.clone())?);
+            }
+            if let Some(left) = out
+                .unprocessed_keys()
+                .and_then(|u| u.get(&self.table))
+                .map(|k| k.keys().to_vec())
+                .filter(|k| !k.is_empty())
+            {
+                attempt += 1;
+                if attempt > MAX_WRITE_ATTEMPTS {
+                    return Err(StoreError::Unavailable(
+                        "notifications unprocessed past the retry limit".into(),
+                    ));
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                keys = left;
+            }
+        }
+        let mut views = Vec::with_capacity(got.len());
+        for id in ids {
+            if let Some(note) = got.iter().find(|n| &n.id == id) {
+                views.push(note.view());
+            }
+        }
+        Ok(views)
+    }
+
+    /// The unread counter (one strongly consistent read; never a count query).
+    pub async fn unread(&self, openid: &OpenId) -> Result<u64, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(&user_pk(openid), INBOX_SK)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        Ok(out
+            .item()
+            .and_then(|i| number(i, "unread"))
+            .map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+    }
+}
+
+impl Walk {
+    fn resume(found: Vec<Item>, resume: Option<String>) -> Self {
+        Self { found, resume }
+    }
+}

@@ -1,0 +1,313 @@
+//! The inbox: notifications, the unread counter, and the outbox items of their pushes.
+//!
+//! Ingesting an event is one transaction: the event's idempotency record, the
+//! notification, its unread marker, `unread + 1`, and — when a push is asked for and
+//! valid — an outbox item due now (on the due index). Marking read flips `read`, deletes
+//! the marker and decrements the counter in one transaction conditional on the
+//! notification being unread, so the counter is always the number of unread
+//! notifications and of markers: it never drifts or goes negative.
+//!
+//! - [`list`]: pages (bounded reads per call, whatever the filter) and the counter.
+//! - [`read`]: marking one or all read, in bounded steps.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::grants::rfc3339;
+use super::item::{key, parse, s};
+use super::keys::{due_pk, event_sk, note_sk, outbox_sk, unread_sk, user_pk};
+use super::plans::TxOutcome;
+use super::{Attempt, Store, StoreError, corrupt, retry_contended};
+use crate::domain::inbox::{
+    NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id,
+};
+use crate::domain::outcome::OutboxState;
+
+mod list;
+mod read;
+
+pub use list::LIST_BUDGET;
+pub use read::ReadAll;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct NoteItem {
+    pub(super) pk: String,
+    pub(super) sk: String,
+    kind: String,
+    id: String,
+    note_type: String,
+    title: String,
+    body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    page: Option<String>,
+    read: bool,
+    created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    push_status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    push_reason: Option<String>,
+}
+
+impl NoteItem {
+    fn view(&self) -> NotificationView {
+        NotificationView {
+            id: self.id.clone(),
+            kind: self.note_type.clone(),
+            title: self.title.clone(),
+            body: self.body.clone(),
+            page: self.page.clone(),
+            read: self.read,
+            created_at: self.created_at.clone(),
+            push: self
+                .push_status
+                .as_deref()
+                .and_then(PushStatus::parse)
+                .map(|status| PushView {
+                    status,
+                    reason: self.push_reason.clone(),
+                }),
+        }
+    }
+}
+
+/// The outbox item of a push: what to send, and where it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct OutboxItem {
+    pub(super) pk: String,
+    pub(super) sk: String,
+    pub(super) kind: String,
+    pub(super) note_id: String,
+    pub(super) template_id: String,
+    pub(super) data: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) page: Option<String>,
+    pub(super) state: OutboxState,
+    #[serde(default)]
+    pub(super) attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) due_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) due_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) delivery_id: Option<String>,
+    pub(super) version: u64,
+    pub(super) updated_at: String,
+}
+
+impl OutboxItem {
+    /// This item, pending again at `due` (on the due index) or in a final `state`.
+    pub(super) fn moved(
+        &self,
+        state: OutboxState,
+        due: Option<DateTime<Utc>>,
+        shards: u32,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let mut next = self.clone();
+        next.state = state;
+        next.due_at = due.map(|d| d.timestamp_millis());
+        next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
+        next.delivery_id = None;
+        next.version = self.version + 1;
+        next.updated_at = rfc3339(now);
+        next
+    }
+}
+
+/// The marker of an unread notification, with what the filters look at.
+#[derive(Debug, Serialize, Deserialize)]
+struct UnreadItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    note_type: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct EventItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    fingerprint: String,
+    note_id: String,
+    expires_at: i64,
+}
+
+/// How ingesting an event ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Ingested {
+    Created {
+        note_id: String,
+        push: Option<PushStatus>,
+    },
+    /// The same event again: nothing changed.
+    Duplicate { note_id: String },
+    /// The same idempotency key with a different payload: nothing changed.
+    Conflict { note_id: String },
+}
+
+/// One page of the inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Page {
+    pub items: Vec<NotificationView>,
+    pub next_cursor: Option<String>,
+}
+
+/// Filters for listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    pub read: Option<bool>,
+    pub kind: Option<String>,
+}
+
+/// The conditional Put of a whole item, versioned.
+pub(super) fn versioned_put(
+    table: &str,
+    item: HashMap<String, AttributeValue>,
+    version: u64,
+) -> Result<TransactWriteItem, StoreError> {
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(item))
+        .condition_expression("version = :v")
+        .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// Sets a notification's push status (part of a transaction).
+pub(super) fn note_push_update(
+    table: &str,
+    pk: &str,
+    note_id: &str,
+    status: PushStatus,
+    reason: Option<&str>,
+) -> Result<TransactWriteItem, StoreError> {
+    let update = Update::builder()
+        .table_name(table)
+        .set_key(Some(key(pk, &note_sk(note_id))))
+        .update_expression("SET push_status = :s, push_reason = :r")
+        .expression_attribute_values(":s", s(status.as_str()))
+        .expression_attribute_values(
+            ":r",
+            reason.map_or(AttributeValue::Null(true), |r| {
+                s(r.chars().take(300).collect::<String>())
+            }),
+        )
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().update(update).build())
+}
+
+impl Store {
+    /// Ingests a notify event (see the module docs). One round trip.
+    pub async fn ingest(
+        &self,
+        event: &NotifyEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Ingested, StoreError> {
+        let pk = user_pk(&event.openid);
+        let note_id = new_notification_id(now);
+        let (push_status, push_reason) = match &event.push {
+            None => (None, None),
+            Some(Push::Ready { .. }) => (Some(PushStatus::Pending), None),
+            Some(Push::Rejected { reason }) => (Some(PushStatus::Rejected), Some(reason.clone())),
+        };
+        let record = EventItem {
+            pk: pk.clone(),
+            sk: event_sk(&event.idempotency_key),
+            kind: "event".into(),
+            fingerprint: event.fingerprint.clone(),
+            note_id: note_id.clone(),
+            expires_at: (now + self.limits.retention.events).timestamp(),
+        };
+        let note = NoteItem {
+            pk: pk.clone(),
+            sk: note_sk(&note_id),
+            kind: "note".into(),
+            id: note_id.clone(),
+            note_type: event.kind.clone(),
+            title: event.title.clone(),
+            body: event.body.clone(),
+            page: event.page.clone(),
+            read: false,
+            created_at: rfc3339(now),
+            push_status: push_status.map(|p| p.as_str().to_string()),
+            push_reason,
+        };
+        let marker = UnreadItem {
+            pk: pk.clone(),
+            sk: unread_sk(&note_id),
+            kind: "unread".into(),
+            note_type: event.kind.clone(),
+        };
+        let mut items = vec![
+            self.put_new(serde_dynamo::to_item(&record).map_err(|e| corrupt("event", e))?)?,
+            self.put_new(serde_dynamo::to_item(&note).map_err(|e| corrupt("note", e))?)?,
+            self.put_new(serde_dynamo::to_item(&marker).map_err(|e| corrupt("unread", e))?)?,
+            self.unread_change(&pk, 1)?,
+        ];
+        if let Some(Push::Ready {
+            template_id,
+            data,
+            page,
+        }) = &event.push
+        {
+            let sk = outbox_sk(&note_id);
+            let outbox = OutboxItem {
+                due_pk: Some(due_pk(&pk, &sk, self.shards)),
+                due_at: Some(now.timestamp_millis()),
+                pk: pk.clone(),
+                sk,
+                kind: "outbox".into(),
+                note_id: note_id.clone(),
+                template_id: template_id.to_string(),
+                data: data.clone(),
+                page: page.clone(),
+                state: OutboxState::Pending,
+                attempts: 0,
+                delivery_id: None,
+                version: 1,
+                updated_at: rfc3339(now),
+            };
+            items.push(
+                self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?,
+            );
+        }
+        let (items, note_id) = (&items, &note_id);
+        retry_contended("ingest", || async move {
+            match self.transact(items.clone()).await? {
+                TxOutcome::Committed => {
+                    return Ok(Attempt::Done(Ingested::Created {
+                        note_id: note_id.clone(),
+                        push: push_status,
+                    }));
+                }
+                TxOutcome::Cancelled(reasons) => {
+                    if let Some((code, Some(old))) = reasons.first()
+                        && code == "ConditionalCheckFailed"
+                    {
+                        let old: EventItem = parse("event", old.clone())?;
+                        return Ok(Attempt::Done(if old.fingerprint == event.fingerprint {
+                            Ingested::Duplicate {
+                                note_id: old.note_id,
+                            }
+                        } else {
+                            Ingested::Conflict {
+                                note_id: old.note_id,
+                            }
+                        }));
+                    }
+                }
+                TxOutcome::Contended => {}
+            }
+            Ok(Attempt::Retry)
+        })
+        .await
+    }
+}

@@ -1,0 +1,204 @@
+//! Marking notifications read: one, or all in bounded steps.
+//!
+//! Each flip is conditional on the notification being unread and travels with the
+//! deletion of its unread marker and the counter's decrement in one transaction, so
+//! the counter always equals the markers left. A read notification expires after the
+//! read-notes retention.
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use chrono::{DateTime, Utc};
+
+use super::super::grants::rfc3339;
+use super::super::item::{Item, key, n, parse, s, text};
+use super::super::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
+use super::super::plans::TxOutcome;
+use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::NoteItem;
+use crate::domain::OpenId;
+use crate::domain::inbox::NotificationView;
+
+/// Most notifications one read-all step flips: two items each (the note and its
+/// marker) plus the counter, within a transaction's 100.
+const READ_ALL_STEP: usize = 49;
+/// Most steps one read-all call takes (≈ 1,000 notifications); past them the answer
+/// says more are left and the next call goes on.
+const READ_ALL_STEPS: usize = 21;
+
+/// What a read-all call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAll {
+    /// Notifications this call flipped.
+    pub updated: u64,
+    /// Unread notifications are left (the call stopped at its step limit).
+    pub more: bool,
+}
+
+impl Store {
+    /// Marks one notification read (idempotent). `None` if the caller has no such
+    /// notification.
+    pub async fn mark_read(
+        &self,
+        openid: &OpenId,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<NotificationView>, StoreError> {
+        let pk = &user_pk(openid);
+        retry_contended("mark read", || async move {
+            let flip = self.flip(pk, id, now, true)?;
+            let items = vec![flip, self.unmark(pk, id)?, self.unread_change(pk, -1)?];
+            match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    let got = self
+                        .client
+                        .get_item()
+                        .table_name(&self.table)
+                        .set_key(Some(key(pk, &note_sk(id))))
+                        .consistent_read(true)
+                        .send()
+                        .await
+                        .map_err(|e| classify_sdk_error(e, |_| false))?;
+                    return got
+                        .item
+                        .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                        .transpose()
+                        .map(Attempt::Done);
+                }
+                TxOutcome::Cancelled(reasons) => match reasons.first() {
+                    Some((code, old)) if code == "ConditionalCheckFailed" => {
+                        // Absent: not the caller's. Present: already read.
+                        return old
+                            .clone()
+                            .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                            .transpose()
+                            .map(Attempt::Done);
+                    }
+                    _ => {}
+                },
+                TxOutcome::Contended => {}
+            }
+            Ok(Attempt::Retry)
+        })
+        .await
+    }
+
+    /// Marks unread notifications read, newest first, [`READ_ALL_STEP`] per
+    /// transaction and at most [`READ_ALL_STEPS`] steps per call. Each step reads only
+    /// unread markers; a step that loses a race to a concurrent read looks again.
+    pub async fn read_all(
+        &self,
+        openid: &OpenId,
+        now: DateTime<Utc>,
+    ) -> Result<ReadAll, StoreError> {
+        let pk = &user_pk(openid);
+        let mut updated = 0u64;
+        for _ in 0..READ_ALL_STEPS {
+            let flipped = retry_contended("read all", || async move {
+                let ids = self.unread_ids(pk, READ_ALL_STEP).await?;
+                if ids.is_empty() {
+                    return Ok(Attempt::Done(0));
+                }
+                let mut items = Vec::with_capacity(ids.len() * 2 + 1);
+                for id in &ids {
+                    items.push(self.flip(pk, id, now, false)?);
+                    items.push(self.unmark(pk, id)?);
+                }
+                let count = i64::try_from(ids.len()).unwrap_or(0);
+                items.push(self.unread_change(pk, -count)?);
+                Ok(match self.transact(items).await? {
+                    TxOutcome::Committed => Attempt::Done(ids.len() as u64),
+                    // Some were read meanwhile: look again.
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                })
+            })
+            .await?;
+            if flipped == 0 {
+                return Ok(ReadAll {
+                    updated,
+                    more: false,
+                });
+            }
+            updated += flipped;
+        }
+        let more = !self.unread_ids(pk, 1).await?.is_empty();
+        Ok(ReadAll { updated, more })
+    }
+
+    /// Up to `limit` ids of unread notifications, newest first (markers only).
+    async fn unread_ids(&self, pk: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .scan_index_forward(false)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":prefix", s(UNREADS))
+            .projection_expression("sk")
+            .limit(i32::try_from(limit).unwrap_or(1))
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        Ok(out
+            .items()
+            .iter()
+            .filter_map(|i: &Item| text(i, "sk").and_then(note_id_of).map(str::to_string))
+            .collect())
+    }
+
+    /// Flips note `id` to read, conditional on it existing unread; `old` returns the
+    /// item when the condition fails (to answer a replay without another read).
+    fn flip(
+        &self,
+        pk: &str,
+        id: &str,
+        now: DateTime<Utc>,
+        old: bool,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mut flip = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &note_sk(id))))
+            .update_expression("SET #read = :true, read_at = :now, expires_at = :expires")
+            .condition_expression("attribute_exists(pk) AND #read = :false")
+            .expression_attribute_names("#read", "read")
+            .expression_attribute_values(":true", AttributeValue::Bool(true))
+            .expression_attribute_values(":false", AttributeValue::Bool(false))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(
+                ":expires",
+                n((now + self.limits.retention.read_notes).timestamp()),
+            );
+        if old {
+            flip = flip.return_values_on_condition_check_failure(
+                ReturnValuesOnConditionCheckFailure::AllOld,
+            );
+        }
+        let flip = flip.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(flip).build())
+    }
+
+    /// Deletes note `id`'s unread marker (the flip's condition guards the pair).
+    fn unmark(&self, pk: &str, id: &str) -> Result<TransactWriteItem, StoreError> {
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &unread_sk(id))))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().delete(delete).build())
+    }
+
+    /// `ADD unread by` on the counter (part of a transaction).
+    pub(super) fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, INBOX_SK)))
+            .update_expression("SET kind = :kind ADD unread :by")
+            .expression_attribute_values(":kind", s("inbox"))
+            .expression_attribute_values(":by", n(by))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+}
