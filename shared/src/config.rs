@@ -99,6 +99,8 @@ pub struct Config {
     /// How many partitions the due and lease indexes are spread over (DESIGN.md §6).
     pub due_shards: u32,
     pub dispatch: DispatchConfig,
+    /// Retention of finished items and the guards against runaway clients.
+    pub limits: crate::store::Limits,
 }
 
 /// The dispatcher's settings.
@@ -254,7 +256,38 @@ impl Config {
                 .unwrap_or(32),
         };
 
+        let days = |name: &'static str, default: chrono::Duration| {
+            let default = u64::try_from(default.num_days()).unwrap_or(1);
+            number(name, default, 1..=3650)
+                .map(|d| chrono::Duration::days(i64::try_from(d).unwrap_or(1)))
+        };
+        let defaults = crate::store::Limits::default();
+        let kept = defaults.retention;
+        let limits = crate::store::Limits {
+            retention: crate::store::Retention {
+                grants: days("RETENTION_GRANTS_DAYS", kept.grants)?,
+                deliveries: days("RETENTION_DELIVERIES_DAYS", kept.deliveries)?,
+                outbox: days("RETENTION_OUTBOX_DAYS", kept.outbox)?,
+                read_notes: days("RETENTION_READ_NOTES_DAYS", kept.read_notes)?,
+                actions: days("RETENTION_ACTIONS_DAYS", kept.actions)?,
+                events: days("RETENTION_EVENTS_DAYS", kept.events)?,
+            },
+            max_open_grants: u32::try_from(number(
+                "MAX_OPEN_GRANTS",
+                u64::from(defaults.max_open_grants),
+                1..=1000,
+            )?)
+            .unwrap_or(defaults.max_open_grants),
+            reports_per_minute: u32::try_from(number(
+                "REPORTS_PER_MINUTE",
+                u64::from(defaults.reports_per_minute),
+                1..=600,
+            )?)
+            .unwrap_or(defaults.reports_per_minute),
+        };
+
         Ok(Self {
+            limits,
             table_name: required("TABLE_NAME")?,
             wechat: WechatConfig {
                 api_base,
@@ -307,6 +340,21 @@ mod tests {
         assert_eq!(c.wechat.timeout, Duration::from_millis(3000));
         assert_eq!(c.session.ttl, Duration::from_secs(7200));
         assert_eq!(c.wechat.miniprogram_state, MiniprogramState::Formal);
+        assert_eq!(c.limits, crate::store::Limits::default());
+        assert_eq!(c.limits.retention.grants, chrono::Duration::days(400));
+    }
+
+    #[test]
+    fn retention_and_guards_are_configurable() {
+        let mut e = env();
+        e.insert("RETENTION_READ_NOTES_DAYS", "7".into());
+        e.insert("MAX_OPEN_GRANTS", "5".into());
+        e.insert("REPORTS_PER_MINUTE", "2".into());
+        let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+        assert_eq!(c.limits.retention.read_notes, chrono::Duration::days(7));
+        assert_eq!(c.limits.retention.outbox, chrono::Duration::days(90));
+        assert_eq!(c.limits.max_open_grants, 5);
+        assert_eq!(c.limits.reports_per_minute, 2);
     }
 
     #[test]
@@ -338,6 +386,14 @@ mod tests {
             ("MINIPROGRAM_STATE", Some("prod"), "MINIPROGRAM_STATE"),
             ("WECHAT_TIMEOUT_MS", Some("0"), "WECHAT_TIMEOUT_MS"),
             ("ONEGRANT_TEMPLATES", Some("{"), "ONEGRANT_TEMPLATES"),
+            ("RETENTION_GRANTS_DAYS", Some("0"), "RETENTION_GRANTS_DAYS"),
+            (
+                "RETENTION_EVENTS_DAYS",
+                Some("ten"),
+                "RETENTION_EVENTS_DAYS",
+            ),
+            ("MAX_OPEN_GRANTS", Some("1001"), "MAX_OPEN_GRANTS"),
+            ("REPORTS_PER_MINUTE", Some("0"), "REPORTS_PER_MINUTE"),
         ];
         for (name, value, want) in cases {
             let mut e = env();

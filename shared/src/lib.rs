@@ -48,8 +48,9 @@ impl Deps {
     /// Builds the dependencies from a config and an already-built DynamoDB client.
     pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
         let config = Arc::new(config);
-        let store =
-            store::Store::new(dynamodb, config.table_name.clone()).with_shards(config.due_shards);
+        let store = store::Store::new(dynamodb, config.table_name.clone())
+            .with_shards(config.due_shards)
+            .with_limits(config.limits);
         let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
         let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
         Ok(Self {

@@ -6,6 +6,7 @@
 mod contract;
 mod dispatcher;
 mod emulator;
+mod expiry;
 mod grants;
 mod inbox;
 mod inputs;

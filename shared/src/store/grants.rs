@@ -60,16 +60,22 @@ pub(super) struct GrantItem {
     pub(super) state: Option<GrantState>,
     created_at: String,
     version: u64,
+    /// Set once the item is final (a refusal at once, a grant when consumed or
+    /// invalid): DynamoDB's TTL removes it after the grants retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at: Option<i64>,
 }
 
 impl GrantItem {
-    /// A new ledger item: `available` when the result grants.
+    /// A new ledger item: `available` when the result grants; a refusal is final from
+    /// the start and expires after `retention`.
     pub(super) fn new(
         pk: &str,
         template: &TemplateId,
         request_id: &RequestId,
         result: SubscribeResult,
         now: DateTime<Utc>,
+        retention: chrono::Duration,
     ) -> Self {
         Self {
             pk: pk.to_string(),
@@ -81,6 +87,7 @@ impl GrantItem {
             state: result.grants().then_some(GrantState::Available),
             created_at: rfc3339(now),
             version: 0,
+            expires_at: (!result.grants()).then(|| (now + retention).timestamp()),
         }
     }
 
@@ -129,7 +136,14 @@ impl Store {
             // Which template each transaction index's ledger Put belongs to.
             let mut ledger_index: HashMap<usize, TemplateId> = HashMap::new();
             for (template, result) in &pending {
-                let item = GrantItem::new(&pk, template, &report.request_id, *result, now);
+                let item = GrantItem::new(
+                    &pk,
+                    template,
+                    &report.request_id,
+                    *result,
+                    now,
+                    self.limits.retention.grants,
+                );
                 ledger_index.insert(items.len(), template.clone());
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,

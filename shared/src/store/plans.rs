@@ -23,7 +23,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, quota_update_item, rfc3339};
-use super::item::{key, parse, s};
+use super::item::{key, n, parse, s};
 use super::keys::{
     GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant,
     user_pk,
@@ -560,11 +560,16 @@ impl Store {
                     .table_name(&self.table)
                     .set_key(Some(key(pk, sk)))
                     .update_expression(
-                        "SET #s = :invalid, updated_at = :now, version = version + :one",
+                        "SET #s = :invalid, updated_at = :now, version = version + :one, \
+                         expires_at = :expires",
                     )
                     .condition_expression("#s = :from")
                     .expression_attribute_names("#s", "state")
                     .expression_attribute_values(":invalid", s("invalid"))
+                    .expression_attribute_values(
+                        ":expires",
+                        n((now + self.limits.retention.grants).timestamp()),
+                    )
                     .expression_attribute_values(":from", s(from))
                     .expression_attribute_values(":now", s(rfc3339(now)))
                     .expression_attribute_values(":one", AttributeValue::N("1".into()))
@@ -772,7 +777,14 @@ impl Store {
                 self.plan_put(&plan, pk, now)?,
             ];
             if let Some((request_id, result)) = &write_ledger {
-                let item = GrantItem::new(pk, &kind.template_id, request_id, *result, now);
+                let item = GrantItem::new(
+                    pk,
+                    &kind.template_id,
+                    request_id,
+                    *result,
+                    now,
+                    self.limits.retention.grants,
+                );
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );

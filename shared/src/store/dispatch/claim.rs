@@ -266,7 +266,13 @@ impl Store {
                 Ok(vec![self.plan_put(&paused, &item.pk, now)?])
             }
             Claimable::Outbox { outbox, .. } => {
-                let skipped = outbox.moved(OutboxState::Skipped, None, self.shards, now);
+                let skipped = outbox.moved(
+                    OutboxState::Skipped,
+                    None,
+                    self.shards,
+                    now,
+                    self.limits.retention.outbox,
+                );
                 Ok(vec![
                     versioned_put(&self.table, to_item("outbox", &skipped)?, outbox.version)?,
                     note_push_update(
@@ -333,7 +339,13 @@ impl Store {
                 ))
             }
             Claimable::Outbox { outbox, .. } => {
-                let mut sending = outbox.moved(OutboxState::Sending, None, self.shards, now);
+                let mut sending = outbox.moved(
+                    OutboxState::Sending,
+                    None,
+                    self.shards,
+                    now,
+                    self.limits.retention.outbox,
+                );
                 sending.delivery_id = Some(delivery_id.to_string());
                 let write =
                     versioned_put(&self.table, to_item("outbox", &sending)?, outbox.version)?;

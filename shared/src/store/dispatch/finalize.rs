@@ -365,7 +365,7 @@ impl Store {
             FollowUp::RetryAt(at) => Some(at),
             FollowUp::Delivered | FollowUp::Stop(_) => None,
         };
-        let mut next = outbox.moved(state, due, self.shards, now);
+        let mut next = outbox.moved(state, due, self.shards, now, self.limits.retention.outbox);
         next.attempts = settlement.attempts;
         if state == OutboxState::Unknown {
             // Kept so that a late answer or WeChat's push event can still settle it.

@@ -258,6 +258,7 @@ impl Store {
             "#class = :class",
             "outcome = :outcome",
             "finished_at = :now",
+            "expires_at = :expires",
         ];
         let mut update = Update::builder()
             .table_name(&self.table)
@@ -271,6 +272,10 @@ impl Store {
                 s(w.outcome.chars().take(300).collect::<String>()),
             )
             .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(
+                ":expires",
+                n((now + self.limits.retention.deliveries).timestamp()),
+            )
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if let Some(code) = w.errcode {
             set.push("errcode = :errcode");
@@ -350,11 +355,19 @@ impl Store {
                 .condition_expression("#s = :from AND delivery_id = :d AND void_reason = :sweep")
                 .expression_attribute_values(":sweep", s(SWEEP_VOID));
         }
+        let expires = || n((now + self.limits.retention.grants).timestamp());
         match grant.to {
             // A restore: free again for any later claim.
-            GrantState::Available => expression.push_str(" REMOVE delivery_id, void_reason"),
+            GrantState::Available => {
+                expression.push_str(" REMOVE delivery_id, void_reason, expires_at");
+            }
+            GrantState::Consumed => {
+                expression.push_str(", expires_at = :expires");
+                update = update.expression_attribute_values(":expires", expires());
+            }
             GrantState::Invalid => {
-                expression.push_str(", void_reason = :why");
+                expression.push_str(", void_reason = :why, expires_at = :expires");
+                update = update.expression_attribute_values(":expires", expires());
                 let why = if by == Writer::Sweep {
                     SWEEP_VOID
                 } else {
@@ -362,7 +375,7 @@ impl Store {
                 };
                 update = update.expression_attribute_values(":why", s(why));
             }
-            GrantState::Consumed | GrantState::Reserved => {}
+            GrantState::Reserved => {}
         }
         let update = update
             .update_expression(expression)

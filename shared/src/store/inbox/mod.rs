@@ -95,18 +95,25 @@ pub(super) struct OutboxItem {
     pub(super) delivery_id: Option<String>,
     pub(super) version: u64,
     pub(super) updated_at: String,
+    /// Set once the push is final: TTL removes it after the outbox retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) expires_at: Option<i64>,
 }
 
 impl OutboxItem {
-    /// This item, pending again at `due` (on the due index) or in a final `state`.
+    /// This item, pending again at `due` (on the due index) or in `state`; a final
+    /// state expires after `retention`.
     pub(super) fn moved(
         &self,
         state: OutboxState,
         due: Option<DateTime<Utc>>,
         shards: u32,
         now: DateTime<Utc>,
+        retention: chrono::Duration,
     ) -> Self {
         let mut next = self.clone();
+        let open = matches!(state, OutboxState::Pending | OutboxState::Sending);
+        next.expires_at = (!open).then(|| (now + retention).timestamp());
         next.state = state;
         next.due_at = due.map(|d| d.timestamp_millis());
         next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
@@ -274,6 +281,7 @@ impl Store {
                 delivery_id: None,
                 version: 1,
                 updated_at: rfc3339(now),
+                expires_at: None,
             };
             items.push(
                 self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?,

@@ -1,0 +1,197 @@
+//! Expiry: finished items carry `expires_at` and go after their retention (DynamoDB's
+//! TTL, done here by `TestApp::ttl_pass`); open items never expire, and every counter
+//! and invariant holds after the pass as before it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{Duration, Utc};
+use onegrant_tests::{
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
+    attr_n, attr_s, spawn_app,
+};
+use serde_json::{Value, json};
+
+type Item = HashMap<String, AttributeValue>;
+
+/// Whether `item` is finished by its kind's own rules (what must carry `expires_at`).
+fn finished(item: &Item) -> bool {
+    let state = attr_s(item, "state");
+    match attr_s(item, "kind") {
+        Some("grant") => !matches!(state, Some("available" | "reserved")),
+        Some("delivery") => !matches!(state, Some("claimed" | "sending")),
+        Some("outbox") => !matches!(state, Some("pending" | "sending")),
+        Some("note") => item.get("read").and_then(|v| v.as_bool().ok()) == Some(&true),
+        Some("action" | "event") => true,
+        _ => false,
+    }
+}
+
+async fn quotas(app: &TestApp, user: &User) -> Value {
+    let answer = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body["quotas"].clone()
+}
+
+/// A user with every kind of finished item: consumed, invalid and refused grants, sent
+/// deliveries, a sent push, a check-in, an ingested event, a read note, and open ones
+/// beside them (an available grant, a scheduled plan, an unread note).
+async fn history(app: &TestApp, name: &str) -> User {
+    let user = app.scheduled_user(name, 3).await;
+    let refused = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": format!("wr_{name}_no"), "results": {ORDER: "reject"}}),
+        )
+        .await;
+    assert_eq!(refused.status, 200, "{}", refused.body);
+    app.accept(&user, ORDER, &format!("wr_{name}_order")).await;
+    app.make_due(&user, "water", Utc::now()).await;
+    let summary = app.tick(30).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    let checkin = json!({"action_id": format!("wc_{name}_1"), "occurred_at": Utc::now().to_rfc3339(),
+                         "current_count": 1, "daily_goal": 8,
+                         "grant_request_id": format!("wr_{name}_ci"), "subscription_status": "accept"});
+    let answer = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+    )
+    .await;
+    app.push(&user, &format!("push-{name}")).await;
+    let summary = app.tick(30).await;
+    assert_eq!(summary.sent, 1, "the push: {summary:?}");
+    let note = app.items_of(&user, "note").await;
+    let id = note
+        .first()
+        .and_then(|n| attr_s(n, "id"))
+        .expect("the push's note");
+    let read = app
+        .call(
+            "POST",
+            &format!("/v1/notifications/{id}/read"),
+            Some(&user.token),
+            None,
+        )
+        .await;
+    assert_eq!(read.status, 200);
+    app.notify(
+        json!({"idempotency_key": format!("unread-{name}"), "openid": user.openid,
+                      "type": "system", "title": "t", "body": "b"}),
+    )
+    .await;
+    user
+}
+
+#[tokio::test]
+async fn finished_items_expire_after_their_retention_and_every_counter_still_holds() {
+    let app = spawn_app().await;
+    let alice = history(&app, "alice").await;
+    // Bob disables his plan: his grants become invalid.
+    let bob = app.scheduled_user("bob", 2).await;
+    let off = app
+        .call(
+            "PUT",
+            "/v1/reminders/water",
+            Some(&bob.token),
+            Some(br#"{"enabled": false}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(off.status, 200, "{}", off.body);
+
+    let before = app.items().await;
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for item in &before {
+        if finished(item) {
+            assert!(
+                attr_n(item, "expires_at").is_some(),
+                "a finished item carries expires_at: {item:?}"
+            );
+            *kinds
+                .entry(attr_s(item, "kind").unwrap_or_default().to_string())
+                .or_default() += 1;
+        } else {
+            assert_eq!(
+                attr_n(item, "expires_at"),
+                None,
+                "an open item never expires: {item:?}"
+            );
+        }
+    }
+    for kind in ["grant", "delivery", "outbox", "note", "action", "event"] {
+        assert!(
+            kinds.contains_key(kind),
+            "the history has a finished {kind}: {kinds:?}"
+        );
+    }
+    let (alice_quotas, bob_quotas) = (quotas(&app, &alice).await, quotas(&app, &bob).await);
+    let alice_unread = app
+        .get("/v1/notifications/unread-count", Some(&alice.token))
+        .await;
+
+    // Nothing is due yet a day later; all of it after the longest retention.
+    assert_eq!(app.ttl_pass(Utc::now() + Duration::days(1)).await, 0);
+    let removed = app.ttl_pass(Utc::now() + Duration::days(401)).await;
+    assert_eq!(removed, kinds.values().sum::<usize>());
+    let after = app.items().await;
+    assert!(
+        after.iter().all(|i| !finished(i)),
+        "only open items are left"
+    );
+
+    assert_eq!(
+        quotas(&app, &alice).await,
+        alice_quotas,
+        "quotas keep the totals"
+    );
+    assert_eq!(quotas(&app, &bob).await, bob_quotas);
+    let unread = app
+        .get("/v1/notifications/unread-count", Some(&alice.token))
+        .await;
+    assert_eq!(unread.body, alice_unread.body);
+    assert_eq!(app.items_of(&alice, "unread").await.len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+
+    // Life goes on: Alice's next reminder spends her next grant.
+    let plan = app.get("/v1/reminders/water", Some(&alice.token)).await;
+    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+    app.make_due(&alice, "water", Utc::now()).await;
+    assert_eq!(app.tick(30).await.sent, 1);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn retention_is_per_kind_from_config() {
+    let app = onegrant_tests::spawn_app_with(&[
+        ("RETENTION_READ_NOTES_DAYS", "2"),
+        ("RETENTION_DELIVERIES_DAYS", "5"),
+    ])
+    .await;
+    let user = history(&app, "carol").await;
+    // Day 3: only the read note has gone.
+    let removed = app.ttl_pass(Utc::now() + Duration::days(3)).await;
+    assert_eq!(removed, 1);
+    assert!(
+        app.items_of(&user, "note")
+            .await
+            .iter()
+            .all(|n| { n.get("read").and_then(|v| v.as_bool().ok()) == Some(&false) })
+    );
+    // Day 6: the deliveries too, nothing else.
+    let deliveries = app.items_of(&user, "delivery").await.len();
+    assert_eq!(deliveries, 2);
+    assert_eq!(
+        app.ttl_pass(Utc::now() + Duration::days(6)).await,
+        deliveries
+    );
+    assert!(app.items_of(&user, "delivery").await.is_empty());
+    assert!(!app.items_of(&user, "outbox").await.is_empty());
+    assert_ledger_agrees_with_counters(&app).await;
+}
