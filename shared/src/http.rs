@@ -15,7 +15,7 @@ use crate::domain::grant::ReportError;
 use crate::domain::reminder::{CheckInError, SettingsError};
 use crate::domain::schedule::ScheduleError;
 use crate::session::Sessions;
-use crate::store::StoreError;
+use crate::store::{Limit, StoreError};
 use crate::wechat::WechatError;
 
 /// Bodies over this size are refused with 413 (API.md).
@@ -45,6 +45,8 @@ pub enum ApiError {
     PayloadTooLarge,
     /// 422: well-formed but invalid; `code` names the rule.
     Unprocessable { code: &'static str, message: String },
+    /// 429: too many requests from this user; retry after `retry_after` seconds.
+    RateLimited { retry_after: u64 },
     /// 503: a dependency is unavailable; retry after a pause.
     Unavailable,
     /// 500: our fault; details are in the logs only.
@@ -87,6 +89,11 @@ impl ApiError {
                 format!("the body exceeds {MAX_BODY_BYTES} bytes"),
             ),
             Self::Unprocessable { code, message } => (422, code, message.clone()),
+            Self::RateLimited { retry_after } => (
+                429,
+                "rate_limited",
+                format!("too many requests; retry in {retry_after} s"),
+            ),
             Self::Unavailable => (
                 503,
                 "unavailable",
@@ -108,8 +115,14 @@ impl ApiError {
         let mut builder = Response::builder()
             .status(status)
             .header("content-type", "application/json");
-        if status == 503 {
-            builder = builder.header("retry-after", RETRY_AFTER_SECONDS.to_string());
+        match self {
+            Self::Unavailable => {
+                builder = builder.header("retry-after", RETRY_AFTER_SECONDS.to_string());
+            }
+            Self::RateLimited { retry_after } => {
+                builder = builder.header("retry-after", retry_after.to_string());
+            }
+            _ => {}
         }
         builder
             .body(Body::Text(body))
@@ -131,6 +144,13 @@ impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
             StoreError::IdempotencyConflict(message) => Self::IdempotencyConflict(message),
+            StoreError::Limited(Limit::Rate { retry_after }) => Self::RateLimited { retry_after },
+            StoreError::Limited(Limit::OpenGrants) => Self::Unprocessable {
+                code: "grant_limit",
+                message: "this user already holds the most unused grants of a template \
+                          that onegrant keeps; spend some first"
+                    .into(),
+            },
             StoreError::Unavailable(_) => {
                 log_chain(tracing::Level::WARN, "store unavailable", &err);
                 Self::Unavailable

@@ -22,7 +22,7 @@ fn finished(item: &Item) -> bool {
         Some("delivery") => !matches!(state, Some("claimed" | "sending")),
         Some("outbox") => !matches!(state, Some("pending" | "sending")),
         Some("note") => item.get("read").and_then(|v| v.as_bool().ok()) == Some(&true),
-        Some("action" | "event") => true,
+        Some("action" | "event" | "rate") => true,
         _ => false,
     }
 }
@@ -134,8 +134,10 @@ async fn finished_items_expire_after_their_retention_and_every_counter_still_hol
         .get("/v1/notifications/unread-count", Some(&alice.token))
         .await;
 
-    // Nothing is due yet a day later; all of it after the longest retention.
-    assert_eq!(app.ttl_pass(Utc::now() + Duration::days(1)).await, 0);
+    // A day later only the per-minute report counters have gone; all of it after the
+    // longest retention.
+    let rates = kinds.remove("rate").expect("report counters");
+    assert_eq!(app.ttl_pass(Utc::now() + Duration::days(1)).await, rates);
     let removed = app.ttl_pass(Utc::now() + Duration::days(401)).await;
     assert_eq!(removed, kinds.values().sum::<usize>());
     let after = app.items().await;
@@ -175,6 +177,8 @@ async fn retention_is_per_kind_from_config() {
     ])
     .await;
     let user = history(&app, "carol").await;
+    assert!(app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0, "report counters");
+    assert!(app.items_of(&user, "rate").await.is_empty());
     // Day 3: only the read note has gone.
     let removed = app.ttl_pass(Utc::now() + Duration::days(3)).await;
     assert_eq!(removed, 1);

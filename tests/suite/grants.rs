@@ -285,3 +285,150 @@ async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_tem
         "quotas never scan grants"
     );
 }
+
+/// Waits, if needed, so the next few seconds fall within one wall-clock minute (the
+/// report rate counts per minute).
+async fn early_in_a_minute() {
+    let into = chrono::Utc::now().timestamp().rem_euclid(60);
+    if into > 40 {
+        tokio::time::sleep(std::time::Duration::from_secs((61 - into) as u64)).await;
+    }
+}
+
+#[tokio::test]
+async fn reports_past_the_per_minute_rate_answer_429_store_nothing_and_replays_still_answer() {
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    early_in_a_minute().await;
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        let answer = app
+            .post(
+                "/v1/grants",
+                Some(&alice.token),
+                &report(&format!("wr_{i}"), json!({WATER: "accept"})),
+            )
+            .await;
+        if answer.status == 429 {
+            assert_eq!(answer.body["error"]["code"], "rate_limited");
+            let retry: u64 = answer
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("a Retry-After in seconds");
+            assert!((1..=60).contains(&retry), "{retry}");
+        }
+        statuses.push(answer.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    // A replay is never limited, and another user has a rate of their own.
+    let replay = app
+        .post(
+            "/v1/grants",
+            Some(&alice.token),
+            &report("wr_0", json!({WATER: "accept"})),
+        )
+        .await;
+    assert_eq!(replay.status, 200, "{}", replay.body);
+    assert_eq!(replay.body["grants"][0]["status"], "available");
+    let other = app
+        .post(
+            "/v1/grants",
+            Some(&bob.token),
+            &report("wr_0", json!({WATER: "accept"})),
+        )
+        .await;
+    assert_eq!(other.status, 200);
+
+    let grants = app.items_of(&alice, "grant").await;
+    assert_eq!(grants.len(), 3, "the limited reports stored nothing");
+    assert_eq!(quota(&replay.body, WATER)["available"], 3);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unused_grants_are_capped_per_template_even_when_reports_race() {
+    let app = onegrant_tests::spawn_app_with(&[("MAX_OPEN_GRANTS", "3")]).await;
+    let alice = app.user("alice").await;
+    let answers = join_all((0..10).map(|i| {
+        let (app, alice) = (&app, &alice);
+        async move {
+            app.post(
+                "/v1/grants",
+                Some(&alice.token),
+                &report(
+                    &format!("wr_{i}"),
+                    json!({WATER: "accept", ORDER: "accept"}),
+                ),
+            )
+            .await
+        }
+    }))
+    .await;
+    let ok = answers.iter().filter(|a| a.status == 200).count();
+    assert_eq!(ok, 3, "exactly the cap lands");
+    for refused in answers.iter().filter(|a| a.status != 200) {
+        assert_eq!(refused.status, 422, "{}", refused.body);
+        assert_eq!(refused.body["error"]["code"], "grant_limit");
+    }
+    assert_eq!(
+        app.items_of(&alice, "grant").await.len(),
+        6,
+        "3 reports × 2 templates"
+    );
+
+    // A check-in carrying a fourth grant is recorded; its grant is left out.
+    let enabled = app.enable(&alice, "water").await;
+    assert_eq!(enabled.body["state"], "scheduled");
+    let checkin = json!({"action_id": "wc_1", "occurred_at": chrono::Utc::now().to_rfc3339(),
+                         "current_count": 1, "daily_goal": 8,
+                         "grant_request_id": "wr_ci", "subscription_status": "accept"});
+    let answer = app
+        .post("/v1/reminders/water/checkins", Some(&alice.token), &checkin)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["grant_limit"], true);
+    assert_eq!(
+        app.items_of(&alice, "action").await.len(),
+        1,
+        "the check-in is recorded"
+    );
+    assert!(
+        app.item(&alice, &format!("GRANT#{WATER}#wr_ci"))
+            .await
+            .is_none()
+    );
+    let replay = app
+        .post("/v1/reminders/water/checkins", Some(&alice.token), &checkin)
+        .await;
+    assert_eq!(replay.body, answer.body, "a replay answers the same");
+
+    // Spending one makes room for one.
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": alice.openid, "template_id": WATER, "count": 3})),
+    )
+    .await;
+    app.make_due(&alice, "water", chrono::Utc::now()).await;
+    assert_eq!(app.tick(30).await.sent, 1);
+    let more = app
+        .post(
+            "/v1/grants",
+            Some(&alice.token),
+            &report("wr_more", json!({WATER: "accept"})),
+        )
+        .await;
+    assert_eq!(more.status, 200, "{}", more.body);
+    let again = app
+        .post(
+            "/v1/grants",
+            Some(&alice.token),
+            &report("wr_again", json!({WATER: "accept"})),
+        )
+        .await;
+    assert_eq!(again.status, 422);
+    assert_ledger_agrees_with_counters(&app).await;
+}

@@ -22,8 +22,9 @@ use aws_sdk_dynamodb::types::{
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, user_pk};
-use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use super::item::{key, n, s};
+use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, report_rate_sk, user_pk};
+use super::{Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
 use crate::domain::{
     GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
     TemplateId,
@@ -132,9 +133,11 @@ impl Store {
                     "grant report contended past the retry limit".into(),
                 ));
             }
-            let mut items = Vec::with_capacity(pending.len() * 2);
+            let mut items = Vec::with_capacity(pending.len() * 2 + 1);
             // Which template each transaction index's ledger Put belongs to.
             let mut ledger_index: HashMap<usize, TemplateId> = HashMap::new();
+            // Where the counter updates are (their condition is the open-grant cap).
+            let mut quota_index: Vec<usize> = Vec::new();
             for (template, result) in &pending {
                 let item = GrantItem::new(
                     &pk,
@@ -148,12 +151,23 @@ impl Store {
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
-                if let Some(update) =
-                    quota_update_item(&self.table, &pk, template, &report.request_id, *result, now)?
-                {
+                if let Some(update) = quota_update_item(
+                    &self.table,
+                    &pk,
+                    template,
+                    &report.request_id,
+                    *result,
+                    now,
+                    self.limits.max_open_grants,
+                )? {
+                    quota_index.push(items.len());
                     items.push(update);
                 }
             }
+            // Last, so a replay's ledger conditions are the ones an emulator reports.
+            let rate_index = items.len();
+            let (rate, retry_after) = self.report_rate(&pk, now)?;
+            items.push(rate);
             let sent = self
                 .client
                 .transact_write_items()
@@ -191,8 +205,17 @@ impl Store {
                         return Err(error);
                     };
                     let mut replays = 0;
+                    let mut limited = None;
                     for (index, reason) in cancelled.cancellation_reasons().iter().enumerate() {
                         if reason.code() != Some("ConditionalCheckFailed") {
+                            continue;
+                        }
+                        if index == rate_index {
+                            limited = Some(Limit::Rate { retry_after });
+                            continue;
+                        }
+                        if quota_index.contains(&index) {
+                            limited = limited.or(Some(Limit::OpenGrants));
                             continue;
                         }
                         let Some(template) = ledger_index.get(&index) else {
@@ -216,9 +239,12 @@ impl Store {
                         entries.insert(template.clone(), old.entry());
                         replays += 1;
                     }
-                    if replays == 0 {
+                    match limited {
+                        // Replays answer as first recorded; the rest goes round again.
+                        _ if replays > 0 => {}
+                        Some(limit) => return Err(StoreError::Limited(limit)),
                         // Cancelled by a conflicting transaction or a throttle: back off.
-                        tokio::time::sleep(backoff(attempt)).await;
+                        None => tokio::time::sleep(backoff(attempt)).await,
                     }
                 }
             }
@@ -255,6 +281,35 @@ impl Store {
         Ok(counters)
     }
 
+    /// `ADD 1` on the user's report counter of this minute, conditional on it being
+    /// under the limit (part of the report's transaction, so only reports that land
+    /// count), and the seconds until the next minute.
+    fn report_rate(
+        &self,
+        pk: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(TransactWriteItem, u64), StoreError> {
+        let minute = now.timestamp().div_euclid(60);
+        let next = (minute + 1) * 60;
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &report_rate_sk(minute))))
+            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
+            .condition_expression("attribute_not_exists(#n) OR #n < :max")
+            .expression_attribute_names("#n", "reports")
+            .expression_attribute_values(":kind", s("rate"))
+            .expression_attribute_values(":expires", n(next + 60))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":max", n(self.limits.reports_per_minute))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let retry_after = u64::try_from(next - now.timestamp()).unwrap_or(60).max(1);
+        Ok((
+            TransactWriteItem::builder().update(update).build(),
+            retry_after,
+        ))
+    }
+
     pub(super) fn put_new(
         &self,
         item: HashMap<String, AttributeValue>,
@@ -271,8 +326,8 @@ impl Store {
 }
 
 /// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant
-/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]), the refusal
-/// recorded for reject/ban, nothing for filter.
+/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]) while fewer
+/// than `cap` are available, the refusal recorded for reject/ban, nothing for filter.
 pub(super) fn quota_update_item(
     table: &str,
     pk: &str,
@@ -280,6 +335,7 @@ pub(super) fn quota_update_item(
     request_id: &RequestId,
     result: SubscribeResult,
     now: DateTime<Utc>,
+    cap: u32,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
     if !(result.grants() || result.refuses()) {
         return Ok(None);
@@ -297,7 +353,9 @@ pub(super) fn quota_update_item(
                 "SET template_id = :t, kind = :kind, updated_at = :now \
                  ADD accepted :one, available :one, #open :id",
             )
+            .condition_expression("attribute_not_exists(available) OR available < :cap")
             .expression_attribute_names("#open", OPEN_AVAILABLE)
+            .expression_attribute_values(":cap", AttributeValue::N(cap.to_string()))
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
             .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
     } else {

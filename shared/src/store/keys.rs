@@ -79,6 +79,11 @@ pub fn plan_sk(kind: &KindName) -> String {
     format!("{PLAN_PREFIX}{kind}")
 }
 
+/// The counter of a user's grant reports in one minute (`minute`: epoch minutes).
+pub fn report_rate_sk(minute: i64) -> String {
+    format!("RATE#reports#{minute}")
+}
+
 /// A check-in's action record (the idempotency record of `action_id`).
 pub fn action_sk(action_id: &RequestId) -> String {
     format!("ACTION#{action_id}")

@@ -103,12 +103,26 @@ pub enum StoreError {
     /// DynamoDB is throttling, contended past our retries, or unreachable: try later.
     #[error("DynamoDB is unavailable or contended")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A guard against a runaway client refused the write; nothing was stored.
+    #[error("refused by a limit: {0:?}")]
+    Limited(Limit),
     /// A stored item does not have the shape this code writes.
     #[error("stored item is unreadable: {0}")]
     Corrupt(String),
     /// Anything else the SDK reported (a bug or misconfiguration on our side).
     #[error("DynamoDB request failed")]
     Sdk(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Which guard refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The user already holds [`Limits::max_open_grants`] available grants of the
+    /// template.
+    OpenGrants,
+    /// The user made [`Limits::reports_per_minute`] reports this minute; the next
+    /// minute starts in `retry_after` seconds.
+    Rate { retry_after: u64 },
 }
 
 /// How often a write contended by other writers is tried before answering 503. High

@@ -697,12 +697,19 @@ impl Store {
             // The grant the check-in carries: new, a replay of an earlier report, or a
             // conflict with one — which refuses the grant part alone: the check-in itself
             // is a fact the user made and is recorded all the same (I7).
+            // A new grant past the open-grant cap is refused the same way.
             let mut write_ledger = None;
             let mut grant_conflict = false;
+            let mut grant_limit = false;
             if let Some((request_id, result)) = &checkin.grant {
                 match &read.ledger {
                     Some(old) if old.result == *result => {}
                     Some(_) => grant_conflict = true,
+                    None if result.grants()
+                        && read.counters.available >= u64::from(self.limits.max_open_grants) =>
+                    {
+                        grant_limit = true;
+                    }
                     None => write_ledger = Some((request_id.clone(), *result)),
                 }
             }
@@ -759,8 +766,13 @@ impl Store {
             answered.version += 1;
             let mut response = serde_json::to_value(answered.view(counters.available, now))
                 .map_err(|e| corrupt("plan view", e))?;
-            if grant_conflict && let Some(object) = response.as_object_mut() {
-                object.insert("grant_conflict".into(), serde_json::Value::Bool(true));
+            if let Some(object) = response.as_object_mut() {
+                if grant_conflict {
+                    object.insert("grant_conflict".into(), serde_json::Value::Bool(true));
+                }
+                if grant_limit {
+                    object.insert("grant_limit".into(), serde_json::Value::Bool(true));
+                }
             }
             let action = ActionItem {
                 pk: pk.to_string(),
@@ -788,9 +800,15 @@ impl Store {
                 items.push(
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
-                if let Some(update) =
-                    quota_update_item(&self.table, pk, &kind.template_id, request_id, *result, now)?
-                {
+                if let Some(update) = quota_update_item(
+                    &self.table,
+                    pk,
+                    &kind.template_id,
+                    request_id,
+                    *result,
+                    now,
+                    self.limits.max_open_grants,
+                )? {
                     items.push(update);
                 }
             } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
