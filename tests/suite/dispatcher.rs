@@ -1118,8 +1118,12 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
         // A reminder.
         app.make_due(user, "water", Utc::now()).await;
         app.round_trips.take();
+        app.round_trips.take_items_read();
         assert_eq!(app.tick(30).await.sent, 1);
-        let dispatch = tally(app.round_trips.take());
+        let dispatch = (
+            tally(app.round_trips.take()),
+            app.round_trips.take_items_read(),
+        );
         // A push of the same template that meets 43101: the other grants are voided.
         app.control(
             "POST",
@@ -1133,8 +1137,12 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
                                      "data": {"thing1": "喝水", "time2": "2026年11月30日 15:00", "number3": "1"}}}))
             .await;
         app.round_trips.take();
+        app.round_trips.take_items_read();
         assert_eq!(app.tick(30).await.failed, 1);
-        let refused = tally(app.round_trips.take());
+        let refused = (
+            tally(app.round_trips.take()),
+            app.round_trips.take_items_read(),
+        );
         // Disabling the plan.
         let off = app
             .call(
@@ -1145,8 +1153,11 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
             )
             .await;
         assert_eq!(off.status, 200);
-        let disable = tally(app.round_trips.take());
-        for (what, ops) in [
+        let disable = (
+            tally(app.round_trips.take()),
+            app.round_trips.take_items_read(),
+        );
+        for (what, (ops, _)) in [
             ("dispatch", &dispatch),
             ("43101", &refused),
             ("disable", &disable),
@@ -1160,9 +1171,12 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
     }
     assert_eq!(
         costs[0], costs[1],
-        "the same requests with 0 and 1,000 past grants"
+        "the same requests and items read with 0 and 1,000 past grants"
     );
-    eprintln!("requests with 0 and with 1,000 past grants: {:?}", costs[0]);
+    eprintln!(
+        "(requests, items read) with 0 and with 1,000 past grants: {:?}",
+        costs[0]
+    );
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 }

@@ -177,7 +177,10 @@ async fn retention_is_per_kind_from_config() {
     ])
     .await;
     let user = history(&app, "carol").await;
-    assert!(app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0, "report counters");
+    assert!(
+        app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0,
+        "report counters"
+    );
     assert!(app.items_of(&user, "rate").await.is_empty());
     // Day 3: only the read note has gone.
     let removed = app.ttl_pass(Utc::now() + Duration::days(3)).await;
