@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use chrono::{Duration, Utc};
+use futures::StreamExt;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
@@ -537,9 +538,10 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
 async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
     let app = spawn_app_with(&FAST).await;
     let user = due_user(&app, "alice", 1).await;
-    // 1 s of budget cannot cover the WeChat timeouts plus a finalize.
+    // 1 s of budget cannot cover the WeChat timeouts plus a finalize: the tick does
+    // not even read the due index.
     let summary = app.tick(1).await;
-    assert_eq!((summary.claimed, summary.deferred), (0, 1), "{summary:?}");
+    assert_eq!((summary.due, summary.claimed), (0, 0), "{summary:?}");
     assert_eq!(
         state(&app.item(&user, "PLAN#water").await),
         Some("scheduled"),
@@ -959,8 +961,7 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
         let due = store
             .due_items(now + Duration::seconds(5), &old)
             .await
-            .expect("due")
-            .items;
+            .expect("due");
         assert_eq!(due.len(), 12);
         for item in due.iter().take(2) {
             let claimed = store
@@ -1250,4 +1251,60 @@ async fn a_listed_grant_found_through_the_ledger_leaves_the_list_when_claimed() 
         );
         assert_ledger_agrees_with_counters(&app).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can_send() {
+    let app = spawn_app_with(&[
+        FAST[0],
+        ("WECHAT_TIMEOUT_MS", "5000"),
+        FAST[2],
+        ("DUE_SHARDS", "1"),
+    ])
+    .await;
+    let names: Vec<String> = (0..120).map(|i| format!("u{i}")).collect();
+    futures::stream::iter(&names)
+        .for_each_concurrent(8, |name| {
+            let app = &app;
+            async move {
+                due_user(app, name, 1).await;
+            }
+        })
+        .await;
+    // WeChat answers in 2.5 s. A tick with a second more than one send needs from
+    // its turn reads one page, starts what it can in that second, and leaves the rest
+    // unread: no send ends before its time is up, so no slot frees for a next page.
+    app.control("POST", "latency", Some(json!({"ms": 2500})))
+        .await;
+    let wechat = &app.deps.wechat;
+    let after_turn =
+        wechat.call_timeout() + wechat.send_window() + std::time::Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + after_turn + std::time::Duration::from_millis(500);
+    app.round_trips.take();
+    let short = dispatcher::tick(&app.deps, deadline).await.expect("tick");
+    let index_queries = app
+        .round_trips
+        .take()
+        .iter()
+        .filter(|op| *op == "Query@index")
+        .count();
+    assert!(
+        (1..=50).contains(&short.due),
+        "one page of 50 at most was read: {short:?}"
+    );
+    assert_eq!(short.claimed, short.sent, "{short:?}");
+    // One due-index page per shard and one lease query per shard (the span is at
+    // least the default 16): no second page of shard 0 was read.
+    assert_eq!(index_queries, 32, "index queries");
+    assert_plans_consistent(&app).await;
+
+    // A tick with time goes through the rest, page by page.
+    app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+    let rest = app.tick(60).await;
+    assert_eq!(short.sent + rest.sent, 120, "{short:?} {rest:?}");
+    assert!(rest.due >= 120 - short.sent, "{rest:?}");
+    let sent = app.deliveries().await;
+    assert_eq!(sent.len(), 120, "each sent once");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
 }

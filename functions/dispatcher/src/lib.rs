@@ -20,11 +20,12 @@
 //! send to the same user is retried within the send's window without spending an
 //! attempt.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
+use futures::stream::FuturesUnordered;
 use onegrant::Deps;
 use onegrant::domain::keywords::fit_all;
 use onegrant::domain::outcome::{OutcomeClass, SendResult};
@@ -145,7 +146,11 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     Ok(summary)
 }
 
+/// Due-index entries one query reads from one shard.
+const DUE_PAGE: usize = 50;
+
 /// Everything due by the next tick: each item waited for, claimed, sent, finalized.
+/// Every shard is worked on at once, page by page.
 async fn dispatch_due(
     deps: &Deps,
     deadline: Instant,
@@ -155,84 +160,139 @@ async fn dispatch_due(
     let config = &deps.config;
     let claimer = uuid::Uuid::new_v4().simple().to_string();
     let horizon = now + chrono::Duration::from_std(config.dispatch.lookahead).unwrap_or_default();
-    let scan = deps.store.due_items(horizon, shards).await?;
-    let summary = Arc::new(Mutex::new(Summary {
-        due: u32::try_from(scan.items.len()).unwrap_or(u32::MAX),
-        skipped: scan.unreadable,
-        ..Summary::default()
-    }));
-    let mut due = scan.items;
-    // Earliest first; among items due at the same instant, a random order, so that
-    // dispatchers running at once mostly start on different items instead of all
-    // racing for the same one.
-    due.sort_by_cached_key(|item| (item.due_at, uuid::Uuid::new_v4()));
     let after_claim = deps.wechat.send_window() + FINALIZE_MARGIN;
     let budget = Budget {
         deadline,
         after_claim,
         after_turn: deps.wechat.call_timeout() + after_claim,
     };
-    let permits = Arc::new(Semaphore::new(config.dispatch.concurrency));
-    let runs = due.into_iter().map(|item| {
-        let (summary, permits, claimer) = (summary.clone(), permits.clone(), claimer.clone());
-        async move {
-            let outcome = dispatch_one(deps, &item, &claimer, budget, &permits).await;
-            let mut s = summary.lock().await;
-            match outcome {
-                Ok(Dispatched::Deferred) => s.deferred += 1,
-                Ok(Dispatched::NoToken) => s.no_token += 1,
-                Ok(Dispatched::Lost) => s.lost += 1,
-                Ok(Dispatched::NoGrant) => s.no_grant += 1,
-                Ok(Dispatched::Unreadable) => s.skipped += 1,
-                Ok(Dispatched::Released(finalized)) => {
-                    s.claimed += 1;
-                    if finalized.superseded {
-                        s.superseded += 1;
-                    } else {
-                        s.released += 1;
-                        s.restored += u32::from(finalized.restored);
+    let permits = Semaphore::new(config.dispatch.concurrency);
+    let summary = Mutex::new(Summary::default());
+    let lane = Lane {
+        deps,
+        horizon,
+        claimer: &claimer,
+        budget,
+        permits: &permits,
+        summary: &summary,
+    };
+    join_all((0..shards.span).map(|shard| lane.run(shard))).await;
+    Ok(summary.into_inner())
+}
+
+/// What every shard's lane of one tick shares.
+#[derive(Clone, Copy)]
+struct Lane<'a> {
+    deps: &'a Deps,
+    horizon: chrono::DateTime<Utc>,
+    claimer: &'a str,
+    budget: Budget,
+    permits: &'a Semaphore,
+    summary: &'a Mutex<Summary>,
+}
+
+impl Lane<'_> {
+    /// One shard of the due index, page by page, earliest first: the next page is
+    /// read once fewer than a page of this shard's items are in flight and while the
+    /// invocation still has time to send one, so memory and reads stay bounded by
+    /// what the tick can do, whatever the backlog.
+    async fn run(self, shard: u32) {
+        let mut running = FuturesUnordered::new();
+        let mut from = None;
+        let mut more = true;
+        loop {
+            while more && running.len() < DUE_PAGE && self.budget.after_turn < self.budget.left() {
+                let page = match self
+                    .deps
+                    .store
+                    .due_page(self.horizon, shard, from.take(), DUE_PAGE)
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // One shard that cannot be read does not stop the others.
+                        tracing::error!(shard, error = %error_chain(&e), "due-index shard unreadable; skipped this tick");
+                        self.summary.lock().await.skipped += 1;
+                        break;
                     }
+                };
+                more = page.next.is_some();
+                from = page.next;
+                {
+                    let mut s = self.summary.lock().await;
+                    s.due += u32::try_from(page.items.len()).unwrap_or(u32::MAX);
+                    s.skipped += page.unreadable;
                 }
-                Ok(Dispatched::Done {
-                    finalized,
-                    latency_ms,
-                }) => {
-                    s.claimed += 1;
-                    s.latencies_ms.push(latency_ms);
-                    if finalized.superseded {
-                        // The sweep had settled it; its outcome is counted there.
-                        s.superseded += 1;
-                        return;
-                    }
-                    s.restored += u32::from(finalized.restored);
-                    s.late += u32::from(finalized.late);
-                    match finalized.settlement.class {
-                        OutcomeClass::Sent => s.sent += 1,
-                        OutcomeClass::Unknown => s.unknown += 1,
-                        OutcomeClass::Config => {
-                            s.config_errors += 1;
-                            s.failed += 1;
-                        }
-                        OutcomeClass::Retryable | OutcomeClass::Refused | OutcomeClass::User => {
-                            s.failed += 1
-                        }
-                    }
-                }
-                Err(e) => {
-                    // Left for the sweep (claimed) or the next tick (not claimed).
-                    tracing::error!(
-                        error = %error_chain(&e),
-                        openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
-                        "dispatch failed; item skipped"
-                    );
-                    s.skipped += 1;
+                let mut items = page.items;
+                // Among items due at the same instant, a random order, so that
+                // dispatchers running at once mostly start on different items
+                // instead of all racing for the same one.
+                items.sort_by_cached_key(|item| (item.due_at, uuid::Uuid::new_v4()));
+                running.extend(items.into_iter().map(|item| self.one(item)));
+                if !more {
+                    break;
                 }
             }
+            if running.next().await.is_none() {
+                return;
+            }
         }
-    });
-    join_all(runs).await;
-    let summary = summary.lock().await.clone();
-    Ok(summary)
+    }
+
+    async fn one(self, item: DueItem) {
+        let outcome = dispatch_one(self.deps, &item, self.claimer, self.budget, self.permits).await;
+        let mut s = self.summary.lock().await;
+        match outcome {
+            Ok(Dispatched::Deferred) => s.deferred += 1,
+            Ok(Dispatched::NoToken) => s.no_token += 1,
+            Ok(Dispatched::Lost) => s.lost += 1,
+            Ok(Dispatched::NoGrant) => s.no_grant += 1,
+            Ok(Dispatched::Unreadable) => s.skipped += 1,
+            Ok(Dispatched::Released(finalized)) => {
+                s.claimed += 1;
+                if finalized.superseded {
+                    s.superseded += 1;
+                } else {
+                    s.released += 1;
+                    s.restored += u32::from(finalized.restored);
+                }
+            }
+            Ok(Dispatched::Done {
+                finalized,
+                latency_ms,
+            }) => {
+                s.claimed += 1;
+                s.latencies_ms.push(latency_ms);
+                if finalized.superseded {
+                    // The sweep had settled it; its outcome is counted there.
+                    s.superseded += 1;
+                    return;
+                }
+                s.restored += u32::from(finalized.restored);
+                s.late += u32::from(finalized.late);
+                match finalized.settlement.class {
+                    OutcomeClass::Sent => s.sent += 1,
+                    OutcomeClass::Unknown => s.unknown += 1,
+                    OutcomeClass::Config => {
+                        s.config_errors += 1;
+                        s.failed += 1;
+                    }
+                    OutcomeClass::Retryable | OutcomeClass::Refused | OutcomeClass::User => {
+                        s.failed += 1
+                    }
+                }
+            }
+            Err(e) => {
+                // Left for the sweep (claimed) or the next tick (not claimed).
+                tracing::error!(
+                    error = %error_chain(&e),
+                    openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
+                    "dispatch failed; item skipped"
+                );
+                s.skipped += 1;
+            }
+        }
+    }
 }
 
 enum Dispatched {

@@ -7,7 +7,6 @@ use super::super::keys::{due_shard_pk, openid_of};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{Index, ShardSpan};
 use crate::domain::OpenId;
-use crate::telemetry::error_chain;
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
 /// claim).
@@ -25,68 +24,87 @@ impl DueItem {
     }
 }
 
-/// What a due-index query found.
+/// One page of one shard of the due index.
 #[derive(Debug, Clone, Default)]
-pub struct DueScan {
+pub struct DuePage {
     /// Earliest first.
     pub items: Vec<DueItem>,
     /// Index entries that could not be read (logged; left for an operator).
     pub unreadable: u32,
+    /// Where the next page starts; `None` when the shard has nothing more due.
+    pub next: Option<DueCursor>,
 }
 
+/// A position in one shard of the due index (opaque).
+#[derive(Debug, Clone)]
+pub struct DueCursor(super::super::item::Item);
+
 impl Store {
-    /// The items due by `horizon`, across every partition of the due index that may
-    /// hold items (`shards`), queried in parallel, earliest first. An unreadable entry is logged and counted, not fatal.
-    pub async fn due_items(
+    /// Up to `limit` items of due-index partition `shard` due by `horizon`, earliest
+    /// first, from `from` (the previous page's `next`). One query; an unreadable entry
+    /// is logged and counted, not fatal.
+    pub async fn due_page(
         &self,
         horizon: DateTime<Utc>,
-        shards: &ShardSpan,
-    ) -> Result<DueScan, StoreError> {
-        let queries = (0..shards.span).map(|shard| async move {
-            let mut scan = DueScan::default();
-            let mut pages = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name("due")
-                .key_condition_expression("due_pk = :p AND due_at <= :h")
-                .expression_attribute_values(":p", s(due_shard_pk(shard)))
-                .expression_attribute_values(":h", n(horizon.timestamp_millis()))
-                .into_paginator()
-                .items()
-                .send();
-            while let Some(item) = pages.next().await {
-                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
-                let due = number(&item, "due_at").and_then(DateTime::from_timestamp_millis);
-                match (text(&item, "pk"), text(&item, "sk"), due) {
-                    (Some(pk), Some(sk), Some(due_at)) => scan.items.push(DueItem {
-                        pk: pk.to_string(),
-                        sk: sk.to_string(),
-                        due_at,
-                    }),
-                    _ => {
-                        tracing::error!(shard, "unreadable due-index entry skipped");
-                        scan.unreadable += 1;
-                    }
-                }
-            }
-            Ok::<_, StoreError>(scan)
-        });
-        let mut all = DueScan::default();
-        for shard in futures::future::join_all(queries).await {
-            match shard {
-                Ok(shard) => {
-                    all.items.extend(shard.items);
-                    all.unreadable += shard.unreadable;
-                }
-                // One shard that cannot be read does not stop the others' items.
-                Err(e) => {
-                    tracing::error!(error = %error_chain(&e), "due-index shard unreadable; skipped this tick");
-                    all.unreadable += 1;
+        shard: u32,
+        from: Option<DueCursor>,
+        limit: usize,
+    ) -> Result<DuePage, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name("due")
+            .key_condition_expression("due_pk = :p AND due_at <= :h")
+            .expression_attribute_values(":p", s(due_shard_pk(shard)))
+            .expression_attribute_values(":h", n(horizon.timestamp_millis()))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .set_exclusive_start_key(from.map(|c| c.0))
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        let mut page = DuePage {
+            next: out.last_evaluated_key().cloned().map(DueCursor),
+            ..DuePage::default()
+        };
+        for item in out.items() {
+            let due = number(item, "due_at").and_then(DateTime::from_timestamp_millis);
+            match (text(item, "pk"), text(item, "sk"), due) {
+                (Some(pk), Some(sk), Some(due_at)) => page.items.push(DueItem {
+                    pk: pk.to_string(),
+                    sk: sk.to_string(),
+                    due_at,
+                }),
+                _ => {
+                    tracing::error!(shard, "unreadable due-index entry skipped");
+                    page.unreadable += 1;
                 }
             }
         }
-        all.items.sort_by_key(|i| i.due_at);
+        Ok(page)
+    }
+
+    /// Every item of the shards in `span` due by `horizon`, earliest first, read page
+    /// by page (for checks and tools; the dispatcher pages shard by shard within its
+    /// budget instead).
+    pub async fn due_items(
+        &self,
+        horizon: DateTime<Utc>,
+        span: &ShardSpan,
+    ) -> Result<Vec<DueItem>, StoreError> {
+        let mut all = Vec::new();
+        for shard in 0..span.span {
+            let mut from = None;
+            loop {
+                let page = self.due_page(horizon, shard, from, 100).await?;
+                all.extend(page.items);
+                match page.next {
+                    Some(next) => from = Some(next),
+                    None => break,
+                }
+            }
+        }
+        all.sort_by_key(|i| i.due_at);
         Ok(all)
     }
 

@@ -51,7 +51,7 @@ use crate::domain::reminder::ReminderKind;
 use crate::domain::{GrantState, OpenId, TemplateId};
 
 pub use claim::ClaimOutcome;
-pub use due::{DueItem, DueScan};
+pub use due::{DueCursor, DueItem, DuePage};
 pub use finalize::Finalized;
 pub use shards::ShardSpan;
 pub use sweep::SweepSummary;
