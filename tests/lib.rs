@@ -41,12 +41,103 @@ pub fn dynamodb() -> aws_sdk_dynamodb::Client {
 pub struct RoundTrips {
     ops: Arc<Mutex<Vec<String>>>,
     items_read: Arc<std::sync::atomic::AtomicU64>,
+    writes: Arc<Mutex<Vec<ItemWrite>>>,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// One item a write request named: its key, and whether a transaction carried it
+/// (DynamoDB bills transactional writes, condition checks included, twice).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemWrite {
+    /// Which request (numbered in sending order) named it, and that request's operation.
+    pub request: u64,
+    pub operation: String,
+    pub pk: String,
+    pub sk: String,
+    pub transactional: bool,
+}
+
+/// The items a write request names (DynamoDB's wire JSON).
+fn items_written(target: &str, body: &[u8]) -> Vec<ItemWrite> {
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    let named = |key: &Value, transactional: bool| {
+        Some(ItemWrite {
+            request: 0,
+            operation: target.to_string(),
+            pk: key["pk"]["S"].as_str()?.to_string(),
+            sk: key["sk"]["S"].as_str()?.to_string(),
+            transactional,
+        })
+    };
+    match target {
+        "PutItem" => named(&request["Item"], false).into_iter().collect(),
+        "UpdateItem" | "DeleteItem" => named(&request["Key"], false).into_iter().collect(),
+        "TransactWriteItems" => request["TransactItems"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| {
+                let key = item["Put"]
+                    .get("Item")
+                    .or_else(|| item["Update"].get("Key"))
+                    .or_else(|| item["Delete"].get("Key"))
+                    .or_else(|| item["ConditionCheck"].get("Key"))?;
+                named(key, true)
+            })
+            .collect(),
+        "BatchWriteItem" => request["RequestItems"]
+            .as_object()
+            .into_iter()
+            .flat_map(|tables| tables.values())
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(|w| {
+                let key = w["PutRequest"]
+                    .get("Item")
+                    .or_else(|| w["DeleteRequest"].get("Key"))?;
+                named(key, false)
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An item's size by DynamoDB's rules: each attribute's name plus its value (strings
+/// and binaries by their bytes, numbers by about one byte per two digits plus one,
+/// booleans and nulls one byte, lists and maps 3 bytes plus one per element).
+pub fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+    fn value(v: &AttributeValue) -> usize {
+        match v {
+            AttributeValue::S(s) => s.len(),
+            AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
+            AttributeValue::B(b) => b.as_ref().len(),
+            AttributeValue::Ss(set) => set.iter().map(String::len).sum(),
+            AttributeValue::Ns(set) => set.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+            AttributeValue::Bs(set) => set.iter().map(|b| b.as_ref().len()).sum(),
+            AttributeValue::L(list) => 3 + list.iter().map(|v| value(v) + 1).sum::<usize>(),
+            AttributeValue::M(map) => {
+                3 + map
+                    .iter()
+                    .map(|(k, v)| k.len() + value(v) + 1)
+                    .sum::<usize>()
+            }
+            _ => 1,
+        }
+    }
+    item.iter().map(|(name, v)| name.len() + value(v)).sum()
 }
 
 impl RoundTrips {
     /// The operations sent since the last call, in order; resets the count.
     pub fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.ops.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The item writes sent since the last call; resets the record.
+    pub fn take_writes(&self) -> Vec<ItemWrite> {
+        std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The items read since the last call; resets the count.
@@ -115,6 +206,21 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
                 .is_some_and(|b| b.windows(11).any(|w| w == b"\"IndexName\""))
         {
             target.push_str("@index");
+        }
+        let number = self
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some(body) = request.body().bytes() {
+            let mut written = items_written(&target, body);
+            for w in &mut written {
+                w.request = number;
+            }
+            if !written.is_empty() {
+                self.writes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(written);
+            }
         }
         self.ops
             .lock()
@@ -441,6 +547,30 @@ impl TestApp {
     /// Every item stored so far.
     pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
         self.table.items().await
+    }
+
+    /// Estimated write units of `writes` (see [`RoundTrips::take_writes`]) by
+    /// DynamoDB's rules: per item, its size rounded up to 1 KB, twice in a transaction.
+    /// Sizes are the items as they are now (DynamoDB bills the larger of before and
+    /// after; for the small items here they round alike); a deleted item counts 1 KB.
+    pub async fn write_units(&self, writes: &[ItemWrite]) -> usize {
+        let mut units = 0;
+        for w in writes {
+            let item = self
+                .table
+                .client
+                .get_item()
+                .table_name(&self.table.name)
+                .key("pk", AttributeValue::S(w.pk.clone()))
+                .key("sk", AttributeValue::S(w.sk.clone()))
+                .send()
+                .await
+                .expect("get item")
+                .item;
+            let kb = item.map_or(1, |i| item_size(&i).div_ceil(1024).max(1));
+            units += kb * if w.transactional { 2 } else { 1 };
+        }
+        units
     }
 
     /// What DynamoDB's TTL does, as of `at`: every item whose `expires_at` (epoch

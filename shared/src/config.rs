@@ -100,7 +100,7 @@ pub struct Config {
     pub due_shards: u32,
     pub dispatch: DispatchConfig,
     /// Retention of finished items and the guards against runaway clients.
-    pub limits: crate::store::Limits,
+    pub limits: Limits,
 }
 
 /// The dispatcher's settings.
@@ -261,10 +261,10 @@ impl Config {
             number(name, default, 1..=3650)
                 .map(|d| chrono::Duration::days(i64::try_from(d).unwrap_or(1)))
         };
-        let defaults = crate::store::Limits::default();
+        let defaults = Limits::default();
         let kept = defaults.retention;
-        let limits = crate::store::Limits {
-            retention: crate::store::Retention {
+        let limits = Limits {
+            retention: Retention {
                 grants: days("RETENTION_GRANTS_DAYS", kept.grants)?,
                 deliveries: days("RETENTION_DELIVERIES_DAYS", kept.deliveries)?,
                 outbox: days("RETENTION_OUTBOX_DAYS", kept.outbox)?,
@@ -310,6 +310,62 @@ impl Config {
     }
 }
 
+/// How long finished items are kept, and the guards against a runaway client.
+/// The defaults are what the README documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub retention: Retention,
+    /// Most available grants one user holds of one template: each is ~30 bytes on the
+    /// quota item, which every claim rewrites.
+    pub max_open_grants: u32,
+    /// Most grant reports one user makes in one minute.
+    pub reports_per_minute: u32,
+}
+
+/// How long each kind of finished item stays before DynamoDB's TTL removes it
+/// (`expires_at`, epoch seconds). Open items (available or reserved grants, plans,
+/// unread notifications, pending pushes, deliveries in flight) never expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Consumed or invalid grants and recorded refusals, from when they ended. Also
+    /// the replay window of a grant report: a report replayed later than this after
+    /// its grant ended would be taken as new.
+    pub grants: chrono::Duration,
+    /// Settled deliveries (`sent`, `failed`, `unknown`), from when they settled.
+    pub deliveries: chrono::Duration,
+    /// Finished pushes (outbox items), from when they finished.
+    pub outbox: chrono::Duration,
+    /// Notifications, from when they were read.
+    pub read_notes: chrono::Duration,
+    /// Check-in action records (the replay window of a check-in), from the check-in.
+    pub actions: chrono::Duration,
+    /// Event idempotency records (the replay window of a publisher), from ingestion.
+    pub events: chrono::Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            grants: chrono::Duration::days(400),
+            deliveries: chrono::Duration::days(90),
+            outbox: chrono::Duration::days(90),
+            read_notes: chrono::Duration::days(90),
+            actions: chrono::Duration::days(35),
+            events: chrono::Duration::days(35),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            retention: Retention::default(),
+            max_open_grants: 100,
+            reports_per_minute: 30,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,7 +396,7 @@ mod tests {
         assert_eq!(c.wechat.timeout, Duration::from_millis(3000));
         assert_eq!(c.session.ttl, Duration::from_secs(7200));
         assert_eq!(c.wechat.miniprogram_state, MiniprogramState::Formal);
-        assert_eq!(c.limits, crate::store::Limits::default());
+        assert_eq!(c.limits, Limits::default());
         assert_eq!(c.limits.retention.grants, chrono::Duration::days(400));
     }
 

@@ -15,6 +15,7 @@ use crate::domain::grant::ReportError;
 use crate::domain::reminder::{CheckInError, SettingsError};
 use crate::domain::schedule::ScheduleError;
 use crate::session::Sessions;
+#[cfg(feature = "store")]
 use crate::store::{Limit, StoreError};
 use crate::wechat::WechatError;
 
@@ -140,6 +141,7 @@ fn log_chain(level: tracing::Level, what: &str, err: &(dyn std::error::Error + '
     }
 }
 
+#[cfg(feature = "store")]
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
@@ -342,6 +344,7 @@ mod tests {
         assert!(body["error"]["message"].is_string());
     }
 
+    #[cfg(feature = "store")]
     #[test]
     fn internal_failures_never_reach_the_body() {
         let err = StoreError::Sdk("secret internal detail arn:aws:dynamodb:x".into());

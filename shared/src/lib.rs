@@ -27,6 +27,7 @@ pub mod events;
 pub mod failpoint;
 pub mod http;
 pub mod session;
+#[cfg(feature = "store")]
 pub mod store;
 pub mod telemetry;
 pub mod wechat;
@@ -39,6 +40,7 @@ pub use config::Config;
 #[derive(Clone)]
 pub struct Deps {
     pub config: Arc<Config>,
+    #[cfg(feature = "store")]
     pub store: store::Store,
     pub wechat: wechat::WechatClient,
     pub sessions: session::Sessions,
@@ -46,6 +48,7 @@ pub struct Deps {
 
 impl Deps {
     /// Builds the dependencies from a config and an already-built DynamoDB client.
+    #[cfg(feature = "store")]
     pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
         let config = Arc::new(config);
         let store = store::Store::new(dynamodb, config.table_name.clone())
@@ -61,12 +64,27 @@ impl Deps {
         })
     }
 
+    /// Builds the dependencies of a function without the store.
+    #[cfg(not(feature = "store"))]
+    pub fn new(config: Config) -> Result<Self, DepsError> {
+        let config = Arc::new(config);
+        let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
+        let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
+        Ok(Self {
+            config,
+            wechat,
+            sessions,
+        })
+    }
+
     /// Reads the config from the environment and builds every client: a function's
     /// `main` calls this once.
     pub async fn from_env() -> Result<Self, DepsError> {
         let config = Config::from_env().map_err(DepsError::Config)?;
-        let dynamodb = aws::dynamodb_client().await;
-        Self::new(config, dynamodb)
+        #[cfg(feature = "store")]
+        return Self::new(config, aws::dynamodb_client().await);
+        #[cfg(not(feature = "store"))]
+        return Self::new(config);
     }
 }
 

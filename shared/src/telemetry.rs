@@ -5,24 +5,34 @@
 //! logs carry [`openid_hash`], never the openid itself.
 
 use sha2::{Digest, Sha256};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
-/// Installs the global subscriber once. `RUST_LOG` (or `AWS_LAMBDA_LOG_LEVEL`) sets the level.
+/// Installs the global subscriber once. `RUST_LOG` (or `AWS_LAMBDA_LOG_LEVEL`) sets the
+/// level, as a level (`info`) or per target (`warn,onegrant=debug`); anything
+/// unreadable means `info`.
 pub fn init() {
     let filter = std::env::var("RUST_LOG")
         .or_else(|_| std::env::var("AWS_LAMBDA_LOG_LEVEL").map(|l| l.to_lowercase()))
-        .unwrap_or_else(|_| "info".to_string());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::new(filter))
-        .with_target(false);
+        .ok()
+        .and_then(|f| f.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let registry = tracing_subscriber::registry().with(filter);
     let result = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
-        builder
-            .json()
-            .with_current_span(true)
-            .without_time()
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .without_time()
+                    .with_target(false),
+            )
             .try_init()
     } else {
-        builder.try_init()
+        registry
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .try_init()
     };
     // A subscriber may already be installed (tests, the local stack): keep it.
     drop(result);

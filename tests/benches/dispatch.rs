@@ -5,7 +5,10 @@
 //! 2. due→sent latency p50/p99 for plans due at spread-out seconds within a minute,
 //!    dispatched by one tick that claims ahead and waits until each is due;
 //! 3. dispatches per second when many plans are due at once, next to (1);
-//! 4. DynamoDB round trips per dispatch, by operation.
+//! 4. DynamoDB round trips per dispatch, by operation;
+//! 5. per operation (report, check-in, claim, finalize, notify, idle tick): round
+//!    trips, items read and estimated write units from the written items' sizes by
+//!    DynamoDB's rules (see `TestApp::write_units`), and a reminder cycle's total.
 //!
 //! `BENCH_PLANS` sets how many plans each phase uses (default 120).
 
@@ -15,7 +18,55 @@ use std::time::Instant;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{Duration, Utc};
 use futures::future::join_all;
-use onegrant_tests::{TestApp, User, spawn_app_isolated};
+use onegrant_tests::{ItemWrite, TestApp, User, spawn_app_isolated};
+use serde_json::json;
+
+/// What one operation cost.
+#[derive(Debug, Default, Clone, Copy)]
+struct Cost {
+    round_trips: usize,
+    items_read: u64,
+    write_units: usize,
+}
+
+impl std::ops::Add for Cost {
+    type Output = Cost;
+    fn add(self, o: Cost) -> Cost {
+        Cost {
+            round_trips: self.round_trips + o.round_trips,
+            items_read: self.items_read + o.items_read,
+            write_units: self.write_units + o.write_units,
+        }
+    }
+}
+
+/// Starts counting afresh.
+fn reset(app: &TestApp) {
+    app.round_trips.take();
+    app.round_trips.take_items_read();
+    app.round_trips.take_writes();
+}
+
+/// What was sent since [`reset`]: round trips, items read and the writes, whose units
+/// are estimated by [`units`].
+fn taken(app: &TestApp) -> (usize, u64, Vec<ItemWrite>) {
+    (
+        app.round_trips.take().len(),
+        app.round_trips.take_items_read(),
+        app.round_trips.take_writes(),
+    )
+}
+
+async fn units(app: &TestApp, writes: &[ItemWrite]) -> usize {
+    app.write_units(writes).await
+}
+
+fn row(what: &str, c: Cost) {
+    println!(
+        "  {what:<28} {:>11} {:>10} {:>11}",
+        c.round_trips, c.items_read, c.write_units
+    );
+}
 
 async fn due_users(app: &TestApp, prefix: &str, n: usize) -> Vec<User> {
     let names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
@@ -131,5 +182,111 @@ async fn main() {
     println!(
         "                                {} [burst tick]",
         per_dispatch(&burst_ops, burst_summary.sent)
+    );
+
+    // 5. Cost per operation, for one user, one at a time.
+    let cost_app = spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "5")]).await;
+    let app = &cost_app;
+    app.tick(30).await; // registers the shard count
+    let user = app.user("cost").await;
+    reset(app);
+    app.accept(&user, onegrant_tests::WATER, "wr_cost_1").await;
+    let (rt, read, writes) = taken(app);
+    let report = Cost {
+        round_trips: rt,
+        items_read: read,
+        write_units: units(app, &writes).await,
+    };
+    assert_eq!(app.enable(&user, "water").await.status, 200);
+    reset(app);
+    let idle_summary = app.tick(30).await;
+    assert_eq!(idle_summary.due, 0);
+    let (rt, read, writes) = taken(app);
+    let idle = Cost {
+        round_trips: rt,
+        items_read: read,
+        write_units: units(app, &writes).await,
+    };
+    app.make_due(&user, "water", Utc::now()).await;
+    reset(app);
+    assert_eq!(app.tick(30).await.sent, 1);
+    let (rt, read, writes) = taken(app);
+    // The tick's own share (registry, index queries) is the idle tick's; of the rest,
+    // the first transaction is the claim, the second the finalize.
+    let mut transactions: Vec<u64> = writes
+        .iter()
+        .filter(|w| w.operation == "TransactWriteItems")
+        .map(|w| w.request)
+        .collect();
+    transactions.dedup();
+    let of = |request: u64| -> Vec<ItemWrite> {
+        writes
+            .iter()
+            .filter(|w| w.request == request)
+            .cloned()
+            .collect()
+    };
+    let claim_writes = transactions.first().map(|r| of(*r)).unwrap_or_default();
+    let finalize_writes = transactions.get(1).map(|r| of(*r)).unwrap_or_default();
+    let dispatch = Cost {
+        round_trips: rt.saturating_sub(idle.round_trips),
+        items_read: read.saturating_sub(idle.items_read),
+        write_units: units(app, &writes).await,
+    };
+    let requests = |w: &[ItemWrite]| {
+        w.iter()
+            .map(|w| w.request)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    let claim = Cost {
+        round_trips: requests(&claim_writes),
+        items_read: 0,
+        write_units: units(app, &claim_writes).await,
+    };
+    let finalize = Cost {
+        round_trips: requests(&finalize_writes),
+        items_read: 0,
+        write_units: units(app, &finalize_writes).await,
+    };
+    let checkin = json!({"action_id": "wc_cost_1", "occurred_at": Utc::now().to_rfc3339(),
+                         "current_count": 1, "daily_goal": 8,
+                         "grant_request_id": "wr_cost_2", "subscription_status": "accept"});
+    reset(app);
+    let answer = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let (rt, read, writes) = taken(app);
+    let check_in = Cost {
+        round_trips: rt,
+        items_read: read,
+        write_units: units(app, &writes).await,
+    };
+    reset(app);
+    app.push(&user, "cost-push").await;
+    let (rt, read, writes) = taken(app);
+    let notify = Cost {
+        round_trips: rt,
+        items_read: read,
+        write_units: units(app, &writes).await,
+    };
+    let cycle = check_in + dispatch;
+    println!("  per operation (one user):     round trips  items read  est. WRU");
+    row("grant report (1 template)", report);
+    row("check-in carrying a grant", check_in);
+    row("dispatch (claim → finalize)", dispatch);
+    row("  its claim transaction", claim);
+    row("  its finalize transaction", finalize);
+    row("notify with a push", notify);
+    row("idle tick (16 shards)", idle);
+    row("reminder cycle", cycle);
+    let per_million = |units: f64, price: f64| units * price;
+    println!(
+        "  a million reminder cycles: {:.0} M WRU = ${:.2}, {:.0} M reads ≤ ${:.2} (on-demand, $0.625 per M WRU, $0.125 per M RRU)",
+        cycle.write_units as f64,
+        per_million(cycle.write_units as f64, 0.625),
+        cycle.items_read as f64,
+        per_million(cycle.items_read as f64, 0.125),
     );
 }

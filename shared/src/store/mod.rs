@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::error::SdkError;
 
+pub use crate::config::{Limits, Retention};
 pub use grants::{GrantEntry, GrantsRecorded};
 
 /// The single-table store. Cheap to clone.
@@ -33,62 +34,6 @@ pub struct Store {
     /// Partitions of the due and lease indexes (DESIGN.md §6).
     shards: u32,
     limits: Limits,
-}
-
-/// How long finished items are kept, and the guards against a runaway client.
-/// Configured (see `config`); the defaults are what the README documents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub retention: Retention,
-    /// Most available grants one user holds of one template: each is ~30 bytes on the
-    /// quota item, which every claim rewrites.
-    pub max_open_grants: u32,
-    /// Most grant reports one user makes in one minute.
-    pub reports_per_minute: u32,
-}
-
-/// How long each kind of finished item stays before DynamoDB's TTL removes it
-/// (`expires_at`, epoch seconds). Open items (available or reserved grants, plans,
-/// unread notifications, pending pushes, deliveries in flight) never expire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retention {
-    /// Consumed or invalid grants and recorded refusals, from when they ended. Also
-    /// the replay window of a grant report: a report replayed later than this after
-    /// its grant ended would be taken as new.
-    pub grants: chrono::Duration,
-    /// Settled deliveries (`sent`, `failed`, `unknown`), from when they settled.
-    pub deliveries: chrono::Duration,
-    /// Finished pushes (outbox items), from when they finished.
-    pub outbox: chrono::Duration,
-    /// Notifications, from when they were read.
-    pub read_notes: chrono::Duration,
-    /// Check-in action records (the replay window of a check-in), from the check-in.
-    pub actions: chrono::Duration,
-    /// Event idempotency records (the replay window of a publisher), from ingestion.
-    pub events: chrono::Duration,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            grants: chrono::Duration::days(400),
-            deliveries: chrono::Duration::days(90),
-            outbox: chrono::Duration::days(90),
-            read_notes: chrono::Duration::days(90),
-            actions: chrono::Duration::days(35),
-            events: chrono::Duration::days(35),
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            retention: Retention::default(),
-            max_open_grants: 100,
-            reports_per_minute: 30,
-        }
-    }
 }
 
 /// The due and lease indexes' shard count when none is configured.
