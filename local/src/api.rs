@@ -43,12 +43,20 @@ const EVENT_BUDGET: std::time::Duration = std::time::Duration::from_secs(55);
 /// The handler of the HTTP function built as `binary` (its crate's `handler`).
 pub fn http_handler(binary: &str) -> Option<HttpHandler> {
     match binary {
-        "session" => Some(session::handler),
+        "session" => Some(session_handler),
         "grants" => Some(grants::handler),
         "reminders" => Some(reminders::handler),
         "inbox" => Some(inbox::handler),
         _ => None,
     }
+}
+
+/// The session function's handler, which takes only the [`onegrant::Core`].
+fn session_handler(
+    deps: &Deps,
+    req: Request,
+) -> futures::future::BoxFuture<'_, lambda_http::Response<Body>> {
+    session::handler(deps, req)
 }
 
 struct ApiState {

@@ -256,11 +256,12 @@ impl Config {
                 .unwrap_or(32),
         };
 
-        let days = |name: &'static str, default: chrono::Duration| {
-            let default = u64::try_from(default.num_days()).unwrap_or(1);
-            number(name, default, 1..=3650)
+        let days_from = |name: &'static str, default: chrono::Duration, least: u64| {
+            let default = u64::try_from(default.num_days()).unwrap_or(least);
+            number(name, default, least..=3650)
                 .map(|d| chrono::Duration::days(i64::try_from(d).unwrap_or(1)))
         };
+        let days = |name: &'static str, default: chrono::Duration| days_from(name, default, 1);
         let defaults = Limits::default();
         let kept = defaults.retention;
         let limits = Limits {
@@ -268,7 +269,9 @@ impl Config {
                 grants: days("RETENTION_GRANTS_DAYS", kept.grants)?,
                 deliveries: days("RETENTION_DELIVERIES_DAYS", kept.deliveries)?,
                 outbox: days("RETENTION_OUTBOX_DAYS", kept.outbox)?,
-                read_notes: days("RETENTION_READ_NOTES_DAYS", kept.read_notes)?,
+                // At least a week: longer than a push's whole retry schedule (at most
+                // 20 attempts 6 h apart), so a read note outlives its pending push.
+                read_notes: days_from("RETENTION_READ_NOTES_DAYS", kept.read_notes, 7)?,
                 actions: days("RETENTION_ACTIONS_DAYS", kept.actions)?,
                 events: days("RETENTION_EVENTS_DAYS", kept.events)?,
             },
@@ -404,11 +407,13 @@ mod tests {
     fn retention_and_guards_are_configurable() {
         let mut e = env();
         e.insert("RETENTION_READ_NOTES_DAYS", "7".into());
+        e.insert("RETENTION_OUTBOX_DAYS", "3".into());
         e.insert("MAX_OPEN_GRANTS", "5".into());
         e.insert("REPORTS_PER_MINUTE", "2".into());
         let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
         assert_eq!(c.limits.retention.read_notes, chrono::Duration::days(7));
-        assert_eq!(c.limits.retention.outbox, chrono::Duration::days(90));
+        assert_eq!(c.limits.retention.outbox, chrono::Duration::days(3));
+        assert_eq!(c.limits.retention.deliveries, chrono::Duration::days(90));
         assert_eq!(c.limits.max_open_grants, 5);
         assert_eq!(c.limits.reports_per_minute, 2);
     }
@@ -443,6 +448,11 @@ mod tests {
             ("WECHAT_TIMEOUT_MS", Some("0"), "WECHAT_TIMEOUT_MS"),
             ("ONEGRANT_TEMPLATES", Some("{"), "ONEGRANT_TEMPLATES"),
             ("RETENTION_GRANTS_DAYS", Some("0"), "RETENTION_GRANTS_DAYS"),
+            (
+                "RETENTION_READ_NOTES_DAYS",
+                Some("6"),
+                "RETENTION_READ_NOTES_DAYS",
+            ),
             (
                 "RETENTION_EVENTS_DAYS",
                 Some("ten"),

@@ -223,15 +223,31 @@ impl From<ReportError> for ApiError {
 
 /// An HTTP function's handler, as each function crate exports it: the Lambda `main`
 /// and the local stack both call it.
+#[cfg(feature = "store")]
 pub type Handler = for<'a> fn(&'a crate::Deps, Request) -> BoxFuture<'a, Response<Body>>;
 
 /// An HTTP function's whole `main`: tracing, dependencies built once, then events served.
+#[cfg(feature = "store")]
 pub async fn run(handler: Handler) -> Result<(), lambda_http::Error> {
     crate::telemetry::init();
     let deps = crate::Deps::from_env().await?;
     let deps = &deps;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
         Ok::<_, Infallible>(handler(deps, req).await)
+    }))
+    .await
+}
+
+/// A handler of a function built on [`crate::Core`] alone.
+pub type CoreHandler = for<'a> fn(&'a crate::Core, Request) -> BoxFuture<'a, Response<Body>>;
+
+/// The whole `main` of an HTTP function that never touches the table.
+pub async fn run_core(handler: CoreHandler) -> Result<(), lambda_http::Error> {
+    crate::telemetry::init();
+    let core = crate::Core::from_env()?;
+    let core = &core;
+    lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
+        Ok::<_, Infallible>(handler(core, req).await)
     }))
     .await
 }

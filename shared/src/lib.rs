@@ -23,6 +23,7 @@
 pub mod aws;
 pub mod config;
 pub mod domain;
+#[cfg(feature = "store")]
 pub mod events;
 pub mod failpoint;
 pub mod http;
@@ -36,55 +37,68 @@ use std::sync::Arc;
 
 pub use config::Config;
 
-/// Everything a handler needs, built once per cold start and borrowed by each request.
+/// What every function needs: config, the WeChat client and the session keys. A
+/// function that never touches the table (the session function) is built on this
+/// alone, so whatever the workspace's features, it never reaches the AWS SDK and
+/// link-time optimisation leaves the SDK out of its binary.
 #[derive(Clone)]
-pub struct Deps {
+pub struct Core {
     pub config: Arc<Config>,
-    #[cfg(feature = "store")]
-    pub store: store::Store,
     pub wechat: wechat::WechatClient,
     pub sessions: session::Sessions,
 }
 
-impl Deps {
-    /// Builds the dependencies from a config and an already-built DynamoDB client.
-    #[cfg(feature = "store")]
-    pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
-        let config = Arc::new(config);
-        let store = store::Store::new(dynamodb, config.table_name.clone())
-            .with_shards(config.due_shards)
-            .with_limits(config.limits);
+impl Core {
+    pub fn new(config: Arc<Config>) -> Result<Self, DepsError> {
         let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
         let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
         Ok(Self {
             config,
-            store,
             wechat,
             sessions,
         })
     }
 
-    /// Builds the dependencies of a function without the store.
-    #[cfg(not(feature = "store"))]
-    pub fn new(config: Config) -> Result<Self, DepsError> {
-        let config = Arc::new(config);
-        let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
-        let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
-        Ok(Self {
-            config,
-            wechat,
-            sessions,
-        })
+    /// Reads the config from the environment and builds the clients.
+    pub fn from_env() -> Result<Self, DepsError> {
+        Self::new(Arc::new(Config::from_env().map_err(DepsError::Config)?))
+    }
+}
+
+/// Everything a handler of the table needs, built once per cold start and borrowed by
+/// each request: the [`Core`] (reached through `Deref`) and the store.
+#[cfg(feature = "store")]
+#[derive(Clone)]
+pub struct Deps {
+    pub core: Core,
+    pub store: store::Store,
+}
+
+#[cfg(feature = "store")]
+impl std::ops::Deref for Deps {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+#[cfg(feature = "store")]
+impl Deps {
+    /// Builds the dependencies from a config and an already-built DynamoDB client.
+    pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
+        let core = Core::new(Arc::new(config))?;
+        let store = store::Store::new(dynamodb, core.config.table_name.clone())
+            .with_shards(core.config.due_shards)
+            .with_limits(core.config.limits);
+        Ok(Self { core, store })
     }
 
     /// Reads the config from the environment and builds every client: a function's
     /// `main` calls this once.
     pub async fn from_env() -> Result<Self, DepsError> {
         let config = Config::from_env().map_err(DepsError::Config)?;
-        #[cfg(feature = "store")]
-        return Self::new(config, aws::dynamodb_client().await);
-        #[cfg(not(feature = "store"))]
-        return Self::new(config);
+        Self::new(config, aws::dynamodb_client().await)
     }
 }
 

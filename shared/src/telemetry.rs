@@ -13,11 +13,10 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// level, as a level (`info`) or per target (`warn,onegrant=debug`); anything
 /// unreadable means `info`.
 pub fn init() {
-    let filter = std::env::var("RUST_LOG")
-        .or_else(|_| std::env::var("AWS_LAMBDA_LOG_LEVEL").map(|l| l.to_lowercase()))
-        .ok()
-        .and_then(|f| f.parse::<Targets>().ok())
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let filter = log_filter(
+        std::env::var("RUST_LOG").ok().as_deref(),
+        std::env::var("AWS_LAMBDA_LOG_LEVEL").ok().as_deref(),
+    );
     let registry = tracing_subscriber::registry().with(filter);
     let result = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
         registry
@@ -38,6 +37,23 @@ pub fn init() {
     drop(result);
 }
 
+/// The filter `RUST_LOG` names (a level, or `warn,onegrant=debug`), else Lambda's
+/// advanced logging level (`FATAL` is tracing's `error`), else `info`.
+fn log_filter(rust_log: Option<&str>, lambda_level: Option<&str>) -> Targets {
+    rust_log
+        .and_then(|f| f.parse::<Targets>().ok())
+        .or_else(|| {
+            let level = lambda_level?.to_lowercase();
+            let level = if level == "fatal" {
+                "error".into()
+            } else {
+                level
+            };
+            level.parse::<Targets>().ok()
+        })
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
+}
+
 /// A short, stable, non-reversible tag for an openid, for log fields.
 pub fn openid_hash(openid: &str) -> String {
     let digest = Sha256::digest(openid.as_bytes());
@@ -54,4 +70,24 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+
+    #[test]
+    fn the_log_filter_reads_rust_log_then_lambdas_level_then_defaults_to_info() {
+        let at = |f: &Targets, level: Level| f.would_enable("onegrant", &level);
+        let f = log_filter(Some("warn,onegrant=debug"), None);
+        assert!(at(&f, Level::DEBUG));
+        assert!(!f.would_enable("hyper", &Level::INFO));
+        let f = log_filter(None, Some("FATAL"));
+        assert!(at(&f, Level::ERROR) && !at(&f, Level::WARN));
+        let f = log_filter(Some("onegrant=loudly"), Some("DEBUG"));
+        assert!(at(&f, Level::DEBUG));
+        let f = log_filter(None, None);
+        assert!(at(&f, Level::INFO) && !at(&f, Level::DEBUG));
+    }
 }

@@ -172,8 +172,8 @@ async fn finished_items_expire_after_their_retention_and_every_counter_still_hol
 #[tokio::test]
 async fn retention_is_per_kind_from_config() {
     let app = onegrant_tests::spawn_app_with(&[
-        ("RETENTION_READ_NOTES_DAYS", "2"),
-        ("RETENTION_DELIVERIES_DAYS", "5"),
+        ("RETENTION_READ_NOTES_DAYS", "7"),
+        ("RETENTION_DELIVERIES_DAYS", "10"),
     ])
     .await;
     let user = history(&app, "carol").await;
@@ -182,8 +182,8 @@ async fn retention_is_per_kind_from_config() {
         "report counters"
     );
     assert!(app.items_of(&user, "rate").await.is_empty());
-    // Day 3: only the read note has gone.
-    let removed = app.ttl_pass(Utc::now() + Duration::days(3)).await;
+    // Day 8: only the read note has gone.
+    let removed = app.ttl_pass(Utc::now() + Duration::days(8)).await;
     assert_eq!(removed, 1);
     assert!(
         app.items_of(&user, "note")
@@ -191,11 +191,11 @@ async fn retention_is_per_kind_from_config() {
             .iter()
             .all(|n| { n.get("read").and_then(|v| v.as_bool().ok()) == Some(&false) })
     );
-    // Day 6: the deliveries too, nothing else.
+    // Day 11: the deliveries too, nothing else.
     let deliveries = app.items_of(&user, "delivery").await.len();
     assert_eq!(deliveries, 2);
     assert_eq!(
-        app.ttl_pass(Utc::now() + Duration::days(6)).await,
+        app.ttl_pass(Utc::now() + Duration::days(11)).await,
         deliveries
     );
     assert!(app.items_of(&user, "delivery").await.is_empty());

@@ -211,8 +211,11 @@ impl Lane<'_> {
                     Ok(page) => page,
                     Err(e) => {
                         // One shard that cannot be read does not stop the others.
+                        // Not read again this tick: its cursor is spent, and starting over
+                        // would hand out items already in flight a second time.
                         tracing::error!(shard, error = %error_chain(&e), "due-index shard unreadable; skipped this tick");
                         self.summary.lock().await.skipped += 1;
+                        more = false;
                         break;
                     }
                 };

@@ -7,24 +7,24 @@
 use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};
-use onegrant::Deps;
+use onegrant::Core;
 use onegrant::http::{ApiError, json_body, json_response, respond};
 use onegrant::telemetry::openid_hash;
 
 /// Longest login code we pass on to WeChat (real codes are 32 characters).
 const MAX_CODE_LEN: usize = 256;
 
-/// The handler as `onegrant::http::run` and the local stack take it.
-pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+/// The handler as `onegrant::http::run_core` takes it (the local stack adapts it).
+pub fn handler(deps: &Core, req: Request) -> BoxFuture<'_, Response<Body>> {
     Box::pin(handle(deps, req))
 }
 
 /// The function's handler: one request in, one response out.
-pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+pub async fn handle(deps: &Core, req: Request) -> Response<Body> {
     respond(login(deps, &req).await)
 }
 
-async fn login(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn login(deps: &Core, req: &Request) -> Result<Response<Body>, ApiError> {
     let body = json_body(req)?;
     let code = match body.get("code") {
         Some(serde_json::Value::String(code)) => code,

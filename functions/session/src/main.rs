@@ -1,6 +1,7 @@
-//! The `session` Lambda: builds its dependencies once, then serves API Gateway events.
+//! The `session` Lambda: builds its dependencies once (no store: it never touches the
+//! table), then serves API Gateway events.
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(session::handler).await
+    onegrant::http::run_core(session::handler).await
 }

@@ -53,11 +53,19 @@ impl Store {
             let walk = self
                 .walk_back(&pk, NOTES, after.map(note_sk), limit, filter.read, kind)
                 .await?;
+            // An item that is not a whole note (nothing this code writes) is left out
+            // and logged, so one bad item never breaks a user's inbox.
             let notes = walk
                 .found
                 .into_iter()
-                .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
-                .collect::<Result<Vec<_>, _>>()?;
+                .filter_map(|i| match parse::<NoteItem>("note", i) {
+                    Ok(note) => Some(note.view()),
+                    Err(e) => {
+                        tracing::error!(error = %crate::telemetry::error_chain(&e), "unreadable notification left out of a page");
+                        None
+                    }
+                })
+                .collect();
             (notes, walk.resume)
         };
         let next_cursor = resume.as_deref().and_then(note_id_of).map(encode_cursor);
@@ -170,7 +178,12 @@ impl Store {
                 .into_iter()
                 .flatten()
             {
-                got.push(parse("note", item.clone())?);
+                match parse::<NoteItem>("note", item.clone()) {
+                    Ok(note) => got.push(note),
+                    Err(e) => {
+                        tracing::error!(error = %crate::telemetry::error_chain(&e), "unreadable notification left out of a page");
+                    }
+                }
             }
             if let Some(left) = out
                 .unprocessed_keys()

@@ -101,15 +101,31 @@ impl Store {
                 }
                 let mut items = Vec::with_capacity(ids.len() * 2 + 1);
                 for id in &ids {
-                    items.push(self.flip(pk, id, now, false)?);
+                    items.push(self.flip(pk, id, now, true)?);
                     items.push(self.unmark(pk, id)?);
                 }
                 let count = i64::try_from(ids.len()).unwrap_or(0);
                 items.push(self.unread_change(pk, -count)?);
                 Ok(match self.transact(items).await? {
                     TxOutcome::Committed => Attempt::Done(ids.len() as u64),
-                    // Some were read meanwhile: look again.
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                    TxOutcome::Cancelled(reasons) => {
+                        // Some were read meanwhile (their markers are gone, or going
+                        // with the read): look again. A marker whose note is missing,
+                        // read or unreadable would fail every step: take it out, with
+                        // its count.
+                        for (i, id) in ids.iter().enumerate() {
+                            if let Some((code, old)) = reasons.get(2 * i)
+                                && code == "ConditionalCheckFailed"
+                                && old.as_ref().is_none_or(|n| {
+                                    n.get("read").and_then(|v| v.as_bool().ok()) != Some(&false)
+                                })
+                            {
+                                self.drop_stray_marker(pk, id).await?;
+                            }
+                        }
+                        Attempt::Retry
+                    }
+                    TxOutcome::Contended => Attempt::Retry,
                 })
             })
             .await?;
@@ -123,6 +139,28 @@ impl Store {
         }
         let more = !self.unread_ids(pk, 1).await?.is_empty();
         Ok(ReadAll { updated, more })
+    }
+
+    /// Deletes the marker of a note that is not unread, with its count, if the marker
+    /// is still there (a concurrent read deletes its own; then this changes nothing).
+    async fn drop_stray_marker(&self, pk: &str, id: &str) -> Result<(), StoreError> {
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &unread_sk(id))))
+            .condition_expression("attribute_exists(sk)")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let items = vec![
+            TransactWriteItem::builder().delete(delete).build(),
+            self.unread_change(pk, -1)?,
+        ];
+        match self.transact(items).await? {
+            TxOutcome::Committed => {
+                tracing::warn!("an unread marker without an unread note was removed");
+            }
+            TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
+        }
+        Ok(())
     }
 
     /// Up to `limit` ids of unread notifications, newest first (markers only).
