@@ -180,6 +180,7 @@ struct InvokeState {
 async fn invoke(
     State(state): State<Arc<InvokeState>>,
     Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
     payload: axum::body::Bytes,
 ) -> Response {
     let Some(function) = state
@@ -235,6 +236,22 @@ async fn invoke(
             .into_response()
         }
         (false, _) => match event_handler(&function.binary) {
+            // Asynchronous, as Lambda's `Event` invocation type: queued, answered 202,
+            // run on its own.
+            Some(handler)
+                if headers
+                    .get("x-amz-invocation-type")
+                    .is_some_and(|t| t.as_bytes() == b"Event") =>
+            {
+                let event = serde_json::from_slice(&payload).unwrap_or(serde_json::Value::Null);
+                let state = state.clone();
+                tokio::spawn(async move {
+                    if let Err(message) = handler(&state.deps, event, EVENT_BUDGET).await {
+                        tracing::error!(%message, "asynchronous invocation failed");
+                    }
+                });
+                axum::http::StatusCode::ACCEPTED.into_response()
+            }
             Some(handler) => {
                 let event = serde_json::from_slice(&payload).unwrap_or(serde_json::Value::Null);
                 match handler(&state.deps, event, EVENT_BUDGET).await {

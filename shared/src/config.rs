@@ -104,8 +104,15 @@ pub struct Config {
 }
 
 /// The dispatcher's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DispatchConfig {
+    /// Workers a scheduled tick fans its shards out to (1: the tick does it all).
+    pub workers: u32,
+    /// The function a tick invokes for its workers: itself (`AWS_LAMBDA_FUNCTION_NAME`,
+    /// or `DISPATCH_FUNCTION_NAME` locally).
+    pub function: Option<String>,
+    /// The Invoke API's endpoint when not Lambda's own (`AWS_ENDPOINT_URL_LAMBDA`).
+    pub lambda_endpoint: Option<String>,
     pub lease: Duration,
     pub lookahead: Duration,
     pub max_attempts: u32,
@@ -248,6 +255,11 @@ impl Config {
                 ),
             };
         let dispatch = DispatchConfig {
+            workers: u32::try_from(number("DISPATCH_WORKERS", 1, 1..=64)?).unwrap_or(1),
+            function: lookup("DISPATCH_FUNCTION_NAME")
+                .or_else(|| lookup("AWS_LAMBDA_FUNCTION_NAME"))
+                .filter(|f| !f.trim().is_empty()),
+            lambda_endpoint: lookup("AWS_ENDPOINT_URL_LAMBDA").filter(|e| !e.trim().is_empty()),
             lease: Duration::from_secs(number("DISPATCH_LEASE_SECONDS", 10, 10..=900)?),
             lookahead: Duration::from_secs(number("DISPATCH_LOOKAHEAD_SECONDS", 60, 0..=300)?),
             max_attempts: u32::try_from(number("DISPATCH_MAX_ATTEMPTS", 5, 1..=20)?).unwrap_or(5),

@@ -27,6 +27,8 @@ pub mod domain;
 pub mod events;
 pub mod failpoint;
 pub mod http;
+#[cfg(feature = "store")]
+pub mod invoke;
 pub mod session;
 #[cfg(feature = "store")]
 pub mod store;
@@ -72,6 +74,8 @@ impl Core {
 pub struct Deps {
     pub core: Core,
     pub store: store::Store,
+    /// The dispatcher's way to its workers, when it has more than one.
+    pub invoker: Option<invoke::Invoker>,
 }
 
 #[cfg(feature = "store")]
@@ -85,20 +89,56 @@ impl std::ops::Deref for Deps {
 
 #[cfg(feature = "store")]
 impl Deps {
-    /// Builds the dependencies from a config and an already-built DynamoDB client.
+    /// Builds the dependencies from a config and an already-built DynamoDB client; an
+    /// invoker, if the config asks for workers, signs with local dummy credentials (the
+    /// local stack and the tests).
     pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
+        let local = aws_credential_types::provider::SharedCredentialsProvider::new(
+            aws_credential_types::Credentials::new("local", "local", None, None, "local"),
+        );
+        Self::with_credentials(config, dynamodb, "us-east-1", local)
+    }
+
+    fn with_credentials(
+        config: Config,
+        dynamodb: aws_sdk_dynamodb::Client,
+        region: &str,
+        credentials: aws_credential_types::provider::SharedCredentialsProvider,
+    ) -> Result<Self, DepsError> {
         let core = Core::new(Arc::new(config))?;
         let store = store::Store::new(dynamodb, core.config.table_name.clone())
             .with_shards(core.config.due_shards)
             .with_limits(core.config.limits);
-        Ok(Self { core, store })
+        let dispatch = &core.config.dispatch;
+        let invoker = match &dispatch.function {
+            Some(function) if dispatch.workers > 1 => invoke::Invoker::new(
+                region,
+                credentials,
+                function,
+                dispatch.lambda_endpoint.as_deref(),
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            core,
+            store,
+            invoker,
+        })
     }
 
     /// Reads the config from the environment and builds every client: a function's
     /// `main` calls this once.
     pub async fn from_env() -> Result<Self, DepsError> {
         let config = Config::from_env().map_err(DepsError::Config)?;
-        Self::new(config, aws::dynamodb_client().await)
+        let sdk = aws::sdk_config().await;
+        let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+        let region = sdk
+            .region()
+            .map_or_else(|| "us-east-1".into(), |r| r.to_string());
+        match sdk.credentials_provider() {
+            Some(credentials) => Self::with_credentials(config, dynamodb, &region, credentials),
+            None => Self::new(config, dynamodb),
+        }
     }
 }
 

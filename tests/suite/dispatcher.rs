@@ -6,8 +6,8 @@ use chrono::{Duration, Utc};
 use futures::StreamExt;
 use futures::future::join_all;
 use onegrant_tests::{
-    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
-    attr_n, attr_s, spawn_app_isolated, spawn_app_with,
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_no_plan_stuck_sending,
+    assert_plans_consistent, attr_n, attr_s, spawn_app_isolated, spawn_app_with,
 };
 use serde_json::{Value, json};
 
@@ -997,7 +997,7 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
             .sweep(
                 &deps.config.reminders,
                 &deps.config.dispatch.retry_policy(),
-                &span,
+                0..span.span,
                 Utc::now() + Duration::seconds(300),
             )
             .await;
@@ -1306,5 +1306,63 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
     let sent = app.deliveries().await;
     assert_eq!(sent.len(), 120, "each sent once");
     assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_fans_its_shards_out_to_workers_through_the_invoke_api() {
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DISPATCH_WORKERS", "4")]).await;
+    let names: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    futures::stream::iter(&names)
+        .for_each_concurrent(8, |name| {
+            let app = &app;
+            async move {
+                due_user(app, name, 1).await;
+            }
+        })
+        .await;
+    // The scheduled tick only hands the 16 shards to 4 workers (asynchronous
+    // invocations of the dispatcher through the local Invoke API) ...
+    let coordinator = app.tick(30).await;
+    assert_eq!(
+        (coordinator.workers, coordinator.inline, coordinator.due),
+        (4, 0, 0),
+        "{coordinator:?}"
+    );
+    // ... which send everything, each reminder once.
+    let mut sent = 0;
+    for _ in 0..300 {
+        sent = app.deliveries().await.len();
+        if sent >= 40 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(sent, 40);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(app.deliveries().await.len(), 40, "nothing twice");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+    assert_no_plan_stuck_sending(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_whose_workers_cannot_be_invoked_does_their_shards_itself() {
+    let app = spawn_app_with(&[
+        FAST[0],
+        FAST[1],
+        FAST[2],
+        ("DISPATCH_WORKERS", "4"),
+        // Nothing listens there: every invocation fails.
+        ("AWS_ENDPOINT_URL_LAMBDA", "http://127.0.0.1:9"),
+    ])
+    .await;
+    for i in 0..12 {
+        due_user(&app, &format!("f{i}"), 1).await;
+    }
+    let summary = app.tick(30).await;
+    assert_eq!((summary.workers, summary.inline), (0, 4), "{summary:?}");
+    assert_eq!(summary.sent, 12, "{summary:?}");
+    assert_eq!(app.deliveries().await.len(), 12);
     assert_plans_consistent(&app).await;
 }

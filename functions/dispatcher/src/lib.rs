@@ -20,6 +20,7 @@
 //! send to the same user is retried within the send's window without spending an
 //! attempt.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -39,6 +40,8 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
 /// Time kept back, beyond the send's window, for a finalize after the last send.
+pub mod fanout;
+
 const FINALIZE_MARGIN: Duration = Duration::from_secs(5);
 
 /// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
@@ -69,12 +72,64 @@ pub struct Summary {
     pub no_token: u32,
     /// Items that could not be read or written (logged, skipped).
     pub skipped: u32,
+    /// Workers this tick invoked for its shards (0: it did them all itself).
+    pub workers: u32,
+    /// Shard groups whose worker could not be invoked, so this tick did them.
+    pub inline: u32,
     /// Milliseconds from each due instant to its send's answer.
     #[serde(skip)]
     pub latencies_ms: Vec<i64>,
 }
 
 /// The time budget of one item: what must be left before each step.
+impl Summary {
+    /// Adds `other`'s counts to these (a tick doing a worker's shards itself).
+    fn absorb(&mut self, other: Summary) {
+        let Summary {
+            due,
+            claimed,
+            sent,
+            failed,
+            unknown,
+            recovered,
+            advanced,
+            late,
+            released,
+            superseded,
+            restored,
+            config_errors,
+            no_grant,
+            lost,
+            deferred,
+            no_token,
+            skipped,
+            workers,
+            inline,
+            latencies_ms,
+        } = other;
+        self.due += due;
+        self.claimed += claimed;
+        self.sent += sent;
+        self.failed += failed;
+        self.unknown += unknown;
+        self.recovered += recovered;
+        self.advanced += advanced;
+        self.late += late;
+        self.released += released;
+        self.superseded += superseded;
+        self.restored += restored;
+        self.config_errors += config_errors;
+        self.no_grant += no_grant;
+        self.lost += lost;
+        self.deferred += deferred;
+        self.no_token += no_token;
+        self.skipped += skipped;
+        self.workers += workers;
+        self.inline += inline;
+        self.latencies_ms.extend(latencies_ms);
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Budget {
     deadline: Instant,
@@ -92,11 +147,7 @@ impl Budget {
 
 /// Runs one tick that must finish by `deadline`.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
-    let config = &deps.config;
     let now = Utc::now();
-    // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
-    // rather than before them, so it never delays a reminder that is due.
-    let policy = config.dispatch.retry_policy();
     // Every partition that may hold items, old shard counts included.
     let shards = match deps.store.shard_span(now).await {
         Ok(shards) => shards,
@@ -105,12 +156,49 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
             ShardSpan::only(deps.store.shards(), now)
         }
     };
+    let summary = match &deps.invoker {
+        Some(invoker) if deps.config.dispatch.workers > 1 => {
+            fanout::fan_out(deps, invoker, &shards, deadline, now).await?
+        }
+        _ => run_shards(deps, deadline, 0..shards.span, now).await?,
+    };
+    if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
+        tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
+    }
+    report(&summary);
+    Ok(summary)
+}
+
+/// A worker's tick: the shards `shards` only (the scheduled tick that invoked it
+/// checks the registry and the drain).
+pub async fn tick_shards(
+    deps: &Deps,
+    deadline: Instant,
+    shards: Range<u32>,
+) -> Result<Summary, StoreError> {
+    let summary = run_shards(deps, deadline, shards, Utc::now()).await?;
+    report(&summary);
+    Ok(summary)
+}
+
+/// The sweep of `shards`' leases beside the dispatch of what is due on them.
+async fn run_shards(
+    deps: &Deps,
+    deadline: Instant,
+    shards: Range<u32>,
+    now: chrono::DateTime<Utc>,
+) -> Result<Summary, StoreError> {
+    let config = &deps.config;
+    // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
+    // rather than before them, so it never delays a reminder that is due.
+    let policy = config.dispatch.retry_policy();
     // Bounded by the invocation too: what it does not reach, the next tick does.
     let sweeping = tokio::time::timeout_at(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
-        deps.store.sweep(&config.reminders, &policy, &shards, now),
+        deps.store
+            .sweep(&config.reminders, &policy, shards.clone(), now),
     );
-    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, &shards, now));
+    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));
     let mut summary = dispatched?;
     match swept {
         Ok(swept) => {
@@ -122,9 +210,11 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
             tracing::warn!("the sweep ran out of the invocation's time; the next tick goes on")
         }
     }
-    if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
-        tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
-    }
+    Ok(summary)
+}
+
+/// One log line and the metrics of a tick.
+fn report(summary: &Summary) {
     tracing::info!(
         due = summary.due,
         claimed = summary.claimed,
@@ -140,10 +230,10 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
+        workers = summary.workers,
         "dispatcher tick"
     );
-    emit_metrics(&summary);
-    Ok(summary)
+    emit_metrics(summary);
 }
 
 /// Due-index entries one query reads from one shard.
@@ -154,7 +244,7 @@ const DUE_PAGE: usize = 50;
 async fn dispatch_due(
     deps: &Deps,
     deadline: Instant,
-    shards: &ShardSpan,
+    shards: Range<u32>,
     now: chrono::DateTime<Utc>,
 ) -> Result<Summary, StoreError> {
     let config = &deps.config;
@@ -176,7 +266,7 @@ async fn dispatch_due(
         permits: &permits,
         summary: &summary,
     };
-    join_all((0..shards.span).map(|shard| lane.run(shard))).await;
+    join_all(shards.map(|shard| lane.run(shard))).await;
     Ok(summary.into_inner())
 }
 
@@ -522,13 +612,16 @@ fn emit_metrics(summary: &Summary) {
 /// `budget` of time (the invocation's), answering the summary.
 pub fn invoke(
     deps: &Deps,
-    _event: serde_json::Value,
+    event: serde_json::Value,
     budget: Duration,
 ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
     Box::pin(async move {
-        let summary = tick(deps, Instant::now() + budget)
-            .await
-            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + budget;
+        let summary = match fanout::Work::of(&event) {
+            Some(work) => tick_shards(deps, deadline, work.shards()).await,
+            None => tick(deps, deadline).await,
+        }
+        .map_err(|e| e.to_string())?;
         serde_json::to_value(summary).map_err(|e| e.to_string())
     })
 }

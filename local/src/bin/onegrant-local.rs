@@ -56,6 +56,13 @@ async fn main() -> anyhow::Result<()> {
         standin_task = Some(standin::spawn(stack::standin_config(&config), listener));
         base
     };
+    // With DISPATCH_WORKERS above 1 the tick fans out to workers through this stack's
+    // own Invoke API, as the deployed one does through Lambda's.
+    overrides.insert("DISPATCH_FUNCTION_NAME", "dispatcher".to_string());
+    overrides.insert(
+        "AWS_ENDPOINT_URL_LAMBDA",
+        format!("http://127.0.0.1:{invoke_port}"),
+    );
     let config = stack::local_config(&overrides)?;
     let table = config.table_name.clone();
     let dynamodb = onegrant::aws::local_dynamodb_client(&endpoint);

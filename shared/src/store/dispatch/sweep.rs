@@ -6,8 +6,7 @@ use super::super::item::{Item, key, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, ShardSpan,
-    Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
 };
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
 use crate::domain::plan::PlanStatus;
@@ -46,10 +45,10 @@ impl Store {
         &self,
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
-        shards: &ShardSpan,
+        shards: std::ops::Range<u32>,
         now: DateTime<Utc>,
     ) -> SweepSummary {
-        let queries = (0..shards.span).map(|shard| async move {
+        let queries = shards.map(|shard| async move {
             let out = self
                 .client
                 .query()

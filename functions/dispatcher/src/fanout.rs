@@ -1,0 +1,137 @@
+//! Fan-out: with `DISPATCH_WORKERS` above 1, the scheduled tick splits the due and
+//! lease shards into that many contiguous groups and invokes the function itself once
+//! per group, asynchronously (`InvocationType: Event`), with the group as its payload.
+//! Each worker sweeps and dispatches its own shards within its own invocation's time,
+//! so throughput grows with the workers (and the shard count bounds them). A group
+//! whose worker cannot be invoked is done by the tick itself, so a missing permission
+//! or an Invoke API outage slows dispatch down but never stops it.
+
+use std::ops::Range;
+
+use chrono::{DateTime, Utc};
+use onegrant::Deps;
+use onegrant::invoke::Invoker;
+use onegrant::store::StoreError;
+use onegrant::store::dispatch::ShardSpan;
+use onegrant::telemetry::error_chain;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{Summary, run_shards};
+
+/// The key of a worker invocation's payload (a scheduled event never has it).
+const WORK: &str = "onegrant_dispatch_shards";
+
+/// A worker's share of a tick: shards `from..to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Work {
+    pub from: u32,
+    pub to: u32,
+}
+
+impl Work {
+    /// The work an invocation's event names, if it is a worker's.
+    pub fn of(event: &Value) -> Option<Self> {
+        let work: Self = serde_json::from_value(event.get(WORK)?.clone()).ok()?;
+        (work.from < work.to && work.to <= onegrant::store::dispatch::shards::MAX_SHARDS)
+            .then_some(work)
+    }
+
+    pub fn shards(self) -> Range<u32> {
+        self.from..self.to
+    }
+
+    /// The event that hands this work to a worker.
+    pub fn event(self) -> Value {
+        json!({ WORK: self })
+    }
+}
+
+/// `0..span` in `workers` contiguous groups as even as can be (fewer when there are
+/// fewer shards than workers).
+pub fn groups(span: u32, workers: u32) -> Vec<Work> {
+    let workers = workers.clamp(1, span.max(1));
+    (0..workers)
+        .map(|i| Work {
+            from: span * i / workers,
+            to: span * (i + 1) / workers,
+        })
+        .filter(|w| w.from < w.to)
+        .collect()
+}
+
+/// Invokes one worker per group; the groups no worker took are run here.
+pub async fn fan_out(
+    deps: &Deps,
+    invoker: &Invoker,
+    shards: &ShardSpan,
+    deadline: Instant,
+    now: DateTime<Utc>,
+) -> Result<Summary, StoreError> {
+    let groups = groups(shards.span, deps.config.dispatch.workers);
+    let invoked = futures::future::join_all(groups.iter().map(|work| async move {
+        let sent = invoker.invoke_event(&work.event()).await;
+        if let Err(e) = &sent {
+            tracing::error!(from = work.from, to = work.to, error = %error_chain(e), "worker not invoked; this tick does its shards");
+        }
+        (*work, sent.is_ok())
+    }))
+    .await;
+    let left: Vec<Work> = invoked
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(w, _)| *w)
+        .collect();
+    let mut summary = Summary {
+        workers: u32::try_from(invoked.len() - left.len()).unwrap_or(0),
+        inline: u32::try_from(left.len()).unwrap_or(0),
+        ..Summary::default()
+    };
+    let done = futures::future::join_all(
+        left.iter()
+            .map(|w| run_shards(deps, deadline, w.shards(), now)),
+    )
+    .await;
+    for part in done {
+        summary.absorb(part?);
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_cover_every_shard_once_and_evenly() {
+        for span in [1u32, 2, 5, 16, 17, 256] {
+            for workers in [1u32, 2, 3, 4, 16, 64] {
+                let g = groups(span, workers);
+                let covered: Vec<u32> = g.iter().flat_map(|w| w.shards()).collect();
+                assert_eq!(covered, (0..span).collect::<Vec<_>>(), "{span}/{workers}");
+                let sizes: Vec<u32> = g.iter().map(|w| w.to - w.from).collect();
+                let (least, most) = (sizes.iter().min(), sizes.iter().max());
+                assert!(
+                    most.zip(least).is_some_and(|(m, l)| m - l <= 1),
+                    "{sizes:?}"
+                );
+                assert_eq!(g.len() as u32, workers.min(span));
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_well_formed_worker_event_is_work() {
+        let work = Work { from: 4, to: 8 };
+        assert_eq!(Work::of(&work.event()), Some(work));
+        for event in [
+            json!({"detail-type": "Scheduled Event"}),
+            json!({WORK: {"from": 8, "to": 4}}),
+            json!({WORK: {"from": 0, "to": 100000}}),
+            json!({WORK: "all"}),
+        ] {
+            assert_eq!(Work::of(&event), None, "{event}");
+        }
+    }
+}
