@@ -27,6 +27,16 @@ async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     user
 }
 
+/// `n` users named `prefix0`… each due now with one grant, set up 8 at a time.
+async fn due_users(app: &TestApp, prefix: &str, n: usize) {
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    futures::stream::iter(&names)
+        .for_each_concurrent(8, |name| async move {
+            due_user(app, name, 1).await;
+        })
+        .await;
+}
+
 fn state(item: &Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>) -> Option<&str> {
     item.as_ref().and_then(|i| attr_s(i, "state"))
 }
@@ -1262,15 +1272,7 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
         ("DUE_SHARDS", "1"),
     ])
     .await;
-    let names: Vec<String> = (0..120).map(|i| format!("u{i}")).collect();
-    futures::stream::iter(&names)
-        .for_each_concurrent(8, |name| {
-            let app = &app;
-            async move {
-                due_user(app, name, 1).await;
-            }
-        })
-        .await;
+    due_users(&app, "u", 120).await;
     // WeChat answers in 2.5 s. A tick with a second more than one send needs from
     // its turn reads one page, starts what it can in that second, and leaves the rest
     // unread: no send ends before its time is up, so no slot frees for a next page.
@@ -1312,15 +1314,7 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tick_fans_its_shards_out_to_workers_through_the_invoke_api() {
     let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DISPATCH_WORKERS", "4")]).await;
-    let names: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
-    futures::stream::iter(&names)
-        .for_each_concurrent(8, |name| {
-            let app = &app;
-            async move {
-                due_user(app, name, 1).await;
-            }
-        })
-        .await;
+    due_users(&app, "w", 40).await;
     // The scheduled tick only hands the 16 shards to 4 workers (asynchronous
     // invocations of the dispatcher through the local Invoke API) ...
     let coordinator = app.tick(30).await;
