@@ -1,10 +1,14 @@
 //! The dispatch bench (not a test): `cargo bench -p onegrant-tests --bench dispatch`.
 //!
 //! On its own emulator, it reports, from one run:
-//! 1. the emulator's raw transaction rate (2-item TransactWriteItems, one at a time);
+//! 1. the emulator's raw rates: 2-item TransactWriteItems and single-item round trips,
+//!    one at a time;
 //! 2. due→sent latency p50/p99 for plans due at spread-out seconds within a minute,
-//!    dispatched by one tick that claims ahead and waits until each is due;
-//! 3. dispatches per second when many plans are due at once, next to (1);
+//!    dispatched by one tick that claims ahead and waits until each is due, with the
+//!    stand-in answering every send in 50 ms;
+//! 3. dispatches per second when many plans are due at once, for one worker and for a
+//!    tick fanned out to 4, and the efficiency: achieved ÷ (raw round trips per second
+//!    ÷ round trips per dispatch);
 //! 4. DynamoDB round trips per dispatch, by operation;
 //! 5. per operation (report, check-in, claim, finalize, notify, idle tick): round
 //!    trips, items read and estimated write units from the written items' sizes by
@@ -94,19 +98,11 @@ fn per_dispatch(ops: &[String], dispatches: u32) -> String {
     format!("{total:.2} ({})", parts.join(", "))
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let plans: usize = std::env::var("BENCH_PLANS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(120);
-    let app =
-        spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "75"), ("DUE_SHARDS", "16")]).await;
-
-    // 1. The emulator's raw transaction rate.
-    let raw_n = 300;
+/// The emulator's rate of 2-item transactions, `n` one at a time, on `app`'s table as
+/// it is (moto's transactions slow down as the table grows).
+async fn raw_transactions(app: &TestApp, n: u32, tag: &str) -> f64 {
     let started = Instant::now();
-    for i in 0..raw_n {
+    for i in 0..n {
         let update = Update::builder()
             .table_name(&app.table.name)
             .key("pk", AttributeValue::S("BENCH".into()))
@@ -118,7 +114,7 @@ async fn main() {
         let put = Put::builder()
             .table_name(&app.table.name)
             .item("pk", AttributeValue::S("BENCH".into()))
-            .item("sk", AttributeValue::S(format!("item{i}")))
+            .item("sk", AttributeValue::S(format!("{tag}{i}")))
             .build()
             .expect("put");
         app.table
@@ -130,7 +126,49 @@ async fn main() {
             .await
             .expect("transaction");
     }
-    let raw_tps = f64::from(raw_n) / started.elapsed().as_secs_f64();
+    f64::from(n) / started.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let plans: usize = std::env::var("BENCH_PLANS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120);
+    let app =
+        spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "75"), ("DUE_SHARDS", "16")]).await;
+
+    // 1. The emulator's raw transaction rate.
+    let raw_n = 300;
+    let raw_tps = raw_transactions(&app, raw_n, "before").await;
+    // The emulator's raw round trips: single-item reads and writes, one at a time.
+    let started = Instant::now();
+    for i in 0..raw_n {
+        let key = AttributeValue::S(format!("raw{i}"));
+        app.table
+            .client
+            .put_item()
+            .table_name(&app.table.name)
+            .item("pk", AttributeValue::S("BENCH".into()))
+            .item("sk", key.clone())
+            .send()
+            .await
+            .expect("put");
+        app.table
+            .client
+            .get_item()
+            .table_name(&app.table.name)
+            .key("pk", AttributeValue::S("BENCH".into()))
+            .key("sk", key)
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get");
+    }
+    let raw_rps = f64::from(raw_n * 2) / started.elapsed().as_secs_f64();
+
+    // WeChat answers every send in 50 ms from here on.
+    app.control("POST", "latency", Some(json!({"ms": 50}))).await;
 
     // 2. Latency: plans due at spread-out instants over one minute, one tick.
     let spread = due_users(&app, "spread", plans).await;
@@ -146,7 +184,7 @@ async fn main() {
     let mut latencies = summary.latencies_ms.clone();
     latencies.sort_unstable();
 
-    // 3. Throughput: plans all due now.
+    // 3. Throughput: plans all due now, one worker.
     let burst = due_users(&app, "burst", plans).await;
     for user in &burst {
         app.make_due(user, "water", Utc::now()).await;
@@ -157,10 +195,39 @@ async fn main() {
     let elapsed = started.elapsed().as_secs_f64();
     let burst_ops = app.round_trips.take();
     let dps = f64::from(burst_summary.sent) / elapsed;
+    let per = burst_ops.len() as f64 / f64::from(burst_summary.sent.max(1));
+    let efficiency = dps / (raw_rps / per);
+    // The same raw transactions on the table as the burst left it.
+    let raw_tps_after = raw_transactions(&app, raw_n, "after").await;
 
-    println!("onegrant dispatch bench ({plans} plans per phase, moto on this machine)");
+    // 3b. The same with the tick fanned out to 4 workers (the local Invoke API), on
+    // an emulator of its own measured the same way.
+    let fan = spawn_app_isolated(&[("DISPATCH_WORKERS", "4"), ("DUE_SHARDS", "16")]).await;
+    fan.control("POST", "latency", Some(json!({"ms": 50}))).await;
+    let users = due_users(&fan, "fan", plans).await;
+    for user in &users {
+        fan.make_due(user, "water", Utc::now()).await;
+    }
+    fan.round_trips.take();
+    let started = Instant::now();
+    let coordinator = fan.tick(100).await;
+    let mut fan_sent = 0;
+    while fan_sent < plans && started.elapsed().as_secs() < 300 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fan_sent = fan.deliveries().await.len();
+    }
+    let fan_elapsed = started.elapsed().as_secs_f64();
+    let fan_ops = fan.round_trips.take();
+    let fan_dps = fan_sent as f64 / fan_elapsed;
+    let fan_per = fan_ops.len() as f64 / (fan_sent.max(1) as f64);
+
+    println!("onegrant dispatch bench ({plans} plans per phase, moto on this machine, WeChat answering in 50 ms)");
     println!(
-        "  emulator raw transactions:   {raw_tps:.0} tx/s (2-item TransactWriteItems, sequential)"
+        "  emulator raw rates:           {raw_tps:.0} tx/s (2-item TransactWriteItems), {raw_rps:.0} round trips/s (PutItem + GetItem), sequential"
+    );
+    println!(
+        "  raw transactions, table full: {raw_tps_after:.0} tx/s after the phases below wrote their {} users",
+        plans * 2
     );
     println!(
         "  due→sent latency (spread):    p50 {} ms, p99 {} ms, max {} ms over {} sends ({} deferred)",
@@ -171,9 +238,13 @@ async fn main() {
         summary.deferred
     );
     println!(
-        "  dispatches per second (burst): {dps:.1}/s = {:.2}× the raw transaction rate ({} sent in {elapsed:.1} s)",
-        dps / raw_tps,
+        "  dispatches per second, 1 worker:  {dps:.1}/s ({} sent in {elapsed:.1} s, {per:.2} round trips each) → efficiency {efficiency:.2} of raw round trips ÷ round trips per dispatch",
         burst_summary.sent
+    );
+    println!(
+        "  dispatches per second, 4 workers: {fan_dps:.1}/s ({fan_sent} sent in {fan_elapsed:.1} s by {} workers, {fan_per:.2} round trips each) → efficiency {:.2}",
+        coordinator.workers,
+        fan_dps / (raw_rps / fan_per)
     );
     println!(
         "  round trips per dispatch:     {} [spread tick, incl. sweep and index queries]",
