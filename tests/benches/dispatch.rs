@@ -168,7 +168,8 @@ async fn main() {
     let raw_rps = f64::from(raw_n * 2) / started.elapsed().as_secs_f64();
 
     // WeChat answers every send in 50 ms from here on.
-    app.control("POST", "latency", Some(json!({"ms": 50}))).await;
+    app.control("POST", "latency", Some(json!({"ms": 50})))
+        .await;
 
     // 2. Latency: plans due at spread-out instants over one minute, one tick.
     let spread = due_users(&app, "spread", plans).await;
@@ -203,7 +204,8 @@ async fn main() {
     // 3b. The same with the tick fanned out to 4 workers (the local Invoke API), on
     // an emulator of its own measured the same way.
     let fan = spawn_app_isolated(&[("DISPATCH_WORKERS", "4"), ("DUE_SHARDS", "16")]).await;
-    fan.control("POST", "latency", Some(json!({"ms": 50}))).await;
+    fan.control("POST", "latency", Some(json!({"ms": 50})))
+        .await;
     let users = due_users(&fan, "fan", plans).await;
     for user in &users {
         fan.make_due(user, "water", Utc::now()).await;
@@ -221,7 +223,9 @@ async fn main() {
     let fan_dps = fan_sent as f64 / fan_elapsed;
     let fan_per = fan_ops.len() as f64 / (fan_sent.max(1) as f64);
 
-    println!("onegrant dispatch bench ({plans} plans per phase, moto on this machine, WeChat answering in 50 ms)");
+    println!(
+        "onegrant dispatch bench ({plans} plans per phase, moto on this machine, WeChat answering in 50 ms)"
+    );
     println!(
         "  emulator raw rates:           {raw_tps:.0} tx/s (2-item TransactWriteItems), {raw_rps:.0} round trips/s (PutItem + GetItem), sequential"
     );

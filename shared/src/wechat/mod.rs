@@ -17,6 +17,7 @@
 //! after a short wait while the caller's deadline allows — it means "not sent", so the
 //! retry cannot send twice.
 
+pub mod push;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
