@@ -9,6 +9,7 @@ pub mod inbox;
 pub mod keywords;
 pub mod outcome;
 pub mod plan;
+pub mod push_event;
 pub mod reminder;
 pub mod schedule;
 pub mod template;
