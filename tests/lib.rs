@@ -43,6 +43,34 @@ pub struct RoundTrips {
     items_read: Arc<std::sync::atomic::AtomicU64>,
     writes: Arc<Mutex<Vec<ItemWrite>>>,
     requests: Arc<std::sync::atomic::AtomicU64>,
+    actions: Arc<Mutex<std::collections::BTreeSet<String>>>,
+}
+
+/// The IAM actions (`dynamodb:` left off) a request needs: its operation, or for a
+/// transaction each item's (a Put needs PutItem, a ConditionCheck ConditionCheckItem).
+fn iam_actions(target: &str, body: &[u8]) -> Vec<String> {
+    let operation = target.trim_end_matches("@index");
+    let inner = |key: &str| match key {
+        "Put" => Some("PutItem"),
+        "Update" => Some("UpdateItem"),
+        "Delete" => Some("DeleteItem"),
+        "ConditionCheck" => Some("ConditionCheckItem"),
+        "Get" => Some("GetItem"),
+        _ => None,
+    };
+    if operation != "TransactWriteItems" && operation != "TransactGetItems" {
+        return vec![operation.to_string()];
+    }
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    request["TransactItems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+        .flat_map(|item| item.keys().filter_map(|k| inner(k)).map(str::to_string))
+        .collect()
 }
 
 /// One item a write request named: its key, and whether a transaction carried it
@@ -140,6 +168,11 @@ impl RoundTrips {
         std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The IAM actions the requests since the last call needed; resets the record.
+    pub fn take_actions(&self) -> std::collections::BTreeSet<String> {
+        std::mem::take(&mut *self.actions.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The items read since the last call; resets the count.
     pub fn take_items_read(&self) -> u64 {
         self.items_read.swap(0, std::sync::atomic::Ordering::SeqCst)
@@ -211,6 +244,10 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
             .requests
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(body) = request.body().bytes() {
+            self.actions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(iam_actions(&target, body));
             let mut written = items_written(&target, body);
             for w in &mut written {
                 w.request = number;

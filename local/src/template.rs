@@ -53,6 +53,44 @@ fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
+/// The `dynamodb:*` actions the template's policies grant the function built as
+/// `binary` (action names without the prefix), whatever resource they name.
+pub fn dynamodb_actions(binary: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let doc = parse()?;
+    let mut actions = std::collections::BTreeSet::new();
+    for (_, resource) in resources(&doc)? {
+        if str_at(resource, &["Metadata", "BuildProperties", "Binary"]) != Some(binary) {
+            continue;
+        }
+        let policies = resource
+            .get("Properties")
+            .and_then(|p| p.get("Policies"))
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten();
+        for policy in policies {
+            let statements = policy
+                .get("Statement")
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten();
+            for statement in statements {
+                let listed: Vec<&str> = match statement.get("Action") {
+                    Some(Value::Sequence(list)) => list.iter().filter_map(Value::as_str).collect(),
+                    Some(Value::String(one)) => vec![one.as_str()],
+                    _ => Vec::new(),
+                };
+                for action in listed {
+                    if let Some(name) = action.strip_prefix("dynamodb:") {
+                        actions.insert(name.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Ok(actions)
+}
+
 /// Every Lambda function in the template.
 pub fn functions() -> anyhow::Result<Vec<Function>> {
     let doc = parse()?;

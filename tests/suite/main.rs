@@ -8,6 +8,7 @@ mod dispatcher;
 mod emulator;
 mod expiry;
 mod grants;
+mod iam;
 mod inbox;
 mod inputs;
 mod reminders;
