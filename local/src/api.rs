@@ -47,6 +47,7 @@ pub fn http_handler(binary: &str) -> Option<HttpHandler> {
         "grants" => Some(grants::handler),
         "reminders" => Some(reminders::handler),
         "inbox" => Some(inbox::handler),
+        "wechat-callback" => Some(wechat_callback::handler),
         _ => None,
     }
 }

@@ -101,6 +101,30 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     /// Retention of finished items and the guards against runaway clients.
     pub limits: Limits,
+    /// WeChat's message push (`/wechat/callback`), when configured.
+    pub push: Option<PushConfig>,
+}
+
+/// How WeChat's message push is set up in the MP console (消息推送配置).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushConfig {
+    /// The Token: signs every push.
+    pub token: Secret,
+    /// The EncodingAESKey (43 characters): safe and compatible mode.
+    pub aes_key: Option<Secret>,
+    pub mode: PushMode,
+    pub format: crate::domain::push_event::Format,
+}
+
+/// The console's 消息加密方式.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushMode {
+    /// 明文: plain bodies, `signature` only.
+    Plain,
+    /// 兼容: either; a body with `Encrypt` is checked as in safe mode.
+    Compatible,
+    /// 安全: encrypted bodies only, checked by `msg_signature`.
+    Safe,
 }
 
 /// The dispatcher's settings.
@@ -301,6 +325,47 @@ impl Config {
             .unwrap_or(defaults.reports_per_minute),
         };
 
+        let push = match lookup("WECHAT_PUSH_TOKEN").filter(|t| !t.trim().is_empty()) {
+            None => None,
+            Some(token) => {
+                let mode = match lookup("WECHAT_PUSH_MODE").as_deref() {
+                    None | Some("safe") => PushMode::Safe,
+                    Some("compatible") => PushMode::Compatible,
+                    Some("plain") => PushMode::Plain,
+                    Some(_) => {
+                        return Err(ConfigError::Invalid {
+                            name: "WECHAT_PUSH_MODE",
+                            reason: "expected safe, compatible or plain".into(),
+                        });
+                    }
+                };
+                let format = match lookup("WECHAT_PUSH_FORMAT").as_deref() {
+                    None | Some("xml") => crate::domain::push_event::Format::Xml,
+                    Some("json") => crate::domain::push_event::Format::Json,
+                    Some(_) => {
+                        return Err(ConfigError::Invalid {
+                            name: "WECHAT_PUSH_FORMAT",
+                            reason: "expected xml or json".into(),
+                        });
+                    }
+                };
+                let aes_key = lookup("WECHAT_PUSH_AES_KEY").filter(|k| !k.trim().is_empty());
+                if mode != PushMode::Plain && aes_key.as_ref().is_none_or(|k| k.len() != 43) {
+                    return Err(ConfigError::Invalid {
+                        name: "WECHAT_PUSH_AES_KEY",
+                        reason: "safe and compatible mode need the 43-character EncodingAESKey"
+                            .into(),
+                    });
+                }
+                Some(PushConfig {
+                    token: Secret::new(token),
+                    aes_key: aes_key.map(Secret::new),
+                    mode,
+                    format,
+                })
+            }
+        };
+
         Ok(Self {
             limits,
             table_name: required("TABLE_NAME")?,
@@ -321,6 +386,7 @@ impl Config {
             reminders,
             due_shards,
             dispatch,
+            push,
         })
     }
 }
@@ -413,6 +479,51 @@ mod tests {
         assert_eq!(c.wechat.miniprogram_state, MiniprogramState::Formal);
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.limits.retention.grants, chrono::Duration::days(400));
+    }
+
+    #[test]
+    fn the_message_push_is_optional_and_checked_when_set() {
+        let e = env();
+        let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+        assert_eq!(c.push, None);
+        let with = |pairs: &[(&'static str, &str)]| {
+            let mut e = env();
+            e.insert("WECHAT_PUSH_TOKEN", "token".into());
+            for (k, v) in pairs {
+                e.insert(k, v.to_string());
+            }
+            Config::from_lookup(|k| e.get(k).cloned())
+        };
+        let safe = with(&[("WECHAT_PUSH_AES_KEY", &"A".repeat(43))]).expect("safe");
+        let push = safe.push.expect("push");
+        assert_eq!(push.mode, PushMode::Safe);
+        assert_eq!(push.format, crate::domain::push_event::Format::Xml);
+        let plain = with(&[
+            ("WECHAT_PUSH_MODE", "plain"),
+            ("WECHAT_PUSH_FORMAT", "json"),
+        ])
+        .expect("plain needs no key");
+        assert_eq!(plain.push.map(|p| p.mode), Some(PushMode::Plain));
+        for (pairs, name) in [
+            (vec![], "WECHAT_PUSH_AES_KEY"),
+            (
+                vec![("WECHAT_PUSH_AES_KEY", "short")],
+                "WECHAT_PUSH_AES_KEY",
+            ),
+            (vec![("WECHAT_PUSH_MODE", "loud")], "WECHAT_PUSH_MODE"),
+            (
+                vec![
+                    ("WECHAT_PUSH_MODE", "plain"),
+                    ("WECHAT_PUSH_FORMAT", "yaml"),
+                ],
+                "WECHAT_PUSH_FORMAT",
+            ),
+        ] {
+            let err = with(&pairs).expect_err("must fail");
+            assert!(err.to_string().contains(name), "{pairs:?}: {err}");
+        }
+        let printed = format!("{:?}", with(&[("WECHAT_PUSH_AES_KEY", &"Z".repeat(43))]));
+        assert!(!printed.contains("ZZZZ") && !printed.contains("token\""));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Every test gets its own table in the real DynamoDB emulator and its own WeChat
 //! stand-in, reached over real HTTP (see `onegrant_tests::spawn_app`).
 
+mod callback;
 mod contract;
 mod dispatcher;
 mod emulator;

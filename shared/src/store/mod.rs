@@ -18,6 +18,7 @@ pub mod inbox;
 mod item;
 pub mod keys;
 pub mod plans;
+pub mod push;
 
 use std::time::Duration;
 

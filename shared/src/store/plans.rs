@@ -819,12 +819,7 @@ impl Store {
                     return Ok(Attempt::Done(CheckInOutcome::Applied(response)));
                 }
                 TxOutcome::Cancelled(reasons) => {
-                    let failed = |i: usize| {
-                        reasons
-                            .get(i)
-                            .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
-                    };
-                    if failed(0) {
+                    if condition_failed(&reasons, 0) {
                         let old = reasons
                             .first()
                             .and_then(|(_, item)| item.clone())
@@ -908,6 +903,16 @@ fn replay(action: ActionItem, fingerprint: &str) -> Result<CheckInOutcome, Store
     let response =
         serde_json::from_str(&action.response).map_err(|e| corrupt("action response", e))?;
     Ok(CheckInOutcome::Replayed(response))
+}
+
+/// Whether item `i` of a cancelled transaction failed its condition.
+pub(super) fn condition_failed(
+    reasons: &[(String, Option<HashMap<String, AttributeValue>>)],
+    i: usize,
+) -> bool {
+    reasons
+        .get(i)
+        .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
 }
 
 pub(super) enum TxOutcome {

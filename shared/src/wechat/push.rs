@@ -41,7 +41,8 @@ pub enum PushCryptoError {
 #[derive(Clone)]
 pub struct PushCrypto {
     token: Secret,
-    key: [u8; 32],
+    /// None in plain mode: signatures only.
+    key: Option<[u8; 32]>,
     appid: String,
 }
 
@@ -79,6 +80,21 @@ impl PushCrypto {
         encoding_aes_key: &str,
         appid: &str,
     ) -> Result<Self, PushCryptoError> {
+        let mut crypto = Self::signatures_only(token, appid);
+        crypto.key = Some(Self::key(encoding_aes_key)?);
+        Ok(crypto)
+    }
+
+    /// Plain mode: signatures, no envelope (decrypting fails).
+    pub fn signatures_only(token: Secret, appid: &str) -> Self {
+        Self {
+            token,
+            key: None,
+            appid: appid.to_string(),
+        }
+    }
+
+    fn key(encoding_aes_key: &str) -> Result<[u8; 32], PushCryptoError> {
         if encoding_aes_key.len() != 43 {
             return Err(PushCryptoError::Key);
         }
@@ -91,12 +107,7 @@ impl PushCrypto {
         let bytes = lenient
             .decode(format!("{encoding_aes_key}="))
             .map_err(|_| PushCryptoError::Key)?;
-        let key: [u8; 32] = bytes.try_into().map_err(|_| PushCryptoError::Key)?;
-        Ok(Self {
-            token,
-            key,
-            appid: appid.to_string(),
-        })
+        bytes.try_into().map_err(|_| PushCryptoError::Key)
     }
 
     /// The `signature` of a URL verification or a plain push.
@@ -133,13 +144,14 @@ impl PushCrypto {
 
     /// The message inside `encrypt` (call only once its `msg_signature` verified).
     pub fn decrypt(&self, encrypt: &str) -> Result<String, PushCryptoError> {
+        let key = self.key.ok_or(PushCryptoError::Key)?;
         let mut data = base64::engine::general_purpose::STANDARD
             .decode(encrypt)
             .map_err(|_| PushCryptoError::Envelope)?;
         if data.is_empty() || data.len() % PAD_BLOCK != 0 {
             return Err(PushCryptoError::Envelope);
         }
-        let plain = Decryptor::new(&self.key.into(), self.key[..16].into())
+        let plain = Decryptor::new(&key.into(), key[..16].into())
             .decrypt_padded_mut::<NoPadding>(&mut data)
             .map_err(|_| PushCryptoError::Envelope)?;
         let pad = usize::from(*plain.last().ok_or(PushCryptoError::Envelope)?);
@@ -171,8 +183,12 @@ impl PushCrypto {
         String::from_utf8(framed[20..end].to_vec()).map_err(|_| PushCryptoError::Envelope)
     }
 
-    /// `msg` sealed as WeChat seals a push, with these 16 random bytes first.
+    /// `msg` sealed as WeChat seals a push, with these 16 random bytes first (empty
+    /// without a key).
     pub fn encrypt(&self, msg: &str, random: &[u8; 16]) -> String {
+        let Some(key) = self.key else {
+            return String::new();
+        };
         let mut plain = Vec::with_capacity(20 + msg.len() + self.appid.len() + PAD_BLOCK);
         plain.extend_from_slice(random);
         plain.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(u32::MAX).to_be_bytes());
@@ -184,7 +200,7 @@ impl PushCrypto {
             pad,
         ));
         let length = plain.len();
-        let sealed = Encryptor::new(&self.key.into(), self.key[..16].into())
+        let sealed = Encryptor::new(&key.into(), key[..16].into())
             .encrypt_padded_mut::<NoPadding>(&mut plain, length)
             .map(<[u8]>::to_vec)
             .unwrap_or_default();

@@ -1,0 +1,175 @@
+//! WeChat's message push: `GET /wechat/callback` (URL verification) and
+//! `POST /wechat/callback` (events), plain, compatible or safe mode, XML or JSON.
+//!
+//! Identity comes only from WeChat's signature (I8): `signature` over the token,
+//! timestamp and nonce for URL verification and plain pushes; `msg_signature`, which
+//! also covers the ciphertext, for encrypted ones — checked in constant time before the
+//! body is decrypted or parsed. A timestamp outside ±5 minutes, a body over 64 KiB, or
+//! any failed check answers 401 (413) and changes nothing. A push that verifies but
+//! cannot be read is answered `success` (WeChat's retries would not make it readable)
+//! and logged; one that reads is recorded once (`store::push`) and answered `success`.
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use lambda_http::http::Method;
+use lambda_http::{Body, Request, RequestExt, Response};
+use onegrant::Deps;
+use onegrant::config::{PushConfig, PushMode};
+use onegrant::domain::push_event;
+use onegrant::http::{ApiError, respond};
+use onegrant::store::push::PushRecorded;
+use onegrant::telemetry::openid_hash;
+use onegrant::wechat::push::PushCrypto;
+
+/// Largest push body read (WeChat's are a few hundred bytes).
+pub const MAX_PUSH_BYTES: usize = 64 * 1024;
+/// How far a push's timestamp may be from server time, either way.
+pub const TIMESTAMP_WINDOW_SECONDS: i64 = 300;
+
+/// The handler as `onegrant::http::run` and the local stack take it.
+pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
+    Box::pin(handle(deps, req))
+}
+
+/// The function's handler: one request in, one response out.
+pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+    let Some(push) = deps.config.push.as_ref() else {
+        tracing::error!("a push arrived but WECHAT_PUSH_TOKEN is not configured");
+        return respond(Err(ApiError::Unavailable));
+    };
+    let appid = &deps.config.wechat.appid;
+    let crypto = match &push.aes_key {
+        None => PushCrypto::signatures_only(push.token.clone(), appid),
+        Some(key) => match PushCrypto::new(push.token.clone(), key.expose(), appid) {
+            Ok(crypto) => crypto,
+            Err(_) => {
+                tracing::error!("WECHAT_PUSH_AES_KEY is not a valid EncodingAESKey");
+                return respond(Err(ApiError::Unavailable));
+            }
+        },
+    };
+    let result = match *req.method() {
+        Method::GET => verify_url(push, &crypto, &req),
+        Method::POST => receive(deps, push, &crypto, &req).await,
+        _ => Err(ApiError::NotFound),
+    };
+    respond(result)
+}
+
+fn text(status: u16, body: &str) -> Result<Response<Body>, ApiError> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Body::Text(body.to_string()))
+        .map_err(|_| ApiError::Internal)
+}
+
+/// The request's query parameter `name`.
+fn query(req: &Request, name: &str) -> Option<String> {
+    req.query_string_parameters()
+        .first(name)
+        .map(str::to_string)
+}
+
+/// The timestamp and nonce, if the timestamp is a number within the window.
+fn fresh(req: &Request) -> Result<(String, String), ApiError> {
+    let timestamp = query(req, "timestamp").ok_or(ApiError::Unauthorized)?;
+    let nonce = query(req, "nonce")
+        .filter(|n| !n.is_empty() && n.len() <= 64)
+        .ok_or(ApiError::Unauthorized)?;
+    let at = timestamp
+        .parse::<i64>()
+        .map_err(|_| ApiError::Unauthorized)?;
+    if (Utc::now().timestamp() - at).abs() > TIMESTAMP_WINDOW_SECONDS {
+        return Err(ApiError::Unauthorized);
+    }
+    Ok((timestamp, nonce))
+}
+
+/// URL verification: `echostr` back when the signature verifies; with a
+/// `msg_signature`, the echostr is encrypted and answered decrypted.
+fn verify_url(
+    push: &PushConfig,
+    crypto: &PushCrypto,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
+    let (timestamp, nonce) = fresh(req)?;
+    let echostr = query(req, "echostr").ok_or(ApiError::Unauthorized)?;
+    if let Some(msg_signature) = query(req, "msg_signature")
+        && push.mode != PushMode::Plain
+    {
+        if !crypto.verify_msg_signature(&timestamp, &nonce, &echostr, &msg_signature) {
+            return Err(ApiError::Unauthorized);
+        }
+        let plain = crypto
+            .decrypt(&echostr)
+            .map_err(|_| ApiError::Unauthorized)?;
+        return text(200, &plain);
+    }
+    let signature = query(req, "signature").ok_or(ApiError::Unauthorized)?;
+    if !crypto.verify_signature(&timestamp, &nonce, &signature) {
+        return Err(ApiError::Unauthorized);
+    }
+    text(200, &echostr)
+}
+
+async fn receive(
+    deps: &Deps,
+    push: &PushConfig,
+    crypto: &PushCrypto,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
+    let bytes = req.body().as_ref();
+    if bytes.len() > MAX_PUSH_BYTES {
+        return Err(ApiError::PayloadTooLarge);
+    }
+    let (timestamp, nonce) = fresh(req)?;
+    let body = std::str::from_utf8(bytes).map_err(|_| ApiError::Unauthorized)?;
+    let encrypted = match push.mode {
+        PushMode::Plain => None,
+        // Only the Encrypt field is read before msg_signature verifies it.
+        PushMode::Safe | PushMode::Compatible => {
+            push_event::encrypted_field(body, push.format).unwrap_or(None)
+        }
+    };
+    let plain = match (push.mode, encrypted) {
+        (PushMode::Safe, None) => return Err(ApiError::Unauthorized),
+        (_, Some(encrypt)) => {
+            let msg_signature = query(req, "msg_signature").ok_or(ApiError::Unauthorized)?;
+            if !crypto.verify_msg_signature(&timestamp, &nonce, &encrypt, &msg_signature) {
+                return Err(ApiError::Unauthorized);
+            }
+            crypto
+                .decrypt(&encrypt)
+                .map_err(|_| ApiError::Unauthorized)?
+        }
+        (PushMode::Plain | PushMode::Compatible, None) => {
+            let signature = query(req, "signature").ok_or(ApiError::Unauthorized)?;
+            if !crypto.verify_signature(&timestamp, &nonce, &signature) {
+                return Err(ApiError::Unauthorized);
+            }
+            body.to_string()
+        }
+    };
+    let message = match push_event::parse(&plain, push.format) {
+        Ok(message) => message,
+        Err(e) => {
+            // Authentic but unreadable: a retry would not help.
+            tracing::warn!(error = %e, "a verified push could not be read; acknowledged");
+            return text(200, "success");
+        }
+    };
+    let recorded = deps
+        .store
+        .record_push(&timestamp, &nonce, &message, Utc::now())
+        .await?;
+    tracing::info!(
+        openid = %openid_hash(message.openid.as_str()),
+        ?recorded,
+        "push received"
+    );
+    if recorded == PushRecorded::Replayed {
+        tracing::warn!("a push request was replayed; nothing changed");
+    }
+    text(200, "success")
+}

@@ -1,0 +1,7 @@
+//! The `wechat-callback` Lambda: builds its dependencies once, then serves WeChat's
+//! message pushes from API Gateway.
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_http::Error> {
+    onegrant::http::run(wechat_callback::handler).await
+}

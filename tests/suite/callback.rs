@@ -1,0 +1,243 @@
+//! `/wechat/callback`: WeChat's message push, verified before anything is read.
+
+use chrono::Utc;
+use onegrant::config::Secret;
+use onegrant::wechat::push::PushCrypto;
+use onegrant_local::stack::LOCAL_APPID;
+use onegrant_tests::{TestApp, attr_s, spawn_app_with};
+use serde_json::json;
+
+const TOKEN: &str = "AAAAA";
+const OPENID: &str = "otFpruAK8D-E6EfStSYonYSBZ8_4";
+
+fn key() -> String {
+    "A".repeat(43)
+}
+
+fn crypto() -> PushCrypto {
+    PushCrypto::new(Secret::new(TOKEN), &key(), LOCAL_APPID).expect("key")
+}
+
+async fn safe_json_app() -> TestApp {
+    spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_MODE", "safe"),
+        ("WECHAT_PUSH_FORMAT", "json"),
+    ])
+    .await
+}
+
+/// A raw request to the callback: status and text body.
+async fn hit(app: &TestApp, method: &str, query: &str, body: Option<String>) -> (u16, String) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut request = app
+        .http
+        .request(method, format!("{}/wechat/callback?{query}", app.base_url));
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().await.expect("the API answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+fn now() -> String {
+    Utc::now().timestamp().to_string()
+}
+
+fn popup(openid: &str, create_time: i64) -> String {
+    json!({"ToUserName": "gh_123456789abc", "FromUserName": openid, "CreateTime": create_time.to_string(),
+           "MsgType": "event", "Event": "subscribe_msg_popup_event",
+           "List": [{"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept", "PopupScene": "0"}]})
+    .to_string()
+}
+
+/// A safe-mode push of `plain`, sealed by `sealer`, signed by `token`.
+fn sealed(
+    sealer: &PushCrypto,
+    signer: &PushCrypto,
+    plain: &str,
+    ts: &str,
+    nonce: &str,
+) -> (String, String) {
+    let encrypt = sealer.encrypt(plain, &[9; 16]);
+    let signature = signer.msg_signature(ts, nonce, &encrypt);
+    let query = format!(
+        "signature={}&timestamp={ts}&nonce={nonce}&openid={OPENID}&encrypt_type=aes&msg_signature={signature}",
+        signer.signature(ts, nonce)
+    );
+    (
+        query,
+        json!({"ToUserName": "gh_123456789abc", "Encrypt": encrypt}).to_string(),
+    )
+}
+
+/// The recorded push events.
+async fn pushes(
+    app: &TestApp,
+) -> Vec<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    app.items()
+        .await
+        .into_iter()
+        .filter(|i| attr_s(i, "kind") == Some("push"))
+        .collect()
+}
+
+/// The items a push may leave behind: event records and nonces.
+async fn recorded(app: &TestApp) -> usize {
+    app.items()
+        .await
+        .iter()
+        .filter(|i| matches!(attr_s(i, "kind"), Some("push" | "nonce")))
+        .count()
+}
+
+#[tokio::test]
+async fn the_url_is_verified_by_its_signature() {
+    let app = safe_json_app().await;
+    let c = crypto();
+    let ts = now();
+    let good = format!(
+        "signature={}&timestamp={ts}&nonce=1514711492&echostr=4375120948345356249",
+        c.signature(&ts, "1514711492")
+    );
+    assert_eq!(
+        hit(&app, "GET", &good, None).await,
+        (200, "4375120948345356249".into())
+    );
+    let forged = format!(
+        "signature={}&timestamp={ts}&nonce=1514711493&echostr=1",
+        c.signature(&ts, "1514711492")
+    );
+    assert_eq!(hit(&app, "GET", &forged, None).await.0, 401);
+    let stale_ts = (Utc::now().timestamp() - 3600).to_string();
+    let stale = format!(
+        "signature={}&timestamp={stale_ts}&nonce=1&echostr=1",
+        c.signature(&stale_ts, "1")
+    );
+    assert_eq!(hit(&app, "GET", &stale, None).await.0, 401);
+    assert_eq!(hit(&app, "GET", "echostr=1", None).await.0, 401);
+}
+
+#[tokio::test]
+async fn a_verified_push_is_recorded_once_whatever_the_retries_and_replays() {
+    let app = safe_json_app().await;
+    let c = crypto();
+    let ts = now();
+    let event = popup(OPENID, Utc::now().timestamp());
+    let (query, body) = sealed(&c, &c, &event, &ts, "n1");
+    assert_eq!(
+        hit(&app, "POST", &query, Some(body.clone())).await,
+        (200, "success".into())
+    );
+    let stored = recorded(&app).await;
+    assert_eq!(stored, 2, "the event and its nonce");
+    // The same request again (a replay), and WeChat's retry with a new nonce.
+    assert_eq!(
+        hit(&app, "POST", &query, Some(body)).await,
+        (200, "success".into())
+    );
+    let (retry, retry_body) = sealed(&c, &c, &event, &ts, "n2");
+    assert_eq!(
+        hit(&app, "POST", &retry, Some(retry_body)).await,
+        (200, "success".into())
+    );
+    let pushes = pushes(&app).await;
+    assert_eq!(pushes.len(), 1, "one event, recorded once");
+    assert_eq!(attr_s(&pushes[0], "event"), Some("popup"));
+    assert_eq!(
+        attr_s(&pushes[0], "pk"),
+        Some(format!("USER#{OPENID}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn bad_pushes_are_refused_and_change_nothing() {
+    let app = safe_json_app().await;
+    let c = crypto();
+    let ts = now();
+    let event = popup(OPENID, Utc::now().timestamp());
+    let other_key = PushCrypto::new(Secret::new(TOKEN), &"B".repeat(43), LOCAL_APPID).expect("key");
+    let other_app = PushCrypto::new(Secret::new(TOKEN), &key(), "wx0000000000000000").expect("key");
+    let other_token = PushCrypto::new(Secret::new("BBBBB"), &key(), LOCAL_APPID).expect("key");
+    let stale_ts = (Utc::now().timestamp() - 3600).to_string();
+    let future_ts = (Utc::now().timestamp() + 3600).to_string();
+    let mut cases: Vec<(&str, String, String, u16)> = Vec::new();
+    let (q, b) = sealed(&c, &other_token, &event, &ts, "a");
+    cases.push(("wrong msg_signature", q, b, 401));
+    let (q, b) = sealed(&other_key, &c, &event, &ts, "b");
+    cases.push(("bad AES key", q, b, 401));
+    let (q, b) = sealed(&other_app, &c, &event, &ts, "c");
+    cases.push(("wrong appid", q, b, 401));
+    let (q, b) = sealed(&c, &c, &event, &stale_ts, "d");
+    cases.push(("stale timestamp", q, b, 401));
+    let (q, b) = sealed(&c, &c, &event, &future_ts, "e");
+    cases.push(("timestamp from the future", q, b, 401));
+    let (q, _) = sealed(&c, &c, &event, &ts, "f");
+    cases.push(("a plain body in safe mode", q, event.clone(), 401));
+    let (q, _) = sealed(&c, &c, &event, &ts, "g");
+    cases.push(("not JSON", q, "<xml>".into(), 401));
+    let (q, _) = sealed(&c, &c, &event, &ts, "h");
+    cases.push(("oversized", q, "x".repeat(70 * 1024), 413));
+    let (q, b) = sealed(&c, &c, "{not json", &ts, "i");
+    cases.push(("verified, unreadable inside", q, b, 200));
+    let (q, b) = sealed(&c, &c, &popup("not an openid!", 1), &ts, "j");
+    cases.push(("verified, a bad openid inside", q, b, 200));
+    for (what, query, body, status) in cases {
+        let (got, _) = hit(&app, "POST", &query, Some(body)).await;
+        assert_eq!(got, status, "{what}");
+        assert_eq!(recorded(&app).await, 0, "{what} stored nothing");
+    }
+    // Without the query's signatures at all.
+    assert_eq!(
+        hit(&app, "POST", "timestamp=1", Some("{}".into())).await.0,
+        401
+    );
+}
+
+#[tokio::test]
+async fn plain_xml_pushes_are_checked_by_their_signature() {
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_MODE", "plain"),
+        ("WECHAT_PUSH_FORMAT", "xml"),
+    ])
+    .await;
+    let c = PushCrypto::signatures_only(Secret::new(TOKEN), LOCAL_APPID);
+    let ts = now();
+    let xml = format!(
+        "<xml><ToUserName><![CDATA[gh_1]]></ToUserName><FromUserName><![CDATA[{OPENID}]]></FromUserName>\
+         <CreateTime>{}</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[subscribe_msg_change_event]]></Event>\
+         <SubscribeMsgChangeEvent><List><TemplateId><![CDATA[tmpl_water_reminder]]></TemplateId>\
+         <SubscribeStatusString><![CDATA[reject]]></SubscribeStatusString></List></SubscribeMsgChangeEvent></xml>",
+        Utc::now().timestamp()
+    );
+    let forged = format!("signature={}&timestamp={ts}&nonce=2", c.signature(&ts, "1"));
+    assert_eq!(hit(&app, "POST", &forged, Some(xml.clone())).await.0, 401);
+    assert_eq!(recorded(&app).await, 0);
+    let good = format!("signature={}&timestamp={ts}&nonce=1", c.signature(&ts, "1"));
+    assert_eq!(
+        hit(&app, "POST", &good, Some(xml)).await,
+        (200, "success".into())
+    );
+    let pushes = pushes(&app).await;
+    assert_eq!(pushes.len(), 1);
+    assert_eq!(attr_s(&pushes[0], "event"), Some("change"));
+}
+
+#[tokio::test]
+async fn without_a_push_token_the_callback_is_unavailable() {
+    let app = onegrant_tests::spawn_app().await;
+    assert_eq!(
+        hit(
+            &app,
+            "GET",
+            "timestamp=1&nonce=1&echostr=1&signature=x",
+            None
+        )
+        .await
+        .0,
+        503
+    );
+}
