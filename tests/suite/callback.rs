@@ -241,3 +241,54 @@ async fn without_a_push_token_the_callback_is_unavailable() {
         503
     );
 }
+
+/// A safe-mode JSON change event (the user turned `template` off in WeChat's settings).
+fn change(openid: &str, template: &str) -> String {
+    json!({"ToUserName": "gh_1", "FromUserName": openid, "CreateTime": Utc::now().timestamp().to_string(),
+           "MsgType": "event", "Event": "subscribe_msg_change_event",
+           "List": {"TemplateId": template, "SubscribeStatusString": "reject"}})
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() {
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_FORMAT", "json"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+    ])
+    .await;
+    let user = app.scheduled_user("alice", 2).await;
+    let c = crypto();
+    let ts = now();
+    let event = change(&user.openid, onegrant_tests::WATER);
+    let (query, body) = sealed(&c, &c, &event, &ts, "c1");
+    assert_eq!(
+        hit(&app, "POST", &query, Some(body)).await,
+        (200, "success".into())
+    );
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "paused", "{}", plan.body);
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(
+        onegrant_tests::quota(&grants.body, onegrant_tests::WATER)["available"],
+        0
+    );
+    // WeChat's retry of the same event (a new nonce) applies nothing more.
+    let (retry, retry_body) = sealed(&c, &c, &event, &ts, "c2");
+    assert_eq!(hit(&app, "POST", &retry, Some(retry_body)).await.0, 200);
+    assert_eq!(pushes(&app).await.len(), 1);
+    assert_eq!(
+        pushes(&app).await[0]
+            .get("applied")
+            .and_then(|v| v.as_bool().ok()),
+        Some(&true)
+    );
+    // Nothing is attempted afterwards.
+    let summary = app.tick(30).await;
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    assert!(app.deliveries().await.is_empty());
+    onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
+    onegrant_tests::assert_plans_consistent(&app).await;
+}

@@ -52,7 +52,14 @@ async fn call(app: &TestApp, method: &str, path: &str, token: &str, body: Option
 
 #[tokio::test]
 async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
-    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "5")]).await;
+    let key = "A".repeat(43);
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("WECHAT_PUSH_TOKEN", "AAAAA"),
+        ("WECHAT_PUSH_AES_KEY", &key),
+        ("WECHAT_PUSH_FORMAT", "json"),
+    ])
+    .await;
     let actions = || app.round_trips.take_actions();
 
     // session: no table at all.
@@ -174,6 +181,33 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     let inbox = actions();
     assert_granted("inbox", &inbox);
 
+    // wechat-callback: the user turns the template off in WeChat's settings.
+    let crypto = onegrant::wechat::push::PushCrypto::new(
+        onegrant::config::Secret::new("AAAAA"),
+        &key,
+        onegrant_local::stack::LOCAL_APPID,
+    )
+    .expect("key");
+    let (ts, nonce) = (Utc::now().timestamp().to_string(), "n1");
+    let event = json!({"ToUserName": "gh_1", "FromUserName": alice.openid, "CreateTime": ts.clone(),
+                       "MsgType": "event", "Event": "subscribe_msg_change_event",
+                       "List": {"TemplateId": WATER, "SubscribeStatusString": "reject"}});
+    let encrypt = crypto.encrypt(&event.to_string(), &[3; 16]);
+    let answer = app
+        .http
+        .post(format!(
+            "{}/wechat/callback?timestamp={ts}&nonce={nonce}&msg_signature={}",
+            app.base_url,
+            crypto.msg_signature(&ts, nonce, &encrypt)
+        ))
+        .body(json!({"ToUserName": "gh_1", "Encrypt": encrypt}).to_string())
+        .send()
+        .await
+        .expect("callback answers");
+    assert_eq!(answer.status().as_u16(), 200);
+    let callback = actions();
+    assert_granted("wechat-callback", &callback);
+
     // Disabling voids the open grants (reminders again).
     call(
         &app,
@@ -194,6 +228,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("grants", &grants, "UpdateItem"),
         ("dispatcher", &dispatcher, "PutItem"),
         ("notify", &notify, "PutItem"),
+        ("wechat-callback", &callback, "UpdateItem"),
     ] {
         assert!(
             needed.contains(action),

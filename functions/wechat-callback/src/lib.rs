@@ -7,7 +7,9 @@
 //! body is decrypted or parsed. A timestamp outside ±5 minutes, a body over 64 KiB, or
 //! any failed check answers 401 (413) and changes nothing. A push that verifies but
 //! cannot be read is answered `success` (WeChat's retries would not make it readable)
-//! and logged; one that reads is recorded once (`store::push`) and answered `success`.
+//! and logged; one that reads is recorded once (`store::push`), applied once (a
+//! refusal voids the template's available grants and pauses its plans) and answered
+//! `success`.
 
 use chrono::Utc;
 use futures::future::BoxFuture;
@@ -15,7 +17,7 @@ use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::config::{PushConfig, PushMode};
-use onegrant::domain::push_event;
+use onegrant::domain::push_event::{self, Choice, PushEvent};
 use onegrant::http::{ApiError, respond};
 use onegrant::store::push::PushRecorded;
 use onegrant::telemetry::openid_hash;
@@ -159,17 +161,66 @@ async fn receive(
             return text(200, "success");
         }
     };
+    let now = Utc::now();
     let recorded = deps
         .store
-        .record_push(&timestamp, &nonce, &message, Utc::now())
+        .record_push(&timestamp, &nonce, &message, now)
         .await?;
     tracing::info!(
         openid = %openid_hash(message.openid.as_str()),
         ?recorded,
         "push received"
     );
-    if recorded == PushRecorded::Replayed {
-        tracing::warn!("a push request was replayed; nothing changed");
+    // Applied once: a new event, or a retry of one whose first attempt stopped before
+    // it was marked applied. A replayed request does nothing.
+    let to_apply = match recorded {
+        PushRecorded::Recorded(key)
+        | PushRecorded::Duplicate {
+            key,
+            applied: false,
+        } => Some(key),
+        PushRecorded::Duplicate { applied: true, .. } | PushRecorded::Ignored => None,
+        PushRecorded::Replayed => {
+            tracing::warn!("a push request was replayed; nothing changed");
+            None
+        }
+    };
+    if let Some(key) = to_apply {
+        apply(deps, &message, now).await?;
+        deps.store.push_applied(&key).await?;
     }
     text(200, "success")
+}
+
+/// What an event does. A refusal (in WeChat's settings, or the popup) voids the
+/// template's available grants and pauses its plans. Not done yet: settling uncertain
+/// sends from `subscribe_msg_sent_event` and confirming grants from popup accepts —
+/// both are recorded.
+async fn apply(
+    deps: &Deps,
+    message: &push_event::PushMessage,
+    now: chrono::DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let refused: Vec<&onegrant::domain::TemplateId> = match &message.event {
+        PushEvent::Change(items) => items
+            .iter()
+            .filter(|i| i.choice == Choice::Reject)
+            .map(|i| &i.template_id)
+            .collect(),
+        PushEvent::Popup(items) => items
+            .iter()
+            .filter(|i| i.choice == Choice::Reject)
+            .map(|i| &i.template_id)
+            .collect(),
+        PushEvent::Sent(_) | PushEvent::Other { .. } => Vec::new(),
+    };
+    for template in refused {
+        if !deps.config.templates.contains(template) {
+            continue;
+        }
+        deps.store
+            .refuse_template(&message.openid, template, &deps.config.reminders, now)
+            .await?;
+    }
+    Ok(())
 }

@@ -10,24 +10,37 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
+use super::item::key as key_of;
 use super::item::to_item;
 use super::keys::user_pk;
 use super::plans::{TxOutcome, condition_failed};
-use super::{Attempt, Store, StoreError, retry_contended};
+use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use crate::domain::push_event::{Choice, PushEvent, PushMessage};
+use crate::domain::reminder::ReminderKinds;
+use crate::domain::{OpenId, SubscribeResult, TemplateId};
 
 /// How long a nonce is remembered: past the timestamp window on either side.
 pub const NONCE_MEMORY: Duration = Duration::minutes(15);
 
 /// How recording a push ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PushRecorded {
-    /// New: recorded.
-    Recorded,
-    /// The same event again (WeChat retrying): nothing changed.
-    Duplicate,
-    /// The same request (timestamp and nonce) again: nothing changed.
+    /// New: recorded, to be applied (then [`Store::push_applied`]).
+    Recorded(PushKey),
+    /// The same event again (WeChat retrying): applied already, or not yet (the first
+    /// attempt stopped in between) and so to be applied now.
+    Duplicate { key: PushKey, applied: bool },
+    /// The same request (timestamp and nonce) again: nothing to do.
     Replayed,
+    /// Not a subscription event: nothing to record or apply.
+    Ignored,
+}
+
+/// Where a recorded push is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushKey {
+    pk: String,
+    sk: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,6 +62,8 @@ struct PushItem {
     items: Vec<String>,
     received_at: String,
     expires_at: i64,
+    #[serde(default)]
+    applied: bool,
 }
 
 /// The event's name and its items as stored.
@@ -94,7 +109,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<PushRecorded, StoreError> {
         let Some((event, items)) = describe(&message.event) else {
-            return Ok(PushRecorded::Recorded);
+            return Ok(PushRecorded::Ignored);
         };
         let nonce = NonceItem {
             pk: format!("PUSHNONCE#{timestamp}#{nonce}"),
@@ -116,20 +131,35 @@ impl Store {
             items,
             received_at: rfc3339(now),
             expires_at: (now + self.limits.retention.events).timestamp(),
+            applied: false,
+        };
+        let key = PushKey {
+            pk: record.pk.clone(),
+            sk: record.sk.clone(),
         };
         let writes = vec![
             self.put_new(to_item("nonce", &nonce)?)?,
             self.put_new(to_item("push", &record)?)?,
         ];
-        let writes = &writes;
+        let (writes, key) = (&writes, &key);
         retry_contended("push record", || async move {
             Ok(match self.transact(writes.clone()).await? {
-                TxOutcome::Committed => Attempt::Done(PushRecorded::Recorded),
+                TxOutcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
                 TxOutcome::Cancelled(reasons) => {
                     if condition_failed(&reasons, 0) {
                         Attempt::Done(PushRecorded::Replayed)
                     } else if condition_failed(&reasons, 1) {
-                        Attempt::Done(PushRecorded::Duplicate)
+                        let applied = reasons
+                            .get(1)
+                            .and_then(|(_, old)| old.as_ref())
+                            .and_then(|old| old.get("applied"))
+                            .and_then(|v| v.as_bool().ok())
+                            .copied()
+                            .unwrap_or(false);
+                        Attempt::Done(PushRecorded::Duplicate {
+                            key: key.clone(),
+                            applied,
+                        })
                     } else {
                         Attempt::Retry
                     }
@@ -138,5 +168,55 @@ impl Store {
             })
         })
         .await
+    }
+
+    /// Marks a recorded push applied, so a retry of it does nothing.
+    pub async fn push_applied(&self, key: &PushKey) -> Result<(), StoreError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_of(&key.pk, &key.sk)))
+            .update_expression("SET applied = :true")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(
+                ":true",
+                aws_sdk_dynamodb::types::AttributeValue::Bool(true),
+            )
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        Ok(())
+    }
+
+    /// The user refused `template` (in WeChat's settings or its popup): its available
+    /// grants become invalid and the plans of the kinds that use it pause, as a
+    /// refusal in a grant report does. Idempotent. Grants reserved by a send in flight
+    /// are left to that send's outcome.
+    pub async fn refuse_template(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        kinds: &ReminderKinds,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let pk = &user_pk(openid);
+        retry_contended("refusal", || async move {
+            Ok(
+                if self
+                    .invalidate_grants(pk, template, None, false, now)
+                    .await?
+                {
+                    Attempt::Done(())
+                } else {
+                    Attempt::Retry
+                },
+            )
+        })
+        .await?;
+        for kind in kinds.using_template(template) {
+            self.apply_grant_results(openid, kind, SubscribeResult::Reject, now)
+                .await?;
+        }
+        Ok(())
     }
 }
