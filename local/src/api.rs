@@ -244,7 +244,10 @@ async fn invoke(
                     .get("x-amz-invocation-type")
                     .is_some_and(|t| t.as_bytes() == b"Event") =>
             {
-                let event = serde_json::from_slice(&payload).unwrap_or(serde_json::Value::Null);
+                let event = match event_payload(&payload) {
+                    Ok(event) => event,
+                    Err(message) => return function_error(message),
+                };
                 let state = state.clone();
                 tokio::spawn(async move {
                     if let Err(message) = handler(&state.deps, event, EVENT_BUDGET).await {
@@ -254,7 +257,10 @@ async fn invoke(
                 axum::http::StatusCode::ACCEPTED.into_response()
             }
             Some(handler) => {
-                let event = serde_json::from_slice(&payload).unwrap_or(serde_json::Value::Null);
+                let event = match event_payload(&payload) {
+                    Ok(event) => event,
+                    Err(message) => return function_error(message),
+                };
                 match handler(&state.deps, event, EVENT_BUDGET).await {
                     Ok(answer) => axum::Json(answer).into_response(),
                     Err(message) => function_error(message),
@@ -264,6 +270,14 @@ async fn invoke(
         },
         (true, None) => function_error(format!("{name} has no local handler")),
     }
+}
+
+/// An event function's payload: JSON, or nothing (null).
+fn event_payload(payload: &[u8]) -> Result<serde_json::Value, String> {
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))
 }
 
 /// The Lambda Invoke API for every function in `template.yaml`.

@@ -350,7 +350,10 @@ impl Config {
                     }
                 };
                 let aes_key = lookup("WECHAT_PUSH_AES_KEY").filter(|k| !k.trim().is_empty());
-                if mode != PushMode::Plain && aes_key.as_ref().is_none_or(|k| k.len() != 43) {
+                let usable = |k: &String| {
+                    crate::wechat::push::PushCrypto::new(Secret::new(""), k, "").is_ok()
+                };
+                if mode != PushMode::Plain && !aes_key.as_ref().is_some_and(usable) {
                     return Err(ConfigError::Invalid {
                         name: "WECHAT_PUSH_AES_KEY",
                         reason: "safe and compatible mode need the 43-character EncodingAESKey"
@@ -508,6 +511,13 @@ mod tests {
             (vec![], "WECHAT_PUSH_AES_KEY"),
             (
                 vec![("WECHAT_PUSH_AES_KEY", "short")],
+                "WECHAT_PUSH_AES_KEY",
+            ),
+            (
+                vec![(
+                    "WECHAT_PUSH_AES_KEY",
+                    "*******************************************",
+                )],
                 "WECHAT_PUSH_AES_KEY",
             ),
             (vec![("WECHAT_PUSH_MODE", "loud")], "WECHAT_PUSH_MODE"),

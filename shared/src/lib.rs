@@ -137,7 +137,11 @@ impl Deps {
             .map_or_else(|| "us-east-1".into(), |r| r.to_string());
         match sdk.credentials_provider() {
             Some(credentials) => Self::with_credentials(config, dynamodb, &region, credentials),
-            None => Self::new(config, dynamodb),
+            // No credentials to sign with: no fan-out (the tick does every shard).
+            None => Self::new(config, dynamodb).map(|deps| Self {
+                invoker: None,
+                ..deps
+            }),
         }
     }
 }

@@ -84,13 +84,9 @@ async fn pushes(
         .collect()
 }
 
-/// The items a push may leave behind: event records and nonces.
+/// The events recorded (a verified request also leaves its nonce).
 async fn recorded(app: &TestApp) -> usize {
-    app.items()
-        .await
-        .iter()
-        .filter(|i| matches!(attr_s(i, "kind"), Some("push" | "nonce")))
-        .count()
+    pushes(app).await.len()
 }
 
 #[tokio::test]
@@ -131,8 +127,7 @@ async fn a_verified_push_is_recorded_once_whatever_the_retries_and_replays() {
         hit(&app, "POST", &query, Some(body.clone())).await,
         (200, "success".into())
     );
-    let stored = recorded(&app).await;
-    assert_eq!(stored, 2, "the event and its nonce");
+    assert_eq!(recorded(&app).await, 1);
     // The same request again (a replay), and WeChat's retry with a new nonce.
     assert_eq!(
         hit(&app, "POST", &query, Some(body)).await,
@@ -289,6 +284,86 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
     let summary = app.tick(30).await;
     assert_eq!(summary.claimed, 0, "{summary:?}");
     assert!(app.deliveries().await.is_empty());
+    onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
+    onegrant_tests::assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_signed_query_is_good_once_and_compatible_mode_needs_the_ciphertext() {
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_MODE", "compatible"),
+        ("WECHAT_PUSH_FORMAT", "json"),
+    ])
+    .await;
+    let c = crypto();
+    let ts = now();
+    let verify = format!(
+        "signature={}&timestamp={ts}&nonce=v1&echostr=hello",
+        c.signature(&ts, "v1")
+    );
+    assert_eq!(hit(&app, "GET", &verify, None).await.0, 200);
+    assert_eq!(
+        hit(&app, "GET", &verify, None).await.0,
+        401,
+        "a replayed verification"
+    );
+    // A plain body under a fresh, valid `signature` is still refused: that signature
+    // covers no body, so compatible mode holds every push to msg_signature.
+    let signed = format!(
+        "signature={}&timestamp={ts}&nonce=v2",
+        c.signature(&ts, "v2")
+    );
+    let forged = change(OPENID, onegrant_tests::WATER);
+    assert_eq!(hit(&app, "POST", &signed, Some(forged)).await.0, 401);
+    assert_eq!(recorded(&app).await, 0);
+}
+
+#[tokio::test]
+async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_popup_reject_keeps_the_grants()
+ {
+    let app = safe_json_app().await;
+    let user = app.scheduled_user("alice", 2).await;
+    let c = crypto();
+    let ts = now();
+    // The first attempt recorded the change event and stopped before applying it.
+    let event = change(&user.openid, onegrant_tests::WATER);
+    let message =
+        onegrant::domain::push_event::parse(&event, onegrant::domain::push_event::Format::Json)
+            .expect("event");
+    app.deps
+        .store
+        .record_push(&ts, "r1", &message, Utc::now())
+        .await
+        .expect("recorded");
+    // WeChat retries the same request: applied now, once.
+    let (query, body) = sealed(&c, &c, &event, &ts, "r1");
+    assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "paused");
+    assert_eq!(
+        pushes(&app).await[0]
+            .get("applied")
+            .and_then(|v| v.as_bool().ok()),
+        Some(&true)
+    );
+
+    // Bob rejects in the popup: his plan pauses, his earlier grants stay.
+    let bob = app.scheduled_user("bob", 2).await;
+    let reject = json!({"ToUserName": "gh_1", "FromUserName": bob.openid, "CreateTime": Utc::now().timestamp(),
+                        "MsgType": "event", "Event": "subscribe_msg_popup_event",
+                        "List": {"TemplateId": onegrant_tests::WATER, "SubscribeStatusString": "reject", "PopupScene": "0"}})
+    .to_string();
+    let (query, body) = sealed(&c, &c, &reject, &ts, "p1");
+    assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
+    let plan = app.get("/v1/reminders/water", Some(&bob.token)).await;
+    assert_eq!(plan.body["state"], "paused", "{}", plan.body);
+    let grants = app.get("/v1/grants", Some(&bob.token)).await;
+    assert_eq!(
+        onegrant_tests::quota(&grants.body, onegrant_tests::WATER)["available"],
+        2
+    );
     onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
     onegrant_tests::assert_plans_consistent(&app).await;
 }

@@ -1360,3 +1360,18 @@ async fn a_tick_whose_workers_cannot_be_invoked_does_their_shards_itself() {
     assert_eq!(app.deliveries().await.len(), 12);
     assert_plans_consistent(&app).await;
 }
+
+#[tokio::test]
+async fn a_worker_event_naming_no_usable_shards_fails_and_never_runs_a_tick() {
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DISPATCH_WORKERS", "4")]).await;
+    due_user(&app, "alice", 1).await;
+    for payload in [
+        json!({"onegrant_dispatch_shards": "all"}),
+        json!({"onegrant_dispatch_shards": {"from": 0, "to": 100000}}),
+    ] {
+        let answer = app.invoke("dispatcher", &payload).await;
+        assert_eq!(answer["errorType"], "FunctionError", "{answer}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(app.deliveries().await.is_empty(), "no tick ran");
+}

@@ -6,8 +6,6 @@
 //! whose worker cannot be invoked is done by the tick itself, so a missing permission
 //! or an Invoke API outage slows dispatch down but never stops it.
 
-use std::ops::Range;
-
 use chrono::{DateTime, Utc};
 use onegrant::Deps;
 use onegrant::invoke::Invoker;
@@ -30,16 +28,30 @@ pub struct Work {
     pub to: u32,
 }
 
+/// A worker event that names no shards it could work on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a worker event with unusable shards: {0}")]
+pub struct BadWork(String);
+
 impl Work {
-    /// The work an invocation's event names, if it is a worker's.
-    pub fn of(event: &Value) -> Option<Self> {
-        let work: Self = serde_json::from_value(event.get(WORK)?.clone()).ok()?;
-        (work.from < work.to && work.to <= onegrant::store::dispatch::shards::MAX_SHARDS)
-            .then_some(work)
+    /// The work an invocation's event names: `Ok(None)` for any other event (a
+    /// schedule, a manual invocation), an error for a worker event that cannot be
+    /// worked on — never a whole tick, which would fan out again.
+    pub fn of(event: &Value) -> Result<Option<Self>, BadWork> {
+        let Some(raw) = event.get(WORK) else {
+            return Ok(None);
+        };
+        let work: Self =
+            serde_json::from_value(raw.clone()).map_err(|_| BadWork(raw.to_string()))?;
+        if work.from < work.to && work.to <= onegrant::store::dispatch::shards::MAX_SHARDS {
+            Ok(Some(work))
+        } else {
+            Err(BadWork(raw.to_string()))
+        }
     }
 
-    pub fn shards(self) -> Range<u32> {
-        self.from..self.to
+    pub fn shards(self) -> Vec<u32> {
+        (self.from..self.to).collect()
     }
 
     /// The event that hands this work to a worker.
@@ -88,13 +100,10 @@ pub async fn fan_out(
         inline: u32::try_from(left.len()).unwrap_or(0),
         ..Summary::default()
     };
-    let done = futures::future::join_all(
-        left.iter()
-            .map(|w| run_shards(deps, deadline, w.shards(), now)),
-    )
-    .await;
-    for part in done {
-        summary.absorb(part?);
+    // The groups left run here as one, sharing one concurrency limit.
+    if !left.is_empty() {
+        let shards: Vec<u32> = left.iter().flat_map(|w| w.shards()).collect();
+        summary.absorb(run_shards(deps, deadline, &shards, now).await?);
     }
     Ok(summary)
 }
@@ -124,14 +133,19 @@ mod tests {
     #[test]
     fn only_a_well_formed_worker_event_is_work() {
         let work = Work { from: 4, to: 8 };
-        assert_eq!(Work::of(&work.event()), Some(work));
+        assert_eq!(Work::of(&work.event()), Ok(Some(work)));
+        assert_eq!(
+            Work::of(&json!({"detail-type": "Scheduled Event"})),
+            Ok(None)
+        );
+        assert_eq!(Work::of(&json!(null)), Ok(None));
         for event in [
-            json!({"detail-type": "Scheduled Event"}),
             json!({WORK: {"from": 8, "to": 4}}),
             json!({WORK: {"from": 0, "to": 100000}}),
             json!({WORK: "all"}),
+            json!({WORK: null}),
         ] {
-            assert_eq!(Work::of(&event), None, "{event}");
+            assert!(Work::of(&event).is_err(), "{event}");
         }
     }
 }

@@ -20,7 +20,6 @@
 //! send to the same user is retried within the send's window without spending an
 //! attempt.
 
-use std::ops::Range;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -160,7 +159,10 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         Some(invoker) if deps.config.dispatch.workers > 1 => {
             fanout::fan_out(deps, invoker, &shards, deadline, now).await?
         }
-        _ => run_shards(deps, deadline, 0..shards.span, now).await?,
+        _ => {
+            let all: Vec<u32> = (0..shards.span).collect();
+            run_shards(deps, deadline, &all, now).await?
+        }
     };
     if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
         tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
@@ -174,7 +176,7 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
 pub async fn tick_shards(
     deps: &Deps,
     deadline: Instant,
-    shards: Range<u32>,
+    shards: &[u32],
 ) -> Result<Summary, StoreError> {
     let summary = run_shards(deps, deadline, shards, Utc::now()).await?;
     report(&summary);
@@ -185,7 +187,7 @@ pub async fn tick_shards(
 async fn run_shards(
     deps: &Deps,
     deadline: Instant,
-    shards: Range<u32>,
+    shards: &[u32],
     now: chrono::DateTime<Utc>,
 ) -> Result<Summary, StoreError> {
     let config = &deps.config;
@@ -196,7 +198,7 @@ async fn run_shards(
     let sweeping = tokio::time::timeout_at(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
         deps.store
-            .sweep(&config.reminders, &policy, shards.clone(), now),
+            .sweep(&config.reminders, &policy, shards.iter().copied(), now),
     );
     let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));
     let mut summary = dispatched?;
@@ -244,7 +246,7 @@ const DUE_PAGE: usize = 50;
 async fn dispatch_due(
     deps: &Deps,
     deadline: Instant,
-    shards: Range<u32>,
+    shards: &[u32],
     now: chrono::DateTime<Utc>,
 ) -> Result<Summary, StoreError> {
     let config = &deps.config;
@@ -266,7 +268,7 @@ async fn dispatch_due(
         permits: &permits,
         summary: &summary,
     };
-    join_all(shards.map(|shard| lane.run(shard))).await;
+    join_all(shards.iter().map(|shard| lane.run(*shard))).await;
     Ok(summary.into_inner())
 }
 
@@ -617,9 +619,11 @@ pub fn invoke(
 ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
     Box::pin(async move {
         let deadline = Instant::now() + budget;
+        // A worker's event never runs a whole tick, so a worker never fans out again.
         let summary = match fanout::Work::of(&event) {
-            Some(work) => tick_shards(deps, deadline, work.shards()).await,
-            None => tick(deps, deadline).await,
+            Ok(Some(work)) => tick_shards(deps, deadline, &work.shards()).await,
+            Ok(None) => tick(deps, deadline).await,
+            Err(e) => return Err(e.to_string()),
         }
         .map_err(|e| e.to_string())?;
         serde_json::to_value(summary).map_err(|e| e.to_string())

@@ -51,7 +51,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         },
     };
     let result = match *req.method() {
-        Method::GET => verify_url(push, &crypto, &req),
+        Method::GET => verify_url(deps, push, &crypto, &req).await,
         Method::POST => receive(deps, push, &crypto, &req).await,
         _ => Err(ApiError::NotFound),
     };
@@ -82,15 +82,17 @@ fn fresh(req: &Request) -> Result<(String, String), ApiError> {
     let at = timestamp
         .parse::<i64>()
         .map_err(|_| ApiError::Unauthorized)?;
-    if (Utc::now().timestamp() - at).abs() > TIMESTAMP_WINDOW_SECONDS {
+    if Utc::now().timestamp().abs_diff(at) > TIMESTAMP_WINDOW_SECONDS.unsigned_abs() {
         return Err(ApiError::Unauthorized);
     }
     Ok((timestamp, nonce))
 }
 
 /// URL verification: `echostr` back when the signature verifies; with a
-/// `msg_signature`, the echostr is encrypted and answered decrypted.
-fn verify_url(
+/// `msg_signature`, the echostr is encrypted and answered decrypted. The nonce is
+/// remembered, so the same signed query cannot be used again (for a push either).
+async fn verify_url(
+    deps: &Deps,
     push: &PushConfig,
     crypto: &PushCrypto,
     req: &Request,
@@ -103,16 +105,33 @@ fn verify_url(
         if !crypto.verify_msg_signature(&timestamp, &nonce, &echostr, &msg_signature) {
             return Err(ApiError::Unauthorized);
         }
-        let plain = crypto
-            .decrypt(&echostr)
-            .map_err(|_| ApiError::Unauthorized)?;
+        let plain = crypto.decrypt(&echostr).map_err(|_| {
+            tracing::error!("a signed echostr did not decrypt: is WECHAT_PUSH_AES_KEY right?");
+            ApiError::Unauthorized
+        })?;
+        fresh_nonce(deps, &timestamp, &nonce).await?;
         return text(200, &plain);
     }
     let signature = query(req, "signature").ok_or(ApiError::Unauthorized)?;
     if !crypto.verify_signature(&timestamp, &nonce, &signature) {
         return Err(ApiError::Unauthorized);
     }
+    fresh_nonce(deps, &timestamp, &nonce).await?;
     text(200, &echostr)
+}
+
+/// 401 if this verified request's nonce was seen before.
+async fn fresh_nonce(deps: &Deps, timestamp: &str, nonce: &str) -> Result<(), ApiError> {
+    if deps
+        .store
+        .record_nonce(timestamp, nonce, Utc::now())
+        .await?
+    {
+        Ok(())
+    } else {
+        tracing::warn!("a signed request was replayed");
+        Err(ApiError::Unauthorized)
+    }
 }
 
 async fn receive(
@@ -127,25 +146,29 @@ async fn receive(
     }
     let (timestamp, nonce) = fresh(req)?;
     let body = std::str::from_utf8(bytes).map_err(|_| ApiError::Unauthorized)?;
-    let encrypted = match push.mode {
-        PushMode::Plain => None,
-        // Only the Encrypt field is read before msg_signature verifies it.
+    let plain = match push.mode {
+        // The body is read (within 64 KiB, no DTD) for its Encrypt field only, which
+        // msg_signature then verifies. Compatible mode always carries the ciphertext
+        // too, so it is held to it: a body without one would be covered by no
+        // signature at all.
         PushMode::Safe | PushMode::Compatible => {
-            push_event::encrypted_field(body, push.format).unwrap_or(None)
-        }
-    };
-    let plain = match (push.mode, encrypted) {
-        (PushMode::Safe, None) => return Err(ApiError::Unauthorized),
-        (_, Some(encrypt)) => {
+            let encrypt = push_event::encrypted_field(body, push.format)
+                .ok()
+                .flatten()
+                .ok_or(ApiError::Unauthorized)?;
             let msg_signature = query(req, "msg_signature").ok_or(ApiError::Unauthorized)?;
             if !crypto.verify_msg_signature(&timestamp, &nonce, &encrypt, &msg_signature) {
                 return Err(ApiError::Unauthorized);
             }
-            crypto
-                .decrypt(&encrypt)
-                .map_err(|_| ApiError::Unauthorized)?
+            crypto.decrypt(&encrypt).map_err(|_| {
+                tracing::error!(
+                    "a signed push did not decrypt: is WECHAT_PUSH_AES_KEY right, and the appid?"
+                );
+                ApiError::Unauthorized
+            })?
         }
-        (PushMode::Plain | PushMode::Compatible, None) => {
+        // Plain mode: `signature` covers no body (WeChat's design; use safe mode).
+        PushMode::Plain => {
             let signature = query(req, "signature").ok_or(ApiError::Unauthorized)?;
             if !crypto.verify_signature(&timestamp, &nonce, &signature) {
                 return Err(ApiError::Unauthorized);
@@ -158,6 +181,7 @@ async fn receive(
         Err(e) => {
             // Authentic but unreadable: a retry would not help.
             tracing::warn!(error = %e, "a verified push could not be read; acknowledged");
+            fresh_nonce(deps, &timestamp, &nonce).await?;
             return text(200, "success");
         }
     };
@@ -192,8 +216,8 @@ async fn receive(
     text(200, "success")
 }
 
-/// What an event does. A refusal (in WeChat's settings, or the popup) voids the
-/// template's available grants and pauses its plans. Not done yet: settling uncertain
+/// What an event does: a refusal pauses the template's plans (and, made in WeChat's
+/// settings, voids its available grants). Not done yet: settling uncertain
 /// sends from `subscribe_msg_sent_event` and confirming grants from popup accepts —
 /// both are recorded.
 async fn apply(
@@ -201,25 +225,40 @@ async fn apply(
     message: &push_event::PushMessage,
     now: chrono::DateTime<Utc>,
 ) -> Result<(), ApiError> {
-    let refused: Vec<&onegrant::domain::TemplateId> = match &message.event {
-        PushEvent::Change(items) => items
-            .iter()
-            .filter(|i| i.choice == Choice::Reject)
-            .map(|i| &i.template_id)
-            .collect(),
-        PushEvent::Popup(items) => items
-            .iter()
-            .filter(|i| i.choice == Choice::Reject)
-            .map(|i| &i.template_id)
-            .collect(),
-        PushEvent::Sent(_) | PushEvent::Other { .. } => Vec::new(),
+    // Turned off in WeChat's settings: sends now fail with 43101, so the grants go
+    // too. A popup reject is one tap's answer, as a reject in a grant report: the
+    // plans pause, earlier grants stay.
+    let (refused, void_grants): (Vec<&onegrant::domain::TemplateId>, bool) = match &message.event {
+        PushEvent::Change(items) => (
+            items
+                .iter()
+                .filter(|i| i.choice == Choice::Reject)
+                .map(|i| &i.template_id)
+                .collect(),
+            true,
+        ),
+        PushEvent::Popup(items) => (
+            items
+                .iter()
+                .filter(|i| i.choice == Choice::Reject)
+                .map(|i| &i.template_id)
+                .collect(),
+            false,
+        ),
+        PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
     };
     for template in refused {
         if !deps.config.templates.contains(template) {
             continue;
         }
         deps.store
-            .refuse_template(&message.openid, template, &deps.config.reminders, now)
+            .refuse_template(
+                &message.openid,
+                template,
+                &deps.config.reminders,
+                void_grants,
+                now,
+            )
             .await?;
     }
     Ok(())

@@ -10,8 +10,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
-use super::item::key as key_of;
 use super::item::to_item;
+use super::item::{key as key_of, text};
 use super::keys::user_pk;
 use super::plans::{TxOutcome, condition_failed};
 use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
@@ -49,6 +49,28 @@ struct NonceItem {
     sk: String,
     kind: String,
     expires_at: i64,
+    /// The event the request carried, so WeChat retrying with the same nonce is told
+    /// from a replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event_sk: Option<String>,
+}
+
+fn nonce_item(
+    timestamp: &str,
+    nonce: &str,
+    event: Option<&PushKey>,
+    now: DateTime<Utc>,
+) -> NonceItem {
+    NonceItem {
+        pk: format!("PUSHNONCE#{timestamp}#{nonce}"),
+        sk: "NONCE".into(),
+        kind: "nonce".into(),
+        expires_at: (now + NONCE_MEMORY).timestamp(),
+        event_pk: event.map(|k| k.pk.clone()),
+        event_sk: event.map(|k| k.sk.clone()),
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,8 +121,31 @@ fn describe(event: &PushEvent) -> Option<(&'static str, Vec<String>)> {
 }
 
 impl Store {
+    /// Remembers a verified request's nonce (URL verifications, pushes that are not
+    /// subscription events); false if it was seen before (a replay).
+    pub async fn record_nonce(
+        &self,
+        timestamp: &str,
+        nonce: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let item = to_item("nonce", &nonce_item(timestamp, nonce, None, now))?;
+        let put = self.put_new(item)?;
+        let put = &put;
+        retry_contended("nonce", || async move {
+            Ok(match self.transact(vec![put.clone()]).await? {
+                TxOutcome::Committed => Attempt::Done(true),
+                TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => {
+                    Attempt::Done(false)
+                }
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+            })
+        })
+        .await
+    }
+
     /// Records a verified push (see the module docs); `timestamp` and `nonce` are the
-    /// request's. Pushes that are not subscription events are only acknowledged.
+    /// request's. Pushes that are not subscription events only have their nonce kept.
     pub async fn record_push(
         &self,
         timestamp: &str,
@@ -109,13 +154,11 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<PushRecorded, StoreError> {
         let Some((event, items)) = describe(&message.event) else {
-            return Ok(PushRecorded::Ignored);
-        };
-        let nonce = NonceItem {
-            pk: format!("PUSHNONCE#{timestamp}#{nonce}"),
-            sk: "NONCE".into(),
-            kind: "nonce".into(),
-            expires_at: (now + NONCE_MEMORY).timestamp(),
+            return Ok(if self.record_nonce(timestamp, nonce, now).await? {
+                PushRecorded::Ignored
+            } else {
+                PushRecorded::Replayed
+            });
         };
         let templates: Vec<&str> = items.iter().filter_map(|i| i.split(':').next()).collect();
         let record = PushItem {
@@ -137,6 +180,7 @@ impl Store {
             pk: record.pk.clone(),
             sk: record.sk.clone(),
         };
+        let nonce = nonce_item(timestamp, nonce, Some(&key), now);
         let writes = vec![
             self.put_new(to_item("nonce", &nonce)?)?,
             self.put_new(to_item("push", &record)?)?,
@@ -146,19 +190,22 @@ impl Store {
             Ok(match self.transact(writes.clone()).await? {
                 TxOutcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
                 TxOutcome::Cancelled(reasons) => {
-                    if condition_failed(&reasons, 0) {
+                    let same_event = reasons
+                        .first()
+                        .and_then(|(_, old)| old.as_ref())
+                        .is_some_and(|old| {
+                            text(old, "event_pk") == Some(key.pk.as_str())
+                                && text(old, "event_sk") == Some(key.sk.as_str())
+                        });
+                    if condition_failed(&reasons, 0) && !same_event {
+                        // Another request's nonce: a replay.
                         Attempt::Done(PushRecorded::Replayed)
-                    } else if condition_failed(&reasons, 1) {
-                        let applied = reasons
-                            .get(1)
-                            .and_then(|(_, old)| old.as_ref())
-                            .and_then(|old| old.get("applied"))
-                            .and_then(|v| v.as_bool().ok())
-                            .copied()
-                            .unwrap_or(false);
+                    } else if condition_failed(&reasons, 0) || condition_failed(&reasons, 1) {
+                        // This event again (WeChat retrying, with the same nonce or a
+                        // new one): applied yet?
                         Attempt::Done(PushRecorded::Duplicate {
                             key: key.clone(),
-                            applied,
+                            applied: self.is_applied(key).await?,
                         })
                     } else {
                         Attempt::Retry
@@ -168,6 +215,24 @@ impl Store {
             })
         })
         .await
+    }
+
+    async fn is_applied(&self, key: &PushKey) -> Result<bool, StoreError> {
+        let got = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key_of(&key.pk, &key.sk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        Ok(got
+            .item()
+            .and_then(|i| i.get("applied"))
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false))
     }
 
     /// Marks a recorded push applied, so a retry of it does nothing.
@@ -188,18 +253,35 @@ impl Store {
         Ok(())
     }
 
-    /// The user refused `template` (in WeChat's settings or its popup): its available
-    /// grants become invalid and the plans of the kinds that use it pause, as a
-    /// refusal in a grant report does. Idempotent. Grants reserved by a send in flight
-    /// are left to that send's outcome.
+    /// The user refused `template`: the plans of the kinds that use it pause, as a
+    /// refusal in a grant report does; with `void_grants` (turned off in WeChat's
+    /// settings, where sends now fail with 43101) its available grants become invalid
+    /// too. Idempotent. Grants reserved by a send in flight are left to its outcome.
     pub async fn refuse_template(
         &self,
         openid: &OpenId,
         template: &TemplateId,
         kinds: &ReminderKinds,
+        void_grants: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let pk = &user_pk(openid);
+        if void_grants {
+            self.void_available(pk, template, now).await?;
+        }
+        for kind in kinds.using_template(template) {
+            self.apply_grant_results(openid, kind, SubscribeResult::Reject, now)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn void_available(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
         retry_contended("refusal", || async move {
             Ok(
                 if self
@@ -212,11 +294,6 @@ impl Store {
                 },
             )
         })
-        .await?;
-        for kind in kinds.using_template(template) {
-            self.apply_grant_results(openid, kind, SubscribeResult::Reject, now)
-                .await?;
-        }
-        Ok(())
+        .await
     }
 }

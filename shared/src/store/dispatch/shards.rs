@@ -66,7 +66,8 @@ impl Store {
             && current == self.shards
         {
             return Ok(ShardSpan {
-                span: max.max(current),
+                // Never past the most there can be, whatever the item says.
+                span: max.max(current).min(MAX_SHARDS),
                 current,
                 since,
             });

@@ -45,10 +45,10 @@ impl Store {
         &self,
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
-        shards: std::ops::Range<u32>,
+        shards: impl IntoIterator<Item = u32>,
         now: DateTime<Utc>,
     ) -> SweepSummary {
-        let queries = shards.map(|shard| async move {
+        let queries = shards.into_iter().map(|shard| async move {
             let out = self
                 .client
                 .query()
