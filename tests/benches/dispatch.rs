@@ -201,6 +201,20 @@ async fn main() {
     // The same raw transactions on the table as the burst left it.
     let raw_tps_after = raw_transactions(&app, raw_n, "after").await;
 
+    // 3c. The emulator's own rate for dispatches: one at a time (concurrency 1), WeChat
+    // answering at once, on an emulator of its own. What the burst achieves against
+    // this is the pipeline's efficiency with the emulator's real cost per dispatch.
+    let seq = spawn_app_isolated(&[("DISPATCH_CONCURRENCY", "1"), ("DUE_SHARDS", "16")]).await;
+    let seq_n = plans.min(200);
+    let users = due_users(&seq, "seq", seq_n).await;
+    for user in &users {
+        seq.make_due(user, "water", Utc::now()).await;
+    }
+    let started = Instant::now();
+    let seq_summary = seq.tick(100).await;
+    let seq_dps = f64::from(seq_summary.sent) / started.elapsed().as_secs_f64();
+    drop(seq);
+
     // 3b. The same with the tick fanned out to 4 workers (the local Invoke API), on
     // an emulator of its own measured the same way.
     let fan = spawn_app_isolated(&[("DISPATCH_WORKERS", "4"), ("DUE_SHARDS", "16")]).await;
@@ -249,6 +263,11 @@ async fn main() {
         "  dispatches per second, 4 workers: {fan_dps:.1}/s ({fan_sent} sent in {fan_elapsed:.1} s by {} workers, {fan_per:.2} round trips each) → efficiency {:.2}",
         coordinator.workers,
         fan_dps / (raw_rps / fan_per)
+    );
+    println!(
+        "  dispatches per second, one at a time, WeChat instant: {seq_dps:.1}/s ({} sent) → the burst achieves {:.2} of it",
+        seq_summary.sent,
+        dps / seq_dps
     );
     println!(
         "  round trips per dispatch:     {} [spread tick, incl. sweep and index queries]",
