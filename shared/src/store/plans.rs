@@ -261,7 +261,7 @@ pub(super) struct Read {
 
 impl Store {
     /// Reads the given items of one user in one strongly consistent round trip.
-    async fn read_items(
+    pub(super) async fn read_items(
         &self,
         pk: &str,
         sks: &[String],

@@ -6,11 +6,11 @@
 //! filling the page answers what it found and a cursor to where it stopped, so a page is
 //! never empty without a cursor while older matches exist.
 
-use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::super::item::{Item, key, number, parse, s, text};
 use super::super::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use super::super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error};
+use super::super::{Store, StoreError, classify_sdk_error};
 use super::{ListFilter, NoteItem, Page};
 use crate::domain::OpenId;
 use crate::domain::inbox::{NotificationView, encode_cursor};
@@ -156,49 +156,14 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut keys: Vec<Item> = ids.iter().map(|id| key(pk, &note_sk(id))).collect();
+        let sks: Vec<String> = ids.iter().map(|id| note_sk(id)).collect();
         let mut got: Vec<NoteItem> = Vec::with_capacity(ids.len());
-        let mut attempt = 0;
-        while !keys.is_empty() {
-            let wanted = KeysAndAttributes::builder()
-                .set_keys(Some(std::mem::take(&mut keys)))
-                .consistent_read(true)
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let out = self
-                .client
-                .batch_get_item()
-                .request_items(&self.table, wanted)
-                .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
-            for item in out
-                .responses()
-                .and_then(|r| r.get(&self.table))
-                .into_iter()
-                .flatten()
-            {
-                match parse::<NoteItem>("note", item.clone()) {
-                    Ok(note) => got.push(note),
-                    Err(e) => {
-                        tracing::error!(error = %crate::telemetry::error_chain(&e), "unreadable notification left out of a page");
-                    }
+        for item in self.read_items(pk, &sks).await?.into_values() {
+            match parse::<NoteItem>("note", item) {
+                Ok(note) => got.push(note),
+                Err(e) => {
+                    tracing::error!(error = %crate::telemetry::error_chain(&e), "unreadable notification left out of a page");
                 }
-            }
-            if let Some(left) = out
-                .unprocessed_keys()
-                .and_then(|u| u.get(&self.table))
-                .map(|k| k.keys().to_vec())
-                .filter(|k| !k.is_empty())
-            {
-                attempt += 1;
-                if attempt > MAX_WRITE_ATTEMPTS {
-                    return Err(StoreError::Unavailable(
-                        "notifications unprocessed past the retry limit".into(),
-                    ));
-                }
-                tokio::time::sleep(backoff(attempt)).await;
-                keys = left;
             }
         }
         let mut views = Vec::with_capacity(got.len());
