@@ -481,6 +481,17 @@ async fn notify_all(app: &TestApp, events: Vec<Value>) {
         .await;
 }
 
+/// `n` notifications for `user`, keys `prefix0`…, without pushes.
+async fn notify_n(app: &TestApp, user: &User, prefix: &str, n: usize) {
+    notify_all(
+        app,
+        (0..n)
+            .map(|i| event(user, &format!("{prefix}{i}"), false))
+            .collect(),
+    )
+    .await;
+}
+
 /// Follows `query`'s cursors until a page holds an item; returns the pages it took,
 /// the item, and the most items one call read.
 async fn first_match(app: &TestApp, user: &User, query: &str) -> (usize, Value, u64) {
@@ -514,13 +525,7 @@ async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded
     let mut first = event(&user, "oldest", false);
     first["type"] = json!("system");
     app.notify(first).await;
-    notify_all(
-        &app,
-        (0..500)
-            .map(|i| event(&user, &format!("read{i}"), false))
-            .collect(),
-    )
-    .await;
+    notify_n(&app, &user, "read", 500).await;
     let oldest = app.items_of(&user, "note").await;
     let target = oldest
         .iter()
@@ -574,13 +579,7 @@ async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded
 async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exact() {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    notify_all(
-        &app,
-        (0..1000)
-            .map(|i| event(&user, &format!("n{i}"), false))
-            .collect(),
-    )
-    .await;
+    notify_n(&app, &user, "n", 1000).await;
     assert_eq!(unread(&app, &user).await, 1000);
 
     let reader = async {
@@ -665,13 +664,7 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
 async fn a_stray_marker_or_a_broken_note_never_blocks_the_inbox() {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    notify_all(
-        &app,
-        (0..5)
-            .map(|i| event(&user, &format!("n{i}"), false))
-            .collect(),
-    )
-    .await;
+    notify_n(&app, &user, "n", 5).await;
     let notes = app.items_of(&user, "note").await;
     let ids: Vec<String> = notes
         .iter()

@@ -88,15 +88,7 @@ impl Store {
         let mut examined = 0usize;
         let mut start = after.map(|sk| key(pk, &sk));
         loop {
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .scan_index_forward(false)
-                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":pk", s(pk))
-                .expression_attribute_values(":prefix", s(prefix));
+            let mut query = self.newest_first(pk, prefix);
             let mut conditions = Vec::new();
             if let Some(read) = read {
                 conditions.push("#read = :read");

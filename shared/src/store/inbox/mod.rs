@@ -212,6 +212,23 @@ pub(super) fn note_push_update(
 }
 
 impl Store {
+    /// A strongly consistent query of `pk`'s items under `prefix`, newest first (the
+    /// shape of every inbox listing).
+    fn newest_first(
+        &self,
+        pk: &str,
+        prefix: &str,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .scan_index_forward(false)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":prefix", s(prefix))
+    }
+
     /// Ingests a notify event (see the module docs). One round trip.
     pub async fn ingest(
         &self,

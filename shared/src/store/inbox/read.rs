@@ -166,14 +166,7 @@ impl Store {
     /// Up to `limit` ids of unread notifications, newest first (markers only).
     async fn unread_ids(&self, pk: &str, limit: usize) -> Result<Vec<String>, StoreError> {
         let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .scan_index_forward(false)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":prefix", s(UNREADS))
+            .newest_first(pk, UNREADS)
             .projection_expression("sk")
             .limit(i32::try_from(limit).unwrap_or(1))
             .send()
