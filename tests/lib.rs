@@ -1000,6 +1000,31 @@ impl TestApp {
         answer
     }
 
+    /// Claims `item` as a dispatcher that then vanishes (a 10 s lease, no send, no
+    /// finalize), as of `now`.
+    pub async fn claim_and_vanish(
+        &self,
+        item: &onegrant::store::dispatch::DueItem,
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
+        let claimed = self
+            .deps
+            .store
+            .claim(
+                item,
+                &self.deps.config.reminders,
+                "vanished",
+                std::time::Duration::from_secs(10),
+                now,
+            )
+            .await
+            .expect("claim");
+        assert!(
+            matches!(claimed, onegrant::store::dispatch::ClaimOutcome::Claimed(_)),
+            "{claimed:?}"
+        );
+    }
+
     /// Runs one sweep as if at `at`.
     pub async fn sweep_at(
         &self,

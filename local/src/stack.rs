@@ -39,12 +39,50 @@ pub fn local_config(overrides: &HashMap<&str, String>) -> anyhow::Result<Config>
     })?)
 }
 
+/// The message-push settings of local runs: the stand-in seals its pushes with them
+/// and the callback opens them. Development-only values.
+pub const LOCAL_PUSH: [(&str, &str); 4] = [
+    ("WECHAT_PUSH_TOKEN", "local-push-token"),
+    (
+        "WECHAT_PUSH_AES_KEY",
+        "LocalPushKeyForDevelopmentOnlyNotProduction",
+    ),
+    ("WECHAT_PUSH_MODE", "safe"),
+    ("WECHAT_PUSH_FORMAT", "json"),
+];
+
+/// Where the stand-in pushes for a stack config serving its API at `api_base`: the
+/// callback route, with the config's push token and key (none without a push token).
+pub fn standin_push(config: &Config, api_base: &str) -> Option<crate::standin::PushTarget> {
+    let push = config.push.as_ref()?;
+    Some(crate::standin::PushTarget {
+        url: format!("{api_base}/wechat/callback"),
+        token: push.token.expose().to_string(),
+        aes_key: push
+            .aes_key
+            .as_ref()
+            .filter(|_| push.mode != onegrant::config::PushMode::Plain)
+            .map(|k| k.expose().to_string()),
+        format: Some(
+            match push.format {
+                onegrant::domain::push_event::Format::Json => "json",
+                onegrant::domain::push_event::Format::Xml => "xml",
+            }
+            .to_string(),
+        ),
+        delay_ms: None,
+        copies: None,
+        to_user: None,
+    })
+}
+
 /// The stand-in's config for a stack config: same appid, secret and templates.
 pub fn standin_config(config: &Config) -> StandinConfig {
     StandinConfig {
         appid: config.wechat.appid.clone(),
         secret: config.wechat.secret.expose().to_string(),
         templates: config.templates.clone(),
+        push: None,
     }
 }
 

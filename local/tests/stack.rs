@@ -1,6 +1,6 @@
 //! The README's first command, end to end: `onegrant-local` starts everything, serves a
-//! session and a grant report over HTTP, and SIGTERM stops everything it started —
-//! the emulator process included.
+//! session and a grant report over HTTP, takes the stand-in's sealed pushes at its
+//! callback, and SIGTERM stops everything it started — the emulator process included.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -18,6 +18,22 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))
         .unwrap_or(false)
+}
+
+/// POSTs `body` and reads the JSON answer.
+async fn post_json(
+    http: &reqwest::Client,
+    url: String,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    http.post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON")
 }
 
 #[tokio::test]
@@ -73,15 +89,12 @@ async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
     assert!(alive(emulator_pid));
 
     let http = reqwest::Client::new();
-    let code: serde_json::Value = http
-        .post(format!("http://127.0.0.1:{standin}/control/login-codes"))
-        .json(&serde_json::json!({"user": "alice"}))
-        .send()
-        .await
-        .expect("stand-in")
-        .json()
-        .await
-        .expect("JSON");
+    let code = post_json(
+        &http,
+        format!("http://127.0.0.1:{standin}/control/login-codes"),
+        serde_json::json!({"user": "alice"}),
+    )
+    .await;
     let session: serde_json::Value = http
         .post(format!("http://127.0.0.1:{api}/v1/session"))
         .json(&serde_json::json!({"code": code["code"]}))
@@ -100,6 +113,34 @@ async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
         .await
         .expect("grants");
     assert_eq!(report.status().as_u16(), 200);
+
+    // The stand-in pushes to this stack's callback, sealed in safe mode: the user turns
+    // the template off in WeChat's settings, and the grant is void.
+    let openid = code["openid"].as_str().expect("openid");
+    let pushed = post_json(
+        &http,
+        format!("http://127.0.0.1:{standin}/control/push-events"),
+        serde_json::json!({"event": "change", "openid": openid,
+                           "template_id": "tmpl_water_reminder"}),
+    )
+    .await;
+    assert_eq!(pushed["answers"], serde_json::json!([200]), "{pushed}");
+    let quotas: serde_json::Value = http
+        .get(format!("http://127.0.0.1:{api}/v1/grants"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("quotas")
+        .json()
+        .await
+        .expect("JSON");
+    let water = quotas["quotas"]
+        .as_array()
+        .and_then(|q| q.iter().find(|q| q["template_id"] == "tmpl_water_reminder"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(water["accepted"], 1, "{quotas}");
+    assert_eq!(water["available"], 0, "{quotas}");
 
     // SIGTERM, as `kill` or a terminal closing sends it.
     let pid = child.id().to_string();

@@ -974,20 +974,7 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
             .expect("due");
         assert_eq!(due.len(), 12);
         for item in due.iter().take(2) {
-            let claimed = store
-                .claim(
-                    item,
-                    &app.deps.config.reminders,
-                    "crashed",
-                    std::time::Duration::from_secs(10),
-                    now,
-                )
-                .await
-                .expect("claim");
-            assert!(matches!(
-                claimed,
-                onegrant::store::dispatch::ClaimOutcome::Claimed(_)
-            ));
+            app.claim_and_vanish(item, now).await;
         }
 
         // Redeployed with another shard count: same table, same WeChat.

@@ -188,23 +188,39 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         onegrant_local::stack::LOCAL_APPID,
     )
     .expect("key");
-    let (ts, nonce) = (Utc::now().timestamp().to_string(), "n1");
-    let event = json!({"ToUserName": "gh_1", "FromUserName": alice.openid, "CreateTime": ts.clone(),
-                       "MsgType": "event", "Event": "subscribe_msg_change_event",
-                       "List": {"TemplateId": WATER, "SubscribeStatusString": "reject"}});
-    let encrypt = crypto.encrypt(&event.to_string(), &[3; 16]);
-    let answer = app
-        .http
-        .post(format!(
-            "{}/wechat/callback?timestamp={ts}&nonce={nonce}&msg_signature={}",
-            app.base_url,
-            crypto.msg_signature(&ts, nonce, &encrypt)
-        ))
-        .body(json!({"ToUserName": "gh_1", "Encrypt": encrypt}).to_string())
-        .send()
-        .await
-        .expect("callback answers");
-    assert_eq!(answer.status().as_u16(), 200);
+    // And a sent event, which reads the template's marks and may settle a send.
+    let events = [
+        (
+            "n1",
+            "subscribe_msg_change_event",
+            json!({"TemplateId": WATER, "SubscribeStatusString": "reject"}),
+        ),
+        (
+            "n2",
+            "subscribe_msg_sent_event",
+            json!({"TemplateId": WATER, "MsgID": "1700827132819554304", "ErrorCode": "0",
+                   "ErrorStatus": "success"}),
+        ),
+    ];
+    for (nonce, name, list) in events {
+        let ts = Utc::now().timestamp().to_string();
+        let event = json!({"ToUserName": "gh_1", "FromUserName": alice.openid,
+                           "CreateTime": ts.clone(), "MsgType": "event", "Event": name,
+                           "List": list});
+        let encrypt = crypto.encrypt(&event.to_string(), &[3; 16]);
+        let answer = app
+            .http
+            .post(format!(
+                "{}/wechat/callback?timestamp={ts}&nonce={nonce}&msg_signature={}",
+                app.base_url,
+                crypto.msg_signature(&ts, nonce, &encrypt)
+            ))
+            .body(json!({"ToUserName": "gh_1", "Encrypt": encrypt}).to_string())
+            .send()
+            .await
+            .expect("callback answers");
+        assert_eq!(answer.status().as_u16(), 200, "{name}");
+    }
     let callback = actions();
     assert_granted("wechat-callback", &callback);
 
@@ -229,6 +245,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("dispatcher", &dispatcher, "PutItem"),
         ("notify", &notify, "PutItem"),
         ("wechat-callback", &callback, "UpdateItem"),
+        ("wechat-callback", &callback, "GetItem"),
     ] {
         assert!(
             needed.contains(action),

@@ -13,5 +13,6 @@ mod iam;
 mod inbox;
 mod inputs;
 mod reminders;
+mod sent_event;
 mod session;
 mod standin;

@@ -217,9 +217,8 @@ async fn receive(
 }
 
 /// What an event does: a refusal pauses the template's plans (and, made in WeChat's
-/// settings, voids its available grants). Not done yet: settling uncertain
-/// sends from `subscribe_msg_sent_event` and confirming grants from popup accepts —
-/// both are recorded.
+/// settings, voids its available grants); a sent event settles the one unknown send
+/// it can be (`store::dispatch::sent_event`).
 async fn apply(
     deps: &Deps,
     message: &push_event::PushMessage,
@@ -247,6 +246,26 @@ async fn apply(
         ),
         PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
     };
+    if let PushEvent::Sent(items) = &message.event {
+        let policy = deps.config.dispatch.retry_policy();
+        for item in items {
+            if !deps.config.templates.contains(&item.template_id) {
+                continue;
+            }
+            let outcome = deps
+                .store
+                .settle_sent_event(
+                    &message.openid,
+                    item,
+                    message.create_time,
+                    &deps.config.reminders,
+                    &policy,
+                    now,
+                )
+                .await?;
+            tracing::info!(?outcome, "sent event applied");
+        }
+    }
     for template in refused {
         if !deps.config.templates.contains(template) {
             continue;

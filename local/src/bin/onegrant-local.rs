@@ -52,8 +52,17 @@ async fn main() -> anyhow::Result<()> {
         overrides.insert("WECHAT_API_BASE", base.clone());
         overrides.insert("WECHAT_APPID", stack::LOCAL_APPID.to_string());
         overrides.insert("WECHAT_SECRET", stack::LOCAL_SECRET.to_string());
+        // The stand-in pushes its events to this stack's callback, in safe mode, as
+        // WeChat's message push would (unless a push token is set for another one).
+        if std::env::var_os("WECHAT_PUSH_TOKEN").is_none() {
+            for (name, value) in stack::LOCAL_PUSH {
+                overrides.insert(name, value.to_string());
+            }
+        }
         let config = stack::local_config(&overrides)?;
-        standin_task = Some(standin::spawn(stack::standin_config(&config), listener));
+        let mut standin = stack::standin_config(&config);
+        standin.push = stack::standin_push(&config, &format!("http://127.0.0.1:{api_port}"));
+        standin_task = Some(standin::spawn(standin, listener));
         base
     };
     // With DISPATCH_WORKERS above 1 the tick fans out to workers through this stack's
@@ -67,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
     let table = config.table_name.clone();
     let dynamodb = onegrant::aws::local_dynamodb_client(&endpoint);
     stack::ensure_table(&dynamodb, &table).await?;
+    let deps_push = config.push.is_some();
     let deps = stack::deps(config, dynamodb)?;
 
     let api_listener = TcpListener::bind(("127.0.0.1", api_port))
@@ -118,6 +128,11 @@ async fn main() -> anyhow::Result<()> {
     }
     if standin_task.is_some() {
         println!("  WeChat stand-in {wechat_base}  (control API under /control)");
+        if deps_push {
+            println!(
+                "                  pushes its events to http://127.0.0.1:{api_port}/wechat/callback (safe mode)"
+            );
+        }
     } else {
         println!("  WeChat          {wechat_base}  (real)");
     }

@@ -25,7 +25,17 @@
 //!   (`{}` clears it)
 //! - `POST /control/latency {"ms"}`; `POST /control/tokens/expire`
 //! - `GET /control/deliveries`, `GET /control/counters`, `POST /control/reset`
+//! - `POST /control/push-target {"url", "token", "aes_key"?, "format"?, "delay_ms"?,
+//!   "copies"?}` makes the stand-in push like WeChat's message push (see [`push`]): a
+//!   sent event after every delivery (a fault's `"no_push": true` loses it);
+//!   `DELETE /control/push-target` stops it
+//! - `POST /control/push-events {"event": "popup"|"change"|"sent", "openid",
+//!   "template_id", "status"?, "msgid"?, "error_code"?}` pushes one event now and
+//!   answers the callback's statuses; a popup `accept` also adds the quota its tap
+//!   buys, a change takes the template's quota away
+//! - `GET /control/pushes`: every push made and how it was answered
 
+pub mod push;
 pub mod rules;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -43,6 +53,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+pub use push::{PushEventSpec, PushRecord, PushTarget};
+
 /// How long an issued login code can be exchanged.
 const CODE_TTL: Duration = Duration::from_secs(300);
 /// Tokens live 2 hours; stable tokens rotate in their last 5 minutes.
@@ -55,6 +67,8 @@ pub struct StandinConfig {
     pub appid: String,
     pub secret: String,
     pub templates: Templates,
+    /// Where to push events from the start (the control API can change it).
+    pub push: Option<PushTarget>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +118,9 @@ pub struct Fault {
     /// Deliver, then answer JSON without an errcode.
     #[serde(default)]
     pub no_errcode: Option<bool>,
+    /// Deliver, but push no sent event (WeChat's push lost).
+    #[serde(default)]
+    pub no_push: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -158,11 +175,14 @@ struct Inner {
     in_flight: HashSet<String>,
     deliveries: Vec<Delivery>,
     counters: Counters,
+    push: Option<PushTarget>,
+    pushes: Vec<PushRecord>,
 }
 
 struct Shared {
     config: StandinConfig,
     inner: Mutex<Inner>,
+    client: reqwest::Client,
 }
 
 impl Shared {
@@ -204,9 +224,16 @@ pub fn openid_for(appid: &str, user: &str) -> String {
 
 /// Builds the stand-in's router.
 pub fn router(config: StandinConfig) -> Router {
+    // The push client: reqwest is built without a default TLS provider.
+    onegrant::aws::install_crypto_provider();
+    let inner = Inner {
+        push: config.push.clone(),
+        ..Inner::default()
+    };
     let state = Arc::new(Shared {
         config,
-        inner: Mutex::new(Inner::default()),
+        inner: Mutex::new(inner),
+        client: reqwest::Client::new(),
     });
     Router::new()
         .route("/cgi-bin/token", get(token))
@@ -226,6 +253,12 @@ pub fn router(config: StandinConfig) -> Router {
         .route("/control/deliveries", get(control_deliveries))
         .route("/control/counters", get(control_counters))
         .route("/control/reset", post(control_reset))
+        .route(
+            "/control/push-target",
+            post(control_push_target).delete(control_clear_push_target),
+        )
+        .route("/control/push-events", post(control_push_event))
+        .route("/control/pushes", get(control_pushes))
         .with_state(state)
 }
 
@@ -501,6 +534,12 @@ async fn send(
     }
     inner.quota.insert(key, left - 1);
     let msgid = random_msgid();
+    let sent_event = PushEventSpec::Sent {
+        openid: openid.clone(),
+        template_id: request.template_id.clone(),
+        msgid,
+        error_code: 0,
+    };
     inner.deliveries.push(Delivery {
         msgid,
         openid,
@@ -511,7 +550,19 @@ async fn send(
         lang: request.lang,
     });
     count(&mut inner, 0);
+    let target = inner
+        .push
+        .clone()
+        .filter(|_| fault.as_ref().and_then(|f| f.no_push) != Some(true));
     drop(inner);
+    if let Some(target) = target {
+        // WeChat pushes once it has delivered, whatever becomes of this answer.
+        let state = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(target.delay_ms.unwrap_or(50))).await;
+            push_and_record(&state, &target, sent_event).await;
+        });
+    }
     if drop_connection {
         // Headers go out, then the body fails: the client loses the connection after
         // WeChat has delivered, exactly the ambiguous case onegrant must record `unknown`.
@@ -760,6 +811,76 @@ async fn control_counters(State(s): State<AppState>) -> Response {
 }
 
 async fn control_reset(State(s): State<AppState>) -> Response {
-    *s.lock() = Inner::default();
+    *s.lock() = Inner {
+        push: s.config.push.clone(),
+        ..Inner::default()
+    };
     Json(json!({"ok": true})).into_response()
+}
+
+/// Pushes `spec` to `target` and keeps the record: the callback's answers.
+async fn push_and_record(s: &Shared, target: &PushTarget, spec: PushEventSpec) -> Vec<u16> {
+    let answers = push::push(&s.client, target, &s.config.appid, &spec).await;
+    s.lock().pushes.push(PushRecord {
+        spec,
+        answers: answers.clone(),
+    });
+    answers
+}
+
+async fn control_push_target(
+    State(s): State<AppState>,
+    Json(target): Json<PushTarget>,
+) -> Response {
+    s.lock().push = Some(target);
+    Json(json!({"ok": true})).into_response()
+}
+
+async fn control_clear_push_target(State(s): State<AppState>) -> Response {
+    s.lock().push = None;
+    Json(json!({"ok": true})).into_response()
+}
+
+async fn control_push_event(
+    State(s): State<AppState>,
+    Json(spec): Json<PushEventSpec>,
+) -> Response {
+    let target = {
+        let mut inner = s.lock();
+        let Some(target) = inner.push.clone() else {
+            return (
+                axum::http::StatusCode::CONFLICT,
+                Json(json!({"error": "no push target: POST /control/push-target first"})),
+            )
+                .into_response();
+        };
+        // The tap or the setting behind the event changes WeChat's quota as it would.
+        match &spec {
+            PushEventSpec::Popup {
+                openid,
+                template_id,
+                status,
+            } if status == "accept" => {
+                inner.openids.insert(openid.clone());
+                *inner
+                    .quota
+                    .entry((openid.clone(), template_id.clone()))
+                    .or_default() += 1;
+            }
+            PushEventSpec::Change {
+                openid,
+                template_id,
+            } => {
+                inner.quota.remove(&(openid.clone(), template_id.clone()));
+            }
+            PushEventSpec::Popup { .. } | PushEventSpec::Sent { .. } => {}
+        }
+        target
+    };
+    let answers = push_and_record(&s, &target, spec).await;
+    Json(json!({"answers": answers})).into_response()
+}
+
+async fn control_pushes(State(s): State<AppState>) -> Response {
+    Json(json!({"pushes": s.lock().pushes.clone()})).into_response()
 }

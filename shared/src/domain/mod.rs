@@ -10,6 +10,7 @@ pub mod keywords;
 pub mod outcome;
 pub mod plan;
 pub mod push_event;
+pub mod reconcile;
 pub mod reminder;
 pub mod schedule;
 pub mod template;

@@ -374,6 +374,12 @@ pub(super) fn quota_update_item(
 pub(super) const OPEN_AVAILABLE: &str = "open_available";
 /// The quota item's set of the request ids of its `reserved` grants.
 pub(super) const OPEN_RESERVED: &str = "open_reserved";
+/// The quota item's marks of sends whose outcome is unknown, for WeChat's sent event
+/// to settle ([`Mark`](crate::domain::reconcile::Mark): claim time, delivery id).
+pub(super) const OPEN_UNKNOWN: &str = "open_unknown";
+/// The quota item's marks of sends recorded `sent` whose sent event has not come yet
+/// (record time, msgid), so that event is never taken for an unknown send's.
+pub(super) const SENT_MARKS: &str = "sent_marks";
 
 /// Transaction errors that mean "try again later".
 pub(super) fn transact_unavailable(err: &TransactWriteItemsError) -> bool {

@@ -22,7 +22,9 @@ use aws_sdk_dynamodb::types::{
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, quota_update_item, rfc3339};
+use super::grants::{
+    GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, quota_update_item, rfc3339,
+};
 use super::item::{key, n, parse, s};
 use super::keys::{
     GRANT_PREFIX, action_sk, due_pk, grant_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant,
@@ -33,6 +35,7 @@ use super::{
     retry_contended,
 };
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
+use crate::domain::reconcile::Mark;
 use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult};
@@ -928,6 +931,10 @@ pub(super) enum TxOutcome {
 pub(super) struct OpenGrants {
     pub(super) available: Vec<RequestId>,
     pub(super) reserved: Vec<RequestId>,
+    /// The marks of sends recorded `sent` (set members as stored).
+    pub(super) sent_marks: Vec<String>,
+    /// The marks of sends whose outcome is unknown (set members as stored).
+    pub(super) unknown_marks: Vec<String>,
 }
 
 impl OpenGrants {
@@ -943,10 +950,32 @@ impl OpenGrants {
                 })
                 .unwrap_or_default()
         };
+        let members = |name: &str| -> Vec<String> {
+            quota
+                .get(name)
+                .and_then(|v| v.as_ss().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
         Self {
             available: set(OPEN_AVAILABLE),
             reserved: set(OPEN_RESERVED),
+            sent_marks: members(SENT_MARKS),
+            unknown_marks: members(OPEN_UNKNOWN),
         }
+    }
+
+    /// The marks no event can match any more (sent, unknown), for a write that
+    /// touches the quota item anyway to drop.
+    pub(super) fn stale_marks(&self, now: DateTime<Utc>) -> (Vec<String>, Vec<String>) {
+        let stale = |members: &[String]| -> Vec<String> {
+            members
+                .iter()
+                .filter(|m| Mark::parse(m).is_some_and(|mark| mark.is_stale(now)))
+                .cloned()
+                .collect()
+        };
+        (stale(&self.sent_marks), stale(&self.unknown_marks))
     }
 
     /// Whether the sets account for the counters. Grants recorded before the sets

@@ -2,7 +2,7 @@
 //!
 //! A verified push is written in one transaction: its nonce (so the same request again
 //! is refused as a replay; kept past the timestamp window) and the event, keyed by
-//! (user, event, WeChat's create time, templates), so WeChat's retries of one event —
+//! (user, event, WeChat's create time, items), so WeChat's retries of one event —
 //! up to three, when an answer takes over 5 s — change nothing. What each event does
 //! to deliveries, grants and plans is applied on top of this record.
 
@@ -160,14 +160,11 @@ impl Store {
                 PushRecorded::Replayed
             });
         };
-        let templates: Vec<&str> = items.iter().filter_map(|i| i.split(':').next()).collect();
         let record = PushItem {
             pk: user_pk(&message.openid),
-            sk: format!(
-                "PUSH#{event}#{}#{}",
-                message.create_time,
-                templates.join(",")
-            ),
+            // The items too: two sends of one template in the same second are two
+            // events (their msgids differ), a retry of one is the same.
+            sk: format!("PUSH#{event}#{}#{}", message.create_time, items.join(",")),
             kind: "push".into(),
             event: event.into(),
             create_time: message.create_time,

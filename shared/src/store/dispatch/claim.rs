@@ -1,9 +1,12 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`].
 
+use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
 
-use super::super::grants::{GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, rfc3339};
+use super::super::grants::{
+    GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, rfc3339,
+};
 use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{key, n, parse, s, to_item};
 use super::super::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sort_key};
@@ -44,6 +47,9 @@ struct Reserve {
     request: RequestId,
     /// Listed in the quota item's set of available grants (else an older grant).
     listed: bool,
+    /// Marks on the quota item that no event can match any more (sent, unknown): the
+    /// reservation drops them, as it writes the quota item anyway.
+    stale: (Vec<String>, Vec<String>),
 }
 
 /// A due item as read for its claim.
@@ -120,7 +126,7 @@ impl Store {
                     ledger_only.load(std::sync::atomic::Ordering::Relaxed),
                 )
                 .await?;
-            let Some(grant) = grant else {
+            let Some(mut grant) = grant else {
                 let mut writes = self.no_grant_writes(item, &claimable, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
                 return Ok(match self.transact(writes).await? {
@@ -129,6 +135,7 @@ impl Store {
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
                 });
             };
+            grant.stale = open.stale_marks(now);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
@@ -156,6 +163,7 @@ impl Store {
                         template_id: template,
                         due_at: item.due_at,
                         lease_until,
+                        claimed_at: now,
                         source,
                         grant_sk: grant.sk,
                     }))));
@@ -446,7 +454,7 @@ impl Store {
                 .condition_expression("available > :zero")
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
         };
-        let counters = counters
+        let counters = drop_marks(counters, &grant.stale)
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":minus", n(-1))
             .expression_attribute_values(":one", n(1))
@@ -489,6 +497,7 @@ impl Store {
                 sk: grant_sk(template, request),
                 request: request.clone(),
                 listed: true,
+                stale: Default::default(),
             }));
         }
         let mut pages = self
@@ -504,8 +513,36 @@ impl Store {
                 sk: grant.sk,
                 request: grant.request_id,
                 listed,
+                stale: Default::default(),
             }));
         }
         Ok(None)
     }
+}
+
+/// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of
+/// stale marks (sent, unknown).
+fn drop_marks(
+    update: UpdateBuilder,
+    (sent, unknown): &(Vec<String>, Vec<String>),
+) -> UpdateBuilder {
+    let mut update = update;
+    let mut clauses = Vec::new();
+    if !sent.is_empty() {
+        clauses.push(", #sent_marks :stale_sent");
+        update = update
+            .expression_attribute_names("#sent_marks", SENT_MARKS)
+            .expression_attribute_values(":stale_sent", AttributeValue::Ss(sent.clone()));
+    }
+    if !unknown.is_empty() {
+        clauses.push(", #open_unknown :stale_unknown");
+        update = update
+            .expression_attribute_names("#open_unknown", OPEN_UNKNOWN)
+            .expression_attribute_values(":stale_unknown", AttributeValue::Ss(unknown.clone()));
+    }
+    if clauses.is_empty() {
+        return update;
+    }
+    let expression = update.get_update_expression().clone().unwrap_or_default() + &clauses.concat();
+    update.update_expression(expression)
 }

@@ -21,7 +21,7 @@ use super::super::keys::user_pk;
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, retry_contended};
 use super::{
-    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer, describe,
+    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
 };
 use crate::domain::GrantState;
 use crate::domain::inbox::PushStatus;
@@ -45,7 +45,22 @@ pub struct Finalized {
     pub late: bool,
 }
 
+/// The item a delivery was claimed for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum SourceRef<'a> {
+    Plan(&'a ReminderKind),
+    /// The outbox item's sort key.
+    Outbox(&'a str),
+}
+
 impl Claim {
+    fn source_ref(&self) -> SourceRef<'_> {
+        match &self.source {
+            ClaimSource::Plan { kind, .. } => SourceRef::Plan(kind),
+            ClaimSource::Outbox(outbox) => SourceRef::Outbox(&outbox.item.sk),
+        }
+    }
+
     /// The claimed item's retryable failures in a row before this send.
     fn attempts(&self) -> u32 {
         match &self.source {
@@ -129,22 +144,24 @@ impl Store {
                 now,
             )?,
         };
+        let write = delivery_write(
+            &settlement,
+            result,
+            if released {
+                Writer::Release { late: false }
+            } else {
+                Writer::Finalize
+            },
+        );
         let tx = SettleTx {
             pk: &pk,
             delivery_id: &claim.delivery_id,
             guard: Guard::Claimer(&claim.claimer),
-            write: delivery_write(
-                &settlement,
-                result,
-                if released {
-                    Writer::Release { late: false }
-                } else {
-                    Writer::Finalize
-                },
-            ),
+            marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
+            template: &claim.template_id,
+            write,
             grant: Some(GrantMove {
                 sk: &claim.grant_sk,
-                template: &claim.template_id,
                 from: GrantState::Reserved,
                 to: settlement.grant,
             }),
@@ -209,7 +226,10 @@ impl Store {
         let settlement = &settlement;
         retry_contended("late answer", || async move {
             let (source, may_restore) =
-                match self.late_source(pk, claim, settlement, result, now).await {
+                match self
+                    .late_source(pk, &claim.delivery_id, claim.source_ref(), settlement, result, now)
+                    .await
+                {
                     Ok(found) => found,
                     // The answer is recorded all the same; the grant stays void (the
                     // plan may have been disabled) and the plan is left as it is.
@@ -223,22 +243,24 @@ impl Store {
                 GrantState::Available if may_restore => Some(GrantState::Available),
                 GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
             };
+            let write = delivery_write(
+                settlement,
+                result,
+                if released {
+                    Writer::Release { late: true }
+                } else {
+                    Writer::LateAnswer
+                },
+            );
             let tx = SettleTx {
                 pk,
                 delivery_id: &claim.delivery_id,
                 guard: Guard::Swept(&claim.claimer),
-                write: delivery_write(
-                    settlement,
-                    result,
-                    if released {
-                        Writer::Release { late: true }
-                    } else {
-                        Writer::LateAnswer
-                    },
-                ),
+                marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
+                template: &claim.template_id,
+                write,
                 grant: grant.map(|to| GrantMove {
                     sk: &claim.grant_sk,
-                    template: &claim.template_id,
                     from: GrantState::Invalid,
                     to,
                 }),
@@ -267,19 +289,21 @@ impl Store {
         .await
     }
 
-    /// For a late answer: the claimed item's writes (or a check that it has not
-    /// changed), and whether its grant may go back to `available` — not if the user
-    /// disabled the plan, whose disable voided it for good.
-    async fn late_source(
+    /// For a late answer (or WeChat's sent event) on an `unknown` delivery: the
+    /// claimed item's writes (or a check that it has not changed), and whether its
+    /// grant may go back to `available` — not if the user disabled the plan, whose
+    /// disable voided it for good.
+    pub(super) async fn late_source(
         &self,
         pk: &str,
-        claim: &Claim,
+        delivery_id: &str,
+        source: SourceRef<'_>,
         settlement: &Settlement,
         result: &SendResult,
         now: DateTime<Utc>,
     ) -> Result<(Vec<TransactWriteItem>, bool), StoreError> {
-        match &claim.source {
-            ClaimSource::Plan { kind, .. } => {
+        match source {
+            SourceRef::Plan(kind) => {
                 let read = self.read(pk, kind, None).await?;
                 let Some(item) = read.plan else {
                     return Ok((Vec::new(), true));
@@ -291,7 +315,7 @@ impl Store {
                 let available =
                     read.counters.available > 0 || settlement.grant == GrantState::Available;
                 let moved = plan
-                    .settle_late(&claim.delivery_id, settlement, available, now)
+                    .settle_late(delivery_id, settlement, available, now)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let write = if moved {
                     self.plan_put(&plan, pk, now)?
@@ -302,20 +326,13 @@ impl Store {
                 };
                 Ok((vec![write], true))
             }
-            ClaimSource::Outbox(outbox) => {
-                let writes = match self.current_outbox(pk, &outbox.item.sk).await? {
+            SourceRef::Outbox(sk) => {
+                let writes = match self.current_outbox(pk, sk).await? {
                     Some(current)
                         if current.state == OutboxState::Unknown
-                            && current.delivery_id.as_deref() == Some(&claim.delivery_id) =>
+                            && current.delivery_id.as_deref() == Some(delivery_id) =>
                     {
-                        self.outbox_writes(
-                            pk,
-                            &current,
-                            &claim.delivery_id,
-                            settlement,
-                            result,
-                            now,
-                        )?
+                        self.outbox_writes(pk, &current, delivery_id, settlement, result, now)?
                     }
                     Some(_) | None => Vec::new(),
                 };

@@ -20,12 +20,15 @@
 //!   `sending` whose delivery is already terminal is advanced by that delivery's
 //!   outcome (I5). One page per shard per tick; an entry that cannot be read is
 //!   logged, counted and taken off the index (quarantined), never retried forever.
+//! - [`sent_event`]: WeChat's sent event settling the one `unknown` send it can be
+//!   (marks on the quota item: unknown sends, and sent msgids whose event is due).
 //! - [`shards`]: which partitions to query when `DUE_SHARDS` has changed.
 //! - this module: the types shared by the steps and the one settle transaction.
 
 pub mod claim;
 pub mod due;
 pub mod finalize;
+pub mod sent_event;
 pub mod shards;
 pub mod sweep;
 
@@ -38,7 +41,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
-use super::grants::{OPEN_AVAILABLE, OPEN_RESERVED};
+use super::grants::{OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS};
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
 use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
@@ -47,12 +50,14 @@ use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
 use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
 use crate::domain::plan::Plan;
+use crate::domain::reconcile::Mark;
 use crate::domain::reminder::ReminderKind;
 use crate::domain::{GrantState, OpenId, TemplateId};
 
 pub use claim::ClaimOutcome;
 pub use due::{DueCursor, DueItem, DuePage};
 pub use finalize::Finalized;
+pub use sent_event::SentEventOutcome;
 pub use shards::ShardSpan;
 pub use sweep::SweepSummary;
 
@@ -66,6 +71,8 @@ pub struct Claim {
     pub due_at: DateTime<Utc>,
     /// The claim's lease: the delivery is this claimer's until then.
     pub lease_until: DateTime<Utc>,
+    /// When it was claimed (the delivery's `claimed_at`).
+    claimed_at: DateTime<Utc>,
     pub source: ClaimSource,
     grant_sk: String,
 }
@@ -136,6 +143,13 @@ struct DeliveryItem {
 }
 
 impl DeliveryItem {
+    /// When it was claimed (`fallback` for an item whose time cannot be read).
+    fn claimed_at(&self, fallback: DateTime<Utc>) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(&self.claimed_at)
+            .map(|at| at.with_timezone(&Utc))
+            .unwrap_or(fallback)
+    }
+
     /// The class it was settled with (older items: from the state alone).
     fn settled_class(&self) -> Option<OutcomeClass> {
         if let Some(class) = self.class.as_deref().and_then(OutcomeClass::parse) {
@@ -177,13 +191,14 @@ enum Guard<'a> {
     ExpiredLease(i64),
     /// Declared `unknown` by a sweep, claimed by this claimer, not yet answered late.
     Swept(&'a str),
+    /// `unknown`, however it got there (WeChat's sent event settling it).
+    Unknown,
 }
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
 #[derive(Debug, Clone, Copy)]
 struct GrantMove<'a> {
     sk: &'a str,
-    template: &'a TemplateId,
     from: GrantState,
     to: GrantState,
 }
@@ -204,10 +219,55 @@ enum Writer {
     Finalize,
     Sweep,
     LateAnswer,
+    /// WeChat's sent event settling an `unknown` delivery.
+    Event,
     /// A finalize (or late answer) giving the claim back unsent.
     Release {
         late: bool,
     },
+}
+
+/// What a settle changes in the quota item's marks (see
+/// [`reconcile`](crate::domain::reconcile)), as encoded set members.
+#[derive(Debug, Clone, Default)]
+struct Marks {
+    /// The send's outcome became unknown: it joins the open-unknown set.
+    open_unknown: Option<String>,
+    /// A send that was unknown settled: it leaves the open-unknown set.
+    close_unknown: Option<String>,
+    /// Recorded `sent` with a msgid: it joins the sent set until its event comes.
+    sent: Option<String>,
+}
+
+impl Marks {
+    /// The marks of a settlement written by `by` for a send claimed at `claimed_at`.
+    fn of(
+        write: &DeliveryWrite,
+        delivery_id: &str,
+        claimed_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let unknown = Mark::new(claimed_at, delivery_id).encode();
+        let was_unknown = matches!(
+            write.by,
+            Writer::LateAnswer | Writer::Event | Writer::Release { late: true }
+        );
+        Self {
+            open_unknown: (write.state == DeliveryState::Unknown && !was_unknown)
+                .then(|| unknown.clone()),
+            close_unknown: was_unknown.then_some(unknown),
+            // The event of a send an event settled has come already.
+            sent: write
+                .msgid
+                .as_ref()
+                .filter(|_| write.by != Writer::Event)
+                .map(|msgid| Mark::new(now, msgid.clone()).encode()),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.open_unknown.is_none() && self.close_unknown.is_none() && self.sent.is_none()
+    }
 }
 
 /// One settle transaction: the delivery, its grant, and the claimed item's writes.
@@ -216,6 +276,9 @@ struct SettleTx<'a> {
     delivery_id: &'a str,
     guard: Guard<'a>,
     write: DeliveryWrite,
+    /// The template whose quota item holds the grant's counters and the marks.
+    template: &'a TemplateId,
+    marks: Marks,
     grant: Option<GrantMove<'a>>,
     /// If the claimed item moved on, give up (the caller reads it again) instead of
     /// landing the rest without it.
@@ -292,6 +355,7 @@ impl Store {
                 set.push("sweep_outcome = :outcome");
             }
             Writer::LateAnswer => set.push("answered_late_at = :now"),
+            Writer::Event => set.push("event_settled_at = :now"),
             Writer::Release { late } => {
                 set.push("released_at = :now");
                 if late {
@@ -317,6 +381,9 @@ impl Store {
                 )
                 .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str()))
                 .expression_attribute_values(":c", s(claimer)),
+            Guard::Unknown => update
+                .condition_expression("#s = :unknown")
+                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str())),
         };
         let expression = format!("SET {} REMOVE lease_pk, lease_until", set.join(", "));
         let update = update
@@ -326,7 +393,7 @@ impl Store {
         Ok(TransactWriteItem::builder().update(update).build())
     }
 
-    /// The grant's move and its counters (two items).
+    /// The grant's move, fenced on the delivery that reserved it.
     fn grant_move(
         &self,
         pk: &str,
@@ -334,7 +401,7 @@ impl Store {
         grant: GrantMove<'_>,
         by: Writer,
         now: DateTime<Utc>,
-    ) -> Result<[TransactWriteItem; 2], StoreError> {
+    ) -> Result<TransactWriteItem, StoreError> {
         let mut expression =
             "SET #s = :to, updated_at = :now, version = version + :one".to_string();
         let mut update = Update::builder()
@@ -381,50 +448,84 @@ impl Store {
             .update_expression(expression)
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        // The quota item's open-grant sets follow the grant: out of `reserved`, into
-        // `available` on a restore.
-        let mut adds = vec!["#from :minus", "#to :one"];
-        let mut deletes = Vec::new();
-        if grant.from == GrantState::Reserved {
-            deletes.push("#open_reserved :id");
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// The quota item's part of a settle: the counters and open-grant sets following
+    /// the grant (out of `reserved`, into `available` on a restore), and the marks.
+    /// None if neither changes.
+    fn quota_update(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        grant: Option<GrantMove<'_>>,
+        marks: &Marks,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TransactWriteItem>, StoreError> {
+        if grant.is_none() && marks.is_empty() {
+            return Ok(None);
         }
-        if grant.to == GrantState::Available {
-            adds.push("#open_available :id");
+        let (mut adds, mut deletes) = (Vec::new(), Vec::new());
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .expression_attribute_values(":now", s(rfc3339(now)));
+        if let Some(grant) = grant {
+            let request = request_id_of_grant(grant.sk)
+                .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
+            // Counter names go through placeholders: CONSUMED is a reserved word.
+            adds.extend(["#from :minus", "#to :one"]);
+            update = update
+                .expression_attribute_names("#from", grant_state_name(grant.from))
+                .expression_attribute_names("#to", grant_state_name(grant.to))
+                .expression_attribute_values(":minus", n(-1))
+                .expression_attribute_values(":one", n(1));
+            if grant.from == GrantState::Reserved {
+                deletes.push("#open_reserved :id");
+                update = update.expression_attribute_names("#open_reserved", OPEN_RESERVED);
+            }
+            if grant.to == GrantState::Available {
+                adds.push("#open_available :id");
+                update = update.expression_attribute_names("#open_available", OPEN_AVAILABLE);
+            }
+            if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
+                // Bound only when a set clause uses it: DynamoDB refuses unused values.
+                update = update.expression_attribute_values(
+                    ":id",
+                    AttributeValue::Ss(vec![request.to_string()]),
+                );
+            }
         }
-        let mut expression = format!("SET updated_at = :now ADD {}", adds.join(", "));
+        let one = |member: &String| AttributeValue::Ss(vec![member.clone()]);
+        if let Some(mark) = &marks.open_unknown {
+            adds.push("#open_unknown :open_unknown");
+            update = update.expression_attribute_values(":open_unknown", one(mark));
+        }
+        if let Some(mark) = &marks.close_unknown {
+            deletes.push("#open_unknown :close_unknown");
+            update = update.expression_attribute_values(":close_unknown", one(mark));
+        }
+        if marks.open_unknown.is_some() || marks.close_unknown.is_some() {
+            update = update.expression_attribute_names("#open_unknown", OPEN_UNKNOWN);
+        }
+        if let Some(mark) = &marks.sent {
+            adds.push("#sent_marks :sent");
+            update = update
+                .expression_attribute_names("#sent_marks", SENT_MARKS)
+                .expression_attribute_values(":sent", one(mark));
+        }
+        let mut expression = "SET updated_at = :now".to_string();
+        if !adds.is_empty() {
+            expression.push_str(&format!(" ADD {}", adds.join(", ")));
+        }
         if !deletes.is_empty() {
             expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
         }
-        let request = request_id_of_grant(grant.sk)
-            .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
-        let mut counters = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(grant.template))))
-            // Counter names go through placeholders: CONSUMED is a reserved word.
+        let update = update
             .update_expression(expression)
-            .expression_attribute_names("#from", grant_state_name(grant.from))
-            .expression_attribute_names("#to", grant_state_name(grant.to));
-        if grant.from == GrantState::Reserved {
-            counters = counters.expression_attribute_names("#open_reserved", OPEN_RESERVED);
-        }
-        if grant.to == GrantState::Available {
-            counters = counters.expression_attribute_names("#open_available", OPEN_AVAILABLE);
-        }
-        if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
-            // Bound only when a set clause uses it: DynamoDB refuses unused values.
-            counters = counters
-                .expression_attribute_values(":id", AttributeValue::Ss(vec![request.to_string()]));
-        }
-        let counters = counters
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":minus", n(-1))
-            .expression_attribute_values(":one", n(1))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok([
-            TransactWriteItem::builder().update(update).build(),
-            TransactWriteItem::builder().update(counters).build(),
-        ])
+        Ok(Some(TransactWriteItem::builder().update(update).build()))
     }
 
     /// Runs a settle transaction (see the module docs), dropping the parts that no
@@ -440,9 +541,11 @@ impl Store {
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             let mut items = vec![self.delivery_update(&tx, now)?];
             let grant_index = items.len();
-            if let Some(grant) = tx.grant.filter(|g| g.from != g.to) {
-                items.extend(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
+            let grant = tx.grant.filter(|g| g.from != g.to);
+            if let Some(grant) = grant {
+                items.push(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
             }
+            items.extend(self.quota_update(tx.pk, tx.template, grant, &tx.marks, now)?);
             let source_range = items.len()..items.len() + tx.source.len();
             items.extend(tx.source.iter().cloned());
             let with_grant = tx.grant.is_some_and(|g| g.from != g.to);

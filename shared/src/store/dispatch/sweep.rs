@@ -6,7 +6,8 @@ use super::super::item::{Item, key, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SettleTx, Settled,
+    Writer,
 };
 use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
 use crate::domain::plan::PlanStatus;
@@ -226,21 +227,23 @@ impl Store {
         } else {
             tracing::error!(source = %delivery.source, "stale delivery of no configured kind");
         }
+        let write = DeliveryWrite {
+            state: DeliveryState::Unknown,
+            class: OutcomeClass::Unknown,
+            outcome: format!("lease expired in state {}", delivery.state.as_str()),
+            errcode: None,
+            msgid: None,
+            by: Writer::Sweep,
+        };
         let tx = SettleTx {
             pk,
             delivery_id: &delivery.delivery_id,
             guard: Guard::ExpiredLease(until),
-            write: DeliveryWrite {
-                state: DeliveryState::Unknown,
-                class: OutcomeClass::Unknown,
-                outcome: format!("lease expired in state {}", delivery.state.as_str()),
-                errcode: None,
-                msgid: None,
-                by: Writer::Sweep,
-            },
+            marks: Marks::of(&write, &delivery.delivery_id, delivery.claimed_at(now), now),
+            template: &template,
+            write,
             grant: Some(GrantMove {
                 sk: &delivery.grant_sk,
-                template: &template,
                 from: GrantState::Reserved,
                 to: GrantState::Invalid,
             }),

@@ -1,0 +1,235 @@
+//! Reconciling WeChat's `subscribe_msg_sent_event` with sends whose outcome is unknown
+//! (DESIGN.md §5, I4).
+//!
+//! WeChat pushes one sent event per message it took, naming the user, the template and
+//! the msgid (the same id its send answer carries). A send recorded `unknown` has no
+//! msgid (its answer never arrived), so an event can only be matched to it by (user,
+//! template, time). Two things make that safe:
+//!
+//! - **Known msgids are excluded.** Every send recorded `sent` leaves its msgid on the
+//!   template's quota item ([`sent mark`](Mark)) until its own event arrives, so the
+//!   event of a definite send is recognised as that send's and never settles another.
+//! - **Only an unambiguous match settles.** The event must fall in the window of
+//!   exactly one unknown send of that user and template; with none or several, nothing
+//!   changes (the sends stay `unknown`, as they would without the event). An event that
+//!   arrives while a send of the template is still in flight waits for that send's
+//!   answer first (the store's job), since the event may be that send's.
+//!
+//! The marks are bounded: each is removed by its event or its settlement, and one
+//! older than [`SENT_EVENT_WINDOW`] (an event that never came) is dropped by the next
+//! claim or event that reads the quota item.
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::grant::GrantState;
+use super::outcome::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
+
+/// How long after a send WeChat's sent event may arrive and still settle it. WeChat
+/// pushes within seconds and retries an unanswered push three times, 5 s apart.
+pub const SENT_EVENT_WINDOW: Duration = Duration::minutes(10);
+
+/// How far WeChat's clock (the event's `CreateTime`) may be from ours.
+pub const CLOCK_SKEW: Duration = Duration::seconds(60);
+
+/// A set member on the quota item: `<epoch seconds>#<id>` — a send whose outcome is
+/// unknown (the time it was claimed, its delivery id) or a send recorded `sent` (the
+/// time it was recorded, its msgid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    pub at: i64,
+    pub id: String,
+}
+
+impl Mark {
+    pub fn new(at: DateTime<Utc>, id: impl Into<String>) -> Self {
+        Self {
+            at: at.timestamp(),
+            id: id.into(),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        format!("{}#{}", self.at, self.id)
+    }
+
+    /// None for a member that is not a mark (it is then left alone).
+    pub fn parse(member: &str) -> Option<Self> {
+        let (at, id) = member.split_once('#')?;
+        let at = at.parse().ok()?;
+        (!id.is_empty()).then(|| Self {
+            at,
+            id: id.to_string(),
+        })
+    }
+
+    /// Too old for any event to match it any more.
+    pub fn is_stale(&self, now: DateTime<Utc>) -> bool {
+        self.at < (now - SENT_EVENT_WINDOW - CLOCK_SKEW).timestamp()
+    }
+
+    /// Whether an event created at `create_time` may be this unknown send's.
+    fn admits(&self, create_time: i64) -> bool {
+        create_time >= self.at - CLOCK_SKEW.num_seconds()
+            && create_time <= self.at + SENT_EVENT_WINDOW.num_seconds()
+    }
+}
+
+/// What a sent event is, given the marks on its template's quota item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventMatch {
+    /// The event of a send recorded `sent`: nothing to settle (its mark can go).
+    Known(Mark),
+    /// The one unknown send it can be.
+    Unknown(Mark),
+    /// No unknown send in its window.
+    Unmatched,
+    /// Several unknown sends in its window: which one WeChat took cannot be told.
+    Ambiguous(usize),
+}
+
+/// Matches an event (`msgid`, `create_time`) against the marks of sends recorded
+/// `sent` and of sends whose outcome is unknown.
+pub fn match_event(msgid: &str, create_time: i64, sent: &[Mark], unknown: &[Mark]) -> EventMatch {
+    if let Some(known) = sent.iter().find(|m| m.id == msgid) {
+        return EventMatch::Known(known.clone());
+    }
+    let candidates: Vec<&Mark> = unknown.iter().filter(|m| m.admits(create_time)).collect();
+    match candidates.as_slice() {
+        [] => EventMatch::Unmatched,
+        [one] => EventMatch::Unknown((*one).clone()),
+        many => EventMatch::Ambiguous(many.len()),
+    }
+}
+
+/// What a sent event does to the unknown send it matched. `error_code` 0: WeChat took
+/// and delivered the message — `sent`, grant consumed, the plan awaits its check-in.
+/// Otherwise WeChat took it but failed to deliver it (an asynchronous system failure,
+/// the only failure these events report): `failed` with the errcode, the item retried
+/// as a retryable failure is (it was certainly not delivered, so a resend breaks no
+/// promise), and the grant stays void — WeChat may well have spent the quota.
+pub fn event_settlement(
+    error_code: i64,
+    attempts: u32,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+) -> Settlement {
+    if error_code == 0 {
+        return settle(OutcomeClass::Sent, Some(0), attempts, policy, now);
+    }
+    Settlement {
+        delivery: DeliveryState::Failed,
+        grant: GrantState::Invalid,
+        ..settle(
+            OutcomeClass::Retryable,
+            Some(error_code),
+            attempts,
+            policy,
+            now,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::outcome::FollowUp;
+
+    fn mark(at: i64, id: &str) -> Mark {
+        Mark {
+            at,
+            id: id.to_string(),
+        }
+    }
+
+    #[test]
+    fn marks_round_trip_and_odd_members_are_not_marks() {
+        let m = mark(1_700_000_000, "abc");
+        assert_eq!(Mark::parse(&m.encode()), Some(m));
+        for odd in ["", "#abc", "x#abc", "1700000000#", "abc"] {
+            assert_eq!(Mark::parse(odd), None, "{odd}");
+        }
+        // A msgid is digits; a delivery id hex: both survive.
+        assert_eq!(
+            Mark::parse("5#18446744073709551615"),
+            Some(mark(5, "18446744073709551615"))
+        );
+    }
+
+    #[test]
+    fn a_known_msgid_is_never_matched_to_an_unknown_send() {
+        let sent = [mark(100, "42")];
+        let unknown = [mark(95, "d1")];
+        assert_eq!(
+            match_event("42", 101, &sent, &unknown),
+            EventMatch::Known(mark(100, "42"))
+        );
+        assert_eq!(
+            match_event("43", 101, &sent, &unknown),
+            EventMatch::Unknown(mark(95, "d1"))
+        );
+    }
+
+    #[test]
+    fn the_window_bounds_a_match_on_both_sides() {
+        let at = 1_000_000;
+        let unknown = [mark(at, "d1")];
+        let window = SENT_EVENT_WINDOW.num_seconds();
+        let skew = CLOCK_SKEW.num_seconds();
+        let cases = [
+            (at, true),
+            (at + window, true),
+            (at + window + 1, false),
+            (at - skew, true),
+            (at - skew - 1, false),
+        ];
+        for (create_time, matches) in cases {
+            let got = match_event("1", create_time, &[], &unknown);
+            assert_eq!(
+                got == EventMatch::Unknown(mark(at, "d1")),
+                matches,
+                "{create_time}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_candidates_settle_neither() {
+        let unknown = [mark(100, "d1"), mark(130, "d2"), mark(5_000, "d3")];
+        assert_eq!(
+            match_event("1", 140, &[], &unknown),
+            EventMatch::Ambiguous(2)
+        );
+        assert_eq!(
+            match_event("1", 100_000, &[], &unknown),
+            EventMatch::Unmatched
+        );
+    }
+
+    #[test]
+    fn staleness_follows_the_window() {
+        let now = DateTime::from_timestamp(1_000_000, 0).unwrap_or_default();
+        let edge = (now - SENT_EVENT_WINDOW - CLOCK_SKEW).timestamp();
+        assert!(!mark(edge, "a").is_stale(now));
+        assert!(mark(edge - 1, "a").is_stale(now));
+    }
+
+    #[test]
+    fn an_event_settles_sent_or_failed_never_restoring_the_grant() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            retry_base: std::time::Duration::from_secs(60),
+        };
+        let now = Utc::now();
+        let sent = event_settlement(0, 2, &policy, now);
+        assert_eq!(sent.delivery, DeliveryState::Sent);
+        assert_eq!(sent.grant, GrantState::Consumed);
+        assert_eq!(sent.follow_up, FollowUp::Delivered);
+        let failed = event_settlement(-1, 2, &policy, now);
+        assert_eq!(failed.delivery, DeliveryState::Failed);
+        assert_eq!(failed.grant, GrantState::Invalid);
+        assert_eq!(failed.attempts, 3);
+        assert!(matches!(failed.follow_up, FollowUp::RetryAt(_)));
+        let last = event_settlement(-1, 4, &policy, now);
+        assert!(matches!(last.follow_up, FollowUp::Stop(_)));
+    }
+}

@@ -1,0 +1,280 @@
+//! WeChat's `subscribe_msg_sent_event` settling a send whose outcome is unknown (the
+//! rules: [`reconcile`](crate::domain::reconcile)).
+//!
+//! One event reads the template's quota item (its marks and reserved grants) and, when
+//! it matches exactly one unknown send, that delivery and its claimed item; then one
+//! transaction, conditional on the delivery still being `unknown`, writes the delivery
+//! (`sent` with the event's msgid, or `failed`), the grant (`invalid → consumed` when
+//! WeChat delivered it), the plan (`paused uncertain → awaiting_checkin`, as a late
+//! answer moves it) or the push, and drops the mark. So the same event applied any
+//! number of times, concurrently or not, settles once, and a definite delivery is never
+//! touched. It never calls WeChat and never resends.
+//!
+//! While a send of the template is in flight (a grant `reserved`), the event may be
+//! that send's, whose msgid is not recorded yet: it waits for the send's answer, a
+//! few seconds at most, and otherwise leaves everything as it is.
+
+use std::time::Duration as StdDuration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Utc};
+
+use super::super::grants::{OPEN_UNKNOWN, SENT_MARKS};
+use super::super::item::{key, parse};
+use super::super::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
+use super::super::plans::OpenGrants;
+use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::finalize::SourceRef;
+use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
+use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
+use crate::domain::push_event::SentItem;
+use crate::domain::reconcile::{EventMatch, Mark, event_settlement, match_event};
+use crate::domain::reminder::ReminderKinds;
+use crate::domain::{GrantState, OpenId};
+
+/// How often, and how many times, an event waits for a send in flight to be answered
+/// (within WeChat's 5 s before it retries the push).
+const IN_FLIGHT_POLL: StdDuration = StdDuration::from_millis(250);
+const IN_FLIGHT_POLLS: u32 = 12;
+
+/// What a sent event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SentEventOutcome {
+    /// The event of a send already recorded `sent`: nothing to settle.
+    Known,
+    /// It settled this delivery, into this state.
+    Settled {
+        delivery_id: String,
+        state: DeliveryState,
+    },
+    /// No send of the user and template is unknown within the event's window (or the
+    /// one that was got settled meanwhile).
+    Unmatched,
+    /// Several unknown sends in its window: all left `unknown`.
+    Ambiguous,
+    /// A send of the template was still in flight after waiting: left as it is.
+    InFlight,
+}
+
+impl Store {
+    /// Applies one item of a sent event for `openid` created at `create_time` (epoch
+    /// seconds) — see the module docs.
+    pub async fn settle_sent_event(
+        &self,
+        openid: &OpenId,
+        event: &SentItem,
+        create_time: i64,
+        kinds: &ReminderKinds,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<SentEventOutcome, StoreError> {
+        let pk = user_pk(openid);
+        let quota_key = quota_sk(&event.template_id);
+        let msgid = event.msgid.to_string();
+        let mut polls = 0;
+        loop {
+            let open = self
+                .get(&pk, &quota_key)
+                .await?
+                .map(|quota| OpenGrants::of(&quota))
+                .unwrap_or_default();
+            let marks = |members: &[String]| -> Vec<Mark> {
+                members.iter().filter_map(|m| Mark::parse(m)).collect()
+            };
+            let matched = match_event(
+                &msgid,
+                create_time,
+                &marks(&open.sent_marks),
+                &marks(&open.unknown_marks),
+            );
+            let (mut stale_sent, stale_unknown) = open.stale_marks(now);
+            if let EventMatch::Known(mark) = &matched {
+                // Its send is recorded; its mark has served.
+                stale_sent.push(mark.encode());
+                self.drop_marks(&pk, &quota_key, stale_sent, stale_unknown)
+                    .await?;
+                return Ok(SentEventOutcome::Known);
+            }
+            if !open.reserved.is_empty() {
+                if polls < IN_FLIGHT_POLLS {
+                    polls += 1;
+                    tokio::time::sleep(IN_FLIGHT_POLL).await;
+                    continue;
+                }
+                tracing::warn!(
+                    msgid = %msgid,
+                    "a sent event arrived while a send of its template stayed in flight; left as it is"
+                );
+                return Ok(SentEventOutcome::InFlight);
+            }
+            self.drop_marks(&pk, &quota_key, stale_sent, stale_unknown)
+                .await?;
+            return match matched {
+                EventMatch::Known(_) | EventMatch::Unmatched => Ok(SentEventOutcome::Unmatched),
+                EventMatch::Ambiguous(n) => {
+                    tracing::warn!(
+                        candidates = n,
+                        "a sent event fits several unknown sends; all left unknown"
+                    );
+                    Ok(SentEventOutcome::Ambiguous)
+                }
+                EventMatch::Unknown(mark) => {
+                    self.settle_by_event(&pk, &mark, event, &msgid, kinds, policy, now)
+                        .await
+                }
+            };
+        }
+    }
+
+    /// Settles the unknown delivery `mark` names by the event.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_by_event(
+        &self,
+        pk: &str,
+        mark: &Mark,
+        event: &SentItem,
+        msgid: &str,
+        kinds: &ReminderKinds,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<SentEventOutcome, StoreError> {
+        let quota_key = quota_sk(&event.template_id);
+        let delivery = match self.get(pk, &delivery_sk(&mark.id)).await? {
+            Some(item) => Some(parse::<DeliveryItem>("delivery", item)?),
+            None => None,
+        };
+        let Some(delivery) = delivery.filter(|d| {
+            d.state == DeliveryState::Unknown
+                && d.template_id == event.template_id.as_str()
+                && d.msgid.is_none()
+        }) else {
+            // Settled meanwhile (a late answer) or gone: the mark is all that is left.
+            self.drop_marks(pk, &quota_key, Vec::new(), vec![mark.encode()])
+                .await?;
+            return Ok(SentEventOutcome::Unmatched);
+        };
+        let settlement = event_settlement(event.error_code, delivery.attempts, policy, now);
+        let result = if event.error_code == 0 {
+            SendResult::Sent {
+                msgid: Some(msgid.to_string()),
+            }
+        } else {
+            SendResult::Refused {
+                errcode: event.error_code,
+                errmsg: String::new(),
+            }
+        };
+        let source = match sort_key(&delivery.source) {
+            SortKey::Plan(kind) => kinds.get(kind).map(SourceRef::Plan),
+            SortKey::Outbox(_) => Some(SourceRef::Outbox(&delivery.source)),
+            SortKey::Delivery(_) | SortKey::Other => None,
+        };
+        let (settlement, result, delivery) = (&settlement, &result, &delivery);
+        retry_contended("sent event", || async move {
+            let writes = match source {
+                Some(source) => {
+                    self.late_source(pk, &delivery.delivery_id, source, settlement, result, now)
+                        .await?
+                        .0
+                }
+                None => Vec::new(),
+            };
+            let tx = SettleTx {
+                pk,
+                delivery_id: &delivery.delivery_id,
+                guard: Guard::Unknown,
+                write: DeliveryWrite {
+                    state: settlement.delivery,
+                    class: settlement.class,
+                    outcome: if event.error_code == 0 {
+                        "sent (WeChat's sent event)".to_string()
+                    } else {
+                        format!(
+                            "not delivered (WeChat's sent event: errcode {})",
+                            event.error_code
+                        )
+                    },
+                    errcode: result.errcode(),
+                    msgid: Some(msgid.to_string()),
+                    by: Writer::Event,
+                },
+                template: &event.template_id,
+                marks: Marks {
+                    close_unknown: Some(mark.encode()),
+                    ..Marks::default()
+                },
+                // WeChat took it: the grant void for want of an answer was spent.
+                grant: (settlement.grant == GrantState::Consumed).then_some(GrantMove {
+                    sk: &delivery.grant_sk,
+                    from: GrantState::Invalid,
+                    to: GrantState::Consumed,
+                }),
+                retry_whole: true,
+                source: writes,
+            };
+            Ok(match self.write_settlement(tx, now).await? {
+                Settled::Landed { .. } => {
+                    tracing::info!(
+                        delivery_id = %delivery.delivery_id,
+                        state = settlement.delivery.as_str(),
+                        "an unknown send settled by WeChat's sent event"
+                    );
+                    Attempt::Done(SentEventOutcome::Settled {
+                        delivery_id: delivery.delivery_id.clone(),
+                        state: settlement.delivery,
+                    })
+                }
+                Settled::SourceMoved => Attempt::Retry,
+                // Another copy of the event (or a late answer) got there first.
+                Settled::DeliveryMoved(_) => Attempt::Done(SentEventOutcome::Unmatched),
+            })
+        })
+        .await
+    }
+
+    /// Removes marks from a quota item (nothing if there are none to remove).
+    async fn drop_marks(
+        &self,
+        pk: &str,
+        quota_key: &str,
+        sent: Vec<String>,
+        unknown: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let mut clauses = Vec::new();
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, quota_key)))
+            .condition_expression("attribute_exists(pk)");
+        if !sent.is_empty() {
+            clauses.push("#sent :sent");
+            update = update
+                .expression_attribute_names("#sent", SENT_MARKS)
+                .expression_attribute_values(":sent", AttributeValue::Ss(sent));
+        }
+        if !unknown.is_empty() {
+            clauses.push("#unknown :unknown");
+            update = update
+                .expression_attribute_names("#unknown", OPEN_UNKNOWN)
+                .expression_attribute_values(":unknown", AttributeValue::Ss(unknown));
+        }
+        if clauses.is_empty() {
+            return Ok(());
+        }
+        let result = update
+            .update_expression(format!("DELETE {}", clauses.join(", ")))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! WeChat's `subscribe_msg_sent_event` settling uncertain sends: the stand-in delivers,
+//! drops the connection, and pushes its sent event to `/wechat/callback` over real
+//! HTTP, sealed in safe mode, as WeChat does.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::Utc;
+use futures::future::join_all;
+use onegrant_tests::{
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
+    attr_n, attr_s, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "push-token-local";
+
+fn aes_key() -> String {
+    "B".repeat(43)
+}
+
+/// An app taking safe-mode JSON pushes, and a stand-in pushing there, each event
+/// `copies` times at once.
+async fn pushing_app(copies: u32) -> TestApp {
+    let key = aes_key();
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key),
+        ("WECHAT_PUSH_MODE", "safe"),
+        ("WECHAT_PUSH_FORMAT", "json"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("WECHAT_TIMEOUT_MS", "1500"),
+    ])
+    .await;
+    app.control(
+        "POST",
+        "push-target",
+        Some(
+            json!({"url": format!("{}/wechat/callback", app.base_url), "token": TOKEN,
+                    "aes_key": key, "copies": copies}),
+        ),
+    )
+    .await;
+    app
+}
+
+/// The stand-in's pushes, once there are `n` (each answered by the callback).
+async fn pushes(app: &TestApp, n: usize) -> Vec<Value> {
+    for _ in 0..200 {
+        let pushes = app.control("GET", "pushes", None).await["pushes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if pushes.len() >= n {
+            return pushes;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the stand-in made fewer than {n} pushes");
+}
+
+async fn due_user(app: &TestApp, name: &str, grants: u32, fault: Option<Value>) -> User {
+    let user = app.scheduled_user(name, grants).await;
+    if let Some(mut fault) = fault {
+        fault["openid"] = json!(user.openid);
+        app.control("POST", "faults", Some(fault)).await;
+    }
+    app.make_due(&user, "water", Utc::now()).await;
+    user
+}
+
+/// A due user whose reminder WeChat took, but whose connection dropped and whose sent
+/// event was lost: one `unknown` send, its grant void, the plan paused.
+async fn unknown_user(app: &TestApp, name: &str, grants: u32) -> User {
+    let fault = json!({"drop_after_delivery": true, "no_push": true});
+    let user = due_user(app, name, grants, Some(fault)).await;
+    assert_eq!(app.tick(20).await.claimed, 1);
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("unknown"), "{delivery:?}");
+    user
+}
+
+/// The user's one reminder, settled `sent` by WeChat's event (with `msgid`): the grant
+/// consumed and counted so, the plan awaiting the check-in, no mark left open.
+async fn assert_settled_sent(app: &TestApp, user: &User, msgid: &str) {
+    let delivery = the_one(app.items_of(user, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{delivery:?}");
+    assert_eq!(attr_s(&delivery, "msgid"), Some(msgid), "{delivery:?}");
+    assert!(delivery.contains_key("event_settled_at"), "{delivery:?}");
+    assert_eq!(
+        app.grant_state_of(user, &delivery).await.as_deref(),
+        Some("consumed")
+    );
+    let quota = app
+        .item(user, &format!("QUOTA#{WATER}"))
+        .await
+        .unwrap_or_default();
+    assert_eq!(attr_n(&quota, "consumed"), Some(1), "{quota:?}");
+    assert_eq!(attr_n(&quota, "invalid"), Some(0), "{quota:?}");
+    assert_eq!(attr_n(&quota, "reserved"), Some(0), "{quota:?}");
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
+    assert!(marks(app, user, WATER, "open_unknown").await.is_empty());
+}
+
+fn the_one(items: Vec<HashMap<String, AttributeValue>>) -> HashMap<String, AttributeValue> {
+    assert_eq!(items.len(), 1, "{items:?}");
+    items.into_iter().next().unwrap_or_default()
+}
+
+/// The members of a string-set attribute of the user's quota item of `template`.
+async fn marks(app: &TestApp, user: &User, template: &str, name: &str) -> Vec<String> {
+    app.item(user, &format!("QUOTA#{template}"))
+        .await
+        .and_then(|q| q.get(name).and_then(|v| v.as_ss().ok()).cloned())
+        .unwrap_or_default()
+}
+
+/// The stand-in's msgid for the delivery to `user`.
+async fn delivered_msgids(app: &TestApp, user: &User) -> Vec<String> {
+    app.deliveries()
+        .await
+        .iter()
+        .filter(|d| d["openid"] == json!(user.openid))
+        .map(|d| d["msgid"].as_u64().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
+    let app = pushing_app(1).await;
+    let user = due_user(
+        &app,
+        "dropped",
+        2,
+        Some(json!({"drop_after_delivery": true})),
+    )
+    .await;
+    let summary = app.tick(20).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+
+    let pushed = pushes(&app, 1).await;
+    assert_eq!(pushed[0]["event"], "sent", "{pushed:?}");
+    assert_eq!(pushed[0]["answers"], json!([200]), "{pushed:?}");
+    let msgids = delivered_msgids(&app, &user).await;
+    assert_eq!(msgids.len(), 1);
+
+    assert_settled_sent(&app, &user, &msgids[0]).await;
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(
+        attr_s(&delivery, "outcome"),
+        Some("sent (WeChat's sent event)"),
+        "{delivery:?}"
+    );
+    assert!(marks(&app, &user, WATER, "sent_marks").await.is_empty());
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+    // Nothing resent.
+    assert_eq!(app.tick(10).await.claimed, 0);
+    assert_eq!(app.deliveries().await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_same_sent_event_ten_times_at_once_settles_once_round_after_round() {
+    let app = pushing_app(10).await;
+    let rounds = 4;
+    let mut users = Vec::new();
+    for round in 0..rounds {
+        let user = due_user(
+            &app,
+            &format!("r{round}"),
+            1,
+            Some(json!({"drop_after_delivery": true})),
+        )
+        .await;
+        assert_eq!(app.tick(20).await.claimed, 1);
+        let pushed = pushes(&app, round + 1).await;
+        assert_eq!(pushed[round]["answers"], json!(vec![200; 10]), "{pushed:?}");
+        users.push(user);
+    }
+    for user in &users {
+        let msgid = delivered_msgids(&app, user).await;
+        assert_eq!(msgid.len(), 1);
+        assert_settled_sent(&app, user, &msgid[0]).await;
+        // Each copy was recorded as the same event once.
+        let recorded: Vec<_> = app
+            .items_of(user, "push")
+            .await
+            .into_iter()
+            .filter(|p| attr_s(p, "event") == Some("sent"))
+            .collect();
+        assert_eq!(recorded.len(), 1, "{recorded:?}");
+    }
+    assert_eq!(app.deliveries().await.len(), rounds);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_definite_sends_event_never_settles_another_unknown_send() {
+    let app = pushing_app(1).await;
+    // First send: delivered, connection dropped, and WeChat's event lost: `unknown`.
+    let user = unknown_user(&app, "known", 3).await;
+    let first = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(attr_s(&first, "state"), Some("unknown"));
+    assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
+
+    // The user checks in; the next reminder of the same template goes out normally
+    // within the event window, and its own event arrives.
+    let answer = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "kc_1", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
+    app.make_due(&user, "water", Utc::now()).await;
+    assert_eq!(app.tick(20).await.claimed, 1);
+    let pushed = pushes(&app, 1).await;
+    assert_eq!(pushed[0]["answers"], json!([200]));
+
+    // That event was the second send's: the first stays unknown, its grant void.
+    let first_now = app
+        .item(&user, attr_s(&first, "sk").unwrap_or_default())
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        attr_s(&first_now, "state"),
+        Some("unknown"),
+        "{first_now:?}"
+    );
+    assert_eq!(
+        app.grant_state_of(&user, &first_now).await.as_deref(),
+        Some("invalid")
+    );
+    let sent: Vec<_> = app
+        .items_of(&user, "delivery")
+        .await
+        .into_iter()
+        .filter(|d| attr_s(d, "state") == Some("sent"))
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert!(!sent[0].contains_key("event_settled_at"), "{:?}", sent[0]);
+    // The event took the sent send's mark with it; the unknown one's is still open.
+    assert!(marks(&app, &user, WATER, "sent_marks").await.is_empty());
+    assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+/// Two pushes of the order template to `user`, both delivered with the connection
+/// dropped and their events lost: two `unknown` sends of one template.
+async fn two_unknown_pushes(app: &TestApp, name: &str) -> User {
+    let user = app.user(name).await;
+    for i in 0..2 {
+        app.accept(&user, ORDER, &format!("or_{name}_{i}")).await;
+    }
+    app.control(
+        "POST",
+        "faults",
+        Some(
+            json!({"openid": user.openid, "drop_after_delivery": true, "no_push": true,
+                    "times": 0}),
+        ),
+    )
+    .await;
+    app.push(&user, &format!("{name}-1")).await;
+    app.push(&user, &format!("{name}-2")).await;
+    let mut claimed = 0;
+    for _ in 0..3 {
+        claimed += app.tick(20).await.claimed;
+    }
+    assert_eq!(claimed, 2);
+    let states: Vec<_> = app
+        .items_of(&user, "delivery")
+        .await
+        .iter()
+        .map(|d| attr_s(d, "state").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(states, ["unknown", "unknown"]);
+    user
+}
+
+async fn push_event(app: &TestApp, event: Value) -> Value {
+    app.control("POST", "push-events", Some(event)).await
+}
+
+#[tokio::test]
+async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_one_settles_it() {
+    let app = pushing_app(1).await;
+    let user = two_unknown_pushes(&app, "twice").await;
+    let msgids = delivered_msgids(&app, &user).await;
+    assert_eq!(msgids.len(), 2);
+    let answer = push_event(
+        &app,
+        json!({"event": "sent", "openid": user.openid, "template_id": ORDER,
+               "msgid": msgids[0].parse::<u64>().unwrap_or_default()}),
+    )
+    .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    let states: Vec<_> = app
+        .items_of(&user, "delivery")
+        .await
+        .iter()
+        .map(|d| attr_s(d, "state").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        states,
+        ["unknown", "unknown"],
+        "which one is not known: neither"
+    );
+    assert_eq!(marks(&app, &user, ORDER, "open_unknown").await.len(), 2);
+
+    // A push with one unknown send: its event settles it, and the notification shows it.
+    let single = app.user("once").await;
+    app.accept(&single, ORDER, "or_once").await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": single.openid, "drop_after_delivery": true, "no_push": true})),
+    )
+    .await;
+    app.push(&single, "once-1").await;
+    assert_eq!(app.tick(20).await.claimed, 1);
+    let msgid = delivered_msgids(&app, &single).await;
+    let answer = push_event(
+        &app,
+        json!({"event": "sent", "openid": single.openid, "template_id": ORDER,
+               "msgid": msgid[0].parse::<u64>().unwrap_or_default()}),
+    )
+    .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    let delivery = the_one(app.items_of(&single, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{delivery:?}");
+    let outbox = the_one(app.items_of(&single, "outbox").await);
+    assert_eq!(attr_s(&outbox, "state"), Some("sent"), "{outbox:?}");
+    let inbox = app.get("/v1/notifications", Some(&single.token)).await;
+    assert_eq!(
+        inbox.body["items"][0]["push"]["status"], "sent",
+        "{}",
+        inbox.body
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_plan() {
+    let app = pushing_app(1).await;
+    let user = unknown_user(&app, "failed", 2).await;
+    let answer = push_event(
+        &app,
+        json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+               "msgid": 4_611_686_018_427_387_904u64, "error_code": -1}),
+    )
+    .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");
+    assert_eq!(attr_n(&delivery, "errcode"), Some(-1));
+    assert_eq!(
+        app.grant_state_of(&user, &delivery).await.as_deref(),
+        Some("invalid")
+    );
+    // Certainly not delivered: the plan is retried with the grant it has left.
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn events_for_other_users_templates_or_times_change_nothing() {
+    let app = pushing_app(1).await;
+    let user = unknown_user(&app, "other", 1).await;
+    let stranger = app.user("stranger").await;
+    let before = app.items().await.len();
+    let events = [
+        json!({"event": "sent", "openid": stranger.openid, "template_id": WATER, "msgid": 5u64}),
+        json!({"event": "sent", "openid": user.openid, "template_id": ORDER, "msgid": 6u64}),
+        json!({"event": "sent", "openid": user.openid, "template_id": "tmpl_not_configured", "msgid": 7u64}),
+    ];
+    let answers = join_all(events.into_iter().map(|e| push_event(&app, e))).await;
+    for answer in answers {
+        assert_eq!(answer["answers"], json!([200]), "{answer}");
+    }
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("unknown"), "{delivery:?}");
+    // Only the events and their nonces were recorded.
+    let added = app.items().await.len() - before;
+    assert_eq!(added, 6, "three events, three nonces");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_event() {
+    let app = pushing_app(1).await;
+    let user = due_user(&app, "vanished", 2, None).await;
+    // A dispatcher claims, sends (WeChat takes it: msgid below) and vanishes.
+    let now = Utc::now();
+    let store = &app.deps.store;
+    let span = store.shard_span(now).await.expect("registry");
+    let due = store
+        .due_items(now + chrono::Duration::seconds(5), &span)
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 1);
+    app.claim_and_vanish(&due[0], now).await;
+    let swept = app.sweep_at(now + chrono::Duration::seconds(30)).await;
+    assert_eq!(swept.recovered, 1, "{swept:?}");
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert_eq!(attr_s(&delivery, "state"), Some("unknown"));
+    assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
+
+    let answer = push_event(
+        &app,
+        json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+               "msgid": 3_395_159_288_267_931_652u64}),
+    )
+    .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    assert_settled_sent(&app, &user, "3395159288267931652").await;
+    let delivery = the_one(app.items_of(&user, "delivery").await);
+    assert!(
+        delivery.contains_key("swept_at"),
+        "the sweep's record is kept"
+    );
+    assert!(marks(&app, &user, WATER, "open_unknown").await.is_empty());
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
+    let app = pushing_app(1).await;
+    // No events: the new send's own mark stays for the check below.
+    app.control("DELETE", "push-target", None).await;
+    let user = due_user(&app, "stale", 2, None).await;
+    let fresh = format!("{}#777", Utc::now().timestamp());
+    app.quota_update(&user, WATER)
+        .update_expression("ADD sent_marks :s, open_unknown :u")
+        .expression_attribute_values(
+            ":s",
+            AttributeValue::Ss(vec!["1000#111".into(), fresh.clone()]),
+        )
+        .expression_attribute_values(":u", AttributeValue::Ss(vec!["1000#dead".into()]))
+        .send()
+        .await
+        .expect("marks set up");
+    assert_eq!(app.tick(20).await.sent, 1);
+    let sent = marks(&app, &user, WATER, "sent_marks").await;
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(sent.contains(&fresh), "a fresh mark stays: {sent:?}");
+    assert!(!sent.contains(&"1000#111".to_string()), "{sent:?}");
+    assert!(marks(&app, &user, WATER, "open_unknown").await.is_empty());
+}
