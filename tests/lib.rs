@@ -484,6 +484,23 @@ async fn spawn_app_on(overrides: &[(&'static str, &str)], emulator: Option<Emula
     }
 }
 
+/// Starts a fresh onegrant taking safe-mode JSON pushes (the local stack's push
+/// settings), with its stand-in pushing there like WeChat, each event `copies` times
+/// at once; dispatch timeouts short enough for 20-second test ticks.
+pub async fn spawn_pushing_app(copies: u32) -> TestApp {
+    let mut overrides: Vec<(&'static str, &str)> = stack::LOCAL_PUSH.to_vec();
+    overrides.extend([
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("WECHAT_TIMEOUT_MS", "1500"),
+    ]);
+    let app = spawn_app_with(&overrides).await;
+    let target = stack::standin_push(&app.deps.config, &app.base_url).expect("push configured");
+    let mut target = serde_json::to_value(target).expect("a push target");
+    target["copies"] = json!(copies);
+    app.control("POST", "push-target", Some(target)).await;
+    app
+}
+
 /// Starts a fresh onegrant for one test with the local defaults.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(&[]).await
@@ -941,6 +958,12 @@ impl TestApp {
             .into_iter()
             .filter(|i| attr_s(i, "pk") == Some(pk.as_str()) && attr_s(i, "kind") == Some(kind))
             .collect()
+    }
+
+    /// Has the stand-in push one event now (see its control API); the callback's
+    /// answers.
+    pub async fn push_event(&self, event: Value) -> Value {
+        self.control("POST", "push-events", Some(event)).await
     }
 
     /// The stand-in's deliveries.

@@ -18,6 +18,7 @@
 //! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
+//! | `CONFIRM_TAPS` | `true`: grant reports and check-ins leave marks for WeChat's popup events to confirm their grants (one more read per accepted template); set where the message push is configured | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
 //! leaks them.
@@ -323,6 +324,17 @@ impl Config {
                 1..=600,
             )?)
             .unwrap_or(defaults.reports_per_minute),
+            confirm_taps: match lookup("CONFIRM_TAPS").as_deref() {
+                None => lookup("WECHAT_PUSH_TOKEN").is_some_and(|t| !t.trim().is_empty()),
+                Some("true") => true,
+                Some("false") => false,
+                Some(_) => {
+                    return Err(ConfigError::Invalid {
+                        name: "CONFIRM_TAPS",
+                        reason: "expected true or false".into(),
+                    });
+                }
+            },
         };
 
         let push = match lookup("WECHAT_PUSH_TOKEN").filter(|t| !t.trim().is_empty()) {
@@ -404,6 +416,9 @@ pub struct Limits {
     pub max_open_grants: u32,
     /// Most grant reports one user makes in one minute.
     pub reports_per_minute: u32,
+    /// Whether reported grants are paired with WeChat's popup events
+    /// ([`store::taps`](crate::store)); only where the message push is configured.
+    pub confirm_taps: bool,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -446,6 +461,7 @@ impl Default for Limits {
             retention: Retention::default(),
             max_open_grants: 100,
             reports_per_minute: 30,
+            confirm_taps: false,
         }
     }
 }

@@ -334,7 +334,7 @@ async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_po
             .expect("event");
     app.deps
         .store
-        .record_push(&ts, "r1", &message, Utc::now())
+        .record_push(&ts, "r1", &message, &[], Utc::now())
         .await
         .expect("recorded");
     // WeChat retries the same request: applied now, once.

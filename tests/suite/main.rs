@@ -16,3 +16,4 @@ mod reminders;
 mod sent_event;
 mod session;
 mod standin;
+mod taps;

@@ -9,40 +9,9 @@ use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
-    attr_n, attr_s, spawn_app_with,
+    attr_n, attr_s, spawn_pushing_app,
 };
 use serde_json::{Value, json};
-
-const TOKEN: &str = "push-token-local";
-
-fn aes_key() -> String {
-    "B".repeat(43)
-}
-
-/// An app taking safe-mode JSON pushes, and a stand-in pushing there, each event
-/// `copies` times at once.
-async fn pushing_app(copies: u32) -> TestApp {
-    let key = aes_key();
-    let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_PUSH_AES_KEY", &key),
-        ("WECHAT_PUSH_MODE", "safe"),
-        ("WECHAT_PUSH_FORMAT", "json"),
-        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
-        ("WECHAT_TIMEOUT_MS", "1500"),
-    ])
-    .await;
-    app.control(
-        "POST",
-        "push-target",
-        Some(
-            json!({"url": format!("{}/wechat/callback", app.base_url), "token": TOKEN,
-                    "aes_key": key, "copies": copies}),
-        ),
-    )
-    .await;
-    app
-}
 
 /// The stand-in's pushes, once there are `n` (each answered by the callback).
 async fn pushes(app: &TestApp, n: usize) -> Vec<Value> {
@@ -128,7 +97,7 @@ async fn delivered_msgids(app: &TestApp, user: &User) -> Vec<String> {
 
 #[tokio::test]
 async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     let user = due_user(
         &app,
         "dropped",
@@ -162,7 +131,7 @@ async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
 
 #[tokio::test]
 async fn the_same_sent_event_ten_times_at_once_settles_once_round_after_round() {
-    let app = pushing_app(10).await;
+    let app = spawn_pushing_app(10).await;
     let rounds = 4;
     let mut users = Vec::new();
     for round in 0..rounds {
@@ -198,7 +167,7 @@ async fn the_same_sent_event_ten_times_at_once_settles_once_round_after_round() 
 
 #[tokio::test]
 async fn a_definite_sends_event_never_settles_another_unknown_send() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     // First send: delivered, connection dropped, and WeChat's event lost: `unknown`.
     let user = unknown_user(&app, "known", 3).await;
     let first = the_one(app.items_of(&user, "delivery").await);
@@ -284,22 +253,18 @@ async fn two_unknown_pushes(app: &TestApp, name: &str) -> User {
     user
 }
 
-async fn push_event(app: &TestApp, event: Value) -> Value {
-    app.control("POST", "push-events", Some(event)).await
-}
-
 #[tokio::test]
 async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_one_settles_it() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     let user = two_unknown_pushes(&app, "twice").await;
     let msgids = delivered_msgids(&app, &user).await;
     assert_eq!(msgids.len(), 2);
-    let answer = push_event(
-        &app,
-        json!({"event": "sent", "openid": user.openid, "template_id": ORDER,
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": ORDER,
                "msgid": msgids[0].parse::<u64>().unwrap_or_default()}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     let states: Vec<_> = app
         .items_of(&user, "delivery")
@@ -326,12 +291,12 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
     app.push(&single, "once-1").await;
     assert_eq!(app.tick(20).await.claimed, 1);
     let msgid = delivered_msgids(&app, &single).await;
-    let answer = push_event(
-        &app,
-        json!({"event": "sent", "openid": single.openid, "template_id": ORDER,
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": single.openid, "template_id": ORDER,
                "msgid": msgid[0].parse::<u64>().unwrap_or_default()}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     let delivery = the_one(app.items_of(&single, "delivery").await);
     assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{delivery:?}");
@@ -348,14 +313,14 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
 
 #[tokio::test]
 async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_plan() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     let user = unknown_user(&app, "failed", 2).await;
-    let answer = push_event(
-        &app,
-        json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
                "msgid": 4_611_686_018_427_387_904u64, "error_code": -1}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     let delivery = the_one(app.items_of(&user, "delivery").await);
     assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");
@@ -373,7 +338,7 @@ async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_pla
 
 #[tokio::test]
 async fn events_for_other_users_templates_or_times_change_nothing() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     let user = unknown_user(&app, "other", 1).await;
     let stranger = app.user("stranger").await;
     let before = app.items().await.len();
@@ -382,7 +347,7 @@ async fn events_for_other_users_templates_or_times_change_nothing() {
         json!({"event": "sent", "openid": user.openid, "template_id": ORDER, "msgid": 6u64}),
         json!({"event": "sent", "openid": user.openid, "template_id": "tmpl_not_configured", "msgid": 7u64}),
     ];
-    let answers = join_all(events.into_iter().map(|e| push_event(&app, e))).await;
+    let answers = join_all(events.into_iter().map(|e| app.push_event(e))).await;
     for answer in answers {
         assert_eq!(answer["answers"], json!([200]), "{answer}");
     }
@@ -396,7 +361,7 @@ async fn events_for_other_users_templates_or_times_change_nothing() {
 
 #[tokio::test]
 async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_event() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     let user = due_user(&app, "vanished", 2, None).await;
     // A dispatcher claims, sends (WeChat takes it: msgid below) and vanishes.
     let now = Utc::now();
@@ -414,12 +379,12 @@ async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_ev
     assert_eq!(attr_s(&delivery, "state"), Some("unknown"));
     assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
 
-    let answer = push_event(
-        &app,
-        json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
                "msgid": 3_395_159_288_267_931_652u64}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     assert_settled_sent(&app, &user, "3395159288267931652").await;
     let delivery = the_one(app.items_of(&user, "delivery").await);
@@ -434,7 +399,7 @@ async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_ev
 
 #[tokio::test]
 async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
-    let app = pushing_app(1).await;
+    let app = spawn_pushing_app(1).await;
     // No events: the new send's own mark stays for the check below.
     app.control("DELETE", "push-target", None).await;
     let user = due_user(&app, "stale", 2, None).await;

@@ -186,9 +186,10 @@ async fn receive(
         }
     };
     let now = Utc::now();
+    let taps = popup_accepts(deps, &message);
     let recorded = deps
         .store
-        .record_push(&timestamp, &nonce, &message, now)
+        .record_push(&timestamp, &nonce, &message, &taps, now)
         .await?;
     tracing::info!(
         openid = %openid_hash(message.openid.as_str()),
@@ -216,9 +217,27 @@ async fn receive(
     text(200, "success")
 }
 
+/// The configured templates a popup event accepts.
+fn popup_accepts<'a>(
+    deps: &Deps,
+    message: &'a push_event::PushMessage,
+) -> Vec<&'a onegrant::domain::TemplateId> {
+    match &message.event {
+        PushEvent::Popup(items) => items
+            .iter()
+            .filter(|i| {
+                i.choice == Choice::Accept && deps.config.templates.contains(&i.template_id)
+            })
+            .map(|i| &i.template_id)
+            .collect(),
+        PushEvent::Change(_) | PushEvent::Sent(_) | PushEvent::Other { .. } => Vec::new(),
+    }
+}
+
 /// What an event does: a refusal pauses the template's plans (and, made in WeChat's
 /// settings, voids its available grants); a sent event settles the one unknown send
-/// it can be (`store::dispatch::sent_event`).
+/// it can be (`store::dispatch::sent_event`); a popup accept confirms the grant the
+/// client reported for the same tap (`store::taps`), never granting one itself.
 async fn apply(
     deps: &Deps,
     message: &push_event::PushMessage,
@@ -265,6 +284,10 @@ async fn apply(
                 .await?;
             tracing::info!(?outcome, "sent event applied");
         }
+    }
+    for template in popup_accepts(deps, message) {
+        let confirmed = deps.store.pair_taps(&message.openid, template, now).await?;
+        tracing::info!(confirmed, "popup accept applied");
     }
     for template in refused {
         if !deps.config.templates.contains(template) {

@@ -30,8 +30,9 @@
 //!   sent event after every delivery (a fault's `"no_push": true` loses it);
 //!   `DELETE /control/push-target` stops it
 //! - `POST /control/push-events {"event": "popup"|"change"|"sent", "openid",
-//!   "template_id", "status"?, "msgid"?, "error_code"?}` pushes one event now and
-//!   answers the callback's statuses; a popup `accept` also adds the quota its tap
+//!   "template_id", "status"?, "msgid"?, "error_code"?, "create_time"?}` pushes one
+//!   event now (created now unless `create_time` says) and answers the callback's
+//!   statuses; a popup `accept` also adds the quota its tap
 //!   buys, a change takes the template's quota away
 //! - `GET /control/pushes`: every push made and how it was answered
 
@@ -560,7 +561,7 @@ async fn send(
         let state = s.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(target.delay_ms.unwrap_or(50))).await;
-            push_and_record(&state, &target, sent_event).await;
+            push_and_record(&state, &target, sent_event, None).await;
         });
     }
     if drop_connection {
@@ -818,9 +819,16 @@ async fn control_reset(State(s): State<AppState>) -> Response {
     Json(json!({"ok": true})).into_response()
 }
 
-/// Pushes `spec` to `target` and keeps the record: the callback's answers.
-async fn push_and_record(s: &Shared, target: &PushTarget, spec: PushEventSpec) -> Vec<u16> {
-    let answers = push::push(&s.client, target, &s.config.appid, &spec).await;
+/// Pushes `spec` (created now, or at `create_time`) to `target` and keeps the record:
+/// the callback's answers.
+async fn push_and_record(
+    s: &Shared,
+    target: &PushTarget,
+    spec: PushEventSpec,
+    create_time: Option<i64>,
+) -> Vec<u16> {
+    let at = create_time.unwrap_or_else(|| chrono::Utc::now().timestamp());
+    let answers = push::push(&s.client, target, &s.config.appid, &spec, at).await;
     s.lock().pushes.push(PushRecord {
         spec,
         answers: answers.clone(),
@@ -841,9 +849,19 @@ async fn control_clear_push_target(State(s): State<AppState>) -> Response {
     Json(json!({"ok": true})).into_response()
 }
 
+/// A push ordered through the control API: the event, and optionally WeChat's
+/// `CreateTime` for it (default now).
+#[derive(Deserialize)]
+struct PushOrder {
+    #[serde(flatten)]
+    spec: PushEventSpec,
+    #[serde(default)]
+    create_time: Option<i64>,
+}
+
 async fn control_push_event(
     State(s): State<AppState>,
-    Json(spec): Json<PushEventSpec>,
+    Json(PushOrder { spec, create_time }): Json<PushOrder>,
 ) -> Response {
     let target = {
         let mut inner = s.lock();
@@ -877,7 +895,7 @@ async fn control_push_event(
         }
         target
     };
-    let answers = push_and_record(&s, &target, spec).await;
+    let answers = push_and_record(&s, &target, spec, create_time).await;
     Json(json!({"answers": answers})).into_response()
 }
 

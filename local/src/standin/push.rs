@@ -204,16 +204,18 @@ fn request(target: &PushTarget, appid: &str, plain: &str, xml: bool) -> (String,
 /// The stand-in mini-program's original id.
 pub const DEFAULT_TO_USER: &str = "gh_0negrant0local";
 
-/// Pushes one event to the target (its copies at once): each copy's answer.
+/// Pushes one event created at `create_time` (epoch seconds) to the target (its copies
+/// at once): each copy's answer.
 pub async fn push(
     client: &reqwest::Client,
     target: &PushTarget,
     appid: &str,
     spec: &PushEventSpec,
+    create_time: i64,
 ) -> Vec<u16> {
     let xml = target.format.as_deref() == Some("xml");
     let to_user = target.to_user.as_deref().unwrap_or(DEFAULT_TO_USER);
-    let plain = event_body(spec, xml, to_user, chrono::Utc::now().timestamp());
+    let plain = event_body(spec, xml, to_user, create_time);
     let copies = target.copies.unwrap_or(1).clamp(1, 50);
     let sends = (0..copies).map(|_| {
         let (query, body) = request(target, appid, &plain, xml);

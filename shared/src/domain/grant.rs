@@ -117,6 +117,9 @@ pub struct QuotaCounters {
     pub reserved: u64,
     pub consumed: u64,
     pub invalid: u64,
+    /// Grants whose tap WeChat's popup event confirmed (a count beside the others,
+    /// not a state).
+    pub confirmed: u64,
 }
 
 impl QuotaCounters {
@@ -134,6 +137,8 @@ pub struct Quota {
     pub available: u64,
     pub used: u64,
     pub accepted: u64,
+    /// How many of the accepted grants WeChat's popup events confirmed.
+    pub confirmed: u64,
     pub needs_grant: bool,
 }
 
@@ -154,6 +159,7 @@ impl Quota {
                     available: c.available,
                     used: c.consumed,
                     accepted: c.accepted,
+                    confirmed: c.confirmed,
                     needs_grant: c.available == 0,
                 }
             })
@@ -319,6 +325,7 @@ mod tests {
                 reserved: 0,
                 consumed: 2,
                 invalid: 0,
+                confirmed: 0,
             },
         );
         let quotas = Quota::for_templates(&templates(), &counters);

@@ -129,6 +129,51 @@ pub fn event_settlement(
     }
 }
 
+/// How far apart a popup accept (WeChat's `CreateTime`) and the client's report of the
+/// same tap (our clock when it landed) may be. Both follow the tap within seconds; the
+/// client's report may wait for the network.
+pub const TAP_WINDOW: Duration = Duration::minutes(10);
+
+/// Taps seen from both sides: which client-reported grants (marks: report time,
+/// request id) the popup accepts (marks: create time, `popup`) confirm. Earliest
+/// first, each popup confirming at most one grant and each grant confirmed at most
+/// once, only within [`TAP_WINDOW`] of each other. A popup accept never creates a
+/// grant: a tap the client never reported stays unpaired until its mark goes stale.
+pub fn pair_taps(reported: &[Mark], popups: &[Mark]) -> Vec<(Mark, Mark)> {
+    let mut reported: Vec<&Mark> = reported.iter().collect();
+    let mut popups: Vec<&Mark> = popups.iter().collect();
+    reported.sort_by_key(|m| (m.at, m.id.clone()));
+    popups.sort_by_key(|m| (m.at, m.id.clone()));
+    let window = TAP_WINDOW.num_seconds();
+    let mut used = vec![false; popups.len()];
+    let mut pairs = Vec::new();
+    for grant in reported {
+        let found = popups
+            .iter()
+            .enumerate()
+            .find(|(i, p)| !used[*i] && (p.at - grant.at).abs() <= window);
+        if let Some((i, popup)) = found {
+            used[i] = true;
+            pairs.push((grant.clone(), (*popup).clone()));
+        }
+    }
+    pairs
+}
+
+/// The mark of a popup accept created at `create_time` (one per user, template and
+/// second: WeChat's retries of the event are the same event).
+pub fn popup_mark(create_time: i64) -> Mark {
+    Mark {
+        at: create_time,
+        id: "popup".into(),
+    }
+}
+
+/// A tap mark too old to pair with anything that may still arrive.
+pub fn tap_is_stale(mark: &Mark, now: DateTime<Utc>) -> bool {
+    mark.at < (now - TAP_WINDOW - CLOCK_SKEW).timestamp()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +256,37 @@ mod tests {
         let edge = (now - SENT_EVENT_WINDOW - CLOCK_SKEW).timestamp();
         assert!(!mark(edge, "a").is_stale(now));
         assert!(mark(edge - 1, "a").is_stale(now));
+    }
+
+    #[test]
+    fn taps_pair_earliest_first_one_to_one_within_the_window() {
+        let window = TAP_WINDOW.num_seconds();
+        let reported = [
+            mark(100, "r1"),
+            mark(160, "r2"),
+            mark(100 + 3 * window, "r3"),
+        ];
+        let popups = [popup_mark(105), popup_mark(101 + window)];
+        let pairs = pair_taps(&reported, &popups);
+        assert_eq!(
+            pairs,
+            vec![
+                (mark(100, "r1"), popup_mark(105)),
+                (mark(160, "r2"), popup_mark(101 + window)),
+            ]
+        );
+        // Either order in time; never two grants for one popup, nor the reverse.
+        assert_eq!(pair_taps(&[mark(200, "r")], &[popup_mark(190)]).len(), 1);
+        assert_eq!(
+            pair_taps(&[mark(200, "a"), mark(201, "b")], &[popup_mark(200)]).len(),
+            1
+        );
+        assert_eq!(
+            pair_taps(&[mark(200, "a")], &[popup_mark(200), popup_mark(201)]).len(),
+            1
+        );
+        assert!(pair_taps(&[mark(0, "a")], &[popup_mark(window + 1)]).is_empty());
+        assert!(pair_taps(&[], &[popup_mark(1)]).is_empty());
     }
 
     #[test]

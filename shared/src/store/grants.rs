@@ -158,7 +158,7 @@ impl Store {
                     &report.request_id,
                     *result,
                     now,
-                    self.limits.max_open_grants,
+                    &self.limits,
                 )? {
                     quota_index.push(items.len());
                     items.push(update);
@@ -249,6 +249,13 @@ impl Store {
                 }
             }
         }
+        // The report landed; confirming its grants by popup events already recorded
+        // is extra (a failure is logged; the popup's own pairing still comes).
+        for (template, result) in &report.results {
+            if result.grants() && self.limits.confirm_taps {
+                self.pair_taps_logged(openid, template, now).await;
+            }
+        }
         Ok(GrantsRecorded {
             grants: entries.into_values().collect(),
             written,
@@ -335,7 +342,7 @@ pub(super) fn quota_update_item(
     request_id: &RequestId,
     result: SubscribeResult,
     now: DateTime<Utc>,
-    cap: u32,
+    limits: &crate::config::Limits,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
     if !(result.grants() || result.refuses()) {
         return Ok(None);
@@ -348,14 +355,29 @@ pub(super) fn quota_update_item(
         .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
         .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
     let update = if result.grants() {
-        update
-            .update_expression(
+        let update = if limits.confirm_taps {
+            // The tap's mark, for a popup accept of it to confirm (store::taps).
+            let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
+            update
+                .update_expression(
+                    "SET template_id = :t, kind = :kind, updated_at = :now \
+                     ADD accepted :one, available :one, #open :id, #taps :tap",
+                )
+                .expression_attribute_names("#taps", super::taps::TAPS_REPORTED)
+                .expression_attribute_values(":tap", AttributeValue::Ss(vec![tap]))
+        } else {
+            update.update_expression(
                 "SET template_id = :t, kind = :kind, updated_at = :now \
                  ADD accepted :one, available :one, #open :id",
             )
+        };
+        update
             .condition_expression("attribute_not_exists(available) OR available < :cap")
             .expression_attribute_names("#open", OPEN_AVAILABLE)
-            .expression_attribute_values(":cap", AttributeValue::N(cap.to_string()))
+            .expression_attribute_values(
+                ":cap",
+                AttributeValue::N(limits.max_open_grants.to_string()),
+            )
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
             .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
     } else {

@@ -19,6 +19,7 @@ mod item;
 pub mod keys;
 pub mod plans;
 pub mod push;
+pub mod taps;
 
 use std::time::Duration;
 
@@ -155,6 +156,66 @@ impl Store {
 
     pub fn client(&self) -> &aws_sdk_dynamodb::Client {
         &self.client
+    }
+
+    /// One item, strongly consistent.
+    pub(crate) async fn get(&self, pk: &str, sk: &str) -> Result<Option<item::Item>, StoreError> {
+        Ok(self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(pk, sk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?
+            .item)
+    }
+
+    /// Removes members from string sets of an existing item (`(attribute, members)`;
+    /// nothing if there are none, nor if the item is gone).
+    pub(crate) async fn delete_members(
+        &self,
+        pk: &str,
+        sk: &str,
+        sets: &[(&str, Vec<String>)],
+    ) -> Result<(), StoreError> {
+        let mut clauses = Vec::new();
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(pk, sk)))
+            .condition_expression("attribute_exists(pk)");
+        for (i, (name, members)) in sets.iter().enumerate() {
+            if members.is_empty() {
+                continue;
+            }
+            clauses.push(format!("#set{i} :set{i}"));
+            update = update
+                .expression_attribute_names(format!("#set{i}"), *name)
+                .expression_attribute_values(
+                    format!(":set{i}"),
+                    aws_sdk_dynamodb::types::AttributeValue::Ss(members.clone()),
+                );
+        }
+        if clauses.is_empty() {
+            return Ok(());
+        }
+        match update
+            .update_expression(format!("DELETE {}", clauses.join(", ")))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
     }
 }
 

@@ -692,7 +692,7 @@ impl Store {
     ) -> Result<CheckInOutcome, StoreError> {
         let pk = &user_pk(openid);
         let fingerprint = &checkin.fingerprint(&kind.name);
-        retry_contended("check-in", || async move {
+        let outcome = retry_contended("check-in", || async move {
             let read = self.read(pk, kind, Some(checkin)).await?;
             if let Some(action) = read.action {
                 return replay(action, fingerprint).map(Attempt::Done);
@@ -810,7 +810,7 @@ impl Store {
                     request_id,
                     *result,
                     now,
-                    self.limits.max_open_grants,
+                    &self.limits,
                 )? {
                     items.push(update);
                 }
@@ -840,7 +840,18 @@ impl Store {
             }
             Ok(Attempt::Retry)
         })
-        .await
+        .await?;
+        // A grant the check-in carried: confirmed by a popup event already recorded?
+        if self.limits.confirm_taps
+            && matches!(outcome, CheckInOutcome::Applied(_))
+            && checkin
+                .grant
+                .as_ref()
+                .is_some_and(|(_, result)| result.grants())
+        {
+            self.pair_taps_logged(openid, &kind.template_id, now).await;
+        }
+        Ok(outcome)
     }
 
     /// After a grant report: a grant for a kind's template resumes a plan that waits

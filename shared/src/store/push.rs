@@ -146,11 +146,15 @@ impl Store {
 
     /// Records a verified push (see the module docs); `timestamp` and `nonce` are the
     /// request's. Pushes that are not subscription events only have their nonce kept.
+    /// A popup's accepts of `taps` (the configured templates among them) leave their
+    /// marks for confirming grants ([`taps`](super::taps)) in the same transaction, so
+    /// once however often WeChat retries.
     pub async fn record_push(
         &self,
         timestamp: &str,
         nonce: &str,
         message: &PushMessage,
+        taps: &[&TemplateId],
         now: DateTime<Utc>,
     ) -> Result<PushRecorded, StoreError> {
         let Some((event, items)) = describe(&message.event) else {
@@ -178,10 +182,13 @@ impl Store {
             sk: record.sk.clone(),
         };
         let nonce = nonce_item(timestamp, nonce, Some(&key), now);
-        let writes = vec![
+        let mut writes = vec![
             self.put_new(to_item("nonce", &nonce)?)?,
             self.put_new(to_item("push", &record)?)?,
         ];
+        for template in taps {
+            writes.push(self.popup_tap(&record.pk, template, message.create_time, now)?);
+        }
         let (writes, key) = (&writes, &key);
         retry_contended("push record", || async move {
             Ok(match self.transact(writes.clone()).await? {

@@ -16,14 +16,13 @@
 
 use std::time::Duration as StdDuration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
 use super::super::grants::{OPEN_UNKNOWN, SENT_MARKS};
-use super::super::item::{key, parse};
+use super::super::item::parse;
 use super::super::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
 use super::super::plans::OpenGrants;
-use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::super::{Attempt, Store, StoreError, retry_contended};
 use super::finalize::SourceRef;
 use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
 use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
@@ -240,41 +239,11 @@ impl Store {
         sent: Vec<String>,
         unknown: Vec<String>,
     ) -> Result<(), StoreError> {
-        let mut clauses = Vec::new();
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, quota_key)))
-            .condition_expression("attribute_exists(pk)");
-        if !sent.is_empty() {
-            clauses.push("#sent :sent");
-            update = update
-                .expression_attribute_names("#sent", SENT_MARKS)
-                .expression_attribute_values(":sent", AttributeValue::Ss(sent));
-        }
-        if !unknown.is_empty() {
-            clauses.push("#unknown :unknown");
-            update = update
-                .expression_attribute_names("#unknown", OPEN_UNKNOWN)
-                .expression_attribute_values(":unknown", AttributeValue::Ss(unknown));
-        }
-        if clauses.is_empty() {
-            return Ok(());
-        }
-        let result = update
-            .update_expression(format!("DELETE {}", clauses.join(", ")))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
+        self.delete_members(
+            pk,
+            quota_key,
+            &[(SENT_MARKS, sent), (OPEN_UNKNOWN, unknown)],
+        )
+        .await
     }
 }

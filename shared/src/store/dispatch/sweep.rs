@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::item::{Item, key, n, number, parse, s, text};
+use super::super::item::{Item, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
@@ -139,19 +139,6 @@ impl Store {
                 0
             }
         }
-    }
-
-    pub(super) async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
-        Ok(self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, sk)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?
-            .item)
     }
 
     /// A live delivery past its lease: `unknown`, its grant void, its plan paused

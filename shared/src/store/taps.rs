@@ -1,0 +1,193 @@
+//! Confirming client-reported grants with WeChat's popup events (the rules:
+//! [`pair_taps`](crate::domain::reconcile::pair_taps)).
+//!
+//! Each side leaves a mark on the template's quota item in the same transaction that
+//! records it, so exactly once: a grant report (or a check-in's grant) its request id
+//! and time in `taps_reported`, a recorded popup accept its create time in
+//! `taps_popup`. After its own write, each side pairs what the quota item holds: one
+//! transaction per pair sets the grant's `confirmed_at`, adds 1 to `confirmed` and
+//! removes both marks, conditional on both marks still being there. Whichever side
+//! lands second reads both marks (a strongly consistent read after its own write), so
+//! a tap seen from both sides is confirmed once, in either order and concurrently; a
+//! popup accept never becomes a grant. Marks too old to pair are dropped by the read.
+
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+use super::grants::rfc3339;
+use super::item::{key, n, s};
+use super::keys::{grant_sk, quota_sk, user_pk};
+use super::plans::{TxOutcome, condition_failed};
+use super::{Attempt, Store, StoreError, retry_contended};
+use crate::domain::reconcile::{Mark, pair_taps, tap_is_stale};
+use crate::domain::{OpenId, RequestId, TemplateId};
+
+/// The quota item's marks of client-reported grants not yet confirmed.
+pub(super) const TAPS_REPORTED: &str = "taps_reported";
+/// The quota item's marks of popup accepts not yet paired with a reported grant.
+pub(super) const TAPS_POPUP: &str = "taps_popup";
+
+/// The set members of `name` on an item, as marks (members that are not marks are
+/// left out).
+fn marks(item: &super::item::Item, name: &str) -> Vec<Mark> {
+    item.get(name)
+        .and_then(|v| v.as_ss().ok())
+        .map(|members| members.iter().filter_map(|m| Mark::parse(m)).collect())
+        .unwrap_or_default()
+}
+
+impl Store {
+    /// The write that leaves a popup accept's mark on the quota item of `template`
+    /// (creating the item if the user has reported nothing yet).
+    pub(super) fn popup_tap(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        create_time: i64,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mark = crate::domain::reconcile::popup_mark(create_time).encode();
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now ADD #taps :mark",
+            )
+            .expression_attribute_names("#taps", TAPS_POPUP)
+            .expression_attribute_values(":t", s(template.as_str()))
+            .expression_attribute_values(":kind", s("quota"))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":mark", AttributeValue::Ss(vec![mark]))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Confirms the user's reported grants of `template` that popup accepts match (see
+    /// the module docs); how many it confirmed.
+    pub async fn pair_taps(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
+        let pk = &user_pk(openid);
+        let quota_key = &quota_sk(template);
+        retry_contended("tap pairing", || async move {
+            let Some(quota) = self.get(pk, quota_key).await? else {
+                return Ok(Attempt::Done(0));
+            };
+            let (reported, popups) = (marks(&quota, TAPS_REPORTED), marks(&quota, TAPS_POPUP));
+            let stale = |m: &Vec<Mark>| -> Vec<String> {
+                m.iter()
+                    .filter(|m| tap_is_stale(m, now))
+                    .map(Mark::encode)
+                    .collect()
+            };
+            self.drop_taps(pk, quota_key, stale(&reported), stale(&popups))
+                .await?;
+            let mut confirmed = 0;
+            for (grant, popup) in pair_taps(&reported, &popups) {
+                let Ok(request) = RequestId::parse(grant.id.clone()) else {
+                    self.drop_taps(pk, quota_key, vec![grant.encode()], Vec::new())
+                        .await?;
+                    continue;
+                };
+                let writes = vec![
+                    self.confirm_grant(pk, template, &request, now)?,
+                    self.take_tap_pair(pk, quota_key, &grant, &popup, now)?,
+                ];
+                match self.transact(writes).await? {
+                    TxOutcome::Committed => confirmed += 1,
+                    TxOutcome::Cancelled(reasons) => {
+                        if condition_failed(&reasons, 0) {
+                            // No such grant to confirm (or confirmed already): its mark
+                            // has nothing to pair.
+                            self.drop_taps(pk, quota_key, vec![grant.encode()], Vec::new())
+                                .await?;
+                        }
+                        // Paired by the other side meanwhile: read again.
+                        return Ok(Attempt::Retry);
+                    }
+                    TxOutcome::Contended => return Ok(Attempt::Retry),
+                }
+            }
+            Ok(Attempt::Done(confirmed))
+        })
+        .await
+    }
+
+    /// [`Store::pair_taps`] after a write that already landed: a failure is logged,
+    /// not returned.
+    pub(super) async fn pair_taps_logged(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) {
+        if let Err(e) = self.pair_taps(openid, template, now).await {
+            tracing::warn!(error = %crate::telemetry::error_chain(&e), "grant confirmation by popup events deferred");
+        }
+    }
+
+    fn confirm_grant(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        request: &RequestId,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &grant_sk(template, request))))
+            .update_expression("SET confirmed_at = :now")
+            .condition_expression("attribute_exists(pk) AND attribute_not_exists(confirmed_at)")
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    fn take_tap_pair(
+        &self,
+        pk: &str,
+        quota_key: &str,
+        grant: &Mark,
+        popup: &Mark,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, quota_key)))
+            .update_expression(
+                "SET updated_at = :now ADD confirmed :one DELETE #reported :g, #popup :p",
+            )
+            .condition_expression("contains(#reported, :gv) AND contains(#popup, :pv)")
+            .expression_attribute_names("#reported", TAPS_REPORTED)
+            .expression_attribute_names("#popup", TAPS_POPUP)
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":g", AttributeValue::Ss(vec![grant.encode()]))
+            .expression_attribute_values(":p", AttributeValue::Ss(vec![popup.encode()]))
+            .expression_attribute_values(":gv", s(grant.encode()))
+            .expression_attribute_values(":pv", s(popup.encode()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    async fn drop_taps(
+        &self,
+        pk: &str,
+        quota_key: &str,
+        reported: Vec<String>,
+        popups: Vec<String>,
+    ) -> Result<(), StoreError> {
+        self.delete_members(
+            pk,
+            quota_key,
+            &[(TAPS_REPORTED, reported), (TAPS_POPUP, popups)],
+        )
+        .await
+    }
+}
