@@ -19,6 +19,13 @@ And it refuses, as DynamoDB does and moto does not, a request whose
 ExpressionAttributeNames or ExpressionAttributeValues hold a key no expression uses
 (ValidationException), so such a bug fails the suite instead of production.
 
+And it honours TransactWriteItems' ClientRequestToken, which moto ignores (it applies the
+same transaction twice): a transaction that committed is remembered by its token for 10
+minutes, and the same token again answers the first answer without applying anything;
+the same token with other parameters is refused with IdempotentParameterMismatchException,
+as DynamoDB does. A transaction that was cancelled is not remembered (nothing was
+applied, so running it again is what a retry of it means).
+
 Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0] [--exit-on-stdin-eof]
 Prints one line "listening on <port>" once the socket accepts connections, then serves
 until killed (SIGKILL is fine: all data is in memory).
@@ -32,6 +39,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 from moto.moto_server.threaded_moto_server import MotoRequestHandler
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -199,25 +207,93 @@ def _validation_error(environ, start_response):
     return None
 
 
+TOKEN_WINDOW_SECONDS = 600
+
+
+def _transaction_token(environ):
+    """(token, the request without it) of a TransactWriteItems carrying a
+    ClientRequestToken, else None. The body is left readable for the app."""
+    if environ.get("HTTP_X_AMZ_TARGET", "") != "DynamoDB_20120810.TransactWriteItems":
+        return None
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError:
+        return None
+    token = request.pop("ClientRequestToken", None)
+    if not token:
+        return None
+    return token, json.dumps(request, sort_keys=True)
+
+
+def _mismatch(start_response):
+    payload = json.dumps(
+        {
+            "__type": "com.amazonaws.dynamodb.v20120810#IdempotentParameterMismatchException",
+            "message": "The request uses the same client token as a previous, but non-identical request.",
+        }
+    ).encode()
+    start_response(
+        "400 Bad Request",
+        [
+            ("Content-Type", "application/x-amz-json-1.0"),
+            ("Content-Length", str(len(payload))),
+        ],
+    )
+    return [payload]
+
+
 class SerialApp:
-    """A WSGI app that runs the wrapped app under a lock, body included."""
+    """A WSGI app that runs the wrapped app under a lock, body included, and answers
+    a committed transaction's token replays (see the module docs)."""
 
     def __init__(self, app):
         self._app = app
         self._lock = threading.Lock()
+        # token -> (request, committed at, status, headers, body)
+        self._tokens = {}
 
     def __call__(self, environ, start_response):
         refused = _validation_error(environ, start_response)
         if refused is not None:
             return refused
+        tokened = _transaction_token(environ)
         with self._lock:
-            result = self._app(environ, start_response)
+            now = time.monotonic()
+            if tokened is not None:
+                self._tokens = {
+                    t: v for t, v in self._tokens.items() if now - v[1] < TOKEN_WINDOW_SECONDS
+                }
+                token, request = tokened
+                seen = self._tokens.get(token)
+                if seen is not None:
+                    if seen[0] != request:
+                        return _mismatch(start_response)
+                    start_response(seen[2], seen[3])
+                    return [seen[4]]
+            answered = {}
+
+            def capture(status, headers, exc_info=None):
+                answered["status"], answered["headers"] = status, list(headers)
+                return start_response(status, headers, exc_info)
+
+            result = self._app(environ, capture)
             try:
                 body = b"".join(result)
             finally:
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()
+            if tokened is not None and answered.get("status", "").startswith("200"):
+                self._tokens[tokened[0]] = (
+                    tokened[1],
+                    now,
+                    answered["status"],
+                    answered["headers"],
+                    body,
+                )
         return [body]
 
 

@@ -5,6 +5,7 @@
 //! `template.yaml`, deleted on drop), its own WeChat stand-in and its own HTTP API, both
 //! on port 0 and reached over real HTTP.
 
+pub mod faults;
 pub mod openapi;
 
 use std::collections::HashMap;
@@ -411,7 +412,17 @@ pub mod axum_router {
 
 /// Starts a fresh onegrant for one test. `overrides` replace config values.
 pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
-    spawn_app_on(overrides, None).await
+    spawn_app_on(overrides, None, None).await
+}
+
+/// Like [`spawn_app_with`], with the functions' DynamoDB client going through a
+/// [`faults::FaultProxy`] (the test's own reads go straight to the emulator). The
+/// client retries and times out as a deployed one does, only faster: 3 attempts, a
+/// 1-second attempt timeout, 10 ms first backoff.
+pub async fn spawn_faulty_app(overrides: &[(&'static str, &str)]) -> (TestApp, faults::FaultProxy) {
+    let proxy = faults::FaultProxy::start(emulator_endpoint()).await;
+    let app = spawn_app_on(overrides, None, Some(&proxy.url)).await;
+    (app, proxy)
 }
 
 /// Like [`spawn_app_with`], on an emulator of its own: for load tests, which would
@@ -419,10 +430,14 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
 /// at a time).
 pub async fn spawn_app_isolated(overrides: &[(&'static str, &str)]) -> TestApp {
     let emulator = Emulator::start(true).expect("a dedicated emulator starts");
-    spawn_app_on(overrides, Some(emulator)).await
+    spawn_app_on(overrides, Some(emulator), None).await
 }
 
-async fn spawn_app_on(overrides: &[(&'static str, &str)], emulator: Option<Emulator>) -> TestApp {
+async fn spawn_app_on(
+    overrides: &[(&'static str, &str)],
+    emulator: Option<Emulator>,
+    proxy: Option<&str>,
+) -> TestApp {
     // Logs go through the test harness's capture: shown only for failing tests.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -464,7 +479,27 @@ async fn spawn_app_on(overrides: &[(&'static str, &str)], emulator: Option<Emula
     let config = stack::local_config(&values).expect("test config is valid");
     let standin_task = standin::spawn(stack::standin_config(&config), standin_listener);
     let round_trips = RoundTrips::default();
-    let deps = stack::deps(config, round_trips.attach(&table.client)).expect("deps build");
+    let functions_client = match proxy {
+        None => table.client.clone(),
+        Some(url) => {
+            let config = table
+                .client
+                .config()
+                .to_builder()
+                .endpoint_url(url)
+                .retry_config(
+                    aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+                        .with_max_attempts(3)
+                        .with_initial_backoff(std::time::Duration::from_millis(10)),
+                )
+                .timeout_config(onegrant::aws::dynamodb_timeouts(
+                    std::time::Duration::from_secs(1),
+                ))
+                .build();
+            aws_sdk_dynamodb::Client::from_conf(config)
+        }
+    };
+    let deps = stack::deps(config, round_trips.attach(&functions_client)).expect("deps build");
     let (base_url, api_task) = serve(api::api_router(deps.clone()).expect("router builds")).await;
     let router = api::invoke_router(deps.clone()).expect("router builds");
     let invoke_task = tokio::spawn(async move {

@@ -23,12 +23,31 @@ fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
         .build_https()
 }
 
+/// How long one DynamoDB request may take before the SDK gives up on it and retries
+/// (the same input: a transaction's `ClientRequestToken` with it). DynamoDB answers in
+/// milliseconds; without a limit a lost answer would hold the invocation until Lambda
+/// kills it.
+pub const DYNAMODB_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[cfg(feature = "store")]
-/// Loads the shared SDK config from the environment (region, credentials, endpoints).
+/// Timeouts for a DynamoDB client: `attempt` per request, three attempts' worth (plus
+/// backoff) for the whole call, 1 s to connect.
+pub fn dynamodb_timeouts(attempt: std::time::Duration) -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(1))
+        .operation_attempt_timeout(attempt)
+        .operation_timeout(attempt * 3 + std::time::Duration::from_secs(1))
+        .build()
+}
+
+#[cfg(feature = "store")]
+/// Loads the shared SDK config from the environment (region, credentials, endpoints),
+/// with [`DYNAMODB_ATTEMPT_TIMEOUT`] per request.
 pub async fn sdk_config() -> SdkConfig {
     install_crypto_provider();
     aws_config::defaults(BehaviorVersion::latest())
         .http_client(https_client())
+        .timeout_config(dynamodb_timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
         .load()
         .await
 }

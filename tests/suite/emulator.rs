@@ -353,3 +353,93 @@ async fn a_request_with_an_unused_expression_value_or_name_is_refused_as_dynamod
         .await
         .expect("accepted");
 }
+
+#[tokio::test]
+async fn a_transactions_client_request_token_is_honoured_as_dynamodb_does() {
+    let table = TestTable::create().await;
+    let increment = |by: &str| {
+        TransactWriteItem::builder()
+            .update(
+                Update::builder()
+                    .table_name(&table.name)
+                    .key("pk", s("COUNTER"))
+                    .key("sk", s("T"))
+                    .update_expression("ADD n :by")
+                    .expression_attribute_values(":by", AttributeValue::N(by.into()))
+                    .build()
+                    .expect("update"),
+            )
+            .build()
+    };
+    let send = |token: &str, by: &str| {
+        table
+            .client
+            .transact_write_items()
+            .client_request_token(token)
+            .transact_items(increment(by))
+            .send()
+    };
+    let n = || async {
+        table
+            .client
+            .get_item()
+            .table_name(&table.name)
+            .key("pk", s("COUNTER"))
+            .key("sk", s("T"))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get")
+            .item
+            .and_then(|i| i.get("n").and_then(|v| v.as_n().ok()).cloned())
+    };
+    send("token-1", "1").await.expect("first");
+    assert_eq!(n().await.as_deref(), Some("1"));
+    // The same request again (a retry whose first answer was lost): the first answer,
+    // nothing applied twice.
+    send("token-1", "1")
+        .await
+        .expect("a replay answers as the first did");
+    send("token-1", "1").await.expect("and again");
+    assert_eq!(n().await.as_deref(), Some("1"));
+    // The same token with other parameters is refused.
+    let mismatch = send("token-1", "5").await.expect_err("refused");
+    assert!(
+        mismatch
+            .as_service_error()
+            .is_some_and(|e| e.is_idempotent_parameter_mismatch_exception()),
+        "{mismatch:?}"
+    );
+    assert_eq!(n().await.as_deref(), Some("1"));
+    // Another token is another transaction.
+    send("token-2", "1").await.expect("new token");
+    assert_eq!(n().await.as_deref(), Some("2"));
+    // A cancelled transaction is not remembered: the same token runs it again.
+    let guarded = |token: &str| {
+        table
+            .client
+            .transact_write_items()
+            .client_request_token(token)
+            .transact_items(
+                TransactWriteItem::builder()
+                    .update(
+                        Update::builder()
+                            .table_name(&table.name)
+                            .key("pk", s("COUNTER"))
+                            .key("sk", s("T"))
+                            .update_expression("ADD n :one")
+                            .condition_expression("n >= :three")
+                            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                            .expression_attribute_values(":three", AttributeValue::N("3".into()))
+                            .build()
+                            .expect("update"),
+                    )
+                    .build(),
+            )
+            .send()
+    };
+    assert!(guarded("token-3").await.is_err(), "n is 2: cancelled");
+    send("token-4", "1").await.expect("n to 3");
+    guarded("token-3").await.expect("now the condition holds");
+    assert_eq!(n().await.as_deref(), Some("4"));
+}

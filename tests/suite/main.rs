@@ -8,6 +8,7 @@ mod contract;
 mod dispatcher;
 mod emulator;
 mod expiry;
+mod faults;
 mod grants;
 mod iam;
 mod inbox;

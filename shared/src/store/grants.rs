@@ -172,6 +172,7 @@ impl Store {
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(items))
+                .client_request_token(super::request_token())
                 .send()
                 .await;
             match sent {

@@ -219,6 +219,16 @@ impl Store {
     }
 }
 
+/// A `ClientRequestToken` for one `TransactWriteItems` call. The SDK retries a call
+/// (a timeout, a dropped connection, a 500) with the same input, so with the same token:
+/// DynamoDB answers a retry of a transaction that committed with its first answer for
+/// 10 minutes instead of running it again. (The SDK would fill in a token itself — the
+/// field is an idempotency token in DynamoDB's model — but the protocol depends on it,
+/// so it is set here, where it is visible.)
+fn request_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// Sorts an SDK failure into "try later" or "our fault". `service_unavailable` says
 /// whether the operation's own error is a throttle or conflict.
 fn classify_sdk_error<E, R>(

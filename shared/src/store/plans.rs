@@ -427,6 +427,9 @@ impl Store {
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
+            // Stable across the SDK's retries of this call: a retry after a commit whose
+            // answer was lost gets that answer instead of failing its own conditions.
+            .client_request_token(super::request_token())
             .send()
             .await
         {

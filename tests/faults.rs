@@ -1,0 +1,260 @@
+//! A fault-injecting DynamoDB proxy: between the SDK and the emulator, it answers what
+//! real DynamoDB answers and the emulator never does — throttles, transaction
+//! conflicts, 500s — or forwards a request and loses (or delays) the answer, so the
+//! write is applied while the client never hears of it.
+//!
+//! Rules match by operation (`TransactWriteItems`, `UpdateItem`, …) and optionally a
+//! substring of the request body (an item key such as `PLAN#water`), apply to every
+//! `every`-th matching request, `times` times (0: without end), and are counted.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// What the proxy does to a matching request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `ThrottlingException` (400), not forwarded.
+    Throttle,
+    /// A transaction conflict, not forwarded: `TransactionCanceledException` with
+    /// `TransactionConflict` reasons for a transaction, `TransactionConflictException`
+    /// for a single-item write.
+    Conflict,
+    /// `InternalServerError` (500), not forwarded.
+    ServerError,
+    /// Forwarded and applied; the answer is lost (the connection fails mid-answer).
+    CommitThenDrop,
+    /// Forwarded and applied; the answer arrives this late.
+    CommitThenDelay(Duration),
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    operation: String,
+    pattern: Option<String>,
+    fault: Fault,
+    /// How many more times it applies (None: without end).
+    left: Option<u32>,
+    every: u32,
+    seen: u32,
+}
+
+#[derive(Default)]
+struct State {
+    rules: Vec<Rule>,
+    injected: Vec<(String, Fault)>,
+}
+
+/// A running proxy in front of `upstream`.
+pub struct FaultProxy {
+    pub url: String,
+    state: Arc<Mutex<State>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to the DynamoDB endpoint `upstream`.
+    pub async fn start(upstream: &str) -> Self {
+        let state = Arc::new(Mutex::new(State::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind port 0");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        onegrant::aws::install_crypto_provider();
+        let client = reqwest::Client::new();
+        let upstream = upstream.trim_end_matches('/').to_string();
+        let shared = state.clone();
+        let app = axum::Router::new().fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let (state, client, upstream) = (shared.clone(), client.clone(), upstream.clone());
+                async move { handle(&state, &client, &upstream, method, uri, headers, body).await }
+            },
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            url,
+            state,
+            _task: task,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Injects `fault` into `times` requests of `operation` (0: all of them) whose body
+    /// contains `pattern`, if given.
+    pub fn inject(&self, operation: &str, pattern: Option<&str>, fault: Fault, times: u32) {
+        self.inject_every(operation, pattern, fault, times, 1);
+    }
+
+    /// Like [`FaultProxy::inject`], into every `every`-th matching request only.
+    pub fn inject_every(
+        &self,
+        operation: &str,
+        pattern: Option<&str>,
+        fault: Fault,
+        times: u32,
+        every: u32,
+    ) {
+        self.lock().rules.push(Rule {
+            operation: operation.to_string(),
+            pattern: pattern.map(str::to_string),
+            fault,
+            left: (times > 0).then_some(times),
+            every: every.max(1),
+            seen: 0,
+        });
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        self.lock().rules.clear();
+    }
+
+    /// The faults injected so far: (operation, fault).
+    pub fn injected(&self) -> Vec<(String, Fault)> {
+        self.lock().injected.clone()
+    }
+}
+
+/// The fault for this request, if a rule takes it (and counts it).
+fn pick(state: &Mutex<State>, operation: &str, body: &str) -> Option<Fault> {
+    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut chosen = None;
+    for rule in state.rules.iter_mut() {
+        if rule.operation != operation
+            || rule.left == Some(0)
+            || rule.pattern.as_deref().is_some_and(|p| !body.contains(p))
+        {
+            continue;
+        }
+        rule.seen += 1;
+        if rule.seen % rule.every != 0 {
+            continue;
+        }
+        if let Some(left) = rule.left.as_mut() {
+            *left -= 1;
+        }
+        chosen = Some(rule.fault);
+        break;
+    }
+    if let Some(fault) = chosen {
+        state.injected.push((operation.to_string(), fault));
+    }
+    chosen
+}
+
+fn error(status: StatusCode, kind: &str, extra: serde_json::Value) -> Response {
+    let mut body = json!({"__type": format!("com.amazonaws.dynamodb.v20120810#{kind}"),
+                          "message": format!("injected {kind}")});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    (
+        status,
+        [("content-type", "application/x-amz-json-1.0")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn handle(
+    state: &Mutex<State>,
+    client: &reqwest::Client,
+    upstream: &str,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let operation = target.rsplit('.').next().unwrap_or_default().to_string();
+    let text = String::from_utf8_lossy(&body).to_string();
+    let fault = pick(state, &operation, &text);
+    match fault {
+        Some(Fault::Throttle) => {
+            return error(StatusCode::BAD_REQUEST, "ThrottlingException", json!({}));
+        }
+        Some(Fault::ServerError) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                json!({}),
+            );
+        }
+        Some(Fault::Conflict) if operation == "TransactWriteItems" => {
+            let items = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|r| r["TransactItems"].as_array().map(Vec::len))
+                .unwrap_or(1);
+            let reasons: Vec<_> = (0..items)
+                .map(|_| json!({"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}))
+                .collect();
+            return error(
+                StatusCode::BAD_REQUEST,
+                "TransactionCanceledException",
+                json!({"CancellationReasons": reasons}),
+            );
+        }
+        Some(Fault::Conflict) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "TransactionConflictException",
+                json!({}),
+            );
+        }
+        Some(Fault::CommitThenDrop | Fault::CommitThenDelay(_)) | None => {}
+    }
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut request = client.request(method, format!("{upstream}{path}"));
+    for (name, value) in &headers {
+        if name != "host" && name != "content-length" {
+            request = request.header(name, value);
+        }
+    }
+    let answer = match request.body(body).send().await {
+        Ok(answer) => answer,
+        Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
+    };
+    let status = answer.status();
+    let answer_headers = answer.headers().clone();
+    let bytes = answer.bytes().await.unwrap_or_default();
+    match fault {
+        Some(Fault::CommitThenDrop) => {
+            // The answer starts and then the connection fails: the client never learns
+            // that the write was applied.
+            let failing = futures::stream::once(async {
+                Err::<Bytes, std::io::Error>(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "answer dropped by fault injection",
+                ))
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/x-amz-json-1.0")
+                .body(Body::from_stream(failing))
+                .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+        }
+        Some(Fault::CommitThenDelay(delay)) => tokio::time::sleep(delay).await,
+        _ => {}
+    }
+    let mut response = Response::builder().status(status.as_u16());
+    for (name, value) in &answer_headers {
+        if name != "content-length" && name != "transfer-encoding" {
+            response = response.header(name, value);
+        }
+    }
+    response
+        .body(Body::from(bytes))
+        .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
