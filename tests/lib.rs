@@ -523,11 +523,17 @@ async fn spawn_app_on(
 /// settings), with its stand-in pushing there like WeChat, each event `copies` times
 /// at once; dispatch timeouts short enough for 20-second test ticks.
 pub async fn spawn_pushing_app(copies: u32) -> TestApp {
+    spawn_pushing_app_with(copies, &[]).await
+}
+
+/// Like [`spawn_pushing_app`], with `extra` config values on top.
+pub async fn spawn_pushing_app_with(copies: u32, extra: &[(&'static str, &str)]) -> TestApp {
     let mut overrides: Vec<(&'static str, &str)> = stack::LOCAL_PUSH.to_vec();
     overrides.extend([
         ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
         ("WECHAT_TIMEOUT_MS", "1500"),
     ]);
+    overrides.extend_from_slice(extra);
     let app = spawn_app_with(&overrides).await;
     let target = stack::standin_push(&app.deps.config, &app.base_url).expect("push configured");
     let mut target = serde_json::to_value(target).expect("a push target");

@@ -9,7 +9,7 @@ use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
-    attr_n, attr_s, spawn_pushing_app,
+    attr_n, attr_s, spawn_pushing_app, spawn_pushing_app_with,
 };
 use serde_json::{Value, json};
 
@@ -121,7 +121,8 @@ async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
         Some("sent (WeChat's sent event)"),
         "{delivery:?}"
     );
-    assert!(marks(&app, &user, WATER, "sent_marks").await.is_empty());
+    // Its msgid stays known for the window: WeChat may deliver the event again.
+    assert_eq!(marks(&app, &user, WATER, "sent_marks").await.len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
     // Nothing resent.
@@ -166,8 +167,9 @@ async fn the_same_sent_event_ten_times_at_once_settles_once_round_after_round() 
 }
 
 #[tokio::test]
-async fn a_definite_sends_event_never_settles_another_unknown_send() {
-    let app = spawn_pushing_app(1).await;
+async fn a_definite_sends_event_never_settles_another_unknown_send_however_often_it_comes() {
+    // Every event is delivered four times at once, as WeChat's retries may overlap.
+    let app = spawn_pushing_app(4).await;
     // First send: delivered, connection dropped, and WeChat's event lost: `unknown`.
     let user = unknown_user(&app, "known", 3).await;
     let first = the_one(app.items_of(&user, "delivery").await);
@@ -189,7 +191,15 @@ async fn a_definite_sends_event_never_settles_another_unknown_send() {
     app.make_due(&user, "water", Utc::now()).await;
     assert_eq!(app.tick(20).await.claimed, 1);
     let pushed = pushes(&app, 1).await;
-    assert_eq!(pushed[0]["answers"], json!([200]));
+    assert_eq!(pushed[0]["answers"], json!([200, 200, 200, 200]));
+    // And once more, a minute later.
+    let again = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+                           "msgid": pushed[0]["msgid"]}),
+        )
+        .await;
+    assert_eq!(again["answers"], json!([200, 200, 200, 200]), "{again}");
 
     // That event was the second send's: the first stays unknown, its grant void.
     let first_now = app
@@ -213,8 +223,8 @@ async fn a_definite_sends_event_never_settles_another_unknown_send() {
         .collect();
     assert_eq!(sent.len(), 1);
     assert!(!sent[0].contains_key("event_settled_at"), "{:?}", sent[0]);
-    // The event took the sent send's mark with it; the unknown one's is still open.
-    assert!(marks(&app, &user, WATER, "sent_marks").await.is_empty());
+    // The sent send's mark stays known for the window; the unknown one's is open.
+    assert_eq!(marks(&app, &user, WATER, "sent_marks").await.len(), 1);
     assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
@@ -332,6 +342,93 @@ async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_pla
     // Certainly not delivered: the plan is retried with the grant it has left.
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
     assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+
+    // With no grant left, it waits for one instead.
+    let last = unknown_user(&app, "failed-last", 1).await;
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": last.openid, "template_id": WATER,
+               "msgid": 4_611_686_018_427_387_905u64, "error_code": -1}),
+        )
+        .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    let plan = app.get("/v1/reminders/water", Some(&last.token)).await;
+    assert_eq!(
+        (&plan.body["state"], &plan.body["pause_reason"]),
+        (&json!("paused"), &json!("needs_grant")),
+        "{}",
+        plan.body
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_check_in_made_while_the_send_was_uncertain_counts_when_the_event_settles_it() {
+    let app = spawn_pushing_app(1).await;
+    let user = unknown_user(&app, "checked", 1).await;
+    // The user drinks while the reminder's fate is unknown; no grant left to schedule.
+    let answer = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "uc_1", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["pause_reason"], "uncertain", "{}", answer.body);
+    let msgid = delivered_msgids(&app, &user).await;
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+                           "msgid": msgid[0].parse::<u64>().unwrap_or_default()}),
+        )
+        .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    // Sent, and the check-in already made: the plan waits for a grant, not for a
+    // check-in — so the next grant schedules it.
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(
+        (&plan.body["state"], &plan.body["pause_reason"]),
+        (&json!("paused"), &json!("needs_grant")),
+        "{}",
+        plan.body
+    );
+    app.accept(&user, WATER, "wr_after").await;
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn an_event_that_comes_while_its_send_is_still_in_flight_settles_it_once_it_is_unknown() {
+    // WeChat delivers and pushes its event at once, but its answer never comes in
+    // time: the event arrives while the send is in flight, outwaits its 3 s, and is
+    // kept; the send's timeout (5 s) records it `unknown`, and the kept event settles it.
+    let app = spawn_pushing_app_with(1, &[("WECHAT_TIMEOUT_MS", "5000")]).await;
+    let user = due_user(
+        &app,
+        "slow",
+        1,
+        Some(json!({"hang_after_delivery_ms": 7000})),
+    )
+    .await;
+    let summary = app.tick(60).await;
+    assert_eq!(summary.unknown, 1, "{summary:?}");
+    let pushed = pushes(&app, 1).await;
+    assert_eq!(pushed[0]["answers"], json!([200]), "{pushed:?}");
+    let msgid = delivered_msgids(&app, &user).await;
+    assert_settled_sent(&app, &user, &msgid[0]).await;
+    let quota = app
+        .item(&user, &format!("QUOTA#{WATER}"))
+        .await
+        .unwrap_or_default();
+    for name in ["inflight", "pending_events", "open_unknown"] {
+        let left = quota.get(name).and_then(|v| v.as_ss().ok());
+        assert!(left.is_none_or(|l| l.is_empty()), "{name}: {left:?}");
+    }
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 }
@@ -405,7 +502,9 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
     let user = due_user(&app, "stale", 2, None).await;
     let fresh = format!("{}#777", Utc::now().timestamp());
     app.quota_update(&user, WATER)
-        .update_expression("ADD sent_marks :s, open_unknown :u")
+        .update_expression("ADD sent_marks :s, open_unknown :u, inflight :f, pending_events :p")
+        .expression_attribute_values(":f", AttributeValue::Ss(vec!["1000#gone".into()]))
+        .expression_attribute_values(":p", AttributeValue::Ss(vec!["1000#5:0".into()]))
         .expression_attribute_values(
             ":s",
             AttributeValue::Ss(vec!["1000#111".into(), fresh.clone()]),
@@ -419,5 +518,20 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert!(sent.contains(&fresh), "a fresh mark stays: {sent:?}");
     assert!(!sent.contains(&"1000#111".to_string()), "{sent:?}");
-    assert!(marks(&app, &user, WATER, "open_unknown").await.is_empty());
+    for name in ["open_unknown", "pending_events"] {
+        assert!(marks(&app, &user, WATER, name).await.is_empty(), "{name}");
+    }
+    // The in-flight set is pruned by the next event instead (a claim adds to it).
+    assert_eq!(marks(&app, &user, WATER, "inflight").await, ["1000#gone"]);
+    let target = onegrant_local::stack::standin_push(&app.deps.config, &app.base_url);
+    app.control("POST", "push-target", Some(json!(target)))
+        .await;
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+                           "msgid": 1u64}),
+        )
+        .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    assert!(marks(&app, &user, WATER, "inflight").await.is_empty());
 }

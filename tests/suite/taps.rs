@@ -178,7 +178,7 @@ async fn one_popup_confirms_one_of_two_taps_and_a_stale_one_confirms_none() {
         (&json!(1), &json!(0)),
         "{shown}"
     );
-    // The stale popup's mark was dropped by the report's pairing read.
+    // The stale popup's mark is gone (dropped by the first pairing read after it).
     let quota_item = app
         .item(&late, &format!("QUOTA#{WATER}"))
         .await

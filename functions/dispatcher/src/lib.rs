@@ -504,6 +504,17 @@ async fn dispatch_one(
     let class = finalized.settlement.class;
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
+    } else if class == OutcomeClass::Unknown {
+        // WeChat's sent event may have come while the send was in flight.
+        deps.store
+            .settle_pending_events(
+                &claim.openid,
+                &claim.template_id,
+                &config.reminders,
+                &policy,
+                Utc::now(),
+            )
+            .await;
     }
     match class {
         OutcomeClass::Config => tracing::error!(

@@ -217,11 +217,15 @@ async fn receive(
     text(200, "success")
 }
 
-/// The configured templates a popup event accepts.
+/// The configured templates a popup event accepts (none unless grants are confirmed
+/// by popup events: `CONFIRM_TAPS`).
 fn popup_accepts<'a>(
     deps: &Deps,
     message: &'a push_event::PushMessage,
 ) -> Vec<&'a onegrant::domain::TemplateId> {
+    if !deps.config.limits.confirm_taps {
+        return Vec::new();
+    }
     match &message.event {
         PushEvent::Popup(items) => items
             .iter()

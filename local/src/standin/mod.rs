@@ -18,7 +18,8 @@
 //! - `POST /control/quota {"openid", "template_id", "count"}` adds quota as taps would;
 //!   `GET /control/quota?openid=&template_id=` reads it
 //! - `POST /control/faults {"openid", "errcode"?, "times"?, "hang_ms"?, "deliver"?,
-//!   "drop_after_delivery"?, "http_status"?, "garbage"?, "no_errcode"?}`;
+//!   "drop_after_delivery"?, "http_status"?, "garbage"?, "no_errcode"?, "no_push"?,
+//!   "hang_after_delivery_ms"?}`;
 //!   `DELETE /control/faults`
 //! - `POST /control/login-fault {"errcode"?, "hang_ms"?}` for `jscode2session`
 //! - `POST /control/token-fault {"hang_ms"?}` holds every stable_token call that long
@@ -122,6 +123,9 @@ pub struct Fault {
     /// Deliver, but push no sent event (WeChat's push lost).
     #[serde(default)]
     pub no_push: Option<bool>,
+    /// Deliver (and push the sent event) at once, then hold the answer this long.
+    #[serde(default)]
+    pub hang_after_delivery_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -526,36 +530,39 @@ async fn send(
         } => (drop_connection, garbage),
     };
 
-    let mut inner = s.lock();
-    let key = (openid.clone(), request.template_id.clone());
-    let left = inner.quota.get(&key).copied().unwrap_or(0);
-    if left == 0 {
-        count(&mut inner, 43101);
-        return wx(43101, "user refuse to accept the msg");
-    }
-    inner.quota.insert(key, left - 1);
-    let msgid = random_msgid();
-    let sent_event = PushEventSpec::Sent {
-        openid: openid.clone(),
-        template_id: request.template_id.clone(),
-        msgid,
-        error_code: 0,
+    // The lock is held in this block only: the answer may wait below.
+    let (msgid, sent_event, target) = {
+        let mut inner = s.lock();
+        let key = (openid.clone(), request.template_id.clone());
+        let left = inner.quota.get(&key).copied().unwrap_or(0);
+        if left == 0 {
+            count(&mut inner, 43101);
+            return wx(43101, "user refuse to accept the msg");
+        }
+        inner.quota.insert(key, left - 1);
+        let msgid = random_msgid();
+        let sent_event = PushEventSpec::Sent {
+            openid: openid.clone(),
+            template_id: request.template_id.clone(),
+            msgid,
+            error_code: 0,
+        };
+        inner.deliveries.push(Delivery {
+            msgid,
+            openid,
+            template_id: request.template_id,
+            data: request.data,
+            page: request.page,
+            miniprogram_state: request.miniprogram_state,
+            lang: request.lang,
+        });
+        count(&mut inner, 0);
+        let target = inner
+            .push
+            .clone()
+            .filter(|_| fault.as_ref().and_then(|f| f.no_push) != Some(true));
+        (msgid, sent_event, target)
     };
-    inner.deliveries.push(Delivery {
-        msgid,
-        openid,
-        template_id: request.template_id,
-        data: request.data,
-        page: request.page,
-        miniprogram_state: request.miniprogram_state,
-        lang: request.lang,
-    });
-    count(&mut inner, 0);
-    let target = inner
-        .push
-        .clone()
-        .filter(|_| fault.as_ref().and_then(|f| f.no_push) != Some(true));
-    drop(inner);
     if let Some(target) = target {
         // WeChat pushes once it has delivered, whatever becomes of this answer.
         let state = s.clone();
@@ -563,6 +570,9 @@ async fn send(
             tokio::time::sleep(Duration::from_millis(target.delay_ms.unwrap_or(50))).await;
             push_and_record(&state, &target, sent_event, None).await;
         });
+    }
+    if let Some(hang) = fault.as_ref().and_then(|f| f.hang_after_delivery_ms) {
+        tokio::time::sleep(Duration::from_millis(hang)).await;
     }
     if drop_connection {
         // Headers go out, then the body fails: the client loses the connection after

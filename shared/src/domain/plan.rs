@@ -358,26 +358,31 @@ impl Plan {
             && self.delivery_id.as_deref() == Some(delivery_id)
     }
 
-    /// A definite answer for `delivery_id` arrived after a sweep had paused the plan
-    /// `uncertain` for it: the plan moves on as if the answer had come in time (the
-    /// truth wins, I4). False, and nothing changes, if the plan has moved on since.
+    /// A definite answer for `delivery_id` (claimed at `claimed_at`) arrived after the
+    /// plan paused `uncertain` for it: the plan moves on as if the answer had come in
+    /// time (the truth wins, I4) — and a check-in made since the claim counts, as one
+    /// made during the send would. False, and nothing changes, if the plan has moved on
+    /// since.
     pub fn settle_late(
         &mut self,
         delivery_id: &str,
         settlement: &Settlement,
         grant_available: bool,
+        claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<bool, IllegalTransition> {
         if !self.is_uncertain_about(delivery_id) {
             return Ok(false);
         }
+        self.checked_in_while_sending = self.last_checkin_at.is_some_and(|at| at >= claimed_at);
         self.status = PlanStatus::Sending;
-        self.finish_send(
-            settlement.follow_up,
-            settlement.attempts,
-            grant_available,
-            now,
-        )?;
+        // A retry needs a grant: with none left (the send's own stays void), the plan
+        // waits for one rather than being scheduled to find none.
+        let follow_up = match settlement.follow_up {
+            FollowUp::RetryAt(_) if !grant_available => FollowUp::Stop(PauseReason::NeedsGrant),
+            other => other,
+        };
+        self.finish_send(follow_up, settlement.attempts, grant_available, now)?;
         Ok(true)
     }
 
@@ -695,9 +700,15 @@ mod tests {
             "the sweep keeps the delivery id"
         );
         let mut other = plan.clone();
-        assert_eq!(other.settle_late("d2", &sent, false, at(60)), Ok(false));
+        assert_eq!(
+            other.settle_late("d2", &sent, false, at(0), at(60)),
+            Ok(false)
+        );
         assert_eq!(other, plan);
-        assert_eq!(plan.settle_late("d1", &sent, false, at(60)), Ok(true));
+        assert_eq!(
+            plan.settle_late("d1", &sent, false, at(0), at(60)),
+            Ok(true)
+        );
         assert_eq!(plan.status, PlanStatus::AwaitingCheckin);
         assert_eq!(plan.delivery_id, None);
     }

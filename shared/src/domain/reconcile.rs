@@ -7,17 +7,21 @@
 //! template, time). Two things make that safe:
 //!
 //! - **Known msgids are excluded.** Every send recorded `sent` leaves its msgid on the
-//!   template's quota item ([`sent mark`](Mark)) until its own event arrives, so the
-//!   event of a definite send is recognised as that send's and never settles another.
+//!   template's quota item ([`sent mark`](Mark)) for the whole window (a send recorded
+//!   `sent` without a msgid leaves an anonymous mark), so the event of a definite send
+//!   — and every retry of it — is recognised as that send's and never settles another.
 //! - **Only an unambiguous match settles.** The event must fall in the window of
-//!   exactly one unknown send of that user and template; with none or several, nothing
-//!   changes (the sends stay `unknown`, as they would without the event). An event that
-//!   arrives while a send of the template is still in flight waits for that send's
-//!   answer first (the store's job), since the event may be that send's.
+//!   exactly one unknown send of that user and template and of no anonymous sent one;
+//!   otherwise nothing changes (the sends stay `unknown`, as they would without the
+//!   event).
+//! - **Sends in flight are waited for.** Every claim leaves an in-flight mark until its
+//!   send settles. An event that arrives while a send of the template is in flight may
+//!   be that send's (its msgid not recorded yet): it waits a little, and then is kept
+//!   pending on the quota item, to be matched again when that send settles `unknown`.
 //!
-//! The marks are bounded: each is removed by its event or its settlement, and one
-//! older than [`SENT_EVENT_WINDOW`] (an event that never came) is dropped by the next
-//! claim or event that reads the quota item.
+//! The marks are bounded: each goes when its send settles, and one older than
+//! [`SENT_EVENT_WINDOW`] is dropped by the next claim or event that reads the quota
+//! item.
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -74,6 +78,28 @@ impl Mark {
     }
 }
 
+/// The id of the sent mark of a send recorded `sent` without a msgid.
+pub fn anonymous_sent_id(delivery_id: &str) -> String {
+    format!("{ANONYMOUS}{delivery_id}")
+}
+
+const ANONYMOUS: &str = "nomsgid-";
+
+/// A sent event kept pending on the quota item (a send of its template was in flight
+/// when it came): its mark (create time, `<msgid>:<errcode>`).
+pub fn pending_mark(create_time: i64, msgid: u64, error_code: i64) -> Mark {
+    Mark {
+        at: create_time,
+        id: format!("{msgid}:{error_code}"),
+    }
+}
+
+/// A pending event's (msgid, errcode), if the mark is one.
+pub fn pending_event(mark: &Mark) -> Option<(u64, i64)> {
+    let (msgid, code) = mark.id.split_once(':')?;
+    Some((msgid.parse().ok()?, code.parse().ok()?))
+}
+
 /// What a sent event is, given the marks on its template's quota item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventMatch {
@@ -93,11 +119,16 @@ pub fn match_event(msgid: &str, create_time: i64, sent: &[Mark], unknown: &[Mark
     if let Some(known) = sent.iter().find(|m| m.id == msgid) {
         return EventMatch::Known(known.clone());
     }
+    // A send recorded `sent` without its msgid may be this event's too.
+    let anonymous = sent
+        .iter()
+        .filter(|m| m.id.starts_with(ANONYMOUS) && m.admits(create_time))
+        .count();
     let candidates: Vec<&Mark> = unknown.iter().filter(|m| m.admits(create_time)).collect();
-    match candidates.as_slice() {
-        [] => EventMatch::Unmatched,
-        [one] => EventMatch::Unknown((*one).clone()),
-        many => EventMatch::Ambiguous(many.len()),
+    match (candidates.as_slice(), anonymous) {
+        ([], 0) => EventMatch::Unmatched,
+        ([one], 0) => EventMatch::Unknown((*one).clone()),
+        (many, anonymous) => EventMatch::Ambiguous(many.len() + anonymous),
     }
 }
 
@@ -235,6 +266,21 @@ mod tests {
                 "{create_time}: {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_send_recorded_sent_without_its_msgid_makes_an_event_ambiguous() {
+        let unknown = [mark(100, "d1")];
+        let sent = [mark(105, &anonymous_sent_id("d2"))];
+        assert_eq!(
+            match_event("9", 110, &sent, &unknown),
+            EventMatch::Ambiguous(2)
+        );
+        let pending = pending_mark(7, 18_446_744_073_709_551_615, -1);
+        assert_eq!(
+            pending_event(&Mark::parse(&pending.encode()).unwrap_or(pending.clone())),
+            Some((18_446_744_073_709_551_615, -1))
+        );
     }
 
     #[test]

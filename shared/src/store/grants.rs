@@ -403,6 +403,12 @@ pub(super) const OPEN_UNKNOWN: &str = "open_unknown";
 /// The quota item's marks of sends recorded `sent` whose sent event has not come yet
 /// (record time, msgid), so that event is never taken for an unknown send's.
 pub(super) const SENT_MARKS: &str = "sent_marks";
+/// The quota item's marks of sends in flight (claim time, delivery id): a sent event
+/// arriving meanwhile may be theirs.
+pub(super) const INFLIGHT: &str = "inflight";
+/// The quota item's sent events kept for when a send in flight settles (create time,
+/// `<msgid>:<errcode>`).
+pub(super) const PENDING_EVENTS: &str = "pending_events";
 
 /// Transaction errors that mean "try again later".
 pub(super) fn transact_unavailable(err: &TransactWriteItemsError) -> bool {

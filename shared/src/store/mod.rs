@@ -172,6 +172,40 @@ impl Store {
             .item)
     }
 
+    /// Adds `member` to the string set `name` of an existing item.
+    pub(crate) async fn add_member(
+        &self,
+        pk: &str,
+        sk: &str,
+        name: &str,
+        member: String,
+    ) -> Result<(), StoreError> {
+        match self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(pk, sk)))
+            .update_expression("ADD #set :member")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#set", name)
+            .expression_attribute_values(
+                ":member",
+                aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
+            )
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
+    }
+
     /// Removes members from string sets of an existing item (`(attribute, members)`;
     /// nothing if there are none, nor if the item is gone).
     pub(crate) async fn delete_members(

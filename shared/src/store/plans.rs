@@ -23,7 +23,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{
-    GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, quota_update_item, rfc3339,
+    GrantItem, INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, PENDING_EVENTS, SENT_MARKS,
+    quota_update_item, rfc3339,
 };
 use super::item::{key, n, parse, s};
 use super::keys::{
@@ -949,6 +950,10 @@ pub(super) struct OpenGrants {
     pub(super) sent_marks: Vec<String>,
     /// The marks of sends whose outcome is unknown (set members as stored).
     pub(super) unknown_marks: Vec<String>,
+    /// The marks of sends in flight.
+    pub(super) inflight_marks: Vec<String>,
+    /// Sent events kept pending.
+    pub(super) pending_marks: Vec<String>,
 }
 
 impl OpenGrants {
@@ -976,12 +981,14 @@ impl OpenGrants {
             reserved: set(OPEN_RESERVED),
             sent_marks: members(SENT_MARKS),
             unknown_marks: members(OPEN_UNKNOWN),
+            inflight_marks: members(INFLIGHT),
+            pending_marks: members(PENDING_EVENTS),
         }
     }
 
-    /// The marks no event can match any more (sent, unknown), for a write that
-    /// touches the quota item anyway to drop.
-    pub(super) fn stale_marks(&self, now: DateTime<Utc>) -> (Vec<String>, Vec<String>) {
+    /// The marks no event can match any more, by attribute, for a write that touches
+    /// the quota item anyway to drop.
+    pub(super) fn stale_marks(&self, now: DateTime<Utc>) -> Vec<(&'static str, Vec<String>)> {
         let stale = |members: &[String]| -> Vec<String> {
             members
                 .iter()
@@ -989,7 +996,21 @@ impl OpenGrants {
                 .cloned()
                 .collect()
         };
-        (stale(&self.sent_marks), stale(&self.unknown_marks))
+        vec![
+            (SENT_MARKS, stale(&self.sent_marks)),
+            (OPEN_UNKNOWN, stale(&self.unknown_marks)),
+            (INFLIGHT, stale(&self.inflight_marks)),
+            (PENDING_EVENTS, stale(&self.pending_marks)),
+        ]
+    }
+
+    /// Live (not stale) marks of `members`.
+    pub(super) fn live(members: &[String], now: DateTime<Utc>) -> Vec<Mark> {
+        members
+            .iter()
+            .filter_map(|m| Mark::parse(m))
+            .filter(|m| !m.is_stale(now))
+            .collect()
     }
 
     /// Whether the sets account for the counters. Grants recorded before the sets

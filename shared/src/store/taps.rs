@@ -86,6 +86,10 @@ impl Store {
             };
             self.drop_taps(pk, quota_key, stale(&reported), stale(&popups))
                 .await?;
+            let live = |m: Vec<Mark>| -> Vec<Mark> {
+                m.into_iter().filter(|m| !tap_is_stale(m, now)).collect()
+            };
+            let (reported, popups) = (live(reported), live(popups));
             let mut confirmed = 0;
             for (grant, popup) in pair_taps(&reported, &popups) {
                 let Ok(request) = RequestId::parse(grant.id.clone()) else {

@@ -448,10 +448,12 @@ impl WechatClient {
         };
         if errcode == 0 {
             // msgid is a JSON number above 2^53: read it as u64, keep it as a string.
-            let msgid = answer
-                .get("msgid")
-                .and_then(Value::as_u64)
-                .map(|m| m.to_string());
+            // (Some proxies and SDKs pass it on as a string: read that too.)
+            let msgid = answer.get("msgid").and_then(|m| match m {
+                Value::Number(n) => n.as_u64().map(|m| m.to_string()),
+                Value::String(s) => s.parse::<u64>().ok().map(|m| m.to_string()),
+                _ => None,
+            });
             return SendResult::Sent { msgid };
         }
         SendResult::Refused {

@@ -4,9 +4,7 @@ use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
 
-use super::super::grants::{
-    GrantItem, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, rfc3339,
-};
+use super::super::grants::{GrantItem, INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, rfc3339};
 use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
 use super::super::item::{key, n, parse, s, to_item};
 use super::super::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sort_key};
@@ -47,9 +45,9 @@ struct Reserve {
     request: RequestId,
     /// Listed in the quota item's set of available grants (else an older grant).
     listed: bool,
-    /// Marks on the quota item that no event can match any more (sent, unknown): the
+    /// Marks on the quota item that no event can match any more, by attribute: the
     /// reservation drops them, as it writes the quota item anyway.
-    stale: (Vec<String>, Vec<String>),
+    stale: Vec<(&'static str, Vec<String>)>,
 }
 
 /// A due item as read for its claim.
@@ -135,7 +133,13 @@ impl Store {
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
                 });
             };
-            grant.stale = open.stale_marks(now);
+            // (Not the in-flight set: the reservation adds to it, and one update cannot
+            // both add to and delete from an attribute. Events prune it.)
+            grant.stale = open
+                .stale_marks(now)
+                .into_iter()
+                .filter(|(name, _)| *name != INFLIGHT)
+                .collect();
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
@@ -434,11 +438,16 @@ impl Store {
                 ":id",
                 AttributeValue::Ss(vec![grant.request.to_string()]),
             );
+        // The send is in flight until it settles: a sent event meanwhile waits for it.
+        let flight = crate::domain::reconcile::Mark::new(now, delivery_id).encode();
+        counters = counters
+            .expression_attribute_names("#inflight", INFLIGHT)
+            .expression_attribute_values(":flight", AttributeValue::Ss(vec![flight]));
         counters = if grant.listed {
             counters
                 .update_expression(
-                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id \
-                     DELETE #available :id",
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
+                     #inflight :flight DELETE #available :id",
                 )
                 .condition_expression("available > :zero AND contains(#available, :idv)")
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
@@ -448,8 +457,8 @@ impl Store {
             // (deleting an absent member changes nothing).
             counters
                 .update_expression(
-                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id \
-                     DELETE #available :id",
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
+                     #inflight :flight DELETE #available :id",
                 )
                 .condition_expression("available > :zero")
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
@@ -521,28 +530,22 @@ impl Store {
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of
-/// stale marks (sent, unknown).
-fn drop_marks(
-    update: UpdateBuilder,
-    (sent, unknown): &(Vec<String>, Vec<String>),
-) -> UpdateBuilder {
+/// stale marks, by attribute.
+fn drop_marks(update: UpdateBuilder, stale: &[(&'static str, Vec<String>)]) -> UpdateBuilder {
     let mut update = update;
-    let mut clauses = Vec::new();
-    if !sent.is_empty() {
-        clauses.push(", #sent_marks :stale_sent");
+    let mut clauses = String::new();
+    for (i, (name, members)) in stale.iter().enumerate() {
+        if members.is_empty() {
+            continue;
+        }
+        clauses.push_str(&format!(", #stale{i} :stale{i}"));
         update = update
-            .expression_attribute_names("#sent_marks", SENT_MARKS)
-            .expression_attribute_values(":stale_sent", AttributeValue::Ss(sent.clone()));
-    }
-    if !unknown.is_empty() {
-        clauses.push(", #open_unknown :stale_unknown");
-        update = update
-            .expression_attribute_names("#open_unknown", OPEN_UNKNOWN)
-            .expression_attribute_values(":stale_unknown", AttributeValue::Ss(unknown.clone()));
+            .expression_attribute_names(format!("#stale{i}"), *name)
+            .expression_attribute_values(format!(":stale{i}"), AttributeValue::Ss(members.clone()));
     }
     if clauses.is_empty() {
         return update;
     }
-    let expression = update.get_update_expression().clone().unwrap_or_default() + &clauses.concat();
+    let expression = update.get_update_expression().clone().unwrap_or_default() + &clauses;
     update.update_expression(expression)
 }

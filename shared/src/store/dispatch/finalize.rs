@@ -227,7 +227,15 @@ impl Store {
         retry_contended("late answer", || async move {
             let (source, may_restore) =
                 match self
-                    .late_source(pk, &claim.delivery_id, claim.source_ref(), settlement, result, now)
+                    .late_source(
+                        pk,
+                        &claim.delivery_id,
+                        claim.claimed_at,
+                        claim.source_ref(),
+                        settlement,
+                        result,
+                        now,
+                    )
                     .await
                 {
                     Ok(found) => found,
@@ -293,10 +301,12 @@ impl Store {
     /// claimed item's writes (or a check that it has not changed), and whether its
     /// grant may go back to `available` — not if the user disabled the plan, whose
     /// disable voided it for good.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn late_source(
         &self,
         pk: &str,
         delivery_id: &str,
+        claimed_at: DateTime<Utc>,
         source: SourceRef<'_>,
         settlement: &Settlement,
         result: &SendResult,
@@ -315,7 +325,7 @@ impl Store {
                 let available =
                     read.counters.available > 0 || settlement.grant == GrantState::Available;
                 let moved = plan
-                    .settle_late(delivery_id, settlement, available, now)
+                    .settle_late(delivery_id, settlement, available, claimed_at, now)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let write = if moved {
                     self.plan_put(&plan, pk, now)?
@@ -429,7 +439,7 @@ impl Store {
             let corrupt =
                 |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
             let moved = if late {
-                plan.settle_late(delivery_id, settlement, available, now)
+                plan.settle_late(delivery_id, settlement, available, now, now)
                     .map_err(corrupt)?
             } else if plan.status == PlanStatus::Sending
                 && plan.delivery_id.as_deref() == Some(delivery_id)

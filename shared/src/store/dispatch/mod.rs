@@ -41,7 +41,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
-use super::grants::{OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS};
+use super::grants::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS};
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
 use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
@@ -50,7 +50,7 @@ use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
 use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
 use crate::domain::plan::Plan;
-use crate::domain::reconcile::Mark;
+use crate::domain::reconcile::{Mark, anonymous_sent_id};
 use crate::domain::reminder::ReminderKind;
 use crate::domain::{GrantState, OpenId, TemplateId};
 
@@ -235,8 +235,12 @@ struct Marks {
     open_unknown: Option<String>,
     /// A send that was unknown settled: it leaves the open-unknown set.
     close_unknown: Option<String>,
-    /// Recorded `sent` with a msgid: it joins the sent set until its event comes.
+    /// Recorded `sent`: its msgid (or, without one, an anonymous mark) joins the sent
+    /// set for the event window.
     sent: Option<String>,
+    /// The send was in flight (a finalize, a release or the sweep): it leaves the
+    /// in-flight set.
+    close_inflight: Option<String>,
 }
 
 impl Marks {
@@ -247,26 +251,34 @@ impl Marks {
         claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Self {
-        let unknown = Mark::new(claimed_at, delivery_id).encode();
+        let claimed = Mark::new(claimed_at, delivery_id).encode();
         let was_unknown = matches!(
             write.by,
             Writer::LateAnswer | Writer::Event | Writer::Release { late: true }
         );
+        // Kept for the whole window, so every copy of the send's event is known as its
+        // own (an event settling it included: WeChat may deliver that event again).
+        let sent = match (&write.msgid, write.state) {
+            (Some(msgid), _) => Some(Mark::new(now, msgid.clone()).encode()),
+            (None, DeliveryState::Sent) => {
+                Some(Mark::new(now, anonymous_sent_id(delivery_id)).encode())
+            }
+            (None, _) => None,
+        };
         Self {
             open_unknown: (write.state == DeliveryState::Unknown && !was_unknown)
-                .then(|| unknown.clone()),
-            close_unknown: was_unknown.then_some(unknown),
-            // The event of a send an event settled has come already.
-            sent: write
-                .msgid
-                .as_ref()
-                .filter(|_| write.by != Writer::Event)
-                .map(|msgid| Mark::new(now, msgid.clone()).encode()),
+                .then(|| claimed.clone()),
+            close_unknown: was_unknown.then(|| claimed.clone()),
+            sent,
+            close_inflight: (!was_unknown).then_some(claimed),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.open_unknown.is_none() && self.close_unknown.is_none() && self.sent.is_none()
+        self.open_unknown.is_none()
+            && self.close_unknown.is_none()
+            && self.sent.is_none()
+            && self.close_inflight.is_none()
     }
 }
 
@@ -513,6 +525,12 @@ impl Store {
             update = update
                 .expression_attribute_names("#sent_marks", SENT_MARKS)
                 .expression_attribute_values(":sent", one(mark));
+        }
+        if let Some(mark) = &marks.close_inflight {
+            deletes.push("#inflight :inflight");
+            update = update
+                .expression_attribute_names("#inflight", INFLIGHT)
+                .expression_attribute_values(":inflight", one(mark));
         }
         let mut expression = "SET updated_at = :now".to_string();
         if !adds.is_empty() {

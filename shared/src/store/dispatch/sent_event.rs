@@ -18,7 +18,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Utc};
 
-use super::super::grants::{OPEN_UNKNOWN, SENT_MARKS};
+use super::super::grants::{OPEN_UNKNOWN, PENDING_EVENTS};
 use super::super::item::parse;
 use super::super::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
 use super::super::plans::OpenGrants;
@@ -27,9 +27,12 @@ use super::finalize::SourceRef;
 use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
 use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
 use crate::domain::push_event::SentItem;
-use crate::domain::reconcile::{EventMatch, Mark, event_settlement, match_event};
+use crate::domain::reconcile::{
+    EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,
+};
 use crate::domain::reminder::ReminderKinds;
-use crate::domain::{GrantState, OpenId};
+use crate::domain::{GrantState, OpenId, TemplateId};
+use crate::telemetry::error_chain;
 
 /// How often, and how many times, an event waits for a send in flight to be answered
 /// (within WeChat's 5 s before it retries the push).
@@ -51,7 +54,8 @@ pub enum SentEventOutcome {
     Unmatched,
     /// Several unknown sends in its window: all left `unknown`.
     Ambiguous,
-    /// A send of the template was still in flight after waiting: left as it is.
+    /// A send of the template was still in flight after waiting: the event is kept
+    /// pending on the quota item, matched again when that send settles `unknown`.
     InFlight,
 }
 
@@ -68,60 +72,131 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<SentEventOutcome, StoreError> {
         let pk = user_pk(openid);
-        let quota_key = quota_sk(&event.template_id);
-        let msgid = event.msgid.to_string();
         let mut polls = 0;
         loop {
-            let open = self
-                .get(&pk, &quota_key)
-                .await?
-                .map(|quota| OpenGrants::of(&quota))
-                .unwrap_or_default();
-            let marks = |members: &[String]| -> Vec<Mark> {
-                members.iter().filter_map(|m| Mark::parse(m)).collect()
-            };
-            let matched = match_event(
-                &msgid,
-                create_time,
-                &marks(&open.sent_marks),
-                &marks(&open.unknown_marks),
-            );
-            let (mut stale_sent, stale_unknown) = open.stale_marks(now);
-            if let EventMatch::Known(mark) = &matched {
-                // Its send is recorded; its mark has served.
-                stale_sent.push(mark.encode());
-                self.drop_marks(&pk, &quota_key, stale_sent, stale_unknown)
-                    .await?;
-                return Ok(SentEventOutcome::Known);
-            }
-            if !open.reserved.is_empty() {
-                if polls < IN_FLIGHT_POLLS {
-                    polls += 1;
-                    tokio::time::sleep(IN_FLIGHT_POLL).await;
-                    continue;
-                }
-                tracing::warn!(
-                    msgid = %msgid,
-                    "a sent event arrived while a send of its template stayed in flight; left as it is"
-                );
-                return Ok(SentEventOutcome::InFlight);
-            }
-            self.drop_marks(&pk, &quota_key, stale_sent, stale_unknown)
+            let outcome = self
+                .match_sent_event(&pk, event, create_time, kinds, policy, now)
                 .await?;
-            return match matched {
-                EventMatch::Known(_) | EventMatch::Unmatched => Ok(SentEventOutcome::Unmatched),
-                EventMatch::Ambiguous(n) => {
-                    tracing::warn!(
-                        candidates = n,
-                        "a sent event fits several unknown sends; all left unknown"
-                    );
-                    Ok(SentEventOutcome::Ambiguous)
-                }
-                EventMatch::Unknown(mark) => {
-                    self.settle_by_event(&pk, &mark, event, &msgid, kinds, policy, now)
-                        .await
-                }
+            if outcome != SentEventOutcome::InFlight {
+                return Ok(outcome);
+            }
+            if polls < IN_FLIGHT_POLLS {
+                polls += 1;
+                tokio::time::sleep(IN_FLIGHT_POLL).await;
+                continue;
+            }
+            // Still in flight: kept, to be matched again when that send settles
+            // `unknown` (a send that settles definitely makes it known, or stale).
+            let pending = pending_mark(create_time, event.msgid, event.error_code).encode();
+            self.add_member(&pk, &quota_sk(&event.template_id), PENDING_EVENTS, pending)
+                .await?;
+            tracing::warn!(
+                msgid = event.msgid,
+                "a sent event arrived while a send of its template stayed in flight; kept pending"
+            );
+            return Ok(SentEventOutcome::InFlight);
+        }
+    }
+
+    /// After a send of `template` settled `unknown`: the sent events kept pending for
+    /// it, matched again (no waiting). Failures are logged: the events stay pending.
+    pub async fn settle_pending_events(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        kinds: &ReminderKinds,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) {
+        let pk = user_pk(openid);
+        let quota_key = quota_sk(template);
+        let pending = match self.get(&pk, &quota_key).await {
+            Ok(Some(quota)) => OpenGrants::live(&OpenGrants::of(&quota).pending_marks, now),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "pending sent events not read");
+                return;
+            }
+        };
+        for mark in pending {
+            let Some((msgid, error_code)) = pending_event(&mark) else {
+                continue;
             };
+            let event = SentItem {
+                template_id: template.clone(),
+                msgid,
+                error_code,
+                error_status: String::new(),
+            };
+            let outcome = self
+                .match_sent_event(&pk, &event, mark.at, kinds, policy, now)
+                .await;
+            match outcome {
+                // Another send of the template is still in flight: it stays pending.
+                Ok(SentEventOutcome::InFlight) => {}
+                Ok(outcome) => {
+                    tracing::info!(?outcome, "a pending sent event applied");
+                    if let Err(e) = self
+                        .delete_members(&pk, &quota_key, &[(PENDING_EVENTS, vec![mark.encode()])])
+                        .await
+                    {
+                        tracing::warn!(error = %error_chain(&e), "a pending sent event not cleared");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "a pending sent event not applied");
+                }
+            }
+        }
+    }
+
+    /// One look at the quota item: what the event is, and settling it if it is the
+    /// one unknown send it can be. `InFlight` while a send of the template is.
+    async fn match_sent_event(
+        &self,
+        pk: &str,
+        event: &SentItem,
+        create_time: i64,
+        kinds: &ReminderKinds,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<SentEventOutcome, StoreError> {
+        let quota_key = quota_sk(&event.template_id);
+        let msgid = event.msgid.to_string();
+        let open = self
+            .get(pk, &quota_key)
+            .await?
+            .map(|quota| OpenGrants::of(&quota))
+            .unwrap_or_default();
+        let matched = match_event(
+            &msgid,
+            create_time,
+            &OpenGrants::live(&open.sent_marks, now),
+            &OpenGrants::live(&open.unknown_marks, now),
+        );
+        // Its send is recorded: the mark stays for the window (WeChat may deliver this
+        // event again).
+        if let EventMatch::Known(_) = matched {
+            return Ok(SentEventOutcome::Known);
+        }
+        if !OpenGrants::live(&open.inflight_marks, now).is_empty() {
+            return Ok(SentEventOutcome::InFlight);
+        }
+        self.delete_members(pk, &quota_key, &open.stale_marks(now))
+            .await?;
+        match matched {
+            EventMatch::Known(_) | EventMatch::Unmatched => Ok(SentEventOutcome::Unmatched),
+            EventMatch::Ambiguous(n) => {
+                tracing::warn!(
+                    candidates = n,
+                    "a sent event fits several unknown sends; all left unknown"
+                );
+                Ok(SentEventOutcome::Ambiguous)
+            }
+            EventMatch::Unknown(mark) => {
+                self.settle_by_event(pk, &mark, event, &msgid, kinds, policy, now)
+                    .await
+            }
         }
     }
 
@@ -148,7 +223,7 @@ impl Store {
                 && d.msgid.is_none()
         }) else {
             // Settled meanwhile (a late answer) or gone: the mark is all that is left.
-            self.drop_marks(pk, &quota_key, Vec::new(), vec![mark.encode()])
+            self.delete_members(pk, &quota_key, &[(OPEN_UNKNOWN, vec![mark.encode()])])
                 .await?;
             return Ok(SentEventOutcome::Unmatched);
         };
@@ -172,9 +247,17 @@ impl Store {
         retry_contended("sent event", || async move {
             let writes = match source {
                 Some(source) => {
-                    self.late_source(pk, &delivery.delivery_id, source, settlement, result, now)
-                        .await?
-                        .0
+                    self.late_source(
+                        pk,
+                        &delivery.delivery_id,
+                        delivery.claimed_at(now),
+                        source,
+                        settlement,
+                        result,
+                        now,
+                    )
+                    .await?
+                    .0
                 }
                 None => Vec::new(),
             };
@@ -198,8 +281,11 @@ impl Store {
                     by: Writer::Event,
                 },
                 template: &event.template_id,
+                // Its msgid stays known for the window, as any send's recorded `sent`
+                // does, so a copy of this event is known as its own.
                 marks: Marks {
                     close_unknown: Some(mark.encode()),
+                    sent: Some(Mark::new(now, msgid).encode()),
                     ..Marks::default()
                 },
                 // WeChat took it: the grant void for want of an answer was spent.
@@ -228,22 +314,6 @@ impl Store {
                 Settled::DeliveryMoved(_) => Attempt::Done(SentEventOutcome::Unmatched),
             })
         })
-        .await
-    }
-
-    /// Removes marks from a quota item (nothing if there are none to remove).
-    async fn drop_marks(
-        &self,
-        pk: &str,
-        quota_key: &str,
-        sent: Vec<String>,
-        unknown: Vec<String>,
-    ) -> Result<(), StoreError> {
-        self.delete_members(
-            pk,
-            quota_key,
-            &[(SENT_MARKS, sent), (OPEN_UNKNOWN, unknown)],
-        )
         .await
     }
 }

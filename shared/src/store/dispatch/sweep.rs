@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::super::item::{Item, n, number, parse, s, text};
-use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, sort_key};
+use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
     DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SettleTx, Settled,
@@ -244,6 +244,11 @@ impl Store {
                         .await?;
                 }
                 tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
+                // A sent event that came while this send was in flight may be its own.
+                if let Some(openid) = openid_of(pk) {
+                    self.settle_pending_events(&openid, &template, kinds, policy, now)
+                        .await;
+                }
                 Ok(Step::Acted)
             }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Step::Idle),
