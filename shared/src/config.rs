@@ -18,6 +18,7 @@
 //! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
+//! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000) | 6000 |
 //! | `CONFIRM_TAPS` | `true`: grant reports and check-ins leave marks for WeChat's popup events to confirm their grants (one more read per accepted template); set where the message push is configured | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
@@ -324,6 +325,11 @@ impl Config {
                 1..=600,
             )?)
             .unwrap_or(defaults.reports_per_minute),
+            write_budget: Duration::from_millis(number(
+                "WRITE_BUDGET_MS",
+                u64::try_from(defaults.write_budget.as_millis()).unwrap_or(6000),
+                500..=60_000,
+            )?),
             confirm_taps: match lookup("CONFIRM_TAPS").as_deref() {
                 None => lookup("WECHAT_PUSH_TOKEN").is_some_and(|t| !t.trim().is_empty()),
                 Some("true") => true,
@@ -419,6 +425,10 @@ pub struct Limits {
     /// Whether reported grants are paired with WeChat's popup events
     /// ([`store::taps`](crate::store)); only where the message push is configured.
     pub confirm_taps: bool,
+    /// How long a write contended by other writers (or a throttling database) keeps
+    /// trying before it is answered 503 with `Retry-After`: well inside an API
+    /// function's 10-second timeout, which API Gateway would answer with a bare 5xx.
+    pub write_budget: Duration,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -462,6 +472,7 @@ impl Default for Limits {
             max_open_grants: 100,
             reports_per_minute: 30,
             confirm_taps: false,
+            write_budget: Duration::from_secs(6),
         }
     }
 }

@@ -49,3 +49,273 @@ async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unkn
     assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
     invariants(&app).await;
 }
+
+/// The faults a write meets once: each must leave the same outcome as none.
+const ONCE: [Fault; 4] = [
+    Fault::Throttle,
+    Fault::Conflict,
+    Fault::ServerError,
+    Fault::CommitThenDrop,
+];
+
+/// A write path under test: what it does, and how to check it did it exactly once.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    GrantReport,
+    CheckIn,
+    Settings,
+    Disable,
+    NotifyIngest,
+    Read,
+    ReadAll,
+}
+
+const PATHS: [Path; 7] = [
+    Path::GrantReport,
+    Path::CheckIn,
+    Path::Settings,
+    Path::Disable,
+    Path::NotifyIngest,
+    Path::Read,
+    Path::ReadAll,
+];
+
+/// A user with a scheduled water plan (one grant) and two unread notifications.
+async fn setup(app: &TestApp) -> (User, Vec<String>) {
+    let user = app.scheduled_user("faulty", 1).await;
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let answer = app
+            .notify(
+                serde_json::json!({"idempotency_key": format!("n-{i}"), "openid": user.openid,
+                                       "type": "order", "title": "t", "body": "b"}),
+            )
+            .await;
+        ids.push(answer["note_id"].as_str().unwrap_or_default().to_string());
+    }
+    (user, ids)
+}
+
+/// Runs `path` once; its HTTP status (or the ingest's answer's status as 200/500).
+async fn act(app: &TestApp, user: &User, ids: &[String], path: Path) -> (u16, serde_json::Value) {
+    use serde_json::json;
+    let answer = match path {
+        Path::GrantReport => {
+            app.post(
+                "/v1/grants",
+                Some(&user.token),
+                &json!({"request_id": "wr_fault", "results": {"tmpl_water_reminder": "accept"}}),
+            )
+            .await
+        }
+        Path::CheckIn => {
+            app.post(
+                "/v1/reminders/water/checkins",
+                Some(&user.token),
+                &json!({"action_id": "ck_fault", "grant_request_id": "wr_ck", "subscription_status": "accept",
+                        "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+            )
+            .await
+        }
+        Path::Settings => {
+            app.call(
+                "PUT",
+                "/v1/reminders/water",
+                Some(&user.token),
+                Some(br#"{"enabled": true, "interval_minutes": 90}"#.to_vec()),
+            )
+            .await
+        }
+        Path::Disable => {
+            app.call(
+                "PUT",
+                "/v1/reminders/water",
+                Some(&user.token),
+                Some(br#"{"enabled": false}"#.to_vec()),
+            )
+            .await
+        }
+        Path::NotifyIngest => {
+            let answer = app
+                .notify(json!({"idempotency_key": "n-fault", "openid": user.openid,
+                               "type": "order", "title": "t", "body": "b"}))
+                .await;
+            // Created, or (a replay) found: either way the note's id.
+            let status = if answer["note_id"].is_string() { 200 } else { 500 };
+            return (status, answer);
+        }
+        Path::Read => {
+            app.call(
+                "POST",
+                &format!("/v1/notifications/{}/read", ids[0]),
+                Some(&user.token),
+                None,
+            )
+            .await
+        }
+        Path::ReadAll => {
+            app.call(
+                "POST",
+                "/v1/notifications/read-all",
+                Some(&user.token),
+                None,
+            )
+            .await
+        }
+    };
+    (answer.status, answer.body)
+}
+
+/// What `path` must have left, exactly once.
+async fn check(app: &TestApp, user: &User, path: Path, case: &str) {
+    let grants = app.items_of(user, "grant").await;
+    let notes = app.items_of(user, "note").await;
+    let unread = app
+        .get("/v1/notifications/unread-count", Some(&user.token))
+        .await;
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    match path {
+        Path::GrantReport => assert_eq!(grants.len(), 2, "{case}"),
+        Path::CheckIn => {
+            assert_eq!(grants.len(), 2, "{case}");
+            assert_eq!(app.items_of(user, "action").await.len(), 1, "{case}");
+            assert_eq!(plan.body["today"]["count"], 1, "{case}: {}", plan.body);
+        }
+        Path::Settings => {
+            assert_eq!(plan.body["settings"]["interval_minutes"], 90, "{case}")
+        }
+        Path::Disable => {
+            assert_eq!(plan.body["state"], "disabled", "{case}");
+            assert!(
+                grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+                "{case}: {grants:?}"
+            );
+        }
+        Path::NotifyIngest => assert_eq!(notes.len(), 3, "{case}"),
+        Path::Read => assert_eq!(unread.body["unread"], 1, "{case}: {}", unread.body),
+        Path::ReadAll => assert_eq!(unread.body["unread"], 0, "{case}: {}", unread.body),
+    }
+    invariants(app).await;
+}
+
+#[tokio::test]
+async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
+    for path in PATHS {
+        for fault in ONCE {
+            let case = format!("{path:?} × {fault:?}");
+            let (app, proxy) = spawn_faulty_app(&FAST).await;
+            let (user, ids) = setup(&app).await;
+            // The path's first transaction meets the fault (nothing else runs now).
+            proxy.inject("TransactWriteItems", None, fault, 1);
+            let (status, body) = act(&app, &user, &ids, path).await;
+            assert_eq!(status, 200, "{case}: {body}");
+            assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
+            proxy.clear();
+            check(&app, &user, path, &case).await;
+            // And the same request again is a replay, not a second write.
+            let (again, _) = act(&app, &user, &ids, path).await;
+            assert!(again < 500, "{case}: replay {again}");
+            check(&app, &user, path, &format!("{case}, replayed")).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_nothing() {
+    // (Each gives up after the store's write budget, 6 s: three paths, one of each kind
+    // of write — a report's own loop, a check-in's read-decide-write, a batch of reads.)
+    for path in [
+        Path::GrantReport,
+        Path::CheckIn,
+        Path::ReadAll,
+        Path::NotifyIngest,
+    ] {
+        let (app, proxy) = spawn_faulty_app(&FAST).await;
+        let (user, ids) = setup(&app).await;
+        let before = app.items().await;
+        proxy.inject("TransactWriteItems", None, Fault::Throttle, 0);
+        proxy.inject("UpdateItem", None, Fault::Throttle, 0);
+        proxy.inject("PutItem", None, Fault::Throttle, 0);
+        let (status, body) = act(&app, &user, &ids, path).await;
+        proxy.clear();
+        if matches!(path, Path::NotifyIngest) {
+            assert_eq!(
+                status, 500,
+                "{path:?}: the event is failed for EventBridge to retry: {body}"
+            );
+        } else {
+            assert_eq!(status, 503, "{path:?}: {body}");
+            assert_eq!(body["error"]["code"], "unavailable", "{path:?}: {body}");
+        }
+        let after = app.items().await;
+        assert_eq!(before, after, "{path:?}: nothing partial");
+    }
+}
+
+#[tokio::test]
+async fn the_dispatchers_claim_and_finalize_meeting_each_fault_once_send_once_on_time() {
+    // The claim's transaction reserves a grant; the finalize's records `finished_at`.
+    for (step, pattern) in [("claim", CLAIM), ("finalize", "finished_at")] {
+        for fault in ONCE {
+            let case = format!("{step} × {fault:?}");
+            let (app, proxy) = spawn_faulty_app(&FAST).await;
+            let user = due_user(&app, "dispatched", 1).await;
+            proxy.inject("TransactWriteItems", Some(pattern), fault, 1);
+            let summary = app.tick(20).await;
+            assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
+            assert_eq!(
+                (summary.sent, summary.unknown, summary.lost),
+                (1, 0, 0),
+                "{case}: {summary:?}"
+            );
+            assert_eq!(app.deliveries().await.len(), 1, "{case}: one message");
+            let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+            assert_eq!(
+                plan.body["state"], "awaiting_checkin",
+                "{case}: {}",
+                plan.body
+            );
+            // Nothing left for a later tick to send again.
+            assert_eq!(app.tick(10).await.claimed, 0, "{case}");
+            assert_eq!(app.deliveries().await.len(), 1, "{case}");
+            invariants(&app).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_sweep_meeting_each_fault_once_still_recovers_a_vanished_claim_once() {
+    for fault in ONCE {
+        let case = format!("sweep × {fault:?}");
+        let (app, proxy) = spawn_faulty_app(&FAST).await;
+        let user = due_user(&app, "vanished", 1).await;
+        let now = Utc::now();
+        let span = app.deps.store.shard_span(now).await.expect("registry");
+        let due = app
+            .deps
+            .store
+            .due_items(now + chrono::Duration::seconds(5), &span)
+            .await
+            .expect("due");
+        app.claim_and_vanish(&due[0], now).await;
+        proxy.inject("TransactWriteItems", Some("swept_at"), fault, 1);
+        let later = now + chrono::Duration::seconds(60);
+        let mut recovered = app.sweep_at(later).await.recovered;
+        if recovered == 0 {
+            // A fault the sweep does not retry within its tick waits for the next one.
+            recovered = app.sweep_at(later).await.recovered;
+        }
+        assert_eq!(recovered, 1, "{case}");
+        assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
+        assert_eq!(app.sweep_at(later).await.recovered, 0, "{case}: once");
+        let delivery = app.items_of(&user, "delivery").await;
+        assert_eq!(attr_s(&delivery[0], "state"), Some("unknown"), "{case}");
+        let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+        assert_eq!(
+            plan.body["pause_reason"], "uncertain",
+            "{case}: {}",
+            plan.body
+        );
+        invariants(&app).await;
+    }
+}

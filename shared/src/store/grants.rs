@@ -126,9 +126,10 @@ impl Store {
         let mut entries: BTreeMap<TemplateId, GrantEntry> = BTreeMap::new();
         let mut written = 0;
         let mut attempt = 0;
+        let started = tokio::time::Instant::now();
         while !pending.is_empty() {
             attempt += 1;
-            if attempt > MAX_WRITE_ATTEMPTS {
+            if attempt > MAX_WRITE_ATTEMPTS || started.elapsed() > self.limits.write_budget {
                 return Err(StoreError::Unavailable(
                     "grant report contended past the retry limit".into(),
                 ));

@@ -24,6 +24,7 @@ pub mod taps;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
 pub use crate::config::{Limits, Retention};
 pub use grants::{GrantEntry, GrantsRecorded};
@@ -103,15 +104,20 @@ pub(crate) enum Attempt<T> {
 /// it.
 pub(crate) async fn retry_contended<T, F, Fut>(
     what: &'static str,
+    budget: Duration,
     mut attempt: F,
 ) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
 {
+    let started = tokio::time::Instant::now();
     for n in 1..=MAX_WRITE_ATTEMPTS {
         if let Attempt::Done(answer) = attempt().await? {
             return Ok(answer);
+        }
+        if started.elapsed() > budget {
+            break;
         }
         tokio::time::sleep(backoff(n)).await;
     }
@@ -180,7 +186,7 @@ impl Store {
         name: &str,
         member: String,
     ) -> Result<(), StoreError> {
-        match self
+        let sent = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -193,17 +199,8 @@ impl Store {
                 aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
             )
             .send()
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
+            .await;
+        unless_gone(sent)
     }
 
     /// Removes members from string sets of an existing item (`(attribute, members)`;
@@ -236,20 +233,27 @@ impl Store {
         if clauses.is_empty() {
             return Ok(());
         }
-        match update
+        let sent = update
             .update_expression(format!("DELETE {}", clauses.join(", ")))
             .send()
-            .await
+            .await;
+        unless_gone(sent)
+    }
+}
+
+/// An update conditional on its item existing: done, or nothing to do if it is gone.
+fn unless_gone<T>(
+    sent: Result<T, SdkError<UpdateItemError, aws_smithy_runtime_api::http::Response>>,
+) -> Result<(), StoreError> {
+    match sent {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
         {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
+            Ok(())
         }
+        Err(e) => Err(classify_sdk_error(e, |_| false)),
     }
 }
 

@@ -638,7 +638,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<PlanSnapshot, StoreError> {
         let pk = &user_pk(openid);
-        retry_contended("plan settings", || async move {
+        retry_contended("plan settings", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
             let mut plan = match read.plan {
                 Some(item) => item.into_plan(kind)?,
@@ -696,7 +696,7 @@ impl Store {
     ) -> Result<CheckInOutcome, StoreError> {
         let pk = &user_pk(openid);
         let fingerprint = &checkin.fingerprint(&kind.name);
-        let outcome = retry_contended("check-in", || async move {
+        let outcome = retry_contended("check-in", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, Some(checkin)).await?;
             if let Some(action) = read.action {
                 return replay(action, fingerprint).map(Attempt::Done);
@@ -869,7 +869,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let pk = &user_pk(openid);
-        retry_contended("plan update", || async move {
+        retry_contended("plan update", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
             let Some(item) = read.plan else {
                 return Ok(Attempt::Done(()));

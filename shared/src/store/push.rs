@@ -132,7 +132,7 @@ impl Store {
         let item = to_item("nonce", &nonce_item(timestamp, nonce, None, now))?;
         let put = self.put_new(item)?;
         let put = &put;
-        retry_contended("nonce", || async move {
+        retry_contended("nonce", self.limits.write_budget, || async move {
             Ok(match self.transact(vec![put.clone()]).await? {
                 TxOutcome::Committed => Attempt::Done(true),
                 TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => {
@@ -190,7 +190,7 @@ impl Store {
             writes.push(self.popup_tap(&record.pk, template, message.create_time, now)?);
         }
         let (writes, key) = (&writes, &key);
-        retry_contended("push record", || async move {
+        retry_contended("push record", self.limits.write_budget, || async move {
             Ok(match self.transact(writes.clone()).await? {
                 TxOutcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
                 TxOutcome::Cancelled(reasons) => {
@@ -286,7 +286,7 @@ impl Store {
         template: &TemplateId,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        retry_contended("refusal", || async move {
+        retry_contended("refusal", self.limits.write_budget, || async move {
             Ok(
                 if self
                     .invalidate_grants(pk, template, None, false, now)

@@ -73,7 +73,7 @@ impl Store {
     ) -> Result<u32, StoreError> {
         let pk = &user_pk(openid);
         let quota_key = &quota_sk(template);
-        retry_contended("tap pairing", || async move {
+        retry_contended("tap pairing", self.limits.write_budget, || async move {
             let Some(quota) = self.get(pk, quota_key).await? else {
                 return Ok(Attempt::Done(0));
             };

@@ -107,7 +107,7 @@ impl Store {
         // Set when the quota item listed a grant that was not available after all: the
         // next tries pick from the ledger.
         let ledger_only = &std::sync::atomic::AtomicBool::new(false);
-        retry_contended("claim", || async move {
+        retry_contended("claim", self.limits.write_budget, || async move {
             let claimable = match self.claimable(item, kinds).await? {
                 Found::Due(claimable) => *claimable,
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),

@@ -224,7 +224,7 @@ impl Store {
             "WeChat answered after the sweep declared the send unknown: the answer wins"
         );
         let settlement = &settlement;
-        retry_contended("late answer", || async move {
+        retry_contended("late answer", self.limits.write_budget, || async move {
             let (source, may_restore) =
                 match self
                     .late_source(
@@ -363,16 +363,20 @@ impl Store {
         if !settlement.invalidate_others {
             return Ok(());
         }
-        retry_contended("grant invalidation", || async move {
-            let done = self
-                .invalidate_grants(pk, &claim.template_id, None, false, now)
-                .await?;
-            Ok(if done {
-                Attempt::Done(())
-            } else {
-                Attempt::Retry
-            })
-        })
+        retry_contended(
+            "grant invalidation",
+            self.limits.write_budget,
+            || async move {
+                let done = self
+                    .invalidate_grants(pk, &claim.template_id, None, false, now)
+                    .await?;
+                Ok(if done {
+                    Attempt::Done(())
+                } else {
+                    Attempt::Retry
+                })
+            },
+        )
         .await
     }
 
@@ -429,37 +433,41 @@ impl Store {
         late: bool,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        retry_contended("plan update after a send", || async move {
-            let read = self.read(pk, kind, None).await?;
-            let Some(item) = read.plan else {
-                return Ok(Attempt::Done(false));
-            };
-            let mut plan = item.into_plan(kind)?;
-            let available = read.counters.available > 0;
-            let corrupt =
-                |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
-            let moved = if late {
-                plan.settle_late(delivery_id, settlement, available, now, now)
-                    .map_err(corrupt)?
-            } else if plan.status == PlanStatus::Sending
-                && plan.delivery_id.as_deref() == Some(delivery_id)
-            {
-                plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
-                    .map_err(corrupt)?;
-                true
-            } else {
-                false
-            };
-            if !moved {
-                return Ok(Attempt::Done(false));
-            }
-            Ok(
-                match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
-                    TxOutcome::Committed => Attempt::Done(true),
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-                },
-            )
-        })
+        retry_contended(
+            "plan update after a send",
+            self.limits.write_budget,
+            || async move {
+                let read = self.read(pk, kind, None).await?;
+                let Some(item) = read.plan else {
+                    return Ok(Attempt::Done(false));
+                };
+                let mut plan = item.into_plan(kind)?;
+                let available = read.counters.available > 0;
+                let corrupt =
+                    |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
+                let moved = if late {
+                    plan.settle_late(delivery_id, settlement, available, now, now)
+                        .map_err(corrupt)?
+                } else if plan.status == PlanStatus::Sending
+                    && plan.delivery_id.as_deref() == Some(delivery_id)
+                {
+                    plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
+                        .map_err(corrupt)?;
+                    true
+                } else {
+                    false
+                };
+                if !moved {
+                    return Ok(Attempt::Done(false));
+                }
+                Ok(
+                    match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
+                        TxOutcome::Committed => Attempt::Done(true),
+                        TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                    },
+                )
+            },
+        )
         .await
     }
 }

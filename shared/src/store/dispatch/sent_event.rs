@@ -244,7 +244,7 @@ impl Store {
             SortKey::Delivery(_) | SortKey::Other => None,
         };
         let (settlement, result, delivery) = (&settlement, &result, &delivery);
-        retry_contended("sent event", || async move {
+        retry_contended("sent event", self.limits.write_budget, || async move {
             let writes = match source {
                 Some(source) => {
                     self.late_source(

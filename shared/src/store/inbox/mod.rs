@@ -305,7 +305,7 @@ impl Store {
             );
         }
         let (items, note_id) = (&items, &note_id);
-        retry_contended("ingest", || async move {
+        retry_contended("ingest", self.limits.write_budget, || async move {
             match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(Ingested::Created {

@@ -45,7 +45,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Option<NotificationView>, StoreError> {
         let pk = &user_pk(openid);
-        retry_contended("mark read", || async move {
+        retry_contended("mark read", self.limits.write_budget, || async move {
             let flip = self.flip(pk, id, now, true)?;
             let items = vec![flip, self.unmark(pk, id)?, self.unread_change(pk, -1)?];
             match self.transact(items).await? {
@@ -94,7 +94,7 @@ impl Store {
         let pk = &user_pk(openid);
         let mut updated = 0u64;
         for _ in 0..READ_ALL_STEPS {
-            let flipped = retry_contended("read all", || async move {
+            let flipped = retry_contended("read all", self.limits.write_budget, || async move {
                 let ids = self.unread_ids(pk, READ_ALL_STEP).await?;
                 if ids.is_empty() {
                     return Ok(Attempt::Done(0));
