@@ -32,7 +32,9 @@ until killed (SIGKILL is fine: all data is in memory).
 """
 
 import argparse
+import collections
 import copy
+import hashlib
 import io
 import json
 import os
@@ -225,7 +227,8 @@ def _transaction_token(environ):
     token = request.pop("ClientRequestToken", None)
     if not token:
         return None
-    return token, json.dumps(request, sort_keys=True)
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    return token, digest
 
 
 def _mismatch(start_response):
@@ -252,8 +255,8 @@ class SerialApp:
     def __init__(self, app):
         self._app = app
         self._lock = threading.Lock()
-        # token -> (request, committed at, status, headers, body)
-        self._tokens = {}
+        # token -> (request digest, committed at, status, headers, body), oldest first
+        self._tokens = collections.OrderedDict()
 
     def __call__(self, environ, start_response):
         refused = _validation_error(environ, start_response)
@@ -263,9 +266,11 @@ class SerialApp:
         with self._lock:
             now = time.monotonic()
             if tokened is not None:
-                self._tokens = {
-                    t: v for t, v in self._tokens.items() if now - v[1] < TOKEN_WINDOW_SECONDS
-                }
+                while self._tokens:
+                    oldest = next(iter(self._tokens.values()))
+                    if now - oldest[1] < TOKEN_WINDOW_SECONDS:
+                        break
+                    self._tokens.popitem(last=False)
                 token, request = tokened
                 seen = self._tokens.get(token)
                 if seen is not None:

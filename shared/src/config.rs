@@ -19,7 +19,7 @@
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
 //! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000) | 6000 |
-//! | `CONFIRM_TAPS` | `true`: grant reports and check-ins leave marks for WeChat's popup events to confirm their grants (one more read per accepted template); set where the message push is configured | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
+//! | `PUSH_EVENTS` | `true` where WeChat's message push is configured: grant reports and check-ins leave marks for popup events to confirm their grants (one more read per accepted template), and every settled send looks for a sent event kept pending for it (one more read per send) | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
 //! leaks them.
@@ -330,13 +330,13 @@ impl Config {
                 u64::try_from(defaults.write_budget.as_millis()).unwrap_or(6000),
                 500..=60_000,
             )?),
-            confirm_taps: match lookup("CONFIRM_TAPS").as_deref() {
+            push_events: match lookup("PUSH_EVENTS").as_deref() {
                 None => lookup("WECHAT_PUSH_TOKEN").is_some_and(|t| !t.trim().is_empty()),
                 Some("true") => true,
                 Some("false") => false,
                 Some(_) => {
                     return Err(ConfigError::Invalid {
-                        name: "CONFIRM_TAPS",
+                        name: "PUSH_EVENTS",
                         reason: "expected true or false".into(),
                     });
                 }
@@ -422,9 +422,10 @@ pub struct Limits {
     pub max_open_grants: u32,
     /// Most grant reports one user makes in one minute.
     pub reports_per_minute: u32,
-    /// Whether reported grants are paired with WeChat's popup events
-    /// ([`store::taps`](crate::store)); only where the message push is configured.
-    pub confirm_taps: bool,
+    /// Whether WeChat's message push is configured: reported grants are paired with
+    /// popup events ([`store::taps`](crate::store)) and settled sends look for sent
+    /// events kept pending for them.
+    pub push_events: bool,
     /// How long a write contended by other writers (or a throttling database) keeps
     /// trying before it is answered 503 with `Retry-After`: well inside an API
     /// function's 10-second timeout, which API Gateway would answer with a bare 5xx.
@@ -471,7 +472,7 @@ impl Default for Limits {
             retention: Retention::default(),
             max_open_grants: 100,
             reports_per_minute: 30,
-            confirm_taps: false,
+            push_events: false,
             write_budget: Duration::from_secs(6),
         }
     }

@@ -34,6 +34,39 @@ fn injected(proxy: &FaultProxy, fault: Fault) -> usize {
 }
 
 #[tokio::test]
+async fn a_claim_whose_answers_are_lost_past_the_sdks_retries_or_late_is_still_sent_once() {
+    // Lost three times: the SDK's attempts run out and the store sends it again with
+    // the same token. Late: the SDK's attempt times out (1 s) while it commits.
+    for (fault, times) in [
+        (Fault::CommitThenDrop, 3),
+        (
+            Fault::CommitThenDelay(std::time::Duration::from_millis(1500)),
+            1,
+        ),
+    ] {
+        let case = format!("{fault:?} × {times}");
+        let (app, proxy) = spawn_faulty_app(&FAST).await;
+        let user = due_user(&app, "lost-thrice", 1).await;
+        proxy.inject("TransactWriteItems", Some(CLAIM), fault, times);
+        let summary = app.tick(20).await;
+        assert_eq!(injected(&proxy, fault), times as usize, "{case}");
+        assert_eq!(
+            (summary.sent, summary.unknown, summary.lost),
+            (1, 0, 0),
+            "{case}: {summary:?}"
+        );
+        assert_eq!(app.deliveries().await.len(), 1, "{case}");
+        let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+        assert_eq!(
+            plan.body["state"], "awaiting_checkin",
+            "{case}: {}",
+            plan.body
+        );
+        invariants(&app).await;
+    }
+}
+
+#[tokio::test]
 async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unknown() {
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "dropped-claim", 1).await;
@@ -97,7 +130,14 @@ async fn setup(app: &TestApp) -> (User, Vec<String>) {
 }
 
 /// Runs `path` once; its HTTP status (or the ingest's answer's status as 200/500).
-async fn act(app: &TestApp, user: &User, ids: &[String], path: Path) -> (u16, serde_json::Value) {
+/// (`at`: the check-in's time, the same for a replay.)
+async fn act(
+    app: &TestApp,
+    user: &User,
+    ids: &[String],
+    path: Path,
+    at: &str,
+) -> (u16, serde_json::Value) {
     use serde_json::json;
     let answer = match path {
         Path::GrantReport => {
@@ -113,7 +153,7 @@ async fn act(app: &TestApp, user: &User, ids: &[String], path: Path) -> (u16, se
                 "/v1/reminders/water/checkins",
                 Some(&user.token),
                 &json!({"action_id": "ck_fault", "grant_request_id": "wr_ck", "subscription_status": "accept",
-                        "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+                        "occurred_at": at, "current_count": 1, "daily_goal": 8}),
             )
             .await
         }
@@ -207,14 +247,15 @@ async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
             let (user, ids) = setup(&app).await;
             // The path's first transaction meets the fault (nothing else runs now).
             proxy.inject("TransactWriteItems", None, fault, 1);
-            let (status, body) = act(&app, &user, &ids, path).await;
+            let at = Utc::now().to_rfc3339();
+            let (status, body) = act(&app, &user, &ids, path, &at).await;
             assert_eq!(status, 200, "{case}: {body}");
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
             proxy.clear();
             check(&app, &user, path, &case).await;
             // And the same request again is a replay, not a second write.
-            let (again, _) = act(&app, &user, &ids, path).await;
-            assert!(again < 500, "{case}: replay {again}");
+            let (again, body) = act(&app, &user, &ids, path, &at).await;
+            assert_eq!(again, 200, "{case}: replay {body}");
             check(&app, &user, path, &format!("{case}, replayed")).await;
         }
     }
@@ -236,7 +277,7 @@ async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_n
         proxy.inject("TransactWriteItems", None, Fault::Throttle, 0);
         proxy.inject("UpdateItem", None, Fault::Throttle, 0);
         proxy.inject("PutItem", None, Fault::Throttle, 0);
-        let (status, body) = act(&app, &user, &ids, path).await;
+        let (status, body) = act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
         proxy.clear();
         if matches!(path, Path::NotifyIngest) {
             assert_eq!(

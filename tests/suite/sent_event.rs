@@ -535,3 +535,65 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     assert!(marks(&app, &user, WATER, "inflight").await.is_empty());
 }
+
+#[tokio::test]
+async fn an_event_held_back_by_another_send_in_flight_settles_its_own_send_when_that_one_ends() {
+    let app = spawn_pushing_app_with(1, &[("WECHAT_TIMEOUT_MS", "5000")]).await;
+    // Send A: delivered, answer lost, WeChat's event not yet come: `unknown`.
+    let fault = json!({"drop_after_delivery": true, "no_push": true});
+    let user = due_user(&app, "held", 2, Some(fault)).await;
+    assert_eq!(app.tick(60).await.unknown, 1);
+    let a_msgid = delivered_msgids(&app, &user).await[0].clone();
+    // The user checks in; send B of the same template is slow to answer.
+    let answer = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "hc_1", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
+    app.make_due(&user, "water", Utc::now()).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "hang_after_delivery_ms": 4000, "no_push": true})),
+    )
+    .await;
+    // A's event arrives while B is in flight: held back (B's own, for all it knows).
+    let during = async {
+        while app.deliveries().await.len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        app.push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+                              "msgid": a_msgid.parse::<u64>().unwrap_or_default()}),
+        )
+        .await
+    };
+    let (summary, answer) = tokio::join!(app.tick(60), during);
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    // B settled `sent`; the held event then found A.
+    let states: std::collections::BTreeMap<String, String> = app
+        .items_of(&user, "delivery")
+        .await
+        .iter()
+        .map(|d| {
+            (
+                attr_s(d, "msgid").unwrap_or("-").to_string(),
+                attr_s(d, "state").unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states.get(&a_msgid).map(String::as_str),
+        Some("sent"),
+        "{states:?}"
+    );
+    assert!(states.values().all(|s| s == "sent"), "{states:?}");
+    assert!(marks(&app, &user, WATER, "pending_events").await.is_empty());
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}

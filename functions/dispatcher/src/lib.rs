@@ -475,6 +475,18 @@ async fn dispatch_one(
             .store
             .release(&claim, "no time left to send", Utc::now())
             .await?;
+        if config.limits.push_events {
+            // No longer in flight: an event it held back may settle another send.
+            deps.store
+                .settle_pending_events(
+                    &claim.openid,
+                    &claim.template_id,
+                    &config.reminders,
+                    &config.dispatch.retry_policy(),
+                    Utc::now(),
+                )
+                .await;
+        }
         return Ok(Dispatched::Released(finalized));
     }
     let send_by = std::time::Instant::now() + time_left;
@@ -504,8 +516,10 @@ async fn dispatch_one(
     let class = finalized.settlement.class;
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
-    } else if class == OutcomeClass::Unknown {
-        // WeChat's sent event may have come while the send was in flight.
+    }
+    if config.limits.push_events {
+        // A sent event that came while this send was in flight, kept pending: it may be
+        // this send's (now `unknown`), or another unknown send's it no longer blocks.
         deps.store
             .settle_pending_events(
                 &claim.openid,

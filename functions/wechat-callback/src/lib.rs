@@ -218,12 +218,12 @@ async fn receive(
 }
 
 /// The configured templates a popup event accepts (none unless grants are confirmed
-/// by popup events: `CONFIRM_TAPS`).
+/// by popup events: `PUSH_EVENTS`).
 fn popup_accepts<'a>(
     deps: &Deps,
     message: &'a push_event::PushMessage,
 ) -> Vec<&'a onegrant::domain::TemplateId> {
-    if !deps.config.limits.confirm_taps {
+    if !deps.config.limits.push_events {
         return Vec::new();
     }
     match &message.event {

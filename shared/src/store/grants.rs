@@ -254,7 +254,7 @@ impl Store {
         // The report landed; confirming its grants by popup events already recorded
         // is extra (a failure is logged; the popup's own pairing still comes).
         for (template, result) in &report.results {
-            if result.grants() && self.limits.confirm_taps {
+            if result.grants() && self.limits.push_events {
                 self.pair_taps_logged(openid, template, now).await;
             }
         }
@@ -357,7 +357,7 @@ pub(super) fn quota_update_item(
         .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
         .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
     let update = if result.grants() {
-        let update = if limits.confirm_taps {
+        let update = if limits.push_events {
             // The tap's mark, for a popup accept of it to confirm (store::taps).
             let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
             update

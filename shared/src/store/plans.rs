@@ -424,16 +424,45 @@ impl Store {
         &self,
         items: Vec<TransactWriteItem>,
     ) -> Result<TxOutcome, StoreError> {
-        match self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            // Stable across the SDK's retries of this call: a retry after a commit whose
-            // answer was lost gets that answer instead of failing its own conditions.
-            .client_request_token(super::request_token())
-            .send()
-            .await
-        {
+        // Stable across the SDK's retries of this call and ours below: a retry after a
+        // commit whose answer was lost gets that answer instead of failing its own
+        // conditions (and a caller reading again would take its own write for someone
+        // else's).
+        let token = super::request_token();
+        let mut resends = 0;
+        loop {
+            let sent = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(&token)
+                .send()
+                .await;
+            match sent {
+                Err(err) if resends < AMBIGUOUS_RESENDS && outcome_unknown(&err) => {
+                    resends += 1;
+                    tracing::warn!(
+                        resends,
+                        "a transaction's outcome is unknown; sent again with its token"
+                    );
+                    tokio::time::sleep(super::backoff(resends)).await;
+                }
+                sent => return self.sort_transaction(sent),
+            }
+        }
+    }
+
+    fn sort_transaction(
+        &self,
+        sent: Result<
+            aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput,
+            aws_sdk_dynamodb::error::SdkError<
+                TransactWriteItemsError,
+                aws_smithy_runtime_api::http::Response,
+            >,
+        >,
+    ) -> Result<TxOutcome, StoreError> {
+        match sent {
             Ok(_) => Ok(TxOutcome::Committed),
             Err(err) => {
                 if let aws_sdk_dynamodb::error::SdkError::ServiceError(ref service) = err
@@ -846,7 +875,7 @@ impl Store {
         })
         .await?;
         // A grant the check-in carried: confirmed by a popup event already recorded?
-        if self.limits.confirm_taps
+        if self.limits.push_events
             && matches!(outcome, CheckInOutcome::Applied(_))
             && checkin
                 .grant
@@ -939,6 +968,33 @@ pub(super) enum TxOutcome {
     Cancelled(Vec<(String, Option<HashMap<String, AttributeValue>>)>),
     /// Throttled or in conflict with another transaction.
     Contended,
+}
+
+/// How often a transaction whose outcome is unknown (after the SDK's own retries) is
+/// sent again, with the same token, before the caller is told to try later.
+const AMBIGUOUS_RESENDS: u32 = 3;
+
+/// Whether a failed transaction may have committed: no answer (a timeout, a dropped
+/// connection, an unreadable answer) or DynamoDB's own 500.
+fn outcome_unknown(
+    err: &aws_sdk_dynamodb::error::SdkError<
+        TransactWriteItemsError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> bool {
+    use aws_sdk_dynamodb::error::SdkError;
+    match err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(service) => {
+            matches!(
+                service.err(),
+                TransactWriteItemsError::InternalServerError(_)
+            )
+        }
+        _ => false,
+    }
 }
 
 /// A template's open grants as its quota item lists them (request ids).

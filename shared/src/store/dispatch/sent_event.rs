@@ -28,7 +28,7 @@ use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Sett
 use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
 use crate::domain::push_event::SentItem;
 use crate::domain::reconcile::{
-    EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,
+    CLOCK_SKEW, EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,
 };
 use crate::domain::reminder::ReminderKinds;
 use crate::domain::{GrantState, OpenId, TemplateId};
@@ -87,9 +87,20 @@ impl Store {
             }
             // Still in flight: kept, to be matched again when that send settles
             // `unknown` (a send that settles definitely makes it known, or stale).
+            let quota_key = quota_sk(&event.template_id);
             let pending = pending_mark(create_time, event.msgid, event.error_code).encode();
-            self.add_member(&pk, &quota_sk(&event.template_id), PENDING_EVENTS, pending)
+            self.add_member(&pk, &quota_key, PENDING_EVENTS, pending.clone())
                 .await?;
+            // The send may have settled between the last look and the mark landing, its
+            // settle finding nothing pending: one more look, now that the mark is there.
+            let outcome = self
+                .match_sent_event(&pk, event, create_time, kinds, policy, now)
+                .await?;
+            if outcome != SentEventOutcome::InFlight {
+                self.delete_members(&pk, &quota_key, &[(PENDING_EVENTS, vec![pending])])
+                    .await?;
+                return Ok(outcome);
+            }
             tracing::warn!(
                 msgid = event.msgid,
                 "a sent event arrived while a send of its template stayed in flight; kept pending"
@@ -179,7 +190,11 @@ impl Store {
         if let EventMatch::Known(_) = matched {
             return Ok(SentEventOutcome::Known);
         }
-        if !OpenGrants::live(&open.inflight_marks, now).is_empty() {
+        // Only a send claimed before the event (give or take the clock skew) can be its.
+        let blocking = OpenGrants::live(&open.inflight_marks, now)
+            .iter()
+            .any(|m| m.at <= create_time + CLOCK_SKEW.num_seconds());
+        if blocking {
             return Ok(SentEventOutcome::InFlight);
         }
         self.delete_members(pk, &quota_key, &open.stale_marks(now))
