@@ -475,18 +475,8 @@ async fn dispatch_one(
             .store
             .release(&claim, "no time left to send", Utc::now())
             .await?;
-        if config.limits.push_events {
-            // No longer in flight: an event it held back may settle another send.
-            deps.store
-                .settle_pending_events(
-                    &claim.openid,
-                    &claim.template_id,
-                    &config.reminders,
-                    &config.dispatch.retry_policy(),
-                    Utc::now(),
-                )
-                .await;
-        }
+        // No longer in flight: an event it held back may settle another send.
+        settle_pending(deps, &claim).await;
         return Ok(Dispatched::Released(finalized));
     }
     let send_by = std::time::Instant::now() + time_left;
@@ -517,19 +507,9 @@ async fn dispatch_one(
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
     }
-    if config.limits.push_events {
-        // A sent event that came while this send was in flight, kept pending: it may be
-        // this send's (now `unknown`), or another unknown send's it no longer blocks.
-        deps.store
-            .settle_pending_events(
-                &claim.openid,
-                &claim.template_id,
-                &config.reminders,
-                &policy,
-                Utc::now(),
-            )
-            .await;
-    }
+    // A sent event that came while this send was in flight, kept pending: it may be
+    // this send's (now `unknown`), or another unknown send's it no longer blocks.
+    settle_pending(deps, &claim).await;
     match class {
         OutcomeClass::Config => tracing::error!(
             openid = %openid_hash(claim.openid.as_str()),
@@ -557,6 +537,23 @@ async fn dispatch_one(
         finalized,
         latency_ms,
     })
+}
+
+/// With the message push configured: the sent events of the claim's template kept
+/// pending while it was in flight, matched again now that it is not.
+async fn settle_pending(deps: &Deps, claim: &Claim) {
+    let config = &deps.config;
+    if config.limits.push_events {
+        deps.store
+            .settle_pending_events(
+                &claim.openid,
+                &claim.template_id,
+                &config.reminders,
+                &config.dispatch.retry_policy(),
+                Utc::now(),
+            )
+            .await;
+    }
 }
 
 /// The message for a claim: a reminder's content rendered for the user, or a push's
