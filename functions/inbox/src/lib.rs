@@ -66,7 +66,7 @@ async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     };
     let kind = match query.first("type") {
         None => None,
-        Some(t) if !t.is_empty() && t.len() <= 32 => Some(t.to_string()),
+        Some(t) if !t.is_empty() && t.chars().count() <= 32 => Some(t.to_string()),
         Some(_) => return Err(bad_query("type must be 1 to 32 characters")),
     };
     let page = deps

@@ -31,7 +31,8 @@ async fn login(deps: &Core, req: &Request) -> Result<Response<Body>, ApiError> {
         Some(_) => return Err(ApiError::InvalidBody("code must be a string".into())),
         None => return Err(ApiError::InvalidBody("code is required".into())),
     };
-    if code.is_empty() || code.len() > MAX_CODE_LEN || code.chars().any(char::is_control) {
+    if code.is_empty() || code.chars().count() > MAX_CODE_LEN || code.chars().any(char::is_control)
+    {
         return Err(ApiError::Unprocessable {
             code: "invalid_code_format",
             message: format!("code must be 1 to {MAX_CODE_LEN} printable characters"),
