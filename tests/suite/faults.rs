@@ -360,3 +360,30 @@ async fn the_sweep_meeting_each_fault_once_still_recovers_a_vanished_claim_once(
         invariants(&app).await;
     }
 }
+
+#[tokio::test]
+async fn a_tick_whose_every_third_transaction_loses_its_answer_sends_each_due_plan_once() {
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let mut users = Vec::new();
+    for i in 0..10 {
+        users.push(due_user(&app, &format!("every{i}"), 1).await);
+    }
+    proxy.inject_every("TransactWriteItems", None, Fault::CommitThenDrop, 0, 3);
+    let mut sent = 0;
+    for _ in 0..3 {
+        let summary = app.tick(20).await;
+        assert_eq!(summary.unknown, 0, "{summary:?}");
+        sent += summary.sent;
+    }
+    proxy.clear();
+    // Ten claims and ten finalizes (plus the SDK's resends): a third of them lost.
+    let lost = injected(&proxy, Fault::CommitThenDrop);
+    assert!(lost >= 6, "{lost} answers lost");
+    assert_eq!(sent, 10);
+    assert_eq!(app.deliveries().await.len(), 10, "one message per due plan");
+    for user in &users {
+        let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+        assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
+    }
+    invariants(&app).await;
+}
