@@ -30,13 +30,14 @@ fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
 pub const DYNAMODB_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(feature = "store")]
-/// Timeouts for a DynamoDB client: `attempt` per request, three attempts' worth (plus
-/// backoff) for the whole call, 1 s to connect.
+/// Timeouts for a DynamoDB client: `attempt` per request, two attempts' worth (plus
+/// 1 s of backoff) for the whole call, 1 s to connect — so a write's last call, begun
+/// just inside the store's write budget (4 s), still ends inside a 10 s function.
 pub fn dynamodb_timeouts(attempt: std::time::Duration) -> aws_config::timeout::TimeoutConfig {
     aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(std::time::Duration::from_secs(1))
         .operation_attempt_timeout(attempt)
-        .operation_timeout(attempt * 3 + std::time::Duration::from_secs(1))
+        .operation_timeout(attempt * 2 + std::time::Duration::from_secs(1))
         .build()
 }
 

@@ -18,7 +18,7 @@
 //! | `DISPATCH_MAX_ATTEMPTS` | retryable failures before a plan pauses (1–20) | 5 |
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
-//! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000) | 6000 |
+//! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000); with the last SDK call (5 s at most) it stays inside the API functions' 10 s | 4000 |
 //! | `PUSH_EVENTS` | `true` where WeChat's message push is configured: grant reports and check-ins leave marks for popup events to confirm their grants (one more read per accepted template), and every settled send looks for a sent event kept pending for it (one more read per send) | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
@@ -327,7 +327,7 @@ impl Config {
             .unwrap_or(defaults.reports_per_minute),
             write_budget: Duration::from_millis(number(
                 "WRITE_BUDGET_MS",
-                u64::try_from(defaults.write_budget.as_millis()).unwrap_or(6000),
+                u64::try_from(defaults.write_budget.as_millis()).unwrap_or(4000),
                 500..=60_000,
             )?),
             push_events: match lookup("PUSH_EVENTS").as_deref() {
@@ -473,7 +473,9 @@ impl Default for Limits {
             max_open_grants: 100,
             reports_per_minute: 30,
             push_events: false,
-            write_budget: Duration::from_secs(6),
+            // The last attempt may start just before the budget ends and take one SDK
+            // call (its attempts and backoff): 4 s leaves that room inside 10 s.
+            write_budget: Duration::from_secs(4),
         }
     }
 }

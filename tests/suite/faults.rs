@@ -263,7 +263,7 @@ async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
 
 #[tokio::test]
 async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_nothing() {
-    // (Each gives up after the store's write budget, 6 s: three paths, one of each kind
+    // (Each gives up after the store's write budget, 4 s: three paths, one of each kind
     // of write — a report's own loop, a check-in's read-decide-write, a batch of reads.)
     for path in [
         Path::GrantReport,
