@@ -172,12 +172,8 @@ def _validation_error(environ, start_response):
     target = environ.get("HTTP_X_AMZ_TARGET", "")
     if not target.startswith("DynamoDB_"):
         return None
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    body = environ["wsgi.input"].read(length) if length else b""
-    environ["wsgi.input"] = io.BytesIO(body)
-    try:
-        request = json.loads(body or b"{}")
-    except ValueError:
+    request = _read_request(environ)
+    if not isinstance(request, dict):
         return None
     operation = target.split(".", 1)[-1]
     if operation == "TransactWriteItems":
@@ -192,21 +188,34 @@ def _validation_error(environ, start_response):
     for part in parts:
         message = _unused_placeholders(part)
         if message:
-            payload = json.dumps(
-                {
-                    "__type": "com.amazonaws.dynamodb.v20120810#ValidationException",
-                    "message": message,
-                }
-            ).encode()
-            start_response(
-                "400 Bad Request",
-                [
-                    ("Content-Type", "application/x-amz-json-1.0"),
-                    ("Content-Length", str(len(payload))),
-                ],
-            )
-            return [payload]
+            return _error(start_response, "ValidationException", message)
     return None
+
+
+def _error(start_response, kind, message):
+    """A DynamoDB error answer (400) of `kind`."""
+    payload = json.dumps(
+        {"__type": f"com.amazonaws.dynamodb.v20120810#{kind}", "message": message}
+    ).encode()
+    start_response(
+        "400 Bad Request",
+        [
+            ("Content-Type", "application/x-amz-json-1.0"),
+            ("Content-Length", str(len(payload))),
+        ],
+    )
+    return [payload]
+
+
+def _read_request(environ):
+    """The request's JSON body (None if it is not JSON), left readable for the app."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    try:
+        return json.loads(body or b"{}")
+    except ValueError:
+        return None
 
 
 TOKEN_WINDOW_SECONDS = 600
@@ -217,12 +226,8 @@ def _transaction_token(environ):
     ClientRequestToken, else None. The body is left readable for the app."""
     if environ.get("HTTP_X_AMZ_TARGET", "") != "DynamoDB_20120810.TransactWriteItems":
         return None
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    body = environ["wsgi.input"].read(length) if length else b""
-    environ["wsgi.input"] = io.BytesIO(body)
-    try:
-        request = json.loads(body or b"{}")
-    except ValueError:
+    request = _read_request(environ)
+    if not isinstance(request, dict):
         return None
     token = request.pop("ClientRequestToken", None)
     if not token:
@@ -231,21 +236,6 @@ def _transaction_token(environ):
     return token, digest
 
 
-def _mismatch(start_response):
-    payload = json.dumps(
-        {
-            "__type": "com.amazonaws.dynamodb.v20120810#IdempotentParameterMismatchException",
-            "message": "The request uses the same client token as a previous, but non-identical request.",
-        }
-    ).encode()
-    start_response(
-        "400 Bad Request",
-        [
-            ("Content-Type", "application/x-amz-json-1.0"),
-            ("Content-Length", str(len(payload))),
-        ],
-    )
-    return [payload]
 
 
 class SerialApp:
@@ -275,7 +265,12 @@ class SerialApp:
                 seen = self._tokens.get(token)
                 if seen is not None:
                     if seen[0] != request:
-                        return _mismatch(start_response)
+                        return _error(
+                            start_response,
+                            "IdempotentParameterMismatchException",
+                            "The request uses the same client token as a previous, "
+                            "but non-identical request.",
+                        )
                     start_response(seen[2], seen[3])
                     return [seen[4]]
             answered = {}

@@ -72,6 +72,28 @@ async fn assert_settled_sent(app: &TestApp, user: &User, msgid: &str) {
     assert!(marks(app, user, WATER, "open_unknown").await.is_empty());
 }
 
+/// WeChat's sent event for `user`'s send `msgid` of `template`, pushed by the stand-in
+/// (as many copies as its push target says), each answered `success`.
+async fn sent_event(
+    app: &TestApp,
+    user: &User,
+    template: &str,
+    msgid: impl serde::Serialize,
+    error_code: i64,
+) {
+    let answer = app
+        .push_event(
+            json!({"event": "sent", "openid": user.openid, "template_id": template,
+                           "msgid": msgid, "error_code": error_code}),
+        )
+        .await;
+    let answers = answer["answers"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !answers.is_empty() && answers.iter().all(|a| a == 200),
+        "{answer}"
+    );
+}
+
 fn the_one(items: Vec<HashMap<String, AttributeValue>>) -> HashMap<String, AttributeValue> {
     assert_eq!(items.len(), 1, "{items:?}");
     items.into_iter().next().unwrap_or_default()
@@ -193,13 +215,7 @@ async fn a_definite_sends_event_never_settles_another_unknown_send_however_often
     let pushed = pushes(&app, 1).await;
     assert_eq!(pushed[0]["answers"], json!([200, 200, 200, 200]));
     // And once more, a minute later.
-    let again = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
-                           "msgid": pushed[0]["msgid"]}),
-        )
-        .await;
-    assert_eq!(again["answers"], json!([200, 200, 200, 200]), "{again}");
+    sent_event(&app, &user, WATER, &pushed[0]["msgid"], 0).await;
 
     // That event was the second send's: the first stays unknown, its grant void.
     let first_now = app
@@ -269,13 +285,14 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
     let user = two_unknown_pushes(&app, "twice").await;
     let msgids = delivered_msgids(&app, &user).await;
     assert_eq!(msgids.len(), 2);
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": ORDER,
-               "msgid": msgids[0].parse::<u64>().unwrap_or_default()}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(
+        &app,
+        &user,
+        ORDER,
+        msgids[0].parse::<u64>().unwrap_or_default(),
+        0,
+    )
+    .await;
     let states: Vec<_> = app
         .items_of(&user, "delivery")
         .await
@@ -301,13 +318,14 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
     app.push(&single, "once-1").await;
     assert_eq!(app.tick(20).await.claimed, 1);
     let msgid = delivered_msgids(&app, &single).await;
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": single.openid, "template_id": ORDER,
-               "msgid": msgid[0].parse::<u64>().unwrap_or_default()}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(
+        &app,
+        &single,
+        ORDER,
+        msgid[0].parse::<u64>().unwrap_or_default(),
+        0,
+    )
+    .await;
     let delivery = the_one(app.items_of(&single, "delivery").await);
     assert_eq!(attr_s(&delivery, "state"), Some("sent"), "{delivery:?}");
     let outbox = the_one(app.items_of(&single, "outbox").await);
@@ -325,13 +343,7 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
 async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_plan() {
     let app = spawn_pushing_app(1).await;
     let user = unknown_user(&app, "failed", 2).await;
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
-               "msgid": 4_611_686_018_427_387_904u64, "error_code": -1}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(&app, &user, WATER, 4_611_686_018_427_387_904u64, -1).await;
     let delivery = the_one(app.items_of(&user, "delivery").await);
     assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");
     assert_eq!(attr_n(&delivery, "errcode"), Some(-1));
@@ -345,13 +357,7 @@ async fn a_failure_event_settles_failed_keeps_the_grant_void_and_retries_the_pla
 
     // With no grant left, it waits for one instead.
     let last = unknown_user(&app, "failed-last", 1).await;
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": last.openid, "template_id": WATER,
-               "msgid": 4_611_686_018_427_387_905u64, "error_code": -1}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(&app, &last, WATER, 4_611_686_018_427_387_905u64, -1).await;
     let plan = app.get("/v1/reminders/water", Some(&last.token)).await;
     assert_eq!(
         (&plan.body["state"], &plan.body["pause_reason"]),
@@ -379,13 +385,14 @@ async fn a_check_in_made_while_the_send_was_uncertain_counts_when_the_event_sett
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["pause_reason"], "uncertain", "{}", answer.body);
     let msgid = delivered_msgids(&app, &user).await;
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
-                           "msgid": msgid[0].parse::<u64>().unwrap_or_default()}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(
+        &app,
+        &user,
+        WATER,
+        msgid[0].parse::<u64>().unwrap_or_default(),
+        0,
+    )
+    .await;
     // Sent, and the check-in already made: the plan waits for a grant, not for a
     // check-in — so the next grant schedules it.
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
@@ -476,13 +483,7 @@ async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_ev
     assert_eq!(attr_s(&delivery, "state"), Some("unknown"));
     assert_eq!(marks(&app, &user, WATER, "open_unknown").await.len(), 1);
 
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
-               "msgid": 3_395_159_288_267_931_652u64}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(&app, &user, WATER, 3_395_159_288_267_931_652u64, 0).await;
     assert_settled_sent(&app, &user, "3395159288267931652").await;
     let delivery = the_one(app.items_of(&user, "delivery").await);
     assert!(
@@ -526,13 +527,7 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
     let target = onegrant_local::stack::standin_push(&app.deps.config, &app.base_url);
     app.control("POST", "push-target", Some(json!(target)))
         .await;
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": WATER,
-                           "msgid": 1u64}),
-        )
-        .await;
-    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    sent_event(&app, &user, WATER, 1u64, 0).await;
     assert!(marks(&app, &user, WATER, "inflight").await.is_empty());
 }
 
