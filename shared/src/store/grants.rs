@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use super::item::{key, n, s};
 use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, report_rate_sk, user_pk};
-use super::{Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt};
+use super::{
+    Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
+};
 use crate::domain::{
     GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
     TemplateId,
@@ -129,7 +131,7 @@ impl Store {
         let started = tokio::time::Instant::now();
         while !pending.is_empty() {
             attempt += 1;
-            if attempt > MAX_WRITE_ATTEMPTS || started.elapsed() > self.limits.write_budget {
+            if attempt > MAX_BUDGETED_ATTEMPTS || started.elapsed() > self.limits.write_budget {
                 return Err(StoreError::Unavailable(
                     "grant report contended past the retry limit".into(),
                 ));

@@ -77,6 +77,11 @@ pub enum Limit {
 /// enough for a burst of one user's offline queue arriving at once (50 check-ins).
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 
+/// How often a contended API write is tried, at most: a backstop only, since the time
+/// budget ([`Limits::write_budget`](crate::config::Limits)) is what bounds it (a few
+/// dozen attempts fit in the deployed 4 s; the suite's slower emulator gets 20 s).
+const MAX_BUDGETED_ATTEMPTS: u32 = 200;
+
 /// The pause before retry `attempt` (1-based): "full jitter" over an exponentially
 /// growing window (10 ms, 20 ms, … capped at 640 ms), so contending writers spread out
 /// instead of colliding again in lockstep.
@@ -98,9 +103,9 @@ pub(crate) enum Attempt<T> {
     Retry,
 }
 
-/// Runs `attempt` until it is done, pausing [`backoff`] between tries; past
-/// [`MAX_WRITE_ATTEMPTS`] the write is `Unavailable` (503 with `Retry-After`), naming
-/// `what`. The one retry loop of the store: every read-decide-write cycle goes through
+/// Runs `attempt` until it is done, pausing [`backoff`] between tries; past `budget`
+/// (or [`MAX_BUDGETED_ATTEMPTS`]) the write is `Unavailable` (503 with `Retry-After`),
+/// naming `what`. The one retry loop of the store: every read-decide-write cycle goes through
 /// it.
 pub(crate) async fn retry_contended<T, F, Fut>(
     what: &'static str,
@@ -112,7 +117,7 @@ where
     Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
 {
     let started = tokio::time::Instant::now();
-    for n in 1..=MAX_WRITE_ATTEMPTS {
+    for n in 1..=MAX_BUDGETED_ATTEMPTS {
         if let Attempt::Done(answer) = attempt().await? {
             return Ok(answer);
         }
