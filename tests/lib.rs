@@ -388,6 +388,32 @@ impl Drop for TestApp {
     }
 }
 
+/// Words that only WeChat, the HTTP client or the SDK produce: no answer of onegrant's
+/// may carry them (API.md: bodies never carry internal details). Checked on every
+/// response the suite decodes, like the OpenAPI check.
+const INTERNAL_WORDS: [&str; 10] = [
+    "errmsg",
+    "errcode",
+    "rid:",
+    "error sending request",
+    "operation timed out",
+    "connection refused",
+    "dispatch failure",
+    "dynamodb",
+    "conditionalcheckfailed",
+    "transactioncanceled",
+];
+
+fn assert_nothing_internal(status: u16, body: &[u8]) {
+    let text = String::from_utf8_lossy(body).to_lowercase();
+    for word in INTERNAL_WORDS {
+        assert!(
+            !text.contains(word),
+            "a {status} answer carries {word:?}: {text}"
+        );
+    }
+}
+
 /// A plain HTTP response, decoded.
 #[derive(Debug, Clone)]
 pub struct Answer {
@@ -562,6 +588,7 @@ impl TestApp {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let bytes = response.bytes().await.expect("response body");
+        assert_nothing_internal(status, &bytes);
         let body = if bytes.is_empty() {
             Value::Null
         } else {

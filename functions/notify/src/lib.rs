@@ -10,7 +10,7 @@
 use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
-use onegrant::domain::inbox::NotifyEvent;
+use onegrant::domain::inbox::{NotifyEvent, Push};
 use onegrant::store::inbox::Ingested;
 use onegrant::telemetry::{error_chain, openid_hash};
 use serde_json::{Value, json};
@@ -29,6 +29,14 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
             return Ok(json!({"status": "invalid", "reason": e.to_string()}));
         }
     };
+    if let Some(Push::Rejected { code, detail }) = &parsed.push {
+        // The answer and the notification carry the code; the words are for the log.
+        tracing::warn!(
+            reason = code.as_str(),
+            detail,
+            "push rejected before sending"
+        );
+    }
     let ingested = deps.store.ingest(&parsed, Utc::now()).await.map_err(|e| {
         tracing::error!(error = %error_chain(&e), "notify event not stored");
         "the store is unavailable".to_string()

@@ -199,7 +199,11 @@ impl Shared {
 
 type AppState = Arc<Shared>;
 
+/// A refusal as WeChat words it: the errmsg ends with a request id (` rid: …`), which
+/// must never reach a onegrant answer.
 fn wx(errcode: i64, errmsg: &str) -> Response {
+    let rid = uuid::Uuid::new_v4().simple().to_string();
+    let errmsg = format!("{errmsg} rid: {}-{}", &rid[..8], &rid[8..16]);
     Json(json!({"errcode": errcode, "errmsg": errmsg})).into_response()
 }
 

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::ids::{OpenId, TemplateId};
 use super::keywords::{KeywordError, fit_all};
+use super::outcome::{OutcomeClass, SendResult};
 use super::template::Templates;
 
 /// Limits on what a publishing service may put in a notification.
@@ -61,6 +62,98 @@ impl PushStatus {
     }
 }
 
+/// Why a push is not (yet) `sent`, as answers say it: a stable code from API.md's list.
+/// WeChat's errmsg and the HTTP client's words never reach an answer; they are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushReason {
+    /// `rejected`: the event named no template.
+    TemplateMissing,
+    /// `rejected`: the template is not configured.
+    TemplateNotConfigured,
+    /// `rejected`: `wechat.data` is not an object of keyword values.
+    DataInvalid,
+    /// `rejected`: a keyword of the template has no value.
+    KeywordMissing,
+    /// `rejected`: a value cannot be made valid for its keyword's type.
+    KeywordInvalid,
+    /// `skipped`: the user holds no grant of the template.
+    NoGrant,
+    /// `pending` or `failed`: WeChat was busy or throttled (retried, up to a limit).
+    WechatBusy,
+    /// `failed`: WeChat refused the template, page or content.
+    ContentRejected,
+    /// `failed`: WeChat says the user has no grant of the template (43101).
+    UserRefused,
+    /// `failed`: the openid is invalid or the user frozen.
+    UserUnavailable,
+    /// `pending` or `failed`: the request never reached WeChat.
+    NotSent,
+    /// `failed`: the message could not be built from the stored data.
+    InvalidContent,
+    /// `unknown`: WeChat's answer was lost; never resent.
+    Uncertain,
+}
+
+impl PushReason {
+    const ALL: [Self; 13] = [
+        Self::TemplateMissing,
+        Self::TemplateNotConfigured,
+        Self::DataInvalid,
+        Self::KeywordMissing,
+        Self::KeywordInvalid,
+        Self::NoGrant,
+        Self::WechatBusy,
+        Self::ContentRejected,
+        Self::UserRefused,
+        Self::UserUnavailable,
+        Self::NotSent,
+        Self::InvalidContent,
+        Self::Uncertain,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TemplateMissing => "template_missing",
+            Self::TemplateNotConfigured => "template_not_configured",
+            Self::DataInvalid => "data_invalid",
+            Self::KeywordMissing => "keyword_missing",
+            Self::KeywordInvalid => "keyword_invalid",
+            Self::NoGrant => "no_grant",
+            Self::WechatBusy => "wechat_busy",
+            Self::ContentRejected => "content_rejected",
+            Self::UserRefused => "user_refused",
+            Self::UserUnavailable => "user_unavailable",
+            Self::NotSent => "not_sent",
+            Self::InvalidContent => "invalid_content",
+            Self::Uncertain => "uncertain",
+        }
+    }
+
+    /// A stored code; anything else (free text kept by an earlier version) is `None`.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == value)
+    }
+
+    /// Why a send that did not end `sent` ended as it did.
+    pub fn of_send(result: &SendResult) -> Option<Self> {
+        Some(match result {
+            SendResult::Sent { .. } => return None,
+            SendResult::Refused { .. } => match result.class() {
+                OutcomeClass::Retryable => Self::WechatBusy,
+                OutcomeClass::Refused => Self::UserRefused,
+                OutcomeClass::User => Self::UserUnavailable,
+                OutcomeClass::Sent | OutcomeClass::Config | OutcomeClass::Unknown => {
+                    Self::ContentRejected
+                }
+            },
+            SendResult::Uncertain { .. } => Self::Uncertain,
+            SendResult::NotSent { .. } => Self::NotSent,
+            SendResult::Invalid { .. } => Self::InvalidContent,
+        })
+    }
+}
+
 /// Why an event cannot become a notification at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EventError {
@@ -77,8 +170,8 @@ pub enum Push {
         data: BTreeMap<String, String>,
         page: Option<String>,
     },
-    /// Not sendable; recorded with the reason.
-    Rejected { reason: String },
+    /// Not sendable: recorded with the code; `detail` is for the log only.
+    Rejected { code: PushReason, detail: String },
 }
 
 /// A validated `notify` event (the EventBridge `detail`, API.md).
@@ -162,15 +255,24 @@ impl NotifyEvent {
     }
 
     fn push(wechat: &serde_json::Map<String, Value>, templates: &Templates) -> Push {
-        let rejected = |reason: String| Push::Rejected { reason };
+        let rejected = |code: PushReason, detail: String| Push::Rejected { code, detail };
         let Some(template_id) = wechat.get("template_id").and_then(Value::as_str) else {
-            return rejected("wechat.template_id is required".into());
+            return rejected(
+                PushReason::TemplateMissing,
+                "wechat.template_id is required".into(),
+            );
         };
         let Some(template) = templates.get(template_id) else {
-            return rejected(format!("template {template_id} is not configured"));
+            return rejected(
+                PushReason::TemplateNotConfigured,
+                format!("template {template_id} is not configured"),
+            );
         };
         let Some(data) = wechat.get("data").and_then(Value::as_object) else {
-            return rejected("wechat.data must be an object of keyword values".into());
+            return rejected(
+                PushReason::DataInvalid,
+                "wechat.data must be an object of keyword values".into(),
+            );
         };
         let mut values = BTreeMap::new();
         for (k, v) in data {
@@ -178,10 +280,20 @@ impl NotifyEvent {
                 Value::String(s) => s.clone(),
                 Value::Object(o) => match o.get("value").and_then(Value::as_str) {
                     Some(s) => s.to_string(),
-                    None => return rejected(format!("wechat.data.{k} has no value")),
+                    None => {
+                        return rejected(
+                            PushReason::DataInvalid,
+                            format!("wechat.data.{k} has no value"),
+                        );
+                    }
                 },
                 Value::Number(n) => n.to_string(),
-                _ => return rejected(format!("wechat.data.{k} must be a string")),
+                _ => {
+                    return rejected(
+                        PushReason::DataInvalid,
+                        format!("wechat.data.{k} must be a string"),
+                    );
+                }
             };
             values.insert(k.clone(), value);
         }
@@ -195,8 +307,11 @@ impl NotifyEvent {
                     .map(str::to_string)
                     .or_else(|| template.page.clone()),
             },
-            Err(e @ (KeywordError::Missing(_) | KeywordError::Invalid { .. })) => {
-                rejected(e.to_string())
+            Err(e @ KeywordError::Missing(_)) => {
+                rejected(PushReason::KeywordMissing, e.to_string())
+            }
+            Err(e @ KeywordError::Invalid { .. }) => {
+                rejected(PushReason::KeywordInvalid, e.to_string())
             }
         }
     }
@@ -219,7 +334,7 @@ pub struct NotificationView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PushView {
     pub status: PushStatus,
-    pub reason: Option<String>,
+    pub reason: Option<PushReason>,
 }
 
 /// A notification id: `<13-digit epoch ms><12 hex>`, so ids sort by creation time.

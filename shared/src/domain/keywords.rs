@@ -1,12 +1,15 @@
 //! Template data before it is sent: every keyword of the template filled, each value
-//! made to fit its type's rule (reference/wechat.md §2) — control characters stripped,
-//! lengths counted in Unicode scalar values and truncated, or the value refused when
-//! truncation cannot make it valid (a `number` with letters, a `phrase` with Latin).
-//! Catching these here avoids a 47003 from WeChat, which would pause the plan.
+//! made to fit its type's rule (reference/wechat.md §2) — cleaned of Cc, Cf, Zl and Zp
+//! characters ([`super::text`]), lengths counted in Unicode scalar values and truncated,
+//! or the value refused when truncation cannot make it valid (a `number` with letters, a
+//! `phrase` with Latin, a `time` that is not a time, an `enum` value outside the
+//! template's list). Catching these here avoids a 47003 from WeChat, which would pause
+//! the plan.
 
 use std::collections::BTreeMap;
 
 use super::template::{KeywordType, TemplateDef};
+use super::text::clean_line;
 
 /// Why template data cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,7 +34,7 @@ fn truncate(value: &str, max: usize) -> String {
 
 /// The value sent for one keyword, or why none can be.
 pub fn fit(key: &str, kind: KeywordType, raw: &str) -> Result<String, KeywordError> {
-    let cleaned: String = raw.chars().filter(|c| !c.is_control()).collect();
+    let cleaned = clean_line(raw);
     let value = cleaned.trim();
     let invalid = || KeywordError::Invalid {
         key: key.to_string(),
@@ -95,15 +98,128 @@ pub fn fit(key: &str, kind: KeywordType, raw: &str) -> Result<String, KeywordErr
             value.to_string()
         }
         KeywordType::CarNumber => {
-            if value.chars().count() > 8 {
+            if !is_car_number(value) {
                 return Err(invalid());
             }
             value.to_string()
         }
-        // Formats, not lengths: truncation would corrupt them. Sent as given (cleaned).
-        KeywordType::Time | KeywordType::Date | KeywordType::Amount => value.to_string(),
+        // Formats, not lengths: truncation would corrupt them, so a value is sent as given
+        // (cleaned) or refused.
+        KeywordType::Time => {
+            if !is_range(value, is_time) {
+                return Err(invalid());
+            }
+            value.to_string()
+        }
+        KeywordType::Date => {
+            if !is_range(value, is_date) {
+                return Err(invalid());
+            }
+            value.to_string()
+        }
+        KeywordType::Amount => {
+            if !is_amount(value) {
+                return Err(invalid());
+            }
+            value.to_string()
+        }
     };
     Ok(fitted)
+}
+
+/// `1`–`max` ASCII digits whose value is at most `most`.
+fn digits(s: &str, max: usize, most: u32) -> bool {
+    (1..=max).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && s.parse::<u32>().is_ok_and(|n| n <= most)
+}
+
+/// A 24-hour clock: `15:01` or `15:01:30`.
+fn is_clock(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    match parts.as_slice() {
+        [h, m] => digits(h, 2, 23) && m.len() == 2 && digits(m, 2, 59),
+        [h, m, sec] => {
+            digits(h, 2, 23)
+                && m.len() == 2
+                && digits(m, 2, 59)
+                && sec.len() == 2
+                && digits(sec, 2, 59)
+        }
+        _ => false,
+    }
+}
+
+/// A calendar day: `2019年10月1日` (the year optional), `2019-10-01` or `2019/10/01`.
+fn is_day(s: &str) -> bool {
+    let month_day = |m: &str, d: &str| digits(m, 2, 12) && digits(d, 2, 31) && m != "0" && d != "0";
+    if let Some(rest) = s.strip_suffix('日') {
+        let (year, rest) = match rest.split_once('年') {
+            Some((y, rest)) => (Some(y), rest),
+            None => (None, rest),
+        };
+        return year.is_none_or(|y| y.len() == 4 && digits(y, 4, 9999))
+            && rest.split_once('月').is_some_and(|(m, d)| month_day(m, d));
+    }
+    ['-', '/'].iter().any(|&sep| {
+        let parts: Vec<&str> = s.split(sep).collect();
+        matches!(parts.as_slice(), [y, m, d] if y.len() == 4 && digits(y, 4, 9999) && month_day(m, d))
+    })
+}
+
+/// `time`: a clock, optionally after a day and a space.
+fn is_time(s: &str) -> bool {
+    is_clock(s)
+        || s.rsplit_once(' ')
+            .is_some_and(|(d, c)| is_day(d.trim_end()) && is_clock(c))
+}
+
+/// `date`: a day, optionally followed by a space and a clock.
+fn is_date(s: &str) -> bool {
+    is_day(s)
+        || s.rsplit_once(' ')
+            .is_some_and(|(d, c)| is_day(d.trim_end()) && is_clock(c))
+}
+
+/// `one` or `one~other`, where the second part may also be a bare clock
+/// (`2019年10月1日 15:01~16:00`).
+fn is_range(value: &str, one: fn(&str) -> bool) -> bool {
+    match value.split_once('~') {
+        None => one(value),
+        Some((from, to)) => {
+            let (from, to) = (from.trim(), to.trim());
+            one(from) && (one(to) || is_clock(to))
+        }
+    }
+}
+
+/// `amount`: at most one currency symbol, 1–10 digits, up to two decimals, `元`
+/// optionally at the end (`￥100`, `¥100.50`, `100元`).
+fn is_amount(value: &str) -> bool {
+    let value = value.strip_suffix('元').unwrap_or(value);
+    let value = value
+        .strip_prefix(['￥', '¥', '$', '€', '£'])
+        .unwrap_or(value);
+    let (int, frac) = value.split_once('.').unwrap_or((value, ""));
+    (1..=10).contains(&int.len())
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && (!value.contains('.') || (1..=2).contains(&frac.len()))
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `car_number`: at most 8 characters; the first and the last may be CJK (the province
+/// and a suffix such as 挂), the rest ASCII letters or digits (`粤A8Z888挂`).
+fn is_car_number(value: &str) -> bool {
+    let chars: Vec<char> = value.chars().collect();
+    let plate = |c: &char| c.is_ascii_alphanumeric();
+    let end = |c: &char| plate(c) || is_cjk(*c);
+    match chars.as_slice() {
+        [] => false,
+        [only] => end(only),
+        [first, middle @ .., last] => {
+            chars.len() <= 8 && end(first) && end(last) && middle.iter().all(plate)
+        }
+    }
 }
 
 /// Every keyword of `template` filled from `values` and fitted to its type.
@@ -118,7 +234,15 @@ pub fn fit_all(
             let raw = values
                 .get(&k.key)
                 .ok_or_else(|| KeywordError::Missing(k.key.clone()))?;
-            Ok((k.key.clone(), fit(&k.key, k.kind, raw)?))
+            let value = fit(&k.key, k.kind, raw)?;
+            if !k.values.is_empty() && !k.values.contains(&value) {
+                return Err(KeywordError::Invalid {
+                    key: k.key.clone(),
+                    kind: k.kind,
+                    value,
+                });
+            }
+            Ok((k.key.clone(), value))
         })
         .collect()
 }
@@ -147,6 +271,106 @@ mod tests {
         assert_eq!(fit("number3", KeywordType::Number, "4"), Ok("4".into()));
         assert!(fit("character_string1", KeywordType::CharacterString, "订单1").is_err());
         assert!(fit("thing1", KeywordType::Thing, "\u{7}").is_err());
+        assert_eq!(
+            fit("thing1", KeywordType::Thing, "喝\u{202E}水\u{200B}\u{2028}"),
+            Ok("喝水".into())
+        );
+    }
+
+    #[test]
+    fn times_dates_amounts_and_plates_are_checked_for_their_format() {
+        let ok = |kind, v: &str| fit("k1", kind, v).is_ok();
+        for v in [
+            "15:01",
+            "9:05",
+            "15:01:30",
+            "2019年10月1日 15:01",
+            "2019-10-01 15:01",
+            "15:01~16:00",
+            "2019年10月1日 15:01~16:00",
+        ] {
+            assert!(ok(KeywordType::Time, v), "time {v}");
+        }
+        for v in [
+            "25:00",
+            "15:1",
+            "3 pm",
+            "15:01~",
+            "2019年13月1日 15:01",
+            "tomorrow 15:01",
+            "",
+        ] {
+            assert!(!ok(KeywordType::Time, v), "time {v}");
+        }
+        for v in [
+            "2019年10月1日",
+            "10月1日",
+            "2019-10-01",
+            "2019/10/1",
+            "2019年10月1日 15:01",
+            "2019年10月1日~2019年10月7日",
+        ] {
+            assert!(ok(KeywordType::Date, v), "date {v}");
+        }
+        for v in [
+            "2019-13-01",
+            "19-10-01",
+            "下周一",
+            "2019年10月",
+            "2019-10-01T15:01",
+        ] {
+            assert!(!ok(KeywordType::Date, v), "date {v}");
+        }
+        for v in ["￥100", "¥100.50", "100元", "$3.5", "1234567890"] {
+            assert!(ok(KeywordType::Amount, v), "amount {v}");
+        }
+        for v in [
+            "￥",
+            "100.123",
+            "12345678901",
+            "￥￥100",
+            "ten",
+            "1,000",
+            "100.",
+        ] {
+            assert!(!ok(KeywordType::Amount, v), "amount {v}");
+        }
+        for v in ["粤A8Z888挂", "京A12345", "AB1234"] {
+            assert!(ok(KeywordType::CarNumber, v), "plate {v}");
+        }
+        for v in ["粤A8Z8888挂", "京A-12345", "京京A1234"] {
+            assert!(!ok(KeywordType::CarNumber, v), "plate {v}");
+        }
+    }
+
+    #[test]
+    fn an_enum_value_must_be_in_the_templates_list_when_it_has_one() {
+        let templates = super::super::template::Templates::from_json(
+            r#"[{"id":"T1","title":"t","keywords":[{"key":"enum1","values":["已发货","已签收"]},{"key":"thing2"}]},
+                {"id":"T2","title":"t","keywords":[{"key":"enum1"}]}]"#,
+        )
+        .expect("config");
+        let values = |e: &str| {
+            BTreeMap::from([
+                ("enum1".to_string(), e.to_string()),
+                ("thing2".to_string(), "x".to_string()),
+            ])
+        };
+        let t1 = templates.get("T1").expect("T1");
+        assert!(fit_all(t1, &values("已发货")).is_ok());
+        assert!(matches!(
+            fit_all(t1, &values("已取消")),
+            Err(KeywordError::Invalid { .. })
+        ));
+        let t2 = templates.get("T2").expect("T2");
+        assert!(fit_all(t2, &values("已取消")).is_ok());
+        assert!(
+            super::super::template::Templates::from_json(
+                r#"[{"id":"T1","title":"t","keywords":[{"key":"thing1","values":["a"]}]}]"#
+            )
+            .is_err(),
+            "values on a keyword that is not an enum"
+        );
     }
 
     proptest! {

@@ -14,6 +14,7 @@ pub mod reconcile;
 pub mod reminder;
 pub mod schedule;
 pub mod template;
+pub mod text;
 
 pub use grant::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};
 pub use ids::{IdError, OpenId, RequestId, TemplateId};

@@ -66,6 +66,10 @@ pub struct Keyword {
     /// A human name for documentation and logs, e.g. "提醒内容".
     pub name: String,
     pub kind: KeywordType,
+    /// For an `enum` keyword, the template's enum list (`keywordEnumValueList` of
+    /// `gettemplate`): a value outside it is refused before sending. Empty: any value of
+    /// at most 20 characters.
+    pub values: Vec<String>,
 }
 
 /// A configured template.
@@ -95,6 +99,8 @@ pub enum TemplateConfigError {
     KeywordKey { template: TemplateId, key: String },
     #[error("template {0} has no keywords")]
     NoKeywords(TemplateId),
+    #[error("template {template}: keyword {key} lists values but is not an enum")]
+    Values { template: TemplateId, key: String },
 }
 
 #[derive(Deserialize)]
@@ -113,11 +119,14 @@ struct RawKeyword {
     key: String,
     #[serde(default)]
     name: String,
+    #[serde(default)]
+    values: Vec<String>,
 }
 
 impl Templates {
     /// Parses the `ONEGRANT_TEMPLATES` JSON: an array of
-    /// `{"id", "title", "keywords": [{"key", "name"}], "page"}`.
+    /// `{"id", "title", "keywords": [{"key", "name", "values"}], "page"}` (`values`: an
+    /// `enum` keyword's list).
     pub fn from_json(json: &str) -> Result<Self, TemplateConfigError> {
         let raw: Vec<RawTemplate> = serde_json::from_str(json)?;
         let mut map = BTreeMap::new();
@@ -130,10 +139,17 @@ impl Templates {
                 .keywords
                 .into_iter()
                 .map(|k| match KeywordType::of_key(&k.key) {
+                    Some(kind) if kind != KeywordType::Enum && !k.values.is_empty() => {
+                        Err(TemplateConfigError::Values {
+                            template: id.clone(),
+                            key: k.key,
+                        })
+                    }
                     Some(kind) => Ok(Keyword {
                         key: k.key,
                         name: k.name,
                         kind,
+                        values: k.values,
                     }),
                     None => Err(TemplateConfigError::KeywordKey {
                         template: id.clone(),

@@ -12,7 +12,7 @@ use super::super::plans::OpenGrants;
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead};
-use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{DeliveryState, OutboxState};
 use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
@@ -292,7 +292,7 @@ impl Store {
                         &item.pk,
                         &outbox.note_id,
                         PushStatus::Skipped,
-                        Some("no grant for the template"),
+                        Some(PushReason::NoGrant),
                     )?,
                 ])
             }

@@ -24,7 +24,7 @@ use super::{
     Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
 };
 use crate::domain::GrantState;
-use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{
     DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
 };
@@ -403,10 +403,10 @@ impl Store {
             next.delivery_id = Some(delivery_id.to_string());
         }
         let push = push_status(state);
-        let reason = (push != PushStatus::Sent).then(|| describe(result));
+        let reason = PushReason::of_send(result);
         Ok(vec![
             versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,
-            note_push_update(&self.table, pk, &outbox.note_id, push, reason.as_deref())?,
+            note_push_update(&self.table, pk, &outbox.note_id, push, reason)?,
         ])
     }
 

@@ -22,7 +22,7 @@ use super::keys::{due_pk, event_sk, note_sk, outbox_sk, unread_sk, user_pk};
 use super::plans::TxOutcome;
 use super::{Attempt, Store, StoreError, corrupt, retry_contended};
 use crate::domain::inbox::{
-    NotificationView, NotifyEvent, Push, PushStatus, PushView, new_notification_id,
+    NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
 };
 use crate::domain::outcome::OutboxState;
 
@@ -67,7 +67,7 @@ impl NoteItem {
                 .and_then(PushStatus::parse)
                 .map(|status| PushView {
                     status,
-                    reason: self.push_reason.clone(),
+                    reason: self.push_reason.as_deref().and_then(PushReason::parse),
                 }),
         }
     }
@@ -193,7 +193,7 @@ pub(super) fn note_push_update(
     pk: &str,
     note_id: &str,
     status: PushStatus,
-    reason: Option<&str>,
+    reason: Option<PushReason>,
 ) -> Result<TransactWriteItem, StoreError> {
     let update = Update::builder()
         .table_name(table)
@@ -202,9 +202,7 @@ pub(super) fn note_push_update(
         .expression_attribute_values(":s", s(status.as_str()))
         .expression_attribute_values(
             ":r",
-            reason.map_or(AttributeValue::Null(true), |r| {
-                s(r.chars().take(300).collect::<String>())
-            }),
+            reason.map_or(AttributeValue::Null(true), |r| s(r.as_str())),
         )
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
@@ -240,7 +238,9 @@ impl Store {
         let (push_status, push_reason) = match &event.push {
             None => (None, None),
             Some(Push::Ready { .. }) => (Some(PushStatus::Pending), None),
-            Some(Push::Rejected { reason }) => (Some(PushStatus::Rejected), Some(reason.clone())),
+            Some(Push::Rejected { code, .. }) => {
+                (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
+            }
         };
         let record = EventItem {
             pk: pk.clone(),
