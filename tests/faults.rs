@@ -88,8 +88,8 @@ impl FaultProxy {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Injects `fault` into `times` requests of `operation` (0: all of them) whose body
-    /// contains `pattern`, if given.
+    /// Injects `fault` into `times` requests of `operation` (`*`: any; 0 times: all of
+    /// them) whose body contains `pattern`, if given.
     pub fn inject(&self, operation: &str, pattern: Option<&str>, fault: Fault, times: u32) {
         self.inject_every(operation, pattern, fault, times, 1);
     }
@@ -129,7 +129,7 @@ fn pick(state: &Mutex<State>, operation: &str, body: &str) -> Option<Fault> {
     let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
     let mut chosen = None;
     for rule in state.rules.iter_mut() {
-        if rule.operation != operation
+        if (rule.operation != "*" && rule.operation != operation)
             || rule.left == Some(0)
             || rule.pattern.as_deref().is_some_and(|p| !body.contains(p))
         {

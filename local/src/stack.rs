@@ -80,7 +80,11 @@ pub fn standin_push(config: &Config, api_base: &str) -> Option<crate::standin::P
 pub fn standin_config(config: &Config) -> StandinConfig {
     StandinConfig {
         appid: config.wechat.appid.clone(),
-        secret: config.wechat.secret.expose().to_string(),
+        secret: config
+            .wechat
+            .secret
+            .as_ref()
+            .map_or_else(String::new, |s| s.expose().to_string()),
         templates: config.templates.clone(),
         push: None,
     }

@@ -4,11 +4,13 @@
 //! |---|---|---|
 //! | `TABLE_NAME` | the DynamoDB table | required |
 //! | `WECHAT_API_BASE` | WeChat server API base URL | `https://api.weixin.qq.com` |
-//! | `WECHAT_APPID`, `WECHAT_SECRET` | the mini-program's credentials | required |
+//! | `WECHAT_APPID` | the mini-program's AppID | required |
+//! | `WECHAT_SECRET` | the AppSecret, where WeChat is called (session, dispatcher) | required there |
 //! | `WECHAT_CONNECT_TIMEOUT_MS`, `WECHAT_TIMEOUT_MS` | client timeouts | 1000, 3000 |
 //! | `MINIPROGRAM_STATE` | `formal`, `trial` or `developer` | `formal` |
 //! | `WECHAT_LANG` | `zh_CN`, `en_US`, `zh_HK`, `zh_TW` | `zh_CN` |
-//! | `SESSION_SECRET` | HS256 key for session tokens, at least 32 bytes | required |
+//! | `SESSION_SECRET` | HS256 key for session tokens, at least 32 bytes, where tokens are issued or checked | required there |
+//! | `SESSION_SECRET_PREVIOUS` | the key before the last rotation: tokens it signed are still accepted | none |
 //! | `SESSION_TTL_SECONDS` | session token lifetime | 7200 |
 //! | `ONEGRANT_TEMPLATES` | JSON array of templates (see [`Templates::from_json`]) | required |
 //! | `ONEGRANT_REMINDERS` | JSON array of reminder kinds (see [`ReminderKinds::from_json`]); `water` required | required |
@@ -19,10 +21,17 @@
 //! | `DISPATCH_RETRY_BASE_SECONDS` | first retry delay, doubled per attempt (1–3600) | 60 |
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
 //! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000); with the last SDK call (5 s at most) it stays inside the API functions' 10 s | 4000 |
+//! | `NOTIFY_SOURCES` | comma-separated EventBridge `source`s `notify` accepts (the stack sets its `NotifyPublishers`' sources); unset: any | any |
+//! | `CHECKINS_PER_MINUTE` | most new check-ins of one reminder kind per user and minute (1–600); past it 429 | 60 |
+//! | `HANDLER_BUDGET_MS` | how long an HTTP handler works before answering 503 with `Retry-After` (1000–900000): under the function's timeout (10 s in `template.yaml`) | 9000 |
 //! | `PUSH_EVENTS` | `true` where WeChat's message push is configured: grant reports and check-ins leave marks for popup events to confirm their grants (one more read per accepted template), and every settled send looks for a sent event kept pending for it (one more read per send) | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
-//! leaks them.
+//! leaks them. Deployed, no secret is in the environment: each secret variable `X` is
+//! given as `X_ARN`, a Secrets Manager secret read once per cold start by
+//! [`Config::load`] (`SESSION_SECRET_ARN` also gives `SESSION_SECRET_PREVIOUS`, its
+//! `AWSPREVIOUS` version). Each function is given only the secrets it uses and checks
+//! at its cold start that it has them ([`Config::require`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -76,7 +85,8 @@ pub struct WechatConfig {
     /// Without a trailing slash.
     pub api_base: String,
     pub appid: String,
-    pub secret: Secret,
+    /// The AppSecret; `None` in a function that never calls WeChat.
+    pub secret: Option<Secret>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub miniprogram_state: MiniprogramState,
@@ -86,7 +96,11 @@ pub struct WechatConfig {
 /// Session token settings.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    pub secret: Secret,
+    /// Signs new tokens and checks them; `None` in a function that has no sessions.
+    pub secret: Option<Secret>,
+    /// The key before the last rotation: its tokens are still accepted until they
+    /// expire, so a rotation signs nobody out.
+    pub previous: Option<Secret>,
     pub ttl: Duration,
 }
 
@@ -105,6 +119,8 @@ pub struct Config {
     pub limits: Limits,
     /// WeChat's message push (`/wechat/callback`), when configured.
     pub push: Option<PushConfig>,
+    /// The publishers (`source`s) `notify` accepts; `None`: any.
+    pub notify_sources: Option<Vec<String>>,
 }
 
 /// How WeChat's message push is set up in the MP console (消息推送配置).
@@ -167,15 +183,100 @@ pub enum ConfigError {
     Templates(#[source] TemplateConfigError),
     #[error("ONEGRANT_REMINDERS is invalid")]
     Reminders(#[source] ReminderConfigError),
+    #[error("a secret could not be read")]
+    Secret(#[source] crate::secrets::SecretsError),
 }
+
+/// A secret a function uses: its cold start fails without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `SESSION_SECRET`: the function issues or checks session tokens.
+    SessionKey,
+    /// `WECHAT_SECRET`: the function calls WeChat's server API.
+    AppSecret,
+    /// `WECHAT_PUSH_TOKEN`: the function receives WeChat's message push.
+    PushToken,
+}
+
+/// The secret variables that may be given by ARN: (variable, the variable holding the
+/// secret's ARN, the Secrets Manager stage read for it).
+const SECRET_VARIABLES: [(&str, &str, &str); 5] = [
+    ("SESSION_SECRET", "SESSION_SECRET_ARN", "AWSCURRENT"),
+    (
+        "SESSION_SECRET_PREVIOUS",
+        "SESSION_SECRET_ARN",
+        "AWSPREVIOUS",
+    ),
+    ("WECHAT_SECRET", "WECHAT_SECRET_ARN", "AWSCURRENT"),
+    ("WECHAT_PUSH_TOKEN", "WECHAT_PUSH_TOKEN_ARN", "AWSCURRENT"),
+    (
+        "WECHAT_PUSH_AES_KEY",
+        "WECHAT_PUSH_AES_KEY_ARN",
+        "AWSCURRENT",
+    ),
+];
 
 /// The minimum HS256 key length we accept (RFC 7518 §3.2: at least the hash size).
 pub const MIN_SESSION_SECRET_BYTES: usize = 32;
 
 impl Config {
-    /// Reads and validates the configuration from the process environment.
+    /// Reads and validates the configuration from the process environment, without
+    /// secrets given by ARN (the local stack and the tools).
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// A function's cold start: the environment, with every secret given as `<X>_ARN`
+    /// read from Secrets Manager (one request each).
+    pub async fn load() -> Result<Self, ConfigError> {
+        Self::load_from(|name| std::env::var(name).ok()).await
+    }
+
+    /// [`Config::load`] through `lookup`.
+    pub async fn load_from(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut read = std::collections::HashMap::new();
+        let mut reader = None;
+        for (name, arn_name, stage) in SECRET_VARIABLES {
+            let Some(arn) = lookup(arn_name).filter(|a| !a.trim().is_empty()) else {
+                continue;
+            };
+            if lookup(name).is_some_and(|v| !v.is_empty()) {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: format!("set either {name} or {arn_name}, not both"),
+                });
+            }
+            if reader.is_none() {
+                reader = Some(
+                    crate::secrets::SecretsReader::from_lookup(&lookup)
+                        .map_err(ConfigError::Secret)?,
+                );
+            }
+            if let Some(reader) = &reader
+                && let Some(secret) = reader
+                    .read(name, &arn, stage)
+                    .await
+                    .map_err(ConfigError::Secret)?
+            {
+                read.insert(name, secret.expose().to_string());
+            }
+        }
+        Self::from_lookup(|name| read.get(name).cloned().or_else(|| lookup(name)))
+    }
+
+    /// Whether this config holds every secret in `needs` (a function's cold start).
+    pub fn require(&self, needs: &[Need]) -> Result<(), ConfigError> {
+        for need in needs {
+            let (present, name) = match need {
+                Need::SessionKey => (self.session.secret.is_some(), "SESSION_SECRET"),
+                Need::AppSecret => (self.wechat.secret.is_some(), "WECHAT_SECRET"),
+                Need::PushToken => (self.push.is_some(), "WECHAT_PUSH_TOKEN"),
+            };
+            if !present {
+                return Err(ConfigError::Missing(name));
+            }
+        }
+        Ok(())
     }
 
     /// Reads and validates the configuration through `lookup` (the environment, or a
@@ -205,10 +306,21 @@ impl Config {
             .unwrap_or_else(|| "https://api.weixin.qq.com".to_string())
             .trim_end_matches('/')
             .to_string();
-        if !(api_base.starts_with("https://") || api_base.starts_with("http://")) {
+        // The AppSecret and access tokens travel to this URL: https, except to this
+        // machine (the local stack's stand-in and the tests).
+        let loopback = api_base.strip_prefix("http://").is_some_and(|rest| {
+            let authority = rest.split('/').next().unwrap_or_default();
+            let host = authority
+                .rsplit_once(':')
+                .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+                .map_or(authority, |(host, _)| host);
+            matches!(host, "127.0.0.1" | "localhost" | "[::1]")
+        });
+        if !(api_base.starts_with("https://") || loopback) {
             return Err(ConfigError::Invalid {
                 name: "WECHAT_API_BASE",
-                reason: "expected an http(s) URL".into(),
+                reason: "expected an https:// URL (http:// only to 127.0.0.1, localhost or [::1])"
+                    .into(),
             });
         }
         let miniprogram_state = match lookup("MINIPROGRAM_STATE").as_deref() {
@@ -229,13 +341,18 @@ impl Config {
                 reason: "expected zh_CN, en_US, zh_HK or zh_TW".into(),
             });
         }
-        let session_secret = required("SESSION_SECRET")?;
-        if session_secret.len() < MIN_SESSION_SECRET_BYTES {
-            return Err(ConfigError::Invalid {
-                name: "SESSION_SECRET",
-                reason: format!("must be at least {MIN_SESSION_SECRET_BYTES} bytes"),
-            });
-        }
+        let session_key = |name: &'static str| -> Result<Option<Secret>, ConfigError> {
+            match lookup(name).filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(key) if key.len() < MIN_SESSION_SECRET_BYTES => Err(ConfigError::Invalid {
+                    name,
+                    reason: format!("must be at least {MIN_SESSION_SECRET_BYTES} bytes"),
+                }),
+                Some(key) => Ok(Some(Secret::new(key))),
+            }
+        };
+        let session_secret = session_key("SESSION_SECRET")?;
+        let session_previous = session_key("SESSION_SECRET_PREVIOUS")?;
         let ttl = match lookup("SESSION_TTL_SECONDS") {
             None => Duration::from_secs(7200),
             Some(v) => v
@@ -325,10 +442,21 @@ impl Config {
                 1..=600,
             )?)
             .unwrap_or(defaults.reports_per_minute),
+            checkins_per_minute: u32::try_from(number(
+                "CHECKINS_PER_MINUTE",
+                u64::from(defaults.checkins_per_minute),
+                1..=600,
+            )?)
+            .unwrap_or(defaults.checkins_per_minute),
             write_budget: Duration::from_millis(number(
                 "WRITE_BUDGET_MS",
                 u64::try_from(defaults.write_budget.as_millis()).unwrap_or(4000),
                 500..=60_000,
+            )?),
+            handler_budget: Duration::from_millis(number(
+                "HANDLER_BUDGET_MS",
+                u64::try_from(defaults.handler_budget.as_millis()).unwrap_or(9000),
+                1000..=900_000,
             )?),
             push_events: match lookup("PUSH_EVENTS").as_deref() {
                 None => lookup("WECHAT_PUSH_TOKEN").is_some_and(|t| !t.trim().is_empty()),
@@ -343,6 +471,23 @@ impl Config {
             },
         };
 
+        let notify_sources = match lookup("NOTIFY_SOURCES").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(list) => {
+                let sources: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+                if !sources
+                    .iter()
+                    .all(|s| crate::domain::inbox::is_publisher(s))
+                {
+                    return Err(ConfigError::Invalid {
+                        name: "NOTIFY_SOURCES",
+                        reason: "expected comma-separated sources of printable ASCII without '#'"
+                            .into(),
+                    });
+                }
+                Some(sources)
+            }
+        };
         let push = match lookup("WECHAT_PUSH_TOKEN").filter(|t| !t.trim().is_empty()) {
             None => None,
             Some(token) => {
@@ -393,14 +538,17 @@ impl Config {
             wechat: WechatConfig {
                 api_base,
                 appid: required("WECHAT_APPID")?,
-                secret: Secret::new(required("WECHAT_SECRET")?),
+                secret: lookup("WECHAT_SECRET")
+                    .filter(|v| !v.trim().is_empty())
+                    .map(Secret::new),
                 connect_timeout: millis("WECHAT_CONNECT_TIMEOUT_MS", 1000)?,
                 timeout: millis("WECHAT_TIMEOUT_MS", 3000)?,
                 miniprogram_state,
                 lang,
             },
             session: SessionConfig {
-                secret: Secret::new(session_secret),
+                secret: session_secret,
+                previous: session_previous,
                 ttl,
             },
             templates,
@@ -408,6 +556,7 @@ impl Config {
             due_shards,
             dispatch,
             push,
+            notify_sources,
         })
     }
 }
@@ -422,6 +571,9 @@ pub struct Limits {
     pub max_open_grants: u32,
     /// Most grant reports one user makes in one minute.
     pub reports_per_minute: u32,
+    /// Most new check-ins one user makes of one reminder kind in a minute (a replay is
+    /// never counted): enough for a day's offline queue to drain in one minute.
+    pub checkins_per_minute: u32,
     /// Whether WeChat's message push is configured: reported grants are paired with
     /// popup events ([`store::taps`](crate::store)) and settled sends look for sent
     /// events kept pending for them.
@@ -430,6 +582,9 @@ pub struct Limits {
     /// trying before it is answered 503 with `Retry-After`: well inside an API
     /// function's 10-second timeout, which API Gateway would answer with a bare 5xx.
     pub write_budget: Duration,
+    /// How long an HTTP handler works before it answers 503 (under the function's
+    /// timeout, so a client always gets the error shape and `Retry-After`).
+    pub handler_budget: Duration,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -472,10 +627,12 @@ impl Default for Limits {
             retention: Retention::default(),
             max_open_grants: 100,
             reports_per_minute: 30,
+            checkins_per_minute: 60,
             push_events: false,
             // The last attempt may start just before the budget ends and take one SDK
             // call (its attempts and backoff): 4 s leaves that room inside 10 s.
             write_budget: Duration::from_secs(4),
+            handler_budget: Duration::from_secs(9),
         }
     }
 }
@@ -591,6 +748,26 @@ mod tests {
     }
 
     #[test]
+    fn wechat_is_reached_over_https_and_plain_http_only_on_this_machine() {
+        for (base, ok) in [
+            ("https://api.weixin.qq.com", true),
+            ("http://127.0.0.1:3002", true),
+            ("http://localhost:3002/", true),
+            ("http://[::1]:8080", true),
+            ("http://api.weixin.qq.com", false),
+            ("http://localhost.evil.com", false),
+        ] {
+            let mut e = env();
+            e.insert("WECHAT_API_BASE", base.to_string());
+            assert_eq!(
+                Config::from_lookup(|k| e.get(k).cloned()).is_ok(),
+                ok,
+                "{base}"
+            );
+        }
+    }
+
+    #[test]
     fn each_bad_variable_is_named() {
         let cases: Vec<(&str, Option<&str>, &str)> = vec![
             (
@@ -623,6 +800,28 @@ mod tests {
             ),
             ("MAX_OPEN_GRANTS", Some("1001"), "MAX_OPEN_GRANTS"),
             ("REPORTS_PER_MINUTE", Some("0"), "REPORTS_PER_MINUTE"),
+            (
+                "WECHAT_API_BASE",
+                Some("http://api.weixin.qq.com"),
+                "WECHAT_API_BASE",
+            ),
+            (
+                "WECHAT_API_BASE",
+                Some("http://127.0.0.1.evil.com"),
+                "WECHAT_API_BASE",
+            ),
+            (
+                "WECHAT_API_BASE",
+                Some("http://localhost@evil.com"),
+                "WECHAT_API_BASE",
+            ),
+            (
+                "WECHAT_API_BASE",
+                Some("ftp://127.0.0.1"),
+                "WECHAT_API_BASE",
+            ),
+            ("HANDLER_BUDGET_MS", Some("500"), "HANDLER_BUDGET_MS"),
+            ("NOTIFY_SOURCES", Some("ok,bad#source"), "NOTIFY_SOURCES"),
         ];
         for (name, value, want) in cases {
             let mut e = env();

@@ -15,9 +15,9 @@ pub type Handler =
 
 /// A non-HTTP function's whole `main`: tracing, dependencies built once, then events
 /// served, each with the time left before the invocation's deadline.
-pub async fn run(handler: Handler) -> Result<(), Error> {
+pub async fn run(handler: Handler, needs: &[crate::config::Need]) -> Result<(), Error> {
     crate::telemetry::init();
-    let deps = crate::Deps::from_env().await?;
+    let deps = crate::Deps::from_env(needs).await?;
     let deps = &deps;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let deadline_ms = i64::try_from(event.context.deadline).unwrap_or(0);

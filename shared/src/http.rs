@@ -228,9 +228,12 @@ pub type Handler = for<'a> fn(&'a crate::Deps, Request) -> BoxFuture<'a, Respons
 
 /// An HTTP function's whole `main`: tracing, dependencies built once, then events served.
 #[cfg(feature = "store")]
-pub async fn run(handler: Handler) -> Result<(), lambda_http::Error> {
+pub async fn run(
+    handler: Handler,
+    needs: &[crate::config::Need],
+) -> Result<(), lambda_http::Error> {
     crate::telemetry::init();
-    let deps = crate::Deps::from_env().await?;
+    let deps = crate::Deps::from_env(needs).await?;
     let deps = &deps;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
         Ok::<_, Infallible>(handler(deps, req).await)
@@ -242,9 +245,12 @@ pub async fn run(handler: Handler) -> Result<(), lambda_http::Error> {
 pub type CoreHandler = for<'a> fn(&'a crate::Core, Request) -> BoxFuture<'a, Response<Body>>;
 
 /// The whole `main` of an HTTP function that never touches the table.
-pub async fn run_core(handler: CoreHandler) -> Result<(), lambda_http::Error> {
+pub async fn run_core(
+    handler: CoreHandler,
+    needs: &[crate::config::Need],
+) -> Result<(), lambda_http::Error> {
     crate::telemetry::init();
-    let core = crate::Core::from_env()?;
+    let core = crate::Core::from_env(needs).await?;
     let core = &core;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
         Ok::<_, Infallible>(handler(core, req).await)
@@ -295,6 +301,26 @@ impl From<CheckInError> for ApiError {
 /// Turns a handler's result into the response API Gateway returns.
 pub fn respond(result: Result<Response<Body>, ApiError>) -> Response<Body> {
     result.unwrap_or_else(ApiError::into_response)
+}
+
+/// `handling`, or `503 unavailable` with `Retry-After` once `budget` has passed: every
+/// HTTP handler answers in the error shape before its function's timeout, never with
+/// API Gateway's bare 503. A write cut short this way is safe to retry: every write is
+/// idempotent by its request or action id (a committed one answers as a replay).
+pub async fn within(
+    budget: std::time::Duration,
+    handling: impl std::future::Future<Output = Response<Body>>,
+) -> Response<Body> {
+    match tokio::time::timeout(budget, handling).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(
+                budget_ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+                "request out of time: answered 503"
+            );
+            ApiError::Unavailable.into_response()
+        }
+    }
 }
 
 /// A JSON response with `status`.

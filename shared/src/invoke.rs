@@ -3,11 +3,7 @@
 //! DynamoDB client: the dispatcher fans a tick's shards out to workers with it. No
 //! Lambda SDK: one signed POST is all it needs.
 
-use std::time::SystemTime;
-
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 
 /// Why an invocation could not be handed to Lambda.
@@ -84,33 +80,19 @@ impl Invoker {
             .await
             .map_err(|e| InvokeError::Credentials(Box::new(e)))?;
         let identity: Identity = credentials.into();
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.region)
-            .name("lambda")
-            .time(SystemTime::now())
-            .settings(SigningSettings::default())
-            .build()
-            .map_err(|e| InvokeError::Signing(Box::new(e)))?
-            .into();
         let headers = [
             ("content-type", "application/json"),
             ("x-amz-invocation-type", "Event"),
         ];
-        let signable = SignableRequest::new(
-            "POST",
-            url.as_str(),
-            headers.iter().copied(),
-            SignableBody::Bytes(body.as_bytes()),
+        let request = crate::secrets::signed_post(
+            &self.http,
+            &url,
+            (&self.region, "lambda"),
+            &identity,
+            &headers,
+            &body,
         )
-        .map_err(|e| InvokeError::Signing(Box::new(e)))?;
-        let (instructions, _) = sign(signable, &params)
-            .map_err(|e| InvokeError::Signing(Box::new(e)))?
-            .into_parts();
-        let mut request = self.http.post(&url).body(body.clone());
-        for (name, value) in headers.iter().copied().chain(instructions.headers()) {
-            request = request.header(name, value);
-        }
+        .map_err(InvokeError::Signing)?;
         let answer = request.send().await.map_err(InvokeError::Unreachable)?;
         let status = answer.status().as_u16();
         if status == 202 {

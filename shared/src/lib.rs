@@ -29,6 +29,7 @@ pub mod failpoint;
 pub mod http;
 #[cfg(feature = "store")]
 pub mod invoke;
+pub mod secrets;
 pub mod session;
 #[cfg(feature = "store")]
 pub mod store;
@@ -61,9 +62,12 @@ impl Core {
         })
     }
 
-    /// Reads the config from the environment and builds the clients.
-    pub fn from_env() -> Result<Self, DepsError> {
-        Self::new(Arc::new(Config::from_env().map_err(DepsError::Config)?))
+    /// A cold start: reads the config (secrets from Secrets Manager), checks it holds
+    /// the secrets in `needs`, and builds the clients.
+    pub async fn from_env(needs: &[config::Need]) -> Result<Self, DepsError> {
+        let config = Config::load().await.map_err(DepsError::Config)?;
+        config.require(needs).map_err(DepsError::Config)?;
+        Self::new(Arc::new(config))
     }
 }
 
@@ -126,10 +130,11 @@ impl Deps {
         })
     }
 
-    /// Reads the config from the environment and builds every client: a function's
-    /// `main` calls this once.
-    pub async fn from_env() -> Result<Self, DepsError> {
-        let config = Config::from_env().map_err(DepsError::Config)?;
+    /// Reads the config (secrets from Secrets Manager), checks it holds the secrets in
+    /// `needs`, and builds every client: a function's `main` calls this once.
+    pub async fn from_env(needs: &[config::Need]) -> Result<Self, DepsError> {
+        let config = Config::load().await.map_err(DepsError::Config)?;
+        config.require(needs).map_err(DepsError::Config)?;
         let sdk = aws::sdk_config().await;
         let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
         let region = sdk

@@ -26,8 +26,10 @@ struct Claims {
 /// Issues and verifies session tokens.
 #[derive(Clone)]
 pub struct Sessions {
-    encoding: EncodingKey,
-    decoding: DecodingKey,
+    /// `None` in a function not given the session key.
+    encoding: Option<EncodingKey>,
+    /// The current key, then the key before the last rotation.
+    decoding: Vec<DecodingKey>,
     validation: Validation,
     ttl: Duration,
 }
@@ -52,19 +54,29 @@ pub enum SessionError {
     Invalid(#[source] jsonwebtoken::errors::Error),
     #[error("the token's subject is not an openid")]
     Subject,
+    #[error("this function is not given the session key")]
+    NoKey,
 }
 
 impl Sessions {
     pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
-        let secret = config.secret.expose().as_bytes();
+        let keys = config.secret.iter().chain(config.previous.iter());
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[ISSUER]);
         validation.set_required_spec_claims(&["exp", "sub", "iss"]);
         // Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
         validation.leeway = 5;
         Ok(Self {
-            encoding: EncodingKey::from_secret(secret).map_err(SessionError::Key)?,
-            decoding: DecodingKey::from_secret(secret).map_err(SessionError::Key)?,
+            encoding: config
+                .secret
+                .as_ref()
+                .map(|s| EncodingKey::from_secret(s.expose().as_bytes()))
+                .transpose()
+                .map_err(SessionError::Key)?,
+            decoding: keys
+                .map(|s| DecodingKey::from_secret(s.expose().as_bytes()))
+                .collect::<Result<_, _>>()
+                .map_err(SessionError::Key)?,
             validation,
             ttl: config.ttl,
         })
@@ -79,7 +91,8 @@ impl Sessions {
             exp: now.timestamp().saturating_add_unsigned(ttl),
             iss: ISSUER.to_string(),
         };
-        let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+        let encoding = self.encoding.as_ref().ok_or(SessionError::NoKey)?;
+        let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, encoding)
             .map_err(SessionError::Sign)?;
         Ok(IssuedToken {
             token,
@@ -88,11 +101,19 @@ impl Sessions {
         })
     }
 
-    /// The openid a token was issued to, if the token is genuine and unexpired.
+    /// The openid a token was issued to, if the token is genuine (signed by the current
+    /// key or the one before the last rotation) and unexpired.
     pub fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(SessionError::Invalid)?;
-        OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject)
+        let mut refused = SessionError::NoKey;
+        for key in &self.decoding {
+            match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
+                Ok(data) => {
+                    return OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject);
+                }
+                Err(e) => refused = SessionError::Invalid(e),
+            }
+        }
+        Err(refused)
     }
 }
 
@@ -102,11 +123,53 @@ mod tests {
     use crate::config::Secret;
 
     fn sessions(secret: &str) -> Sessions {
+        rotated(secret, None)
+    }
+
+    fn rotated(secret: &str, previous: Option<&str>) -> Sessions {
         Sessions::new(&SessionConfig {
-            secret: Secret::new(secret),
+            secret: Some(Secret::new(secret)),
+            previous: previous.map(Secret::new),
             ttl: Duration::from_secs(7200),
         })
         .expect("valid key")
+    }
+
+    #[test]
+    fn after_a_rotation_tokens_of_the_previous_key_are_accepted_and_older_ones_are_not() {
+        let (old, new, older) = ("o".repeat(32), "n".repeat(32), "x".repeat(32));
+        let openid = OpenId::parse("oUser1").expect("openid");
+        let before = sessions(&old)
+            .issue(&openid, Utc::now())
+            .expect("signed")
+            .token;
+        let ancient = sessions(&older)
+            .issue(&openid, Utc::now())
+            .expect("signed")
+            .token;
+        let after = rotated(&new, Some(&old));
+        assert_eq!(after.verify(&before).expect("previous key"), openid);
+        let fresh = after.issue(&openid, Utc::now()).expect("signed").token;
+        assert_eq!(after.verify(&fresh).expect("current key"), openid);
+        assert!(matches!(
+            after.verify(&ancient),
+            Err(SessionError::Invalid(_))
+        ));
+        assert!(
+            sessions(&old).verify(&fresh).is_err(),
+            "signed with the new key"
+        );
+        let keyless = Sessions::new(&SessionConfig {
+            secret: None,
+            previous: None,
+            ttl: Duration::from_secs(60),
+        })
+        .expect("no key");
+        assert!(matches!(
+            keyless.issue(&openid, Utc::now()),
+            Err(SessionError::NoKey)
+        ));
+        assert!(matches!(keyless.verify(&fresh), Err(SessionError::NoKey)));
     }
 
     #[test]

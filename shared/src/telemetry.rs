@@ -5,13 +5,14 @@
 //! logs carry [`openid_hash`], never the openid itself.
 
 use sha2::{Digest, Sha256};
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// Installs the global subscriber once. `RUST_LOG` (or `AWS_LAMBDA_LOG_LEVEL`) sets the
 /// level, as a level (`info`) or per target (`warn,onegrant=debug`); anything
-/// unreadable means `info`.
+/// unreadable means `info`. Only onegrant's own crates go below `info`: every other
+/// crate is pinned at `info` or above, whatever is asked (see [`log_filter`]).
 pub fn init() {
     let filter = log_filter(
         std::env::var("RUST_LOG").ok().as_deref(),
@@ -37,9 +38,56 @@ pub fn init() {
     drop(result);
 }
 
+/// onegrant's own crates (their tracing targets): the only ones `RUST_LOG` may turn up
+/// past `info`.
+const OWN_CRATES: [&str; 10] = [
+    "onegrant",
+    "onegrant_local",
+    "dispatcher",
+    "grants",
+    "inbox",
+    "notify",
+    "reminders",
+    "session",
+    "wechat_callback",
+    "dispatch_once",
+];
+
+fn is_own(target: &str) -> bool {
+    OWN_CRATES.iter().any(|own| {
+        target == *own
+            || target
+                .strip_prefix(own)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
+}
+
 /// The filter `RUST_LOG` names (a level, or `warn,onegrant=debug`), else Lambda's
-/// advanced logging level (`FATAL` is tracing's `error`), else `info`.
-fn log_filter(rust_log: Option<&str>, lambda_level: Option<&str>) -> Targets {
+/// advanced logging level (`FATAL` is tracing's `error`), else `info`; with every
+/// dependency crate pinned at `info` or above. At `debug` and `trace` the runtime, the
+/// HTTP stack and the AWS SDK log raw events, requests and headers (an `Authorization`
+/// bearer token, a login code, SigV4 material): those must never reach the logs.
+pub fn log_filter(rust_log: Option<&str>, lambda_level: Option<&str>) -> Targets {
+    pin_dependencies(&asked_filter(rust_log, lambda_level))
+}
+
+fn pin_dependencies(asked: &Targets) -> Targets {
+    let cap = |level: LevelFilter| level.min(LevelFilter::INFO);
+    let default = asked.default_level().unwrap_or(LevelFilter::INFO);
+    let mut pinned = Targets::new().with_default(cap(default));
+    for own in OWN_CRATES {
+        if !asked.iter().any(|(target, _)| target == own) {
+            pinned = pinned.with_target(own, default);
+        }
+    }
+    for (target, level) in asked.iter() {
+        let level = if is_own(target) { level } else { cap(level) };
+        pinned = pinned.with_target(target.to_string(), level);
+    }
+    pinned
+}
+
+fn asked_filter(rust_log: Option<&str>, lambda_level: Option<&str>) -> Targets {
     rust_log
         .and_then(|f| f.parse::<Targets>().ok())
         .or_else(|| {
@@ -89,5 +137,48 @@ mod tests {
         assert!(at(&f, Level::DEBUG));
         let f = log_filter(None, None);
         assert!(at(&f, Level::INFO) && !at(&f, Level::DEBUG));
+    }
+
+    #[test]
+    fn dependency_crates_stay_at_info_whatever_rust_log_asks() {
+        for asked in [
+            "trace",
+            "debug",
+            "trace,lambda_runtime=trace,hyper=trace",
+            "lambda_runtime=trace",
+            "onegrant=trace,aws_smithy_runtime=trace",
+        ] {
+            let f = log_filter(Some(asked), None);
+            for dependency in [
+                "lambda_runtime",
+                "lambda_runtime::layers::trace",
+                "lambda_http",
+                "hyper",
+                "hyper_util::client",
+                "aws_smithy_runtime::client::orchestrator",
+                "aws_sigv4",
+                "reqwest",
+                "h2",
+            ] {
+                assert!(
+                    !f.would_enable(dependency, &Level::DEBUG),
+                    "{asked}: {dependency} at debug"
+                );
+            }
+        }
+        let f = log_filter(Some("trace"), None);
+        assert!(f.would_enable("onegrant::http", &Level::TRACE));
+        assert!(f.would_enable("dispatcher", &Level::TRACE));
+        assert!(
+            f.would_enable("lambda_runtime", &Level::INFO),
+            "info still shows"
+        );
+        let f = log_filter(Some("warn,onegrant=debug"), None);
+        assert!(f.would_enable("onegrant::store", &Level::DEBUG));
+        assert!(
+            !f.would_enable("grants", &Level::INFO),
+            "own crates follow the default"
+        );
+        assert!(!f.would_enable("hyper", &Level::INFO));
     }
 }

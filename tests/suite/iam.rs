@@ -253,3 +253,184 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         );
     }
 }
+
+/// The secrets each function uses (the ARN variables it is given), as its `main`
+/// declares them (`Need`s): the session key where tokens are issued or checked, the
+/// AppSecret where WeChat is called, the push secrets in the callback.
+const SECRETS_USED: [(&str, &[&str]); 7] = [
+    ("session", &["SESSION_SECRET_ARN", "WECHAT_SECRET_ARN"]),
+    ("grants", &["SESSION_SECRET_ARN"]),
+    ("reminders", &["SESSION_SECRET_ARN"]),
+    ("inbox", &["SESSION_SECRET_ARN"]),
+    ("dispatcher", &["WECHAT_SECRET_ARN"]),
+    ("notify", &[]),
+    (
+        "wechat-callback",
+        &["WECHAT_PUSH_TOKEN_ARN", "WECHAT_PUSH_AES_KEY_ARN"],
+    ),
+];
+
+/// The secret values a function could be given directly; none may be in an environment.
+const SECRET_VALUES: [&str; 5] = [
+    "SESSION_SECRET",
+    "SESSION_SECRET_PREVIOUS",
+    "WECHAT_SECRET",
+    "WECHAT_PUSH_TOKEN",
+    "WECHAT_PUSH_AES_KEY",
+];
+
+/// `value` with `!If [condition, then, else]` resolved to its branches (both, minus
+/// `AWS::NoValue`), as a deployment with either condition could have them.
+fn branches(value: &serde_yaml_ng::Value) -> Vec<&serde_yaml_ng::Value> {
+    use serde_yaml_ng::Value;
+    match value {
+        Value::Tagged(tagged) if tagged.tag == "If" => tagged
+            .value
+            .as_sequence()
+            .map(|s| s.iter().skip(1).flat_map(branches).collect())
+            .unwrap_or_default(),
+        Value::Tagged(tagged)
+            if tagged.tag == "Ref" && tagged.value.as_str() == Some("AWS::NoValue") =>
+        {
+            Vec::new()
+        }
+        other => vec![other],
+    }
+}
+
+/// A reference as text, e.g. `Ref SessionSecret`, to compare environments and policies.
+fn reference(value: &serde_yaml_ng::Value) -> String {
+    match value {
+        serde_yaml_ng::Value::Tagged(tagged) => {
+            format!("{} {}", tagged.tag, reference(&tagged.value))
+        }
+        serde_yaml_ng::Value::String(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[test]
+fn no_function_has_a_secret_in_its_environment_and_each_may_read_only_the_secrets_it_uses() {
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(onegrant_local::template::TEMPLATE_YAML).expect("template parses");
+    let globals = doc["Globals"]["Function"]["Environment"]["Variables"]
+        .as_mapping()
+        .cloned()
+        .unwrap_or_default();
+    let parameters = doc["Parameters"].as_mapping().cloned().unwrap_or_default();
+    let functions: Vec<(&str, &serde_yaml_ng::Value)> = doc["Resources"]
+        .as_mapping()
+        .expect("resources")
+        .values()
+        .filter(|r| r["Type"].as_str() == Some("AWS::Serverless::Function"))
+        .map(|r| {
+            let binary = r["Metadata"]["BuildProperties"]["Binary"]
+                .as_str()
+                .expect("binary");
+            (binary, r)
+        })
+        .collect();
+    assert_eq!(
+        functions.len(),
+        SECRETS_USED.len(),
+        "every function is listed"
+    );
+    for (binary, resource) in functions {
+        let own = resource["Properties"]["Environment"]["Variables"]
+            .as_mapping()
+            .cloned()
+            .unwrap_or_default();
+        let environment: Vec<(String, &serde_yaml_ng::Value)> = globals
+            .iter()
+            .chain(own.iter())
+            .map(|(k, v)| (k.as_str().unwrap_or_default().to_string(), v))
+            .collect();
+        for (name, value) in &environment {
+            assert!(
+                !SECRET_VALUES.contains(&name.as_str()),
+                "{binary} has the secret {name} in its environment"
+            );
+            // Nor a NoEcho parameter under another name.
+            if let Some(parameter) = reference(value).strip_prefix("Ref ") {
+                assert!(
+                    parameters
+                        .get(parameter)
+                        .is_none_or(|p| p["NoEcho"].as_bool() != Some(true)),
+                    "{binary}'s {name} carries the NoEcho parameter {parameter}"
+                );
+            }
+        }
+        let used = SECRETS_USED
+            .iter()
+            .find(|(b, _)| *b == binary)
+            .map(|(_, used)| *used)
+            .unwrap_or_else(|| panic!("{binary} is not in SECRETS_USED"));
+        let given: BTreeSet<&str> = environment
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .filter(|name| name.ends_with("_ARN"))
+            .collect();
+        assert_eq!(
+            given,
+            used.iter().copied().collect(),
+            "{binary}'s secret ARNs"
+        );
+        let wanted: BTreeSet<String> = environment
+            .iter()
+            .filter(|(name, _)| used.contains(&name.as_str()))
+            .map(|(_, value)| reference(value))
+            .collect();
+
+        // Every statement that names a secretsmanager action grants GetSecretValue, and
+        // only on the secrets this function is given.
+        let mut readable = BTreeSet::new();
+        let policies = resource["Properties"]["Policies"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        for policy in policies.iter().flat_map(branches) {
+            let statements = policy["Statement"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default();
+            for statement in &statements {
+                let actions: Vec<String> = match &statement["Action"] {
+                    serde_yaml_ng::Value::Sequence(list) => list
+                        .iter()
+                        .filter_map(|a| a.as_str().map(str::to_string))
+                        .collect(),
+                    one => one.as_str().map(str::to_string).into_iter().collect(),
+                };
+                let secret_actions: Vec<&String> = actions
+                    .iter()
+                    .filter(|a| a.starts_with("secretsmanager:"))
+                    .collect();
+                if secret_actions.is_empty() {
+                    continue;
+                }
+                assert_eq!(
+                    secret_actions,
+                    [&"secretsmanager:GetSecretValue".to_string()],
+                    "{binary} may only read secrets"
+                );
+                let resources: Vec<&serde_yaml_ng::Value> = match &statement["Resource"] {
+                    serde_yaml_ng::Value::Sequence(list) => {
+                        list.iter().flat_map(branches).collect()
+                    }
+                    one => branches(one),
+                };
+                for r in resources {
+                    readable.insert(reference(r));
+                }
+            }
+        }
+        assert_eq!(
+            readable, wanted,
+            "{binary} may read exactly the secrets it is given"
+        );
+        assert!(
+            !readable.iter().any(|r| r.contains('*')),
+            "{binary}: no wildcard"
+        );
+    }
+}

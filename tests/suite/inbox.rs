@@ -109,9 +109,19 @@ async fn malformed_events_are_refused_and_store_nothing() {
         assert_eq!(answer["status"], "invalid", "{detail}: {answer}");
     }
     let no_detail = app
-        .invoke("NotifyFunction", &json!({"detail-type": "x"}))
+        .invoke(
+            "NotifyFunction",
+            &json!({"detail-type": "onegrant.notification", "source": "tests"}),
+        )
         .await;
     assert_eq!(no_detail["status"], "invalid");
+    let other_type = app
+        .invoke(
+            "NotifyFunction",
+            &json!({"detail-type": "x", "source": "tests"}),
+        )
+        .await;
+    assert_eq!(other_type["status"], "refused");
     assert!(app.items().await.is_empty());
 }
 

@@ -1,7 +1,9 @@
 //! The `dispatcher` Lambda: an EventBridge schedule invokes it every minute; each
 //! invocation runs one tick bounded by the invocation's own deadline.
 
+use onegrant::config::Need;
+
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    onegrant::events::run(dispatcher::invoke).await
+    onegrant::events::run(dispatcher::invoke, &[Need::AppSecret]).await
 }

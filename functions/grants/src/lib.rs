@@ -29,7 +29,10 @@ struct QuotasAnswer {
 
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
-    Box::pin(handle(deps, req))
+    Box::pin(onegrant::http::within(
+        deps.config.limits.handler_budget,
+        handle(deps, req),
+    ))
 }
 
 /// The function's handler: one request in, one response out.

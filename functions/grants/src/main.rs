@@ -1,6 +1,8 @@
 //! The `grants` Lambda: builds its dependencies once, then serves API Gateway events.
 
+use onegrant::config::Need;
+
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(grants::handler).await
+    onegrant::http::run(grants::handler, &[Need::SessionKey]).await
 }

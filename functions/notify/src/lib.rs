@@ -15,14 +15,41 @@ use onegrant::store::inbox::Ingested;
 use onegrant::telemetry::{error_chain, openid_hash};
 use serde_json::{Value, json};
 
+/// The `detail-type` of onegrant's events.
+pub const DETAIL_TYPE: &str = "onegrant.notification";
+
 /// Handles one EventBridge event. `Err` only when the store is unavailable, so that
 /// EventBridge retries; a malformed event is answered (and logged), not retried.
 pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
+    // The rule on the stack's own bus matches source and detail-type already; checked
+    // again here, so a misrouted or hand-invoked event is refused too.
+    let source = event
+        .get("source")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if event.get("detail-type").and_then(Value::as_str) != Some(DETAIL_TYPE) {
+        tracing::error!(
+            source,
+            reason = "detail_type",
+            "notify event of another detail-type refused"
+        );
+        return Ok(json!({"status": "refused", "reason": "detail_type"}));
+    }
+    if let Some(allowed) = &deps.config.notify_sources
+        && !allowed.iter().any(|s| s == source)
+    {
+        tracing::error!(
+            source,
+            reason = "source",
+            "notify event from a publisher not allowed refused"
+        );
+        return Ok(json!({"status": "refused", "reason": "source"}));
+    }
     let Some(detail) = event.get("detail") else {
-        tracing::error!("notify event without detail");
+        tracing::error!(reason = "no detail", "notify event refused");
         return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
     };
-    let parsed = match NotifyEvent::from_json(detail, &deps.config.templates) {
+    let parsed = match NotifyEvent::from_json(detail, source, &deps.config.templates) {
         Ok(parsed) => parsed,
         Err(e) => {
             tracing::error!(reason = %e, "notify event refused");

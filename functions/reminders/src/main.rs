@@ -1,6 +1,8 @@
 //! The `reminders` Lambda: builds its dependencies once, then serves API Gateway events.
 
+use onegrant::config::Need;
+
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(reminders::handler).await
+    onegrant::http::run(reminders::handler, &[Need::SessionKey]).await
 }

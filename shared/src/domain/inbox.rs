@@ -14,12 +14,23 @@ use super::ids::{OpenId, TemplateId};
 use super::keywords::{KeywordError, fit_all};
 use super::outcome::{OutcomeClass, SendResult};
 use super::template::Templates;
+use super::text::{clean_line, clean_lines};
+use sha2::{Digest, Sha256};
 
 /// Limits on what a publishing service may put in a notification.
 pub const MAX_TITLE_CHARS: usize = 100;
 pub const MAX_BODY_CHARS: usize = 2000;
 pub const MAX_PAGE_CHARS: usize = 256;
 pub const MAX_KEY_CHARS: usize = 128;
+/// The whole `detail`, as JSON: far above what the fields below allow together, far
+/// below DynamoDB's 400 KB item and EventBridge's 256 KB event.
+pub const MAX_DETAIL_BYTES: usize = 16 * 1024;
+/// One raw keyword value before it is fitted (the longest valid one is a `date` range).
+pub const MAX_VALUE_CHARS: usize = 200;
+/// Keywords in `wechat.data` (templates have at most a few).
+pub const MAX_DATA_KEYS: usize = 20;
+/// A publisher's EventBridge `source`.
+pub const MAX_SOURCE_CHARS: usize = 128;
 
 /// Where a notification's WeChat push stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -77,6 +88,8 @@ pub enum PushReason {
     KeywordMissing,
     /// `rejected`: a value cannot be made valid for its keyword's type.
     KeywordInvalid,
+    /// `rejected`: `wechat.page` is not a page path of at most 256 characters.
+    PageInvalid,
     /// `skipped`: the user holds no grant of the template.
     NoGrant,
     /// `pending` or `failed`: WeChat was busy or throttled (retried, up to a limit).
@@ -96,12 +109,13 @@ pub enum PushReason {
 }
 
 impl PushReason {
-    const ALL: [Self; 13] = [
+    const ALL: [Self; 14] = [
         Self::TemplateMissing,
         Self::TemplateNotConfigured,
         Self::DataInvalid,
         Self::KeywordMissing,
         Self::KeywordInvalid,
+        Self::PageInvalid,
         Self::NoGrant,
         Self::WechatBusy,
         Self::ContentRejected,
@@ -119,6 +133,7 @@ impl PushReason {
             Self::DataInvalid => "data_invalid",
             Self::KeywordMissing => "keyword_missing",
             Self::KeywordInvalid => "keyword_invalid",
+            Self::PageInvalid => "page_invalid",
             Self::NoGrant => "no_grant",
             Self::WechatBusy => "wechat_busy",
             Self::ContentRejected => "content_rejected",
@@ -174,9 +189,13 @@ pub enum Push {
     Rejected { code: PushReason, detail: String },
 }
 
-/// A validated `notify` event (the EventBridge `detail`, API.md).
+/// A validated `notify` event (the EventBridge `detail`, API.md), its text cleaned of
+/// Cc/Cf/Zl/Zp characters ([`super::text`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotifyEvent {
+    /// The publisher (EventBridge `source`): an idempotency key is unique per publisher,
+    /// across users.
+    pub publisher: String,
     pub idempotency_key: String,
     pub openid: OpenId,
     pub kind: String,
@@ -184,7 +203,8 @@ pub struct NotifyEvent {
     pub body: String,
     pub page: Option<String>,
     pub push: Option<Push>,
-    /// A canonical text of the event, for "same key, same payload".
+    /// A SHA-256 (hex) of the event's canonical text, for "same key, same payload":
+    /// stored instead of the payload, so the record stays small whatever was sent.
     pub fingerprint: String,
 }
 
@@ -207,8 +227,31 @@ fn text(
     }
 }
 
+/// Whether `source` can name a publisher: 1 to 128 printable ASCII characters, no `#`.
+pub fn is_publisher(source: &str) -> bool {
+    (1..=MAX_SOURCE_CHARS).contains(&source.len())
+        && source.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
+}
+
 impl NotifyEvent {
-    pub fn from_json(detail: &Value, templates: &Templates) -> Result<Self, EventError> {
+    /// The event `publisher` sent, validated: refused when a field is missing, of the
+    /// wrong type or over its cap; text cleaned; the push checked against `templates`.
+    pub fn from_json(
+        detail: &Value,
+        publisher: &str,
+        templates: &Templates,
+    ) -> Result<Self, EventError> {
+        if !is_publisher(publisher) {
+            return Err(EventError::Shape(format!(
+                "source must be 1 to {MAX_SOURCE_CHARS} printable ASCII characters without '#'"
+            )));
+        }
+        let size = serde_json::to_vec(detail).map_or(usize::MAX, |b| b.len());
+        if size > MAX_DETAIL_BYTES {
+            return Err(EventError::Shape(format!(
+                "detail is {size} bytes; at most {MAX_DETAIL_BYTES}"
+            )));
+        }
         let object = detail
             .as_object()
             .ok_or_else(|| EventError::Shape("detail must be a JSON object".into()))?;
@@ -229,20 +272,27 @@ impl NotifyEvent {
                 "type may contain only letters, digits and '_', '.', '-'".into(),
             ));
         }
-        let title = text(object, "title", true, MAX_TITLE_CHARS)?.unwrap_or_default();
-        let body = text(object, "body", false, MAX_BODY_CHARS)?.unwrap_or_default();
-        let page = text(object, "page", false, MAX_PAGE_CHARS)?;
+        let title = clean_line(&text(object, "title", true, MAX_TITLE_CHARS)?.unwrap_or_default())
+            .trim()
+            .to_string();
+        if title.is_empty() {
+            return Err(EventError::Shape("title has no visible characters".into()));
+        }
+        let body = clean_lines(&text(object, "body", false, MAX_BODY_CHARS)?.unwrap_or_default());
+        let page = text(object, "page", false, MAX_PAGE_CHARS)?.map(|p| clean_line(&p));
         let push = match object.get("wechat") {
             None | Some(Value::Null) => None,
             Some(Value::Object(wechat)) => Some(Self::push(wechat, templates)),
             Some(_) => return Err(EventError::Shape("wechat must be an object".into())),
         };
-        let fingerprint = serde_json::json!({
+        let canonical = serde_json::json!({
             "openid": openid.as_str(), "type": kind, "title": title, "body": body,
             "page": page, "wechat": object.get("wechat"),
         })
         .to_string();
+        let fingerprint = hex::encode(Sha256::digest(canonical.as_bytes()));
         Ok(Self {
+            publisher: publisher.to_string(),
             idempotency_key: key,
             openid,
             kind,
@@ -274,6 +324,22 @@ impl NotifyEvent {
                 "wechat.data must be an object of keyword values".into(),
             );
         };
+        if data.len() > MAX_DATA_KEYS {
+            return rejected(
+                PushReason::DataInvalid,
+                format!("wechat.data has more than {MAX_DATA_KEYS} keywords"),
+            );
+        }
+        let page = match wechat.get("page") {
+            None | Some(Value::Null) => template.page.clone(),
+            Some(Value::String(p)) if p.chars().count() <= MAX_PAGE_CHARS => Some(clean_line(p)),
+            Some(_) => {
+                return rejected(
+                    PushReason::PageInvalid,
+                    format!("wechat.page must be a string of at most {MAX_PAGE_CHARS} characters"),
+                );
+            }
+        };
         let mut values = BTreeMap::new();
         for (k, v) in data {
             let value = match v {
@@ -295,17 +361,19 @@ impl NotifyEvent {
                     );
                 }
             };
+            if value.chars().count() > MAX_VALUE_CHARS {
+                return rejected(
+                    PushReason::KeywordInvalid,
+                    format!("wechat.data.{k} is over {MAX_VALUE_CHARS} characters"),
+                );
+            }
             values.insert(k.clone(), value);
         }
         match fit_all(template, &values) {
             Ok(data) => Push::Ready {
                 template_id: template.id.clone(),
                 data,
-                page: wechat
-                    .get("page")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-                    .or_else(|| template.page.clone()),
+                page,
             },
             Err(e @ KeywordError::Missing(_)) => {
                 rejected(PushReason::KeywordMissing, e.to_string())
@@ -383,15 +451,15 @@ mod tests {
     fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
         let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
                         "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
-        let e = NotifyEvent::from_json(&ok, &templates()).expect("valid");
+        let e = NotifyEvent::from_json(&ok, "tests", &templates()).expect("valid");
         assert!(matches!(e.push, Some(Push::Ready { .. })));
         let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
                          "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
-        let e = NotifyEvent::from_json(&bad, &templates()).expect("still a notification");
+        let e = NotifyEvent::from_json(&bad, "tests", &templates()).expect("still a notification");
         assert!(matches!(e.push, Some(Push::Rejected { .. })));
         let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
         assert!(matches!(
-            NotifyEvent::from_json(&unknown, &templates())
+            NotifyEvent::from_json(&unknown, "tests", &templates())
                 .expect("kept")
                 .push,
             Some(Push::Rejected { .. })
@@ -406,7 +474,10 @@ mod tests {
             json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
             json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
         ] {
-            assert!(NotifyEvent::from_json(&bad, &templates()).is_err(), "{bad}");
+            assert!(
+                NotifyEvent::from_json(&bad, "tests", &templates()).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -255,11 +255,31 @@ pub struct Plan {
     /// The user checked in while the send was in flight: a sent reminder then
     /// schedules the next one at once (if a grant is there) instead of waiting.
     pub checked_in_while_sending: bool,
+    /// Check-ins recorded in one minute, for the per-user rate limit: (the minute, as
+    /// seconds since the epoch / 60, and how many).
+    pub checkins_in_minute: Option<(i64, u32)>,
     /// The stored version this plan was read at; 0 when not stored yet.
     pub version: u64,
 }
 
 impl Plan {
+    /// Counts a new check-in at `now` against `per_minute`; `Err` with the seconds until
+    /// the next minute when this minute's are used up (the check-in is then refused and
+    /// nothing is written).
+    pub fn admit_checkin(&mut self, now: DateTime<Utc>, per_minute: u32) -> Result<(), u64> {
+        let minute = now.timestamp().div_euclid(60);
+        let count = match self.checkins_in_minute {
+            Some((m, c)) if m == minute => c,
+            _ => 0,
+        };
+        if count >= per_minute {
+            let next = (minute + 1) * 60;
+            return Err(u64::try_from(next - now.timestamp()).unwrap_or(60).max(1));
+        }
+        self.checkins_in_minute = Some((minute, count + 1));
+        Ok(())
+    }
+
     /// The plan a user has before ever touching the kind: off, with the kind's defaults.
     pub fn new(kind: &ReminderKind) -> Self {
         Self {
@@ -274,6 +294,7 @@ impl Plan {
             lease_until: None,
             pending_refusal: None,
             checked_in_while_sending: false,
+            checkins_in_minute: None,
             version: 0,
         }
     }

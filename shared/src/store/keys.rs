@@ -114,9 +114,11 @@ pub fn outbox_sk(note_id: &str) -> String {
     format!("{OUTBOX_PREFIX}{note_id}")
 }
 
-/// The idempotency record of an ingested event.
-pub fn event_sk(key: &str) -> String {
-    format!("EVENT#{key}")
+/// The idempotency record of an ingested event: one item per (publisher, key), outside
+/// every user's partition, so a key is unique per publisher across users (neither part
+/// may contain `#`).
+pub fn event_key(publisher: &str, key: &str) -> (String, String) {
+    (format!("EVENT#{publisher}#{key}"), "EVENT".to_string())
 }
 
 /// The dispatcher's shard registry (see `store::dispatch::shards`): one item outside

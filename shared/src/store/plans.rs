@@ -32,7 +32,7 @@ use super::keys::{
     user_pk,
 };
 use super::{
-    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
+    Attempt, Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
     retry_contended,
 };
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
@@ -85,6 +85,11 @@ pub(super) struct PlanItem {
     pending_refusal: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     checked_in_while_sending: bool,
+    /// The per-user check-in rate: the minute (epoch seconds / 60) and its count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checkin_minute: Option<i64>,
+    #[serde(default)]
+    checkin_minute_count: u32,
     version: u64,
     updated_at: String,
 }
@@ -163,6 +168,8 @@ impl PlanItem {
             },
             checked_in_while_sending: plan.status == PlanStatus::Sending
                 && plan.checked_in_while_sending,
+            checkin_minute: plan.checkins_in_minute.map(|(m, _)| m),
+            checkin_minute_count: plan.checkins_in_minute.map_or(0, |(_, c)| c),
             version,
             updated_at: rfc3339(now),
         }
@@ -221,6 +228,7 @@ impl PlanItem {
                 Some(name) => Some(parse_refusal(name).ok_or_else(|| bad("pending_refusal"))?),
             },
             checked_in_while_sending: self.checked_in_while_sending,
+            checkins_in_minute: self.checkin_minute.map(|m| (m, self.checkin_minute_count)),
             version: self.version,
         })
     }
@@ -761,6 +769,10 @@ impl Store {
                 Some(item) => item.into_plan(kind)?,
                 None => Plan::new(kind),
             };
+            // A new check-in (a replay answered above) past this minute's limit is
+            // refused before anything is written.
+            plan.admit_checkin(now, self.limits.checkins_per_minute)
+                .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))?;
             let schedule = plan.settings.schedule;
             // A phone clock running fast counts the check-in now (I9).
             let day = schedule.waking_day(checkin.counted_at(now));

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::WechatConfig;
+use crate::config::{Secret, WechatConfig};
 use crate::domain::OpenId;
 use crate::domain::outcome::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
 
@@ -61,6 +61,8 @@ pub enum WechatError {
     Api { errcode: i64, errmsg: String },
     #[error("the access token could not be fetched moments ago; not retried yet")]
     TokenRecentlyFailed,
+    #[error("this function is not given the AppSecret")]
+    NoSecret,
 }
 
 impl WechatError {
@@ -155,6 +157,15 @@ impl WechatClient {
         &self.config
     }
 
+    /// The AppSecret, which only the functions that call WeChat are given.
+    fn secret(&self) -> Result<&str, WechatError> {
+        self.config
+            .secret
+            .as_ref()
+            .map(Secret::expose)
+            .ok_or(WechatError::NoSecret)
+    }
+
     /// Exchanges a `wx.login` code for the user's openid (`/sns/jscode2session`).
     pub async fn code_to_session(&self, code: &str) -> Result<Login, WechatError> {
         let url = format!("{}/sns/jscode2session", self.config.api_base);
@@ -163,7 +174,7 @@ impl WechatClient {
             .get(url)
             .query(&[
                 ("appid", self.config.appid.as_str()),
-                ("secret", self.config.secret.expose()),
+                ("secret", self.secret()?),
                 ("js_code", code),
                 ("grant_type", "authorization_code"),
             ])
@@ -247,7 +258,7 @@ impl WechatClient {
         let body = json!({
             "grant_type": "client_credential",
             "appid": self.config.appid,
-            "secret": self.config.secret.expose(),
+            "secret": self.secret()?,
             "force_refresh": false,
         });
         let response = self

@@ -10,7 +10,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(55);
-    let deps = onegrant::Deps::from_env().await?;
+    let deps = onegrant::Deps::from_env(&[onegrant::config::Need::AppSecret]).await?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
     let summary = dispatcher::tick(&deps, deadline).await?;
     println!("{}", serde_json::to_string(&summary)?);

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
 use super::item::{key, parse, s};
-use super::keys::{due_pk, event_sk, note_sk, outbox_sk, unread_sk, user_pk};
+use super::keys::{due_pk, event_key, note_sk, outbox_sk, unread_sk, user_pk};
 use super::plans::TxOutcome;
 use super::{Attempt, Store, StoreError, corrupt, retry_contended};
 use crate::domain::inbox::{
@@ -242,9 +242,10 @@ impl Store {
                 (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
             }
         };
+        let (event_pk, event_sk) = event_key(&event.publisher, &event.idempotency_key);
         let record = EventItem {
-            pk: pk.clone(),
-            sk: event_sk(&event.idempotency_key),
+            pk: event_pk,
+            sk: event_sk,
             kind: "event".into(),
             fingerprint: event.fingerprint.clone(),
             note_id: note_id.clone(),

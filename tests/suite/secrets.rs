@@ -1,0 +1,167 @@
+//! Secrets from Secrets Manager at a cold start, through the same signed requests a
+//! deployed function makes (the emulator serves Secrets Manager too): each secret given
+//! by ARN is read, the session key's previous version keeps its tokens valid, and a
+//! function missing a secret it uses fails its cold start naming it, never its value.
+
+use std::collections::HashMap;
+
+use aws_credential_types::Credentials;
+use onegrant::config::{Config, ConfigError, Need};
+use onegrant::domain::ids::OpenId;
+use onegrant::secrets::SecretsReader;
+use onegrant::session::Sessions;
+use onegrant_tests::emulator_endpoint;
+use serde_json::{Value, json};
+
+fn reader() -> SecretsReader {
+    SecretsReader::new(
+        "us-east-1".into(),
+        Credentials::new("local", "local", None, None, "tests"),
+        emulator_endpoint().to_string(),
+    )
+}
+
+/// Creates a secret named `name` (unique per test run) with `value`; its ARN.
+async fn create(name: &str, value: &str) -> String {
+    let name = format!("{name}-{}", uuid::Uuid::new_v4().simple());
+    let body = json!({"Name": name, "SecretString": value}).to_string();
+    let answer = reader()
+        .call("TEST", "secretsmanager.CreateSecret", &body)
+        .await
+        .expect("emulator reachable");
+    assert_eq!(answer.status().as_u16(), 200, "CreateSecret");
+    let created: Value = answer.json().await.expect("JSON");
+    created["ARN"].as_str().expect("ARN").to_string()
+}
+
+/// A new current value: the old one becomes AWSPREVIOUS (a rotation).
+async fn rotate(arn: &str, value: &str) {
+    let body = json!({"SecretId": arn, "SecretString": value}).to_string();
+    let answer = reader()
+        .call("TEST", "secretsmanager.PutSecretValue", &body)
+        .await
+        .expect("emulator reachable");
+    assert_eq!(answer.status().as_u16(), 200, "PutSecretValue");
+}
+
+fn environment(extra: &[(&'static str, &str)]) -> HashMap<&'static str, String> {
+    let mut env: HashMap<&'static str, String> = HashMap::from([
+        ("TABLE_NAME", "t".to_string()),
+        ("WECHAT_APPID", "wx0000000000000000".to_string()),
+        (
+            "ONEGRANT_TEMPLATES",
+            onegrant_local::stack::LOCAL_TEMPLATES.to_string(),
+        ),
+        (
+            "ONEGRANT_REMINDERS",
+            onegrant_local::stack::LOCAL_REMINDERS.to_string(),
+        ),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ACCESS_KEY_ID", "local".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "local".to_string()),
+        ("AWS_SESSION_TOKEN", "local-session".to_string()),
+        (
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER",
+            emulator_endpoint().to_string(),
+        ),
+    ]);
+    for (k, v) in extra {
+        env.insert(k, v.to_string());
+    }
+    env
+}
+
+async fn load(env: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
+    Config::load_from(|name| env.get(name).cloned()).await
+}
+
+#[tokio::test]
+async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody_out() {
+    onegrant::aws::install_crypto_provider();
+    let (old_key, new_key) = ("o".repeat(40), "n".repeat(40));
+    let session_arn = create("session", &old_key).await;
+    let app_arn = create("app", "app-secret-value").await;
+    let openid = OpenId::parse("oUser1").expect("openid");
+
+    // Before the rotation: the session function signs with the key it read.
+    let session_env = environment(&[
+        ("SESSION_SECRET_ARN", &session_arn),
+        ("WECHAT_SECRET_ARN", &app_arn),
+    ]);
+    let before = load(&session_env).await.expect("secrets read");
+    before
+        .require(&[Need::SessionKey, Need::AppSecret])
+        .expect("both");
+    assert_eq!(
+        before.wechat.secret.as_ref().map(|s| s.expose()),
+        Some("app-secret-value")
+    );
+    assert!(
+        before.session.previous.is_none(),
+        "never rotated: no previous key"
+    );
+    let old_token = Sessions::new(&before.session)
+        .expect("keys")
+        .issue(&openid, chrono::Utc::now())
+        .expect("signed")
+        .token;
+
+    // After it: a cold start reads both versions; old tokens still verify.
+    rotate(&session_arn, &new_key).await;
+    let inbox_env = environment(&[("SESSION_SECRET_ARN", &session_arn)]);
+    let after = load(&inbox_env).await.expect("secrets read");
+    assert_eq!(
+        after.session.secret.as_ref().map(|s| s.expose()),
+        Some(new_key.as_str())
+    );
+    assert_eq!(
+        after.session.previous.as_ref().map(|s| s.expose()),
+        Some(old_key.as_str())
+    );
+    let sessions = Sessions::new(&after.session).expect("keys");
+    assert_eq!(sessions.verify(&old_token).expect("previous key"), openid);
+
+    // The inbox function holds no AppSecret: its cold start passes with its own needs
+    // and would fail with the session function's, naming the variable.
+    after.require(&[Need::SessionKey]).expect("inbox needs");
+    assert!(
+        after.wechat.secret.is_none(),
+        "no AppSecret where WeChat is not called"
+    );
+    let missing = after
+        .require(&[Need::SessionKey, Need::AppSecret])
+        .expect_err("missing");
+    assert_eq!(missing.to_string(), "WECHAT_SECRET is required");
+
+    // Refusals name what is wrong and never carry a secret's value.
+    let unknown = "arn:aws:secretsmanager:us-east-1:123456789012:secret:nope-AbCdEf";
+    let cases: Vec<(&str, HashMap<&'static str, String>)> = vec![
+        (
+            "a secret that does not exist",
+            environment(&[("SESSION_SECRET_ARN", unknown)]),
+        ),
+        (
+            "a secret both by value and by ARN",
+            environment(&[
+                ("SESSION_SECRET_ARN", &session_arn),
+                ("SESSION_SECRET", &old_key),
+            ]),
+        ),
+        ("no credentials to read it with", {
+            let mut env = environment(&[("WECHAT_SECRET_ARN", &app_arn)]);
+            env.remove("AWS_ACCESS_KEY_ID");
+            env
+        }),
+    ];
+    for (case, env) in cases {
+        let err = load(&env).await.expect_err(case);
+        let chain = onegrant::telemetry::error_chain(&err);
+        for value in [old_key.as_str(), new_key.as_str(), "app-secret-value"] {
+            assert!(!chain.contains(value), "{case}: {chain}");
+        }
+        assert!(
+            chain.contains("SESSION_SECRET") || chain.contains("AWS_ACCESS_KEY_ID"),
+            "{case}: {chain}"
+        );
+    }
+}
