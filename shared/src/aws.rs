@@ -10,6 +10,16 @@ use aws_config::{BehaviorVersion, SdkConfig};
 #[cfg(feature = "store")]
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 
+/// The DNS suffix of AWS endpoints in `region`'s partition: China's regions have their
+/// own (`amazonaws.com.cn`), where a WeChat product is likely to run.
+pub fn dns_suffix(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "amazonaws.com.cn"
+    } else {
+        "amazonaws.com"
+    }
+}
+
 /// Installs ring as the process-wide rustls provider (used by reqwest). Idempotent.
 pub fn install_crypto_provider() {
     // Err means a provider is already installed, which is what we want.
@@ -74,4 +84,14 @@ pub fn local_dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
         .http_client(https_client())
         .build();
     aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn china_regions_have_their_own_endpoint_suffix() {
+        assert_eq!(super::dns_suffix("cn-north-1"), "amazonaws.com.cn");
+        assert_eq!(super::dns_suffix("cn-northwest-1"), "amazonaws.com.cn");
+        assert_eq!(super::dns_suffix("ap-east-1"), "amazonaws.com");
+    }
 }

@@ -101,6 +101,9 @@ pub struct SessionConfig {
     /// The key before the last rotation: its tokens are still accepted until they
     /// expire, so a rotation signs nobody out.
     pub previous: Option<Secret>,
+    /// The key a rotation is about to make current (`AWSPENDING`): its tokens are
+    /// accepted already, so no function is left behind when signing switches to it.
+    pub pending: Option<Secret>,
     pub ttl: Duration,
 }
 
@@ -200,8 +203,9 @@ pub enum Need {
 
 /// The secret variables that may be given by ARN: (variable, the variable holding the
 /// secret's ARN, the Secrets Manager stage read for it).
-const SECRET_VARIABLES: [(&str, &str, &str); 5] = [
+const SECRET_VARIABLES: [(&str, &str, &str); 6] = [
     ("SESSION_SECRET", "SESSION_SECRET_ARN", "AWSCURRENT"),
+    ("SESSION_SECRET_PENDING", "SESSION_SECRET_ARN", "AWSPENDING"),
     (
         "SESSION_SECRET_PREVIOUS",
         "SESSION_SECRET_ARN",
@@ -234,8 +238,7 @@ impl Config {
 
     /// [`Config::load`] through `lookup`.
     pub async fn load_from(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut read = std::collections::HashMap::new();
-        let mut reader = None;
+        let mut wanted = Vec::new();
         for (name, arn_name, stage) in SECRET_VARIABLES {
             let Some(arn) = lookup(arn_name).filter(|a| !a.trim().is_empty()) else {
                 continue;
@@ -246,19 +249,24 @@ impl Config {
                     reason: format!("set either {name} or {arn_name}, not both"),
                 });
             }
-            if reader.is_none() {
-                reader = Some(
-                    crate::secrets::SecretsReader::from_lookup(&lookup)
-                        .map_err(ConfigError::Secret)?,
-                );
-            }
-            if let Some(reader) = &reader
-                && let Some(secret) = reader
-                    .read(name, &arn, stage)
-                    .await
-                    .map_err(ConfigError::Secret)?
-            {
-                read.insert(name, secret.expose().to_string());
+            wanted.push((name, arn, stage));
+        }
+        let mut read = std::collections::HashMap::new();
+        if !wanted.is_empty() {
+            let reader =
+                crate::secrets::SecretsReader::from_lookup(&lookup).map_err(ConfigError::Secret)?;
+            // At once: a cold start waits for the slowest read, not for their sum.
+            let values = futures::future::try_join_all(
+                wanted
+                    .iter()
+                    .map(|(name, arn, stage)| reader.read(name, arn, stage)),
+            )
+            .await
+            .map_err(ConfigError::Secret)?;
+            for ((name, _, _), value) in wanted.iter().zip(values) {
+                if let Some(secret) = value {
+                    read.insert(*name, secret.expose().to_string());
+                }
             }
         }
         Self::from_lookup(|name| read.get(name).cloned().or_else(|| lookup(name)))
@@ -353,6 +361,7 @@ impl Config {
         };
         let session_secret = session_key("SESSION_SECRET")?;
         let session_previous = session_key("SESSION_SECRET_PREVIOUS")?;
+        let session_pending = session_key("SESSION_SECRET_PENDING")?;
         let ttl = match lookup("SESSION_TTL_SECONDS") {
             None => Duration::from_secs(7200),
             Some(v) => v
@@ -549,6 +558,7 @@ impl Config {
             session: SessionConfig {
                 secret: session_secret,
                 previous: session_previous,
+                pending: session_pending,
                 ttl,
             },
             templates,

@@ -303,6 +303,20 @@ pub fn respond(result: Result<Response<Body>, ApiError>) -> Response<Body> {
     result.unwrap_or_else(ApiError::into_response)
 }
 
+/// How long the handler of `req` may work: the configured budget, and in Lambda never
+/// past the invocation's deadline less a second (for the answer to leave), whatever the
+/// function's timeout was set to.
+pub fn budget(req: &Request, configured: std::time::Duration) -> std::time::Duration {
+    use lambda_http::RequestExt;
+    let left = req
+        .lambda_context_ref()
+        .and_then(|context| i64::try_from(context.deadline).ok())
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
+        .map(|left| left.saturating_sub(std::time::Duration::from_secs(1)));
+    left.map_or(configured, |left| configured.min(left))
+}
+
 /// `handling`, or `503 unavailable` with `Retry-After` once `budget` has passed: every
 /// HTTP handler answers in the error shape before its function's timeout, never with
 /// API Gateway's bare 503. A write cut short this way is safe to retry: every write is
@@ -368,6 +382,26 @@ pub fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_handler_budget_never_runs_past_the_invocations_deadline() {
+        use lambda_http::RequestExt;
+        let configured = std::time::Duration::from_secs(9);
+        let plain = Request::default();
+        assert_eq!(
+            budget(&plain, configured),
+            configured,
+            "no Lambda context: as set"
+        );
+        let mut context = lambda_http::lambda_runtime::Context::default();
+        context.deadline =
+            u64::try_from((chrono::Utc::now() + chrono::Duration::seconds(4)).timestamp_millis())
+                .unwrap_or(0);
+        let invoked = Request::default().with_lambda_context(context);
+        let left = budget(&invoked, configured);
+        assert!(left <= std::time::Duration::from_secs(3), "{left:?}");
+        assert!(left >= std::time::Duration::from_secs(2), "{left:?}");
+    }
 
     #[test]
     fn error_bodies_have_the_api_shape_and_503_says_when_to_retry() {

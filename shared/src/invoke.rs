@@ -49,7 +49,12 @@ impl Invoker {
     ) -> Option<Self> {
         let region = region.to_string();
         let endpoint = endpoint.map_or_else(
-            || format!("https://lambda.{region}.amazonaws.com"),
+            || {
+                format!(
+                    "https://lambda.{region}.{}",
+                    crate::aws::dns_suffix(&region)
+                )
+            },
             |e| e.trim_end_matches('/').to_string(),
         );
         crate::aws::install_crypto_provider();

@@ -116,7 +116,12 @@ impl SecretsReader {
         let endpoint = lookup("AWS_ENDPOINT_URL_SECRETS_MANAGER")
             .filter(|e| !e.is_empty())
             .map_or_else(
-                || format!("https://secretsmanager.{region}.amazonaws.com"),
+                || {
+                    format!(
+                        "https://secretsmanager.{region}.{}",
+                        crate::aws::dns_suffix(&region)
+                    )
+                },
                 |e| e.trim_end_matches('/').to_string(),
             );
         Ok(Self::new(region, credentials, endpoint))

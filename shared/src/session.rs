@@ -28,7 +28,8 @@ struct Claims {
 pub struct Sessions {
     /// `None` in a function not given the session key.
     encoding: Option<EncodingKey>,
-    /// The current key, then the key before the last rotation.
+    /// The current key, the key before the last rotation, and the one a rotation is
+    /// about to make current.
     decoding: Vec<DecodingKey>,
     validation: Validation,
     ttl: Duration,
@@ -60,7 +61,11 @@ pub enum SessionError {
 
 impl Sessions {
     pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
-        let keys = config.secret.iter().chain(config.previous.iter());
+        let keys = config
+            .secret
+            .iter()
+            .chain(config.previous.iter())
+            .chain(config.pending.iter());
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[ISSUER]);
         validation.set_required_spec_claims(&["exp", "sub", "iss"]);
@@ -130,6 +135,7 @@ mod tests {
         Sessions::new(&SessionConfig {
             secret: Some(Secret::new(secret)),
             previous: previous.map(Secret::new),
+            pending: None,
             ttl: Duration::from_secs(7200),
         })
         .expect("valid key")
@@ -162,6 +168,7 @@ mod tests {
         let keyless = Sessions::new(&SessionConfig {
             secret: None,
             previous: None,
+            pending: None,
             ttl: Duration::from_secs(60),
         })
         .expect("no key");

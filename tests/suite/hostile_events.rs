@@ -252,3 +252,41 @@ async fn hostile_events_are_refused_or_stored_cleaned_and_nothing_over_a_cap_is_
         }
     }
 }
+
+#[tokio::test]
+async fn an_event_recorded_before_keys_were_scoped_per_publisher_is_still_a_duplicate() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let app = spawn_app().await;
+    let alice = app.user("alice").await;
+    let d = detail(&alice, "order-9:shipped");
+    // The record an earlier version kept: in the user's partition, its fingerprint the
+    // canonical text of the event itself.
+    let canonical = json!({"openid": alice.openid, "type": "order", "title": "订单已发货",
+                           "body": "您的订单已发货", "page": null, "wechat": null})
+    .to_string();
+    let item = [
+        ("pk", format!("USER#{}", alice.openid)),
+        ("sk", "EVENT#order-9:shipped".to_string()),
+        ("kind", "event".to_string()),
+        ("fingerprint", canonical),
+        ("note_id", "1764547200000abcdefabcdef".to_string()),
+    ];
+    let mut put = app.table.client.put_item().table_name(&app.table.name);
+    for (name, value) in item {
+        put = put.item(name, AttributeValue::S(value));
+    }
+    put = put.item("expires_at", AttributeValue::N("4102444800".into()));
+    put.send().await.expect("put");
+
+    let again = app.notify(d.clone()).await;
+    assert_eq!(again["status"], "duplicate", "{again}");
+    assert!(
+        app.items_of(&alice, "note").await.is_empty(),
+        "no second notification"
+    );
+    let mut changed = d;
+    changed["title"] = json!("订单已签收");
+    let conflict = app.notify(changed).await;
+    assert_eq!(conflict["status"], "conflict", "{conflict}");
+    assert!(app.items_of(&alice, "note").await.is_empty());
+}

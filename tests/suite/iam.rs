@@ -375,10 +375,13 @@ fn no_function_has_a_secret_in_its_environment_and_each_may_read_only_the_secret
             used.iter().copied().collect(),
             "{binary}'s secret ARNs"
         );
+        // (A conditional value counts by its branches; an empty one gives nothing.)
         let wanted: BTreeSet<String> = environment
             .iter()
             .filter(|(name, _)| used.contains(&name.as_str()))
-            .map(|(_, value)| reference(value))
+            .flat_map(|(_, value)| branches(value))
+            .filter(|value| value.as_str() != Some(""))
+            .map(reference)
             .collect();
 
         // Every statement that names a secretsmanager action grants GetSecretValue, and

@@ -34,14 +34,43 @@ async fn create(name: &str, value: &str) -> String {
     created["ARN"].as_str().expect("ARN").to_string()
 }
 
-/// A new current value: the old one becomes AWSPREVIOUS (a rotation).
-async fn rotate(arn: &str, value: &str) {
-    let body = json!({"SecretId": arn, "SecretString": value}).to_string();
+/// One Secrets Manager call the test makes as an operator would; its answer.
+async fn operate(target: &str, body: Value) -> Value {
     let answer = reader()
-        .call("TEST", "secretsmanager.PutSecretValue", &body)
+        .call("TEST", target, &body.to_string())
         .await
         .expect("emulator reachable");
-    assert_eq!(answer.status().as_u16(), 200, "PutSecretValue");
+    assert_eq!(answer.status().as_u16(), 200, "{target}");
+    answer.json().await.expect("JSON")
+}
+
+/// The README's rotation: the new value staged AWSPENDING, then made AWSCURRENT (the old
+/// one becomes AWSPREVIOUS). Between the two, `between` runs.
+async fn rotate<F: std::future::Future<Output = ()>>(arn: &str, value: &str, between: F) {
+    let staged = operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "SecretString": value, "VersionStages": ["AWSPENDING"]}),
+    )
+    .await;
+    between.await;
+    let current = operate("secretsmanager.DescribeSecret", json!({"SecretId": arn})).await;
+    let old = current["VersionIdsToStages"]
+        .as_object()
+        .and_then(|v| {
+            v.iter().find(|(_, stages)| {
+                stages
+                    .as_array()
+                    .is_some_and(|s| s.contains(&json!("AWSCURRENT")))
+            })
+        })
+        .map(|(id, _)| id.clone())
+        .expect("a current version");
+    operate(
+        "secretsmanager.UpdateSecretVersionStage",
+        json!({"SecretId": arn, "VersionStage": "AWSCURRENT",
+               "MoveToVersionId": staged["VersionId"], "RemoveFromVersionId": old}),
+    )
+    .await;
 }
 
 fn environment(extra: &[(&'static str, &str)]) -> HashMap<&'static str, String> {
@@ -106,9 +135,32 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         .expect("signed")
         .token;
 
-    // After it: a cold start reads both versions; old tokens still verify.
-    rotate(&session_arn, &new_key).await;
+    // Staged first: a verifier's cold start then accepts tokens of the new key before
+    // the session function signs with it; then made current.
     let inbox_env = environment(&[("SESSION_SECRET_ARN", &session_arn)]);
+    rotate(&session_arn, &new_key, async {
+        let staged = load(&inbox_env).await.expect("secrets read");
+        assert_eq!(
+            staged.session.secret.as_ref().map(|s| s.expose()),
+            Some(old_key.as_str())
+        );
+        assert_eq!(
+            staged.session.pending.as_ref().map(|s| s.expose()),
+            Some(new_key.as_str())
+        );
+        let mut signer = staged.session.clone();
+        signer.secret = staged.session.pending.clone();
+        let early = Sessions::new(&signer)
+            .expect("keys")
+            .issue(&openid, chrono::Utc::now())
+            .expect("signed")
+            .token;
+        let verifier = Sessions::new(&staged.session).expect("keys");
+        assert_eq!(verifier.verify(&early).expect("pending key"), openid);
+        assert_eq!(verifier.verify(&old_token).expect("current key"), openid);
+    })
+    .await;
+    // After it: a cold start reads both versions; old tokens still verify.
     let after = load(&inbox_env).await.expect("secrets read");
     assert_eq!(
         after.session.secret.as_ref().map(|s| s.expose()),

@@ -16,10 +16,8 @@ use onegrant::telemetry::openid_hash;
 
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
-    Box::pin(onegrant::http::within(
-        deps.config.limits.handler_budget,
-        handle(deps, req),
-    ))
+    let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
+    Box::pin(onegrant::http::within(budget, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.

@@ -16,10 +16,8 @@ const MAX_CODE_LEN: usize = 256;
 
 /// The handler as `onegrant::http::run_core` takes it (the local stack adapts it).
 pub fn handler(deps: &Core, req: Request) -> BoxFuture<'_, Response<Body>> {
-    Box::pin(onegrant::http::within(
-        deps.config.limits.handler_budget,
-        handle(deps, req),
-    ))
+    let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
+    Box::pin(onegrant::http::within(budget, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.

@@ -16,7 +16,9 @@ use super::text::clean_line;
 pub enum KeywordError {
     #[error("keyword {0} has no value")]
     Missing(String),
-    #[error("keyword {key}: {value:?} cannot be made a valid {kind:?}")]
+    // The value itself stays out of the message: it may be a name, a phone number or a
+    // plate, and the message is logged.
+    #[error("keyword {key}: a value of {} characters cannot be made a valid {kind:?}", value.chars().count())]
     Invalid {
         key: String,
         kind: KeywordType,
@@ -57,6 +59,7 @@ pub fn fit(key: &str, kind: KeywordType, raw: &str) -> Result<String, KeywordErr
             let (int, frac) = value.split_once('.').unwrap_or((value, ""));
             if int.is_empty()
                 || !int.bytes().all(|b| b.is_ascii_digit())
+                || (value.contains('.') && frac.is_empty())
                 || !frac.bytes().all(|b| b.is_ascii_digit())
             {
                 return Err(invalid());
@@ -150,20 +153,31 @@ fn is_clock(s: &str) -> bool {
     }
 }
 
-/// A calendar day: `2019年10月1日` (the year optional), `2019-10-01` or `2019/10/01`.
+/// A date as WeChat's rules list them: `y年m月d日`, `y年m月`, `m月d日`, or the same joined
+/// by `-`, `/` or `.` (`2018-01-01`, `2018/01/01`, `2018.01.01`, `2018-01`, `01-01`).
 fn is_day(s: &str) -> bool {
-    let month_day = |m: &str, d: &str| digits(m, 2, 12) && digits(d, 2, 31) && m != "0" && d != "0";
-    if let Some(rest) = s.strip_suffix('日') {
-        let (year, rest) = match rest.split_once('年') {
-            Some((y, rest)) => (Some(y), rest),
-            None => (None, rest),
-        };
-        return year.is_none_or(|y| y.len() == 4 && digits(y, 4, 9999))
-            && rest.split_once('月').is_some_and(|(m, d)| month_day(m, d));
+    let year = |y: &str| y.len() == 4 && digits(y, 4, 9999);
+    let month = |m: &str| digits(m, 2, 12) && m.bytes().any(|b| b != b'0');
+    let day = |d: &str| digits(d, 2, 31) && d.bytes().any(|b| b != b'0');
+    if let Some((y, rest)) = s.split_once('年') {
+        return year(y)
+            && match rest.split_once('月') {
+                Some((m, "")) => month(m),
+                Some((m, d)) => month(m) && d.strip_suffix('日').is_some_and(day),
+                None => false,
+            };
     }
-    ['-', '/'].iter().any(|&sep| {
+    if let Some((m, d)) = s.split_once('月') {
+        return month(m) && d.strip_suffix('日').is_some_and(day);
+    }
+    ['-', '/', '.'].iter().any(|&sep| {
         let parts: Vec<&str> = s.split(sep).collect();
-        matches!(parts.as_slice(), [y, m, d] if y.len() == 4 && digits(y, 4, 9999) && month_day(m, d))
+        match parts.as_slice() {
+            [y, m, d] => year(y) && month(m) && day(d),
+            [y, m] if y.len() == 4 => year(y) && month(m),
+            [m, d] => month(m) && day(d),
+            _ => false,
+        }
     })
 }
 
@@ -269,6 +283,7 @@ mod tests {
         assert!(fit("phrase2", KeywordType::Phrase, "done").is_err());
         assert!(fit("number3", KeywordType::Number, "4 cups").is_err());
         assert_eq!(fit("number3", KeywordType::Number, "4"), Ok("4".into()));
+        assert!(fit("number3", KeywordType::Number, "4.").is_err());
         assert!(fit("character_string1", KeywordType::CharacterString, "订单1").is_err());
         assert!(fit("thing1", KeywordType::Thing, "\u{7}").is_err());
         assert_eq!(
@@ -304,9 +319,13 @@ mod tests {
         }
         for v in [
             "2019年10月1日",
+            "2019年10月",
             "10月1日",
             "2019-10-01",
             "2019/10/1",
+            "2018.01.01",
+            "2018-01",
+            "01-01",
             "2019年10月1日 15:01",
             "2019年10月1日~2019年10月7日",
         ] {
@@ -316,8 +335,11 @@ mod tests {
             "2019-13-01",
             "19-10-01",
             "下周一",
-            "2019年10月",
             "2019-10-01T15:01",
+            "2019-00-01",
+            "2019-10-00",
+            "10月",
+            "2019年13月",
         ] {
             assert!(!ok(KeywordType::Date, v), "date {v}");
         }

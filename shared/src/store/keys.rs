@@ -121,6 +121,12 @@ pub fn event_key(publisher: &str, key: &str) -> (String, String) {
     (format!("EVENT#{publisher}#{key}"), "EVENT".to_string())
 }
 
+/// Where an event's record was kept before keys were scoped per publisher: the user's
+/// partition (checked by ingest for one retention period after the change).
+pub fn legacy_event_sk(key: &str) -> String {
+    format!("EVENT#{key}")
+}
+
 /// The dispatcher's shard registry (see `store::dispatch::shards`): one item outside
 /// every user's partition.
 pub const SHARDS_PK: &str = "META";

@@ -12,19 +12,24 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
+};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::grants::rfc3339;
 use super::item::{key, parse, s};
-use super::keys::{due_pk, event_key, note_sk, outbox_sk, unread_sk, user_pk};
+use super::keys::{due_pk, event_key, legacy_event_sk, note_sk, outbox_sk, unread_sk, user_pk};
 use super::plans::TxOutcome;
 use super::{Attempt, Store, StoreError, corrupt, retry_contended};
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
 };
 use crate::domain::outcome::OutboxState;
+use crate::domain::text::{clean_line, clean_lines};
 
 mod list;
 mod read;
@@ -56,8 +61,9 @@ impl NoteItem {
         NotificationView {
             id: self.id.clone(),
             kind: self.note_type.clone(),
-            title: self.title.clone(),
-            body: self.body.clone(),
+            // Cleaned again on the way out: notes stored before ingest cleaned them.
+            title: clean_line(&self.title),
+            body: clean_lines(&self.body),
             page: self.page.clone(),
             read: self.read,
             created_at: self.created_at.clone(),
@@ -271,8 +277,19 @@ impl Store {
             kind: "unread".into(),
             note_type: event.kind.clone(),
         };
+        // Records of events ingested before keys were scoped per publisher sit in the
+        // user's partition (kept 35 days): an event redelivered across that change is
+        // still a duplicate. Transitional: drop this check 35 days after deploying.
+        let legacy = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&pk, &legacy_event_sk(&event.idempotency_key))))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let mut items = vec![
             self.put_new(serde_dynamo::to_item(&record).map_err(|e| corrupt("event", e))?)?,
+            TransactWriteItem::builder().condition_check(legacy).build(),
             self.put_new(serde_dynamo::to_item(&note).map_err(|e| corrupt("note", e))?)?,
             self.put_new(serde_dynamo::to_item(&marker).map_err(|e| corrupt("unread", e))?)?,
             self.unread_change(&pk, 1)?,
@@ -315,11 +332,19 @@ impl Store {
                     }));
                 }
                 TxOutcome::Cancelled(reasons) => {
-                    if let Some((code, Some(old))) = reasons.first()
-                        && code == "ConditionalCheckFailed"
-                    {
+                    // The event's record (index 0) or a legacy one (index 1), whose
+                    // fingerprint is the canonical text itself rather than its hash.
+                    let found = reasons.iter().take(2).find_map(|(code, old)| {
+                        (code == "ConditionalCheckFailed")
+                            .then_some(old.as_ref())
+                            .flatten()
+                    });
+                    if let Some(old) = found {
                         let old: EventItem = parse("event", old.clone())?;
-                        return Ok(Attempt::Done(if old.fingerprint == event.fingerprint {
+                        let same = old.fingerprint == event.fingerprint
+                            || hex::encode(Sha256::digest(old.fingerprint.as_bytes()))
+                                == event.fingerprint;
+                        return Ok(Attempt::Done(if same {
                             Ingested::Duplicate {
                                 note_id: old.note_id,
                             }
