@@ -1,0 +1,173 @@
+// Types of onegrant-miniprogram (onegrant.js).
+
+/** wx.request, as the library calls it. */
+export interface RequestOptions {
+  url: string;
+  method: 'GET' | 'POST' | 'PUT';
+  data?: unknown;
+  header: Record<string, string>;
+  timeout: number;
+  success(res: { statusCode: number; data: any; header?: Record<string, string> }): void;
+  fail(err: { errMsg?: string }): void;
+}
+
+export interface Storage {
+  getStorageSync(key: string): any;
+  setStorageSync(key: string, value: any): void;
+}
+
+export type SubscribeResult =
+  | 'accept' | 'acceptWithAudio' | 'acceptWithAlert' | 'reject' | 'ban' | 'filter';
+
+export interface ClientOptions {
+  /** onegrant's API, e.g. the stack's ApiUrl. */
+  baseUrl: string;
+  /** The mini-program's `wx` (found globally when not given): storage, request, login
+   *  and requestSubscribeMessage. */
+  wx?: Storage & {
+    request(options: RequestOptions): void;
+    login(options: { success(res: { code: string }): void; fail(err: { errMsg?: string }): void }): void;
+    requestSubscribeMessage(options: {
+      tmplIds: string[];
+      success(res: Record<string, string>): void;
+      fail(err: { errMsg?: string; errCode?: number }): void;
+    }): void;
+  };
+  /** Adapters instead of (or over) `wx`. */
+  storage?: Storage;
+  request?: (options: RequestOptions) => void;
+  login?: (options: { success(res: { code: string }): void; fail(err: { errMsg?: string }): void }) => void;
+  requestSubscribeMessage?: (options: {
+    tmplIds: string[];
+    success(res: Record<string, string>): void;
+    fail(err: { errMsg?: string; errCode?: number }): void;
+  }) => void;
+  /** Reminder kinds `prefetch` caches plans of (default ['water']). */
+  kinds?: string[];
+  /** Template id per kind, used before the first prefetch (the plan's otherwise). */
+  templates?: Record<string, string>;
+  /** Request timeout in ms (default 10000). */
+  timeout?: number;
+  /** Clock and id source, for tests. */
+  now?: () => number;
+  newId?: (prefix: string) => string;
+  /** Definite refusals of queued actions, and subscribe failures. */
+  onError?: (error: OnegrantError | { code: string; message: string }) => void;
+}
+
+export interface Quota {
+  template_id: string;
+  title: string;
+  available: number;
+  used: number;
+  accepted: number;
+  needs_grant: boolean;
+  confirmed: number;
+}
+
+export interface Plan {
+  kind: string;
+  state: 'disabled' | 'scheduled' | 'sending' | 'awaiting_checkin' | 'paused';
+  needs_grant: boolean;
+  next_due_at: string | null;
+  pause_reason: string | null;
+  template_id: string;
+  settings: {
+    interval_minutes: number;
+    wake_time: string;
+    sleep_time: string;
+    timezone: string;
+    daily_goal: number;
+  };
+  today: { date: string; count: number };
+  grant_conflict?: boolean;
+  grant_limit?: boolean;
+}
+
+export interface Notification {
+  id: string;
+  type: string;
+  title: string;
+  body: string;
+  page: string | null;
+  read: boolean;
+  created_at: string;
+  push: { status: string; reason: string | null } | null;
+}
+
+export type ErrorCode =
+  | 'malformed_json' | 'invalid_body' | 'invalid_query' | 'unauthorized' | 'invalid_code'
+  | 'invalid_code_format' | 'not_found' | 'idempotency_conflict' | 'payload_too_large'
+  | 'no_templates' | 'too_many_templates' | 'unknown_template' | 'invalid_result'
+  | 'invalid_request_id' | 'invalid_action_id' | 'invalid_grant' | 'invalid_occurred_at'
+  | 'invalid_count' | 'invalid_daily_goal' | 'invalid_interval' | 'invalid_time'
+  | 'invalid_timezone' | 'invalid_waking_hours' | 'grant_limit' | 'rate_limited'
+  | 'unavailable' | 'internal' | 'network' | 'expired';
+
+export class OnegrantError extends Error {
+  constructor(status: number, code: ErrorCode | string, message?: string, retryAfter?: number);
+  /** HTTP status; 0 when nothing was answered. */
+  readonly status: number;
+  readonly code: ErrorCode | string;
+  /** Seconds, when the server said (429, 503). */
+  readonly retryAfter?: number;
+  /** No answer, 401, 429 or 5xx: the same request may succeed later. */
+  readonly retryable: boolean;
+}
+
+export interface CheckInResult {
+  actionId: string;
+  /** Whether the tap asked for a grant (the cached plan needed one). */
+  asked: boolean;
+  /** What the user chose in the popup, if asked. */
+  result: SubscribeResult | null;
+  /** The plan the server answered (the cached one when another page sent the
+   *  check-in); null while it waits in the queue; absent with `error`. */
+  plan?: Plan | null;
+  queued: boolean;
+  /** The server refused the check-in for good (a definite 4xx). */
+  error?: OnegrantError;
+}
+
+export interface GrantsResult {
+  requestId: string;
+  results: Record<string, SubscribeResult>;
+  /** Absent with `error`; null while the report waits in the queue. */
+  grants?: Array<{ template_id: string; request_id: string; result: SubscribeResult; status: 'available' | null }> | null;
+  queued: boolean;
+  error?: OnegrantError;
+}
+
+export class Client {
+  constructor(options: ClientOptions);
+  /** Storage keys of this client's session, queue and cache (per baseUrl). */
+  readonly keys: { readonly session: string; readonly queue: string; readonly cache: string; readonly retryAt: string };
+  /** `fresh` when everything was fetched now; else the cache as it was. */
+  prefetch(): Promise<{ quotas: Quota[]; plans: Record<string, Plan>; fresh: boolean }>;
+  needsGrant(kind: string): boolean;
+  cachedPlan(kind: string): Plan | null;
+  cachedQuotas(): Quota[];
+  getPlan(kind: string): Promise<Plan>;
+  updatePlan(kind: string, settings: {
+    enabled: boolean; interval_minutes?: number; wake_time?: string; sleep_time?: string;
+    timezone?: string; daily_goal?: number;
+  }): Promise<Plan>;
+  quotas(): Promise<Quota[]>;
+  /** Call first thing in the tap handler, before any await. */
+  checkIn(kind: string, options: { count: number; goal: number }): Promise<CheckInResult>;
+  /** Call first thing in the tap handler, before any await. 1–3 template ids. */
+  requestGrants(templateIds: string[]): Promise<GrantsResult>;
+  flush(): Promise<{ answers: Record<string, { data?: any; error?: OnegrantError }>; pending: number }>;
+  pendingCount(): number;
+  notifications(params?: { limit?: number; cursor?: string; read?: boolean; type?: string }):
+    Promise<{ items: Notification[]; next_cursor: string | null }>;
+  unreadCount(): Promise<number>;
+  markRead(id: string): Promise<Notification>;
+  markAllRead(): Promise<number>;
+}
+
+export function createClient(options: ClientOptions): Client;
+export const ERROR_CODES: readonly ErrorCode[];
+export const SUBSCRIBE_RESULTS: readonly SubscribeResult[];
+export function storageKeys(baseUrl: string): Client['keys'];
+export const VERSION: string;

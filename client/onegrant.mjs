@@ -1,0 +1,7 @@
+// ES module entry of onegrant-miniprogram: the same library as onegrant.js (CommonJS).
+import onegrant from './onegrant.js';
+
+export const {
+  createClient, Client, OnegrantError, ERROR_CODES, SUBSCRIBE_RESULTS, storageKeys, VERSION,
+} = onegrant;
+export default onegrant;

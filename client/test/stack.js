@@ -1,0 +1,120 @@
+'use strict';
+// The real local stack for the integration tests: `onegrant-local` (built by cargo; its
+// path in ONEGRANT_LOCAL_BIN or target/debug) on free ports with its own DynamoDB
+// emulator and WeChat stand-in, and wx adapters that reach it over real HTTP.
+
+const { spawn } = require('node:child_process');
+const net = require('node:net');
+const path = require('node:path');
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+async function startStack() {
+  const root = path.resolve(__dirname, '..', '..');
+  const binary = process.env.ONEGRANT_LOCAL_BIN || path.join(root, 'target', 'debug', 'onegrant-local');
+  const [api, invoke, standin] = [await freePort(), await freePort(), await freePort()];
+  const env = Object.assign({}, process.env, {
+    ONEGRANT_API_PORT: String(api),
+    ONEGRANT_INVOKE_PORT: String(invoke),
+    ONEGRANT_STANDIN_PORT: String(standin),
+    ONEGRANT_LOCAL_TICK_SECONDS: '0',
+    RUST_LOG: 'error',
+  });
+  for (const name of ['AWS_ENDPOINT_URL_DYNAMODB', 'WECHAT_API_BASE', 'WECHAT_PUSH_TOKEN']) delete env[name];
+  const child = spawn(binary, [], { cwd: root, env, stdio: ['pipe', 'pipe', 'ignore'] });
+  await new Promise((resolve, reject) => {
+    let seen = '';
+    const timer = setTimeout(() => reject(new Error('the local stack did not start in 120 s')), 120000);
+    child.on('exit', (code) => reject(new Error(`onegrant-local exited with ${code}`)));
+    child.stdout.on('data', (chunk) => {
+      seen += chunk.toString();
+      if (seen.includes('Ctrl-C stops everything')) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+  });
+  child.stdout.resume();
+  return {
+    api: `http://127.0.0.1:${api}`,
+    standin: `http://127.0.0.1:${standin}`,
+    invoke: `http://127.0.0.1:${invoke}`,
+    stop() {
+      return new Promise((resolve) => {
+        child.removeAllListeners('exit');
+        child.on('exit', () => resolve());
+        child.kill('SIGTERM');
+      });
+    },
+  };
+}
+
+/**
+ * wx.request over real HTTP (fetch). `net.offline` fails every request without sending
+ * it; `net.dropAnswer(request)` sends it (the server commits) and then reports the
+ * answer lost. Every request that reached the server is in `net.log`.
+ */
+function httpRequest(net) {
+  return (options) => {
+    const { url, method, data, header, success, fail } = options;
+    if (net.offline) {
+      setTimeout(() => fail({ errMsg: 'request:fail net::ERR_INTERNET_DISCONNECTED' }), 0);
+      return;
+    }
+    fetch(url, { method, headers: header, body: data === undefined ? undefined : JSON.stringify(data) })
+      .then(async (res) => {
+        const text = await res.text();
+        let body = text;
+        try { body = JSON.parse(text); } catch (e) { /* not JSON */ }
+        const headers = {};
+        res.headers.forEach((value, key) => { headers[key] = value; });
+        const entry = { method, path: new URL(url).pathname, body: data, status: res.status, auth: header.Authorization };
+        net.log.push(entry);
+        if (net.afterAnswer) net.afterAnswer(entry);
+        if (net.dropAnswer && net.dropAnswer(entry)) {
+          fail({ errMsg: 'request:fail socket hang up' });
+          return;
+        }
+        success({ statusCode: res.status, data: body, header: headers });
+      })
+      .catch((e) => fail({ errMsg: `request:fail ${e.message}` }));
+  };
+}
+
+/** wx.login against the stand-in: a fresh code of `user` each time (counted). */
+function standinLogin(stack, user, counter) {
+  return (options) => {
+    counter.logins += 1;
+    fetch(`${stack.standin}/control/login-codes`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ user }),
+    })
+      .then((res) => res.json())
+      .then((body) => {
+        counter.openid = body.openid;
+        options.success({ code: body.code });
+      }, (e) => options.fail({ errMsg: e.message }));
+  };
+}
+
+/** Publishes a notify event through the stack's Invoke API, as EventBridge would. */
+async function notify(stack, detail) {
+  const event = {
+    version: '0', id: 'e', 'detail-type': 'onegrant.notification', source: 'client-tests',
+    account: '1', time: new Date().toISOString(), region: 'us-east-1', resources: [], detail,
+  };
+  const res = await fetch(`${stack.invoke}/2015-03-31/functions/NotifyFunction/invocations`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(event),
+  });
+  return res.json();
+}
+
+module.exports = { startStack, httpRequest, standinLogin, notify };
