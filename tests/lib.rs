@@ -986,6 +986,17 @@ impl TestApp {
         user
     }
 
+    /// `PUT /v1/reminders/{kind}` turning the user's plan off (its grants void).
+    pub async fn disable(&self, user: &User, kind: &str) -> Answer {
+        self.call(
+            "PUT",
+            &format!("/v1/reminders/{kind}"),
+            Some(&user.token),
+            Some(br#"{"enabled": false}"#.to_vec()),
+        )
+        .await
+    }
+
     /// `PUT /v1/reminders/{kind}` turning the user's plan on with its settings as they are.
     pub async fn enable(&self, user: &User, kind: &str) -> Answer {
         self.call(

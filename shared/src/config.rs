@@ -24,6 +24,7 @@
 //! | `NOTIFY_SOURCES` | comma-separated EventBridge `source`s `notify` accepts (the stack sets its `NotifyPublishers`' sources); unset: any | any |
 //! | `CHECKINS_PER_MINUTE` | most new check-ins of one reminder kind per user and minute (1–600); past it 429 | 60 |
 //! | `HANDLER_BUDGET_MS` | how long an HTTP handler works before answering 503 with `Retry-After` (1000–900000): under the function's timeout (10 s in `template.yaml`) | 9000 |
+//! | `AUDIT_TRAIL` | `true`: every change of a grant, delivery or plan also writes a history entry in its transaction (README, "Audit trail"); `false` saves those writes | `true` |
 //! | `PUSH_EVENTS` | `true` where WeChat's message push is configured: grant reports and check-ins leave marks for popup events to confirm their grants (one more read per accepted template), and every settled send looks for a sent event kept pending for it (one more read per send) | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
@@ -467,6 +468,16 @@ impl Config {
                 u64::try_from(defaults.handler_budget.as_millis()).unwrap_or(9000),
                 1000..=900_000,
             )?),
+            audit: match lookup("AUDIT_TRAIL").as_deref() {
+                None | Some("true") => true,
+                Some("false") => false,
+                Some(_) => {
+                    return Err(ConfigError::Invalid {
+                        name: "AUDIT_TRAIL",
+                        reason: "expected true or false".into(),
+                    });
+                }
+            },
             push_events: match lookup("PUSH_EVENTS").as_deref() {
                 None => lookup("WECHAT_PUSH_TOKEN").is_some_and(|t| !t.trim().is_empty()),
                 Some("true") => true,
@@ -595,6 +606,8 @@ pub struct Limits {
     /// How long an HTTP handler works before it answers 503 (under the function's
     /// timeout, so a client always gets the error shape and `Retry-After`).
     pub handler_budget: Duration,
+    /// Whether changes of grants, deliveries and plans write history entries.
+    pub audit: bool,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -643,6 +656,7 @@ impl Default for Limits {
             // call (its attempts and backoff): 4 s leaves that room inside 10 s.
             write_budget: Duration::from_secs(4),
             handler_budget: Duration::from_secs(9),
+            audit: true,
         }
     }
 }

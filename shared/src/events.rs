@@ -15,8 +15,13 @@ pub type Handler =
 
 /// A non-HTTP function's whole `main`: tracing, dependencies built once, then events
 /// served, each with the time left before the invocation's deadline.
-pub async fn run(handler: Handler, needs: &[crate::config::Need]) -> Result<(), Error> {
+pub async fn run(
+    function: &'static str,
+    handler: Handler,
+    needs: &[crate::config::Need],
+) -> Result<(), Error> {
     crate::telemetry::init();
+    crate::metrics::init(function);
     let deps = crate::Deps::from_env(needs).await?;
     let deps = &deps;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
@@ -24,9 +29,15 @@ pub async fn run(handler: Handler, needs: &[crate::config::Need]) -> Result<(), 
         let budget = chrono::DateTime::from_timestamp_millis(deadline_ms)
             .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
             .unwrap_or_default();
-        handler(deps, event.payload, budget)
-            .await
-            .map_err(Error::from)
+        let span = tracing::info_span!(
+            "invocation",
+            function,
+            request_id = event.context.request_id.as_str()
+        );
+        let answer =
+            tracing::Instrument::instrument(handler(deps, event.payload, budget), span).await;
+        crate::metrics::flush();
+        answer.map_err(Error::from)
     }))
     .await
 }

@@ -229,16 +229,32 @@ pub type Handler = for<'a> fn(&'a crate::Deps, Request) -> BoxFuture<'a, Respons
 /// An HTTP function's whole `main`: tracing, dependencies built once, then events served.
 #[cfg(feature = "store")]
 pub async fn run(
+    function: &'static str,
     handler: Handler,
     needs: &[crate::config::Need],
 ) -> Result<(), lambda_http::Error> {
     crate::telemetry::init();
+    crate::metrics::init(function);
     let deps = crate::Deps::from_env(needs).await?;
     let deps = &deps;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
-        Ok::<_, Infallible>(handler(deps, req).await)
+        let span = invocation_span(function, &req);
+        let response = tracing::Instrument::instrument(handler(deps, req), span).await;
+        crate::metrics::flush();
+        Ok::<_, Infallible>(response)
     }))
     .await
+}
+
+/// The span every log line of one invocation is written in: the function and Lambda's
+/// request id (logged once, on the span, not per call).
+fn invocation_span(function: &'static str, req: &Request) -> tracing::Span {
+    use lambda_http::RequestExt;
+    let request_id = req
+        .lambda_context_ref()
+        .map(|context| context.request_id.clone())
+        .unwrap_or_default();
+    tracing::info_span!("invocation", function, request_id)
 }
 
 /// A handler of a function built on [`crate::Core`] alone.
@@ -246,14 +262,19 @@ pub type CoreHandler = for<'a> fn(&'a crate::Core, Request) -> BoxFuture<'a, Res
 
 /// The whole `main` of an HTTP function that never touches the table.
 pub async fn run_core(
+    function: &'static str,
     handler: CoreHandler,
     needs: &[crate::config::Need],
 ) -> Result<(), lambda_http::Error> {
     crate::telemetry::init();
+    crate::metrics::init(function);
     let core = crate::Core::from_env(needs).await?;
     let core = &core;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
-        Ok::<_, Infallible>(handler(core, req).await)
+        let span = invocation_span(function, &req);
+        let response = tracing::Instrument::instrument(handler(core, req), span).await;
+        crate::metrics::flush();
+        Ok::<_, Infallible>(response)
     }))
     .await
 }
@@ -321,11 +342,13 @@ pub fn budget(req: &Request, configured: std::time::Duration) -> std::time::Dura
 /// HTTP handler answers in the error shape before its function's timeout, never with
 /// API Gateway's bare 503. A write cut short this way is safe to retry: every write is
 /// idempotent by its request or action id (a committed one answers as a replay).
+/// The answer is counted ([`crate::metrics::name::REQUESTS`]) by `route` and status class.
 pub async fn within(
     budget: std::time::Duration,
+    route: String,
     handling: impl std::future::Future<Output = Response<Body>>,
 ) -> Response<Body> {
-    match tokio::time::timeout(budget, handling).await {
+    let response = match tokio::time::timeout(budget, handling).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(
@@ -334,6 +357,24 @@ pub async fn within(
             );
             ApiError::Unavailable.into_response()
         }
+    };
+    let status = format!("{}xx", response.status().as_u16() / 100);
+    metrics::counter!(crate::metrics::name::REQUESTS, "Route" => route, "Status" => status)
+        .increment(1);
+    response
+}
+
+/// The route `req` came by: API Gateway's route key (`POST /v1/notifications/{id}/read`),
+/// or outside it the method and path.
+pub fn route(req: &Request) -> String {
+    use lambda_http::RequestExt;
+    use lambda_http::request::RequestContext;
+    match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(context)) => context
+            .route_key
+            .clone()
+            .unwrap_or_else(|| format!("{} {}", req.method(), req.uri().path())),
+        _ => format!("{} {}", req.method(), req.uri().path()),
     }
 }
 

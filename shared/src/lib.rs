@@ -29,6 +29,7 @@ pub mod failpoint;
 pub mod http;
 #[cfg(feature = "store")]
 pub mod invoke;
+pub mod metrics;
 pub mod secrets;
 pub mod session;
 #[cfg(feature = "store")]

@@ -278,8 +278,16 @@ async fn main() {
         per_dispatch(&burst_ops, burst_summary.sent)
     );
 
-    // 5. Cost per operation, for one user, one at a time.
-    let cost_app = spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "5")]).await;
+    // 5. Cost per operation, with the audit trail's history entries and without.
+    costs("true").await;
+    costs("false").await;
+}
+
+/// Phase 5: the cost of each operation for one user, one at a time, on an app whose
+/// `AUDIT_TRAIL` is `audit`.
+async fn costs(audit: &'static str) {
+    let cost_app =
+        spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "5"), ("AUDIT_TRAIL", audit)]).await;
     let app = &cost_app;
     app.tick(30).await; // registers the shard count
     let user = app.user("cost").await;
@@ -366,7 +374,7 @@ async fn main() {
         write_units: units(app, &writes).await,
     };
     let cycle = check_in + dispatch;
-    println!("  per operation (one user):     round trips  items read  est. WRU");
+    println!("  per operation (one user), AUDIT_TRAIL={audit}:  round trips  items read  est. WRU");
     row("grant report (1 template)", report);
     row("check-in carrying a grant", check_in);
     row("dispatch (claim → finalize)", dispatch);

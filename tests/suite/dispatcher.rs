@@ -1142,14 +1142,7 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
             app.round_trips.take_items_read(),
         );
         // Disabling the plan.
-        let off = app
-            .call(
-                "PUT",
-                "/v1/reminders/water",
-                Some(&user.token),
-                Some(br#"{"enabled": false}"#.to_vec()),
-            )
-            .await;
+        let off = app.disable(&user, "water").await;
         assert_eq!(off.status, 200);
         let disable = (
             tally(app.round_trips.take()),
@@ -1191,14 +1184,7 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
         .expect("sets removed");
     assert_eq!(app.tick(30).await.sent, 1, "claimed from the ledger");
     assert_ledger_agrees_with_counters(&app).await;
-    let off = app
-        .call(
-            "PUT",
-            "/v1/reminders/water",
-            Some(&user.token),
-            Some(br#"{"enabled": false}"#.to_vec()),
-        )
-        .await;
+    let off = app.disable(&user, "water").await;
     assert_eq!(off.status, 200);
     let states: Vec<_> = app
         .items_of(&user, "grant")

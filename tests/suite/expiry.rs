@@ -22,7 +22,7 @@ fn finished(item: &Item) -> bool {
         Some("delivery") => !matches!(state, Some("claimed" | "sending")),
         Some("outbox") => !matches!(state, Some("pending" | "sending")),
         Some("note") => item.get("read").and_then(|v| v.as_bool().ok()) == Some(&true),
-        Some("action" | "event" | "rate") => true,
+        Some("action" | "event" | "rate" | "history") => true,
         _ => false,
     }
 }
@@ -94,14 +94,7 @@ async fn finished_items_expire_after_their_retention_and_every_counter_still_hol
     let alice = history(&app, "alice").await;
     // Bob disables his plan: his grants become invalid.
     let bob = app.scheduled_user("bob", 2).await;
-    let off = app
-        .call(
-            "PUT",
-            "/v1/reminders/water",
-            Some(&bob.token),
-            Some(br#"{"enabled": false}"#.to_vec()),
-        )
-        .await;
+    let off = app.disable(&bob, "water").await;
     assert_eq!(off.status, 200, "{}", off.body);
 
     let before = app.items().await;

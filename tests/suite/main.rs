@@ -3,6 +3,7 @@
 //! Every test gets its own table in the real DynamoDB emulator and its own WeChat
 //! stand-in, reached over real HTTP (see `onegrant_tests::spawn_app`).
 
+mod audit;
 mod callback;
 mod contract;
 mod dispatcher;
@@ -16,6 +17,7 @@ mod inbox;
 mod inputs;
 mod limits;
 mod logs;
+mod operations;
 mod reminders;
 mod secrets;
 mod sent_event;

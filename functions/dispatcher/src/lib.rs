@@ -32,6 +32,7 @@ use onegrant::domain::outcome::{OutcomeClass, SendResult};
 use onegrant::domain::reminder::ContentValues;
 use onegrant::store::StoreError;
 use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized, ShardSpan};
+use onegrant::store::history::attributed;
 use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use serde::Serialize;
@@ -197,8 +198,11 @@ async fn run_shards(
     // Bounded by the invocation too: what it does not reach, the next tick does.
     let sweeping = tokio::time::timeout_at(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
-        deps.store
-            .sweep(&config.reminders, &policy, shards.iter().copied(), now),
+        attributed(
+            "sweep",
+            deps.store
+                .sweep(&config.reminders, &policy, shards.iter().copied(), now),
+        ),
     );
     let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));
     let mut summary = dispatched?;
@@ -335,7 +339,20 @@ impl Lane<'_> {
     }
 
     async fn one(self, item: DueItem) {
-        let outcome = dispatch_one(self.deps, &item, self.claimer, self.budget, self.permits).await;
+        // Every line about this item carries its user's hash, once, on the span.
+        let span = tracing::info_span!(
+            "item",
+            openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
+            delivery_id = tracing::field::Empty
+        );
+        let outcome = tracing::Instrument::instrument(
+            attributed(
+                "dispatcher",
+                dispatch_one(self.deps, &item, self.claimer, self.budget, self.permits),
+            ),
+            span,
+        )
+        .await;
         let mut s = self.summary.lock().await;
         match outcome {
             Ok(Dispatched::Deferred) => s.deferred += 1,
@@ -375,6 +392,17 @@ impl Lane<'_> {
                     OutcomeClass::Retryable | OutcomeClass::Refused | OutcomeClass::User => {
                         s.failed += 1
                     }
+                }
+                if !matches!(
+                    finalized.settlement.class,
+                    OutcomeClass::Sent | OutcomeClass::Unknown
+                ) {
+                    onegrant::metrics::count_by(
+                        onegrant::metrics::name::FAILED_BY_CLASS,
+                        "Class",
+                        finalized.settlement.class.as_str().to_string(),
+                        1,
+                    );
                 }
             }
             Err(e) => {
@@ -458,6 +486,8 @@ async fn dispatch_one(
             return Ok(Dispatched::Unreadable);
         }
     };
+    // From here on every line about this item names its delivery (on the span).
+    tracing::Span::current().record("delivery_id", claim.delivery_id.as_str());
     onegrant::failpoint::hit("after_claim");
     // The send must end inside the lease and the invocation, before the finalize's
     // margin: measured now, on the wall clock for the lease, so a process that stalled
@@ -591,45 +621,23 @@ fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult> {
     })
 }
 
-/// One CloudWatch Embedded Metric Format line per tick.
+/// A tick's metrics (written as EMF lines when the invocation ends).
 fn emit_metrics(summary: &Summary) {
-    let line = serde_json::json!({
-        "_aws": {
-            "Timestamp": Utc::now().timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": "onegrant",
-                "Dimensions": [["Function"]],
-                "Metrics": [
-                    {"Name": "Sent", "Unit": "Count"},
-                    {"Name": "Failed", "Unit": "Count"},
-                    {"Name": "Unknown", "Unit": "Count"},
-                    {"Name": "Recovered", "Unit": "Count"},
-                    {"Name": "Advanced", "Unit": "Count"},
-                    {"Name": "Late", "Unit": "Count"},
-                    {"Name": "Released", "Unit": "Count"},
-                    {"Name": "NoToken", "Unit": "Count"},
-                    {"Name": "Skipped", "Unit": "Count"},
-                    {"Name": "ConfigErrors", "Unit": "Count"},
-                    {"Name": "Deferred", "Unit": "Count"}
-                ]
-            }]
-        },
-        "Function": "dispatcher",
-        "Sent": summary.sent,
-        "Failed": summary.failed,
-        "Unknown": summary.unknown,
-        "Recovered": summary.recovered,
-        "Advanced": summary.advanced,
-        "Late": summary.late,
-        "Released": summary.released,
-        "NoToken": summary.no_token,
-        "Skipped": summary.skipped,
-        "ConfigErrors": summary.config_errors,
-        "Deferred": summary.deferred,
-    });
-    if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
-        println!("{line}");
-    }
+    use onegrant::metrics::{count, distribution, name};
+    count(name::TICKS, 1);
+    count(name::DUE, summary.due);
+    count(name::CLAIMED, summary.claimed);
+    count(name::SENT, summary.sent);
+    count(name::FAILED, summary.failed);
+    count(name::UNKNOWN, summary.unknown);
+    count(name::NO_GRANT, summary.no_grant);
+    count(name::RESTORED, summary.restored);
+    count(name::RECOVERED, summary.recovered);
+    count(name::CONFIG_ERRORS, summary.config_errors);
+    count(name::DEFERRED, summary.deferred + summary.no_token);
+    count(name::LOST, summary.lost);
+    count(name::SKIPPED, summary.skipped);
+    distribution(name::SEND_LAG, &summary.latencies_ms);
 }
 
 /// The dispatcher as its Lambda `main` and the local Invoke API call it: one tick with

@@ -5,5 +5,5 @@ use onegrant::config::Need;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    onegrant::events::run(dispatcher::invoke, &[Need::AppSecret]).await
+    onegrant::events::run("dispatcher", dispatcher::invoke, &[Need::AppSecret]).await
 }

@@ -28,6 +28,12 @@ async fn wait(child: Child) -> (ExitStatus, String) {
     .expect("join")
 }
 
+/// The summary `dispatch-once` prints last (after its metrics' EMF lines).
+fn summary_of(stdout: &str) -> Value {
+    let last = stdout.trim().lines().last().unwrap_or_default();
+    serde_json::from_str(last).expect("summary JSON")
+}
+
 /// Whether process `pid` is stopped (SIGSTOP): state `T` in /proc.
 fn is_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -167,7 +173,7 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
         signal(pid, "-CONT");
         let (status, stdout) = wait(child).await;
         assert!(status.success(), "{what}: {status}");
-        let summary: Value = serde_json::from_str(stdout.trim()).expect("summary JSON");
+        let summary: Value = summary_of(&stdout);
         assert_eq!(
             (summary["sent"].as_u64(), summary["late"].as_u64()),
             (Some(1), Some(1)),
@@ -310,7 +316,7 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
     assert!(a.success() && b.success(), "{a} {b}");
     let summaries: Vec<Value> = [out_a, out_b]
         .iter()
-        .map(|o| serde_json::from_str(o.trim()).expect("summary JSON"))
+        .map(|o| summary_of(o.as_str()))
         .collect();
     let sent: u64 = summaries
         .iter()
@@ -432,7 +438,7 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     signal(pid, "-CONT");
     let (status, stdout) = wait(child).await;
     assert!(status.success(), "{status}");
-    let summary: Value = serde_json::from_str(stdout.trim()).expect("summary JSON");
+    let summary: Value = summary_of(&stdout);
     assert!(app.deliveries().await.is_empty(), "nothing reached WeChat");
     let delivery = app.items_of(&user, "delivery").await.remove(0);
     assert_eq!(attr_s(&delivery, "state"), Some("failed"), "{delivery:?}");

@@ -13,6 +13,7 @@ use onegrant::Deps;
 use onegrant::domain::{GrantReport, Quota};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::GrantEntry;
+use onegrant::store::history::attributed;
 use onegrant::telemetry::openid_hash;
 use serde::Serialize;
 
@@ -30,7 +31,8 @@ struct QuotasAnswer {
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
     let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
-    Box::pin(onegrant::http::within(budget, handle(deps, req)))
+    let route = onegrant::http::route(&req);
+    Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.
@@ -49,16 +51,25 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
     let now = Utc::now();
-    let recorded = deps.store.record_grants(&openid, &report, now).await?;
-    // Plans that need a reported template: a grant resumes them, a refusal pauses them.
-    // Replays run this again, so a report whose plan update failed converges on retry.
-    for (template, result) in &report.results {
-        for kind in deps.config.reminders.using_template(template) {
-            deps.store
-                .apply_grant_results(&openid, kind, *result, now)
-                .await?;
+    let cause = format!("report {}", report.request_id);
+    let recorded = attributed(cause.clone(), async {
+        let recorded = deps.store.record_grants(&openid, &report, now).await?;
+        // Plans that need a reported template: a grant resumes them, a refusal pauses
+        // them. Replays run this again, so a report whose plan update failed converges.
+        for (template, result) in &report.results {
+            for kind in deps.config.reminders.using_template(template) {
+                deps.store
+                    .apply_grant_results(&openid, kind, *result, now)
+                    .await?;
+            }
         }
-    }
+        Ok::<_, onegrant::store::StoreError>(recorded)
+    })
+    .await?;
+    onegrant::metrics::count(
+        onegrant::metrics::name::GRANTS_REPORTED,
+        u32::try_from(report.results.values().filter(|r| r.grants()).count()).unwrap_or(0),
+    );
     tracing::info!(
         openid = %openid_hash(openid.as_str()),
         request_id = %report.request_id,

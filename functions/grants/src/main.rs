@@ -4,5 +4,5 @@ use onegrant::config::Need;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(grants::handler, &[Need::SessionKey]).await
+    onegrant::http::run("grants", grants::handler, &[Need::SessionKey]).await
 }

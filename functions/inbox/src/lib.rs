@@ -21,7 +21,8 @@ const DEFAULT_LIMIT: usize = 20;
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
     let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
-    Box::pin(onegrant::http::within(budget, handle(deps, req)))
+    let route = onegrant::http::route(&req);
+    Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.

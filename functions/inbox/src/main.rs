@@ -4,5 +4,5 @@ use onegrant::config::Need;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(inbox::handler, &[Need::SessionKey]).await
+    onegrant::http::run("inbox", inbox::handler, &[Need::SessionKey]).await
 }

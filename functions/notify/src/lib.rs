@@ -92,5 +92,17 @@ pub fn invoke(
     event: Value,
     _budget: std::time::Duration,
 ) -> BoxFuture<'_, Result<Value, String>> {
-    Box::pin(handle(deps, event))
+    Box::pin(async move {
+        let answer = handle(deps, event).await;
+        // One count per event by how it ended (a failed one is Lambda's to retry).
+        if let Ok(answer) = &answer {
+            use onegrant::metrics::{count, count_by, name};
+            let outcome = answer["status"].as_str().unwrap_or("invalid").to_string();
+            count_by(name::EVENTS, "Outcome", outcome, 1);
+            if answer["push"] == "rejected" {
+                count(name::PUSHES_REJECTED, 1);
+            }
+        }
+        answer
+    })
 }

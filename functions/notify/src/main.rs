@@ -2,5 +2,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    onegrant::events::run(notify::invoke, &[]).await
+    onegrant::events::run("notify", notify::invoke, &[]).await
 }

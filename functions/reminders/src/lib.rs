@@ -11,13 +11,15 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsUpdate};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::store::history::attributed;
 use onegrant::store::plans::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
 
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
     let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
-    Box::pin(onegrant::http::within(budget, handle(deps, req)))
+    let route = onegrant::http::route(&req);
+    Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.
@@ -57,10 +59,11 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let now = Utc::now();
     let current = deps.store.plan(&openid, kind).await?;
     let update = SettingsUpdate::from_json(&body, &current.plan.settings)?;
-    let saved = deps
-        .store
-        .save_settings(&openid, kind, &update, now)
-        .await?;
+    let saved = attributed(
+        "settings",
+        deps.store.save_settings(&openid, kind, &update, now),
+    )
+    .await?;
     tracing::info!(
         openid = %openid_hash(openid.as_str()),
         kind = %kind.name,
@@ -76,9 +79,21 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let body = json_body(req)?;
     let now = Utc::now();
     let checkin = CheckIn::from_json(&body)?;
-    let outcome = deps.store.check_in(&openid, kind, &checkin, now).await?;
+    let outcome = attributed(
+        format!("check-in {}", checkin.action_id),
+        deps.store.check_in(&openid, kind, &checkin, now),
+    )
+    .await?;
     let answer = match outcome {
         CheckInOutcome::Applied(answer) => {
+            onegrant::metrics::count(onegrant::metrics::name::CHECK_INS, 1);
+            if checkin
+                .grant
+                .as_ref()
+                .is_some_and(|(_, result)| result.grants())
+            {
+                onegrant::metrics::count(onegrant::metrics::name::GRANTS_REPORTED, 1);
+            }
             tracing::info!(openid = %openid_hash(openid.as_str()), kind = %kind.name, action_id = %checkin.action_id, "check-in applied");
             answer
         }

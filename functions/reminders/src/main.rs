@@ -4,5 +4,5 @@ use onegrant::config::Need;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(reminders::handler, &[Need::SessionKey]).await
+    onegrant::http::run("reminders", reminders::handler, &[Need::SessionKey]).await
 }

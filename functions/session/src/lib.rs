@@ -17,7 +17,8 @@ const MAX_CODE_LEN: usize = 256;
 /// The handler as `onegrant::http::run_core` takes it (the local stack adapts it).
 pub fn handler(deps: &Core, req: Request) -> BoxFuture<'_, Response<Body>> {
     let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
-    Box::pin(onegrant::http::within(budget, handle(deps, req)))
+    let route = onegrant::http::route(&req);
+    Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.

@@ -5,5 +5,10 @@ use onegrant::config::Need;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run_core(session::handler, &[Need::SessionKey, Need::AppSecret]).await
+    onegrant::http::run_core(
+        "session",
+        session::handler,
+        &[Need::SessionKey, Need::AppSecret],
+    )
+    .await
 }

@@ -31,7 +31,8 @@ pub const TIMESTAMP_WINDOW_SECONDS: i64 = 300;
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
     let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
-    Box::pin(onegrant::http::within(budget, handle(deps, req)))
+    let route = onegrant::http::route(&req);
+    Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }
 
 /// The function's handler: one request in, one response out.
@@ -212,7 +213,13 @@ async fn receive(
         }
     };
     if let Some(key) = to_apply {
-        apply(deps, &message, now).await?;
+        let cause = match &message.event {
+            PushEvent::Change(_) => "WeChat change event",
+            PushEvent::Popup(_) => "WeChat popup event",
+            PushEvent::Sent(_) => "WeChat sent event",
+            PushEvent::Other { .. } => "WeChat event",
+        };
+        onegrant::store::history::attributed(cause, apply(deps, &message, now)).await?;
         deps.store.push_applied(&key).await?;
     }
     text(200, "success")

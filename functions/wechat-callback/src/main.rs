@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    onegrant::http::run(wechat_callback::handler, &[]).await
+    onegrant::http::run("wechat-callback", wechat_callback::handler, &[]).await
 }

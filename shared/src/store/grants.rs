@@ -171,6 +171,14 @@ impl Store {
             let rate_index = items.len();
             let (rate, retry_after) = self.report_rate(&pk, now)?;
             items.push(rate);
+            if self.limits.audit {
+                items = super::history::with_history(
+                    items,
+                    &self.table,
+                    now,
+                    self.limits.retention.grants,
+                )?;
+            }
             let sent = self
                 .client
                 .transact_write_items()

@@ -6,9 +6,9 @@ use crate::domain::reminder::KindName;
 use crate::domain::{OpenId, RequestId, TemplateId};
 
 const USER_PREFIX: &str = "USER#";
-const PLAN_PREFIX: &str = "PLAN#";
+pub const PLAN_PREFIX: &str = "PLAN#";
 const OUTBOX_PREFIX: &str = "OUTBOX#";
-const DELIVERY_PREFIX: &str = "DELIVERY#";
+pub const DELIVERY_PREFIX: &str = "DELIVERY#";
 const NOTE_PREFIX: &str = "NOTE#";
 const UNREAD_PREFIX: &str = "UNREAD#";
 

@@ -14,6 +14,7 @@
 
 pub mod dispatch;
 pub mod grants;
+pub mod history;
 pub mod inbox;
 mod item;
 pub mod keys;
@@ -124,6 +125,12 @@ where
         if started.elapsed() > budget {
             break;
         }
+        crate::metrics::count_by(
+            crate::metrics::name::CONTENDED_RETRIES,
+            "What",
+            what.to_string(),
+            1,
+        );
         tokio::time::sleep(backoff(n)).await;
     }
     Err(StoreError::Unavailable(

@@ -436,6 +436,16 @@ impl Store {
         // commit whose answer was lost gets that answer instead of failing its own
         // conditions (and a caller reading again would take its own write for someone
         // else's).
+        let items = if self.limits.audit {
+            super::history::with_history(
+                items,
+                &self.table,
+                Utc::now(),
+                self.limits.retention.grants,
+            )?
+        } else {
+            items
+        };
         let token = super::request_token();
         let mut resends = 0;
         loop {

@@ -237,6 +237,12 @@ impl WechatClient {
             Some(CachedToken::Valid { .. } | CachedToken::Failed { .. }) | None => {}
         }
         let fetched = self.fetch_token().await;
+        crate::metrics::count_by(
+            crate::metrics::name::TOKEN_FETCHES,
+            "Outcome",
+            if fetched.is_ok() { "ok" } else { "failed" }.to_string(),
+            1,
+        );
         *cached = Some(match &fetched {
             Ok((token, lifetime)) => CachedToken::Valid {
                 token: token.clone(),

@@ -6,6 +6,8 @@
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     onegrant::telemetry::init();
+    // As the Lambda: the tick's metrics as EMF lines on stdout, before the summary.
+    onegrant::metrics::init("dispatcher");
     let seconds: u64 = std::env::var("DISPATCH_ONCE_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -13,6 +15,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let deps = onegrant::Deps::from_env(&[onegrant::config::Need::AppSecret]).await?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
     let summary = dispatcher::tick(&deps, deadline).await?;
+    onegrant::metrics::flush();
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
 }

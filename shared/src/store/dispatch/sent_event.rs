@@ -139,9 +139,12 @@ impl Store {
                 error_code,
                 error_status: String::new(),
             };
-            let outcome = self
-                .match_sent_event(&pk, &event, mark.at, kinds, policy, now)
-                .await;
+            // Settled by WeChat's event, whoever runs the match.
+            let outcome = super::super::history::attributed(
+                "WeChat sent event (kept pending)",
+                self.match_sent_event(&pk, &event, mark.at, kinds, policy, now),
+            )
+            .await;
             match outcome {
                 // Another send of the template is still in flight: it stays pending.
                 Ok(SentEventOutcome::InFlight) => {}

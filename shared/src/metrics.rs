@@ -1,0 +1,181 @@
+//! Metrics, as CloudWatch Embedded Metric Format lines on stdout: recorded through the
+//! `metrics` facade, written by `metrics_cloudwatch_embedded` after each invocation
+//! ([`flush`]), turned into CloudWatch metrics by Lambda's log pipeline. Namespace
+//! `onegrant`, dimension `Function` (the function's short name, e.g. `dispatcher`) and
+//! the labels named below. Every name is here, once: the functions record with these
+//! constants and `template.yaml`'s alarms and dashboard are checked against [`ALL`].
+//!
+//! Without [`init`] (the tests' in-process functions, the local stack) recording is a
+//! no-op.
+
+use std::sync::OnceLock;
+
+/// The metric names.
+pub mod name {
+    // Per dispatcher invocation (a tick or a worker's shards).
+    /// Invocations that ran (a missing minute means a missed tick).
+    pub const TICKS: &str = "Ticks";
+    /// Due items read.
+    pub const DUE: &str = "Due";
+    /// Items claimed (a grant reserved for a send).
+    pub const CLAIMED: &str = "Claimed";
+    /// Messages WeChat took.
+    pub const SENT: &str = "Sent";
+    /// Sends WeChat refused or that never left (grant restored or voided).
+    pub const FAILED: &str = "Failed";
+    /// Failed sends by outcome class (label `Class`: retryable, config, refused, user).
+    pub const FAILED_BY_CLASS: &str = "FailedByClass";
+    /// Sends whose answer was lost: left `unknown`, never resent.
+    pub const UNKNOWN: &str = "Unknown";
+    /// Due items without a grant: nothing sent (plan paused, push skipped).
+    pub const NO_GRANT: &str = "NoGrant";
+    /// Grants given back after a send that did not go (or a release).
+    pub const RESTORED: &str = "Restored";
+    /// Claims the sweep recovered from a vanished dispatcher.
+    pub const RECOVERED: &str = "Recovered";
+    /// Sends refused for template, page or content: plans paused `config_error`.
+    pub const CONFIG_ERRORS: &str = "ConfigErrors";
+    /// Items left for the next tick (time or the user's turn ran out).
+    pub const DEFERRED: &str = "Deferred";
+    /// Items another dispatcher took first.
+    pub const LOST: &str = "Lost";
+    /// Items that could not be read or written (logged).
+    pub const SKIPPED: &str = "Skipped";
+    /// Milliseconds from a due instant to WeChat's answer (a distribution).
+    pub const SEND_LAG: &str = "SendLag";
+    // Per HTTP request.
+    /// Answers, by label `Route` (API Gateway's route key) and `Status` (2xx, 4xx, 5xx).
+    pub const REQUESTS: &str = "Requests";
+    /// Accepted templates in grant reports (a check-in's grant included).
+    pub const GRANTS_REPORTED: &str = "GrantsReported";
+    /// Check-ins recorded.
+    pub const CHECK_INS: &str = "CheckIns";
+    /// Writes tried again after losing a race or a throttle (label `What`).
+    pub const CONTENDED_RETRIES: &str = "ContendedRetries";
+    // Per notify event.
+    /// Events, by label `Outcome`: created, duplicate, conflict, invalid, refused.
+    pub const EVENTS: &str = "Events";
+    /// Pushes refused before sending (unknown template, data no rule can fit).
+    pub const PUSHES_REJECTED: &str = "PushesRejected";
+    // WeChat.
+    /// Access token fetches, by label `Outcome` (ok, failed).
+    pub const TOKEN_FETCHES: &str = "TokenFetches";
+}
+
+/// Every metric name onegrant records.
+pub const ALL: [&str; 22] = [
+    name::TICKS,
+    name::DUE,
+    name::CLAIMED,
+    name::SENT,
+    name::FAILED,
+    name::FAILED_BY_CLASS,
+    name::UNKNOWN,
+    name::NO_GRANT,
+    name::RESTORED,
+    name::RECOVERED,
+    name::CONFIG_ERRORS,
+    name::DEFERRED,
+    name::LOST,
+    name::SKIPPED,
+    name::SEND_LAG,
+    name::REQUESTS,
+    name::GRANTS_REPORTED,
+    name::CHECK_INS,
+    name::CONTENDED_RETRIES,
+    name::EVENTS,
+    name::PUSHES_REJECTED,
+    name::TOKEN_FETCHES,
+];
+
+/// The CloudWatch namespace.
+pub const NAMESPACE: &str = "onegrant";
+
+/// Most samples of a distribution one invocation writes (one EMF document holds 100).
+pub const MAX_SAMPLES: usize = 100;
+
+static COLLECTOR: OnceLock<&'static metrics_cloudwatch_embedded::Collector> = OnceLock::new();
+
+/// Installs the recorder for function `function` (a cold start; idempotent).
+pub fn init(function: &'static str) {
+    if COLLECTOR.get().is_some() {
+        return;
+    }
+    match metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace(NAMESPACE)
+        .with_dimension("Function", function)
+        .init()
+    {
+        Ok(collector) => {
+            let _ = COLLECTOR.set(collector);
+            metrics::describe_histogram!(
+                name::SEND_LAG,
+                metrics::Unit::Milliseconds,
+                "from a due instant to WeChat's answer"
+            );
+        }
+        // Another recorder is installed (a test harness): metrics go there.
+        Err(e) => tracing::warn!(error = %e, "metrics recorder not installed"),
+    }
+}
+
+/// Writes what was recorded since the last flush as EMF lines on stdout (after each
+/// invocation).
+pub fn flush() {
+    if let Some(collector) = COLLECTOR.get()
+        && let Err(e) = collector.flush(std::io::stdout().lock())
+    {
+        tracing::warn!(error = %e, "metrics not written");
+    }
+}
+
+/// Adds `n` to counter `name`.
+pub fn count(name: &'static str, n: u32) {
+    if n > 0 {
+        metrics::counter!(name).increment(u64::from(n));
+    }
+}
+
+/// Adds `n` to counter `name` with one label.
+pub fn count_by(name: &'static str, label: &'static str, value: String, n: u32) {
+    if n > 0 {
+        metrics::counter!(name, label => value).increment(u64::from(n));
+    }
+}
+
+/// Records `samples` of distribution `name`: all of them, or when there are more than
+/// one document holds, [`MAX_SAMPLES`] evenly spaced order statistics (so the
+/// percentiles CloudWatch computes stay those of the whole set).
+pub fn distribution(name: &'static str, samples: &[i64]) {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let picked: Vec<i64> = if sorted.len() <= MAX_SAMPLES {
+        sorted
+    } else {
+        (0..MAX_SAMPLES)
+            .filter_map(|i| {
+                sorted
+                    .get(i * (sorted.len() - 1) / (MAX_SAMPLES - 1))
+                    .copied()
+            })
+            .collect()
+    };
+    let histogram = metrics::histogram!(name);
+    for sample in picked {
+        #[allow(clippy::cast_precision_loss)]
+        histogram.record(sample as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        let mut names = ALL.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len());
+    }
+}

@@ -1,0 +1,425 @@
+//! The audit trail: every transaction that changes a grant, a delivery or a plan also
+//! writes one history entry in the user's partition, in the same transaction, naming
+//! what caused it and what each item became. Entries are append-only (written once,
+//! conditional on not existing, never updated) and expire after the grants retention.
+//!
+//! What caused a change is the task's *cause* ([`attributed`]): a report's `request_id`,
+//! a check-in's `action_id`, the dispatcher, the sweep, a WeChat push event, a settings
+//! change. The changes themselves are read off the transaction's own writes
+//! ([`changes_of`]), so no write path can change a grant, delivery or plan without a
+//! trace. `from` states are not stored: each entry is the entity's next state, so the
+//! timeline's previous entry for the same entity is where it came from
+//! (`onegrant-audit` prints `from → to`).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{DELIVERY_PREFIX, GRANT_PREFIX, PLAN_PREFIX};
+use super::{StoreError, corrupt};
+
+tokio::task_local! {
+    static CAUSE: String;
+}
+
+/// Runs `work` with `cause` as what its writes are attributed to.
+pub async fn attributed<F: std::future::Future>(cause: impl Into<String>, work: F) -> F::Output {
+    CAUSE.scope(cause.into(), work).await
+}
+
+/// What the running task's writes are attributed to.
+pub fn cause() -> String {
+    CAUSE
+        .try_with(Clone::clone)
+        .unwrap_or_else(|_| UNATTRIBUTED.to_string())
+}
+
+/// The cause of a write made outside any [`attributed`] scope (a bug the tests look for).
+pub const UNATTRIBUTED: &str = "unattributed";
+
+/// The sort key prefix of history entries.
+pub const HISTORY_PREFIX: &str = "HIST#";
+
+/// One grant, delivery or plan as a transaction leaves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// `grant`, `delivery` or `plan`.
+    pub entity: String,
+    /// The item's sort key (`GRANT#<template>#<request_id>`, `DELIVERY#<id>`,
+    /// `PLAN#<kind>`).
+    pub sk: String,
+    /// Its state after the change (a refusal's result for a refusal recorded).
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msgid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errcode: Option<i64>,
+    /// The outcome class of a settled delivery, or a paused plan's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One history entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryItem {
+    pub pk: String,
+    pub sk: String,
+    pub kind: String,
+    pub at: String,
+    pub cause: String,
+    pub changes: Vec<Change>,
+    pub expires_at: i64,
+}
+
+fn text(item: &HashMap<String, AttributeValue>, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(AttributeValue::S(s)) => Some(s.clone()),
+        Some(AttributeValue::N(n)) => Some(n.clone()),
+        _ => None,
+    }
+}
+
+fn entity_of(sk: &str) -> Option<&'static str> {
+    if sk.starts_with(GRANT_PREFIX) {
+        Some("grant")
+    } else if sk.starts_with(DELIVERY_PREFIX) {
+        Some("delivery")
+    } else if sk.starts_with(PLAN_PREFIX) {
+        Some("plan")
+    } else {
+        None
+    }
+}
+
+/// The attributes an update expression's `SET` clause gives plain values: `name = :value`
+/// pairs (names resolved through `names`; computed values such as `version + :one` are
+/// left out).
+fn set_values(
+    expression: &str,
+    names: &HashMap<String, String>,
+    values: &HashMap<String, AttributeValue>,
+) -> HashMap<String, AttributeValue> {
+    let mut out = HashMap::new();
+    let Some(set) = expression.split_once("SET ").map(|(_, rest)| rest) else {
+        return out;
+    };
+    let set = ["REMOVE ", "ADD ", "DELETE "]
+        .iter()
+        .filter_map(|k| set.find(k))
+        .min()
+        .map_or(set, |end| &set[..end]);
+    for clause in set.split(',') {
+        let Some((lhs, rhs)) = clause.split_once('=') else {
+            continue;
+        };
+        let (lhs, rhs) = (lhs.trim(), rhs.trim());
+        if !rhs.starts_with(':') || rhs.contains(char::is_whitespace) {
+            continue;
+        }
+        let name = names.get(lhs).cloned().unwrap_or_else(|| lhs.to_string());
+        if let Some(value) = values.get(rhs) {
+            out.insert(name, value.clone());
+        }
+    }
+    out
+}
+
+/// The grants, deliveries and plans `items` write, as they leave them, and the partition
+/// they are in (a history entry goes to the user's partition).
+pub fn changes_of(items: &[TransactWriteItem]) -> (Option<String>, Vec<Change>) {
+    let mut pk = None;
+    let mut changes = Vec::new();
+    for item in items {
+        let (key_pk, sk, attributes) = if let Some(put) = item.put() {
+            let fields = put.item();
+            let Some(kind) = text(fields, "kind") else {
+                continue;
+            };
+            if !["grant", "delivery", "plan"].contains(&kind.as_str()) {
+                continue;
+            }
+            (text(fields, "pk"), text(fields, "sk"), fields.clone())
+        } else if let Some(update) = item.update() {
+            let key = update.key();
+            let names = update
+                .expression_attribute_names()
+                .cloned()
+                .unwrap_or_default();
+            let values = update
+                .expression_attribute_values()
+                .cloned()
+                .unwrap_or_default();
+            (
+                text(key, "pk"),
+                text(key, "sk"),
+                set_values(update.update_expression(), &names, &values),
+            )
+        } else {
+            continue;
+        };
+        let (Some(key_pk), Some(sk)) = (key_pk, sk) else {
+            continue;
+        };
+        let Some(entity) = entity_of(&sk) else {
+            continue;
+        };
+        // A change is a new state; an update that leaves the state alone (a count, a
+        // mark) is not one.
+        let Some(to) = text(&attributes, "state").or_else(|| text(&attributes, "result")) else {
+            continue;
+        };
+        pk.get_or_insert(key_pk);
+        changes.push(Change {
+            entity: entity.to_string(),
+            sk,
+            to,
+            template_id: text(&attributes, "template_id"),
+            msgid: text(&attributes, "msgid"),
+            errcode: text(&attributes, "errcode").and_then(|e| e.parse().ok()),
+            reason: text(&attributes, "class").or_else(|| text(&attributes, "pause_reason")),
+        });
+    }
+    (pk, changes)
+}
+
+/// The history entry for a transaction of `items`, if it changes anything: appended to
+/// it, so it commits with the changes or not at all.
+pub fn entry_for(
+    items: &[TransactWriteItem],
+    table: &str,
+    now: DateTime<Utc>,
+    retention: chrono::Duration,
+) -> Result<Option<TransactWriteItem>, StoreError> {
+    let (Some(pk), changes) = changes_of(items) else {
+        return Ok(None);
+    };
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let entry = HistoryItem {
+        pk,
+        sk: format!(
+            "{HISTORY_PREFIX}{:013}#{}",
+            now.timestamp_millis().max(0),
+            &random[..8]
+        ),
+        kind: "history".into(),
+        at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        cause: cause(),
+        changes,
+        expires_at: (now + retention).timestamp(),
+    };
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(
+            serde_dynamo::to_item(&entry).map_err(|e| corrupt("history", e))?,
+        ))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(Some(TransactWriteItem::builder().put(put).build()))
+}
+
+/// Appends the history entry `items` call for (a full transaction is left as it is,
+/// logged: DynamoDB takes at most 100 items).
+pub fn with_history(
+    mut items: Vec<TransactWriteItem>,
+    table: &str,
+    now: DateTime<Utc>,
+    retention: chrono::Duration,
+) -> Result<Vec<TransactWriteItem>, StoreError> {
+    if let Some(entry) = entry_for(&items, table, now, retention)? {
+        if items.len() < 100 {
+            items.push(entry);
+        } else {
+            tracing::error!("a transaction of 100 items has no room for its history entry");
+        }
+    }
+    Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodb::types::Update;
+
+    fn s(v: &str) -> AttributeValue {
+        AttributeValue::S(v.into())
+    }
+
+    #[test]
+    fn changes_are_read_off_puts_and_updates_and_counts_are_not_changes() {
+        let grant_move = Update::builder()
+            .table_name("t")
+            .key("pk", s("USER#o1"))
+            .key("sk", s("GRANT#T1#wr_1"))
+            .update_expression("SET #s = :to, updated_at = :now, version = version + :one")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":to", s("consumed"))
+            .expression_attribute_values(":now", s("2026-12-01T00:00:00Z"))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .expect("update");
+        let counter = Update::builder()
+            .table_name("t")
+            .key("pk", s("USER#o1"))
+            .key("sk", s("QUOTA#T1"))
+            .update_expression("ADD available :minus")
+            .expression_attribute_values(":minus", AttributeValue::N("-1".into()))
+            .build()
+            .expect("update");
+        let delivery = Put::builder()
+            .table_name("t")
+            .item("pk", s("USER#o1"))
+            .item("sk", s("DELIVERY#d1"))
+            .item("kind", s("delivery"))
+            .item("state", s("sent"))
+            .item("template_id", s("T1"))
+            .item("msgid", s("123456789"))
+            .item("class", s("sent"))
+            .build()
+            .expect("put");
+        let items = vec![
+            TransactWriteItem::builder().update(grant_move).build(),
+            TransactWriteItem::builder().update(counter).build(),
+            TransactWriteItem::builder().put(delivery).build(),
+        ];
+        let (pk, changes) = changes_of(&items);
+        assert_eq!(pk.as_deref(), Some("USER#o1"));
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert_eq!(
+            (changes[0].entity.as_str(), changes[0].to.as_str()),
+            ("grant", "consumed")
+        );
+        assert_eq!(changes[1].msgid.as_deref(), Some("123456789"));
+        assert_eq!(changes[1].reason.as_deref(), Some("sent"));
+        assert!(
+            changes_of(&items[1..2]).1.is_empty(),
+            "a count alone changes nothing"
+        );
+    }
+}
+
+/// One line of a user's timeline: a change with where the entity came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Line {
+    pub at: String,
+    pub cause: String,
+    pub entity: String,
+    pub sk: String,
+    pub template_id: Option<String>,
+    /// The entity's state before (its previous entry); `None` when this created it.
+    pub from: Option<String>,
+    pub to: String,
+    pub msgid: Option<String>,
+    pub errcode: Option<i64>,
+    pub reason: Option<String>,
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}  {:<34}  {:<8} {:<40} {} → {}",
+            self.at,
+            self.cause,
+            self.entity,
+            self.sk,
+            self.from.as_deref().unwrap_or("(new)"),
+            self.to
+        )?;
+        if let Some(template) = &self.template_id {
+            write!(f, "  template {template}")?;
+        }
+        if let Some(reason) = &self.reason {
+            write!(f, "  ({reason})")?;
+        }
+        if let Some(msgid) = &self.msgid {
+            write!(f, "  msgid {msgid}")?;
+        }
+        if let Some(errcode) = self.errcode {
+            write!(f, "  errcode {errcode}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The template of a change: its own, or the one its grant's key names.
+fn template_of(change: &Change) -> Option<String> {
+    change.template_id.clone().or_else(|| {
+        change
+            .sk
+            .strip_prefix(GRANT_PREFIX)
+            .and_then(|rest| rest.split('#').next())
+            .map(str::to_string)
+    })
+}
+
+/// A user's history entries, oldest first, as timeline lines: each change with the
+/// state it left, those of `template` only (all when `None`), from `since` on (the
+/// earlier ones still tell where an entity came from).
+pub fn timeline(entries: &[HistoryItem], template: Option<&str>, since: Option<&str>) -> Vec<Line> {
+    let mut last: HashMap<String, String> = HashMap::new();
+    // An update names no template: the entity's earlier entry (its creation) did.
+    let mut templates: HashMap<String, String> = HashMap::new();
+    let mut lines = Vec::new();
+    for entry in entries {
+        for change in &entry.changes {
+            let from = last.insert(change.sk.clone(), change.to.clone());
+            let template_id = template_of(change).or_else(|| templates.get(&change.sk).cloned());
+            if let Some(template) = &template_id {
+                templates.insert(change.sk.clone(), template.clone());
+            }
+            if template.is_some_and(|t| template_id.as_deref() != Some(t))
+                || since.is_some_and(|s| entry.at.as_str() < s)
+            {
+                continue;
+            }
+            lines.push(Line {
+                at: entry.at.clone(),
+                cause: entry.cause.clone(),
+                entity: change.entity.clone(),
+                sk: change.sk.clone(),
+                template_id,
+                from,
+                to: change.to.clone(),
+                msgid: change.msgid.clone(),
+                errcode: change.errcode,
+                reason: change.reason.clone(),
+            });
+        }
+    }
+    lines
+}
+
+impl super::Store {
+    /// Every history entry of `openid`, oldest first (an operator's read: it pages
+    /// through the whole retained history).
+    pub async fn history(
+        &self,
+        openid: &crate::domain::OpenId,
+    ) -> Result<Vec<HistoryItem>, StoreError> {
+        let mut pages = self
+            .client()
+            .query()
+            .table_name(self.table())
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .expression_attribute_values(":pk", AttributeValue::S(super::keys::user_pk(openid)))
+            .expression_attribute_values(":prefix", AttributeValue::S(HISTORY_PREFIX.into()))
+            .into_paginator()
+            .items()
+            .send();
+        let mut entries = Vec::new();
+        while let Some(item) = pages.next().await {
+            let item = item.map_err(|e| super::classify_sdk_error(e, |_| false))?;
+            entries.push(serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?);
+        }
+        Ok(entries)
+    }
+}
