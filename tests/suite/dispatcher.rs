@@ -1142,7 +1142,7 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
             app.round_trips.take_items_read(),
         );
         // Disabling the plan.
-        let off = app.disable(&user, "water").await;
+        let off = app.disable(user, "water").await;
         assert_eq!(off.status, 200);
         let disable = (
             tally(app.round_trips.take()),
