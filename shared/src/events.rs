@@ -29,7 +29,8 @@ pub async fn run(
         let budget = chrono::DateTime::from_timestamp_millis(deadline_ms)
             .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
             .unwrap_or_default();
-        let span = tracing::info_span!(
+        // At ERROR level: enabled whenever anything is logged.
+        let span = tracing::error_span!(
             "invocation",
             function,
             request_id = event.context.request_id.as_str()

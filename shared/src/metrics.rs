@@ -46,7 +46,8 @@ pub mod name {
     // Per HTTP request.
     /// Answers, by label `Route` (API Gateway's route key) and `Status` (2xx, 4xx, 5xx).
     pub const REQUESTS: &str = "Requests";
-    /// Accepted templates in grant reports (a check-in's grant included).
+    /// Template results newly recorded by grant reports (replays not counted), and
+    /// check-ins' carried results that were recorded.
     pub const GRANTS_REPORTED: &str = "GrantsReported";
     /// Check-ins recorded.
     pub const CHECK_INS: &str = "CheckIns";
@@ -87,6 +88,26 @@ pub const ALL: [&str; 22] = [
     name::PUSHES_REJECTED,
     name::TOKEN_FETCHES,
 ];
+
+/// The labels (EMF dimensions besides `Function`) each labelled metric is recorded
+/// with; every other metric has `Function` alone.
+pub const LABELS: [(&str, &[&str]); 6] = [
+    (name::FAILED_BY_CLASS, &["Class"]),
+    (name::REQUESTS, &["Route", "Status"]),
+    (name::CONTENDED_RETRIES, &["What"]),
+    (name::EVENTS, &["Outcome"]),
+    (name::TOKEN_FETCHES, &["Outcome"]),
+    (name::PUSHES_REJECTED, &[]),
+];
+
+/// The dimension names metric `name` is written with.
+pub fn dimensions(name: &str) -> Vec<&'static str> {
+    let mut all = vec!["Function"];
+    if let Some((_, labels)) = LABELS.iter().find(|(n, _)| *n == name) {
+        all.extend_from_slice(labels);
+    }
+    all
+}
 
 /// The CloudWatch namespace.
 pub const NAMESPACE: &str = "onegrant";

@@ -233,3 +233,27 @@ async fn a_users_timeline_tells_every_step_with_its_cause_and_always_matches_the
     );
     assert!(steps(&lines).len() >= expected.len());
 }
+
+#[tokio::test]
+async fn disabling_a_plan_with_a_hundred_open_grants_leaves_a_trace_of_every_one() {
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "600")]).await;
+    let user = app.scheduled_user("many", 99).await;
+    let off = app.disable(&user, "water").await;
+    assert_eq!(off.status, 200, "{}", off.body);
+    let lines = timeline(&history(&app, &user).await, Some(WATER), None);
+    let voided = lines
+        .iter()
+        .filter(|l| l.entity == "grant" && l.to == "invalid" && l.cause == "settings")
+        .count();
+    assert_eq!(
+        voided, 99,
+        "every grant the disable voided is in the history"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.sk == "PLAN#water" && l.to == "disabled")
+    );
+    let mut seen = Vec::new();
+    assert_history_holds(&app, &user, &mut seen).await;
+}

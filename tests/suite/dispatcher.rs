@@ -506,10 +506,22 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
             "round {round}: 8 dispatchers took {:?}, DynamoDB requests {ops:?}",
             started.elapsed()
         );
+        let mut summaries = summaries;
+        // On a loaded machine a dispatcher may give a claim back unsent for want of time
+        // (its grant restored, the plan due again): a later tick sends it, still once.
+        for _ in 0..3 {
+            let sent: u32 = summaries.iter().map(|s| s.sent).sum();
+            if sent as usize >= PLANS {
+                break;
+            }
+            summaries.push(app.tick(120).await);
+        }
         let claimed: u32 = summaries.iter().map(|s| s.claimed).sum();
+        let released: u32 = summaries.iter().map(|s| s.released).sum();
         let sent: u32 = summaries.iter().map(|s| s.sent).sum();
+        eprintln!("round {round}: {released} claims given back unsent and sent by a later tick");
         assert_eq!(
-            (claimed as usize, sent as usize),
+            ((claimed - released) as usize, sent as usize),
             (PLANS, PLANS),
             "round {round}: {summaries:?}"
         );
@@ -756,6 +768,15 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
         .filter(|i| i.contains_key("quarantined_at"))
         .count();
     assert_eq!(quarantined, 3);
+    // And the audit trail says where each stopped.
+    let recorded = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| attr_s(i, "kind") == Some("history"))
+        .filter(|i| format!("{:?}", i.get("changes")).contains("quarantined"))
+        .count();
+    assert_eq!(recorded, 3, "one history entry per quarantined item");
     let again = app.tick(30).await;
     assert_eq!((again.due, again.skipped), (0, 0), "{again:?}");
 }

@@ -2,7 +2,7 @@
 //! `onegrant` metric they name is one of `onegrant::metrics::ALL`, the names the
 //! functions record with (one list, in one place).
 
-use onegrant::metrics::{ALL, NAMESPACE};
+use onegrant::metrics::{ALL, NAMESPACE, dimensions};
 use serde_yaml_ng::Value;
 
 fn template() -> Value {
@@ -27,25 +27,38 @@ fn every_onegrant_metric_an_alarm_or_the_dashboard_names_is_one_the_code_writes(
             continue;
         }
         let properties = &resource["Properties"];
+        // (metric name, its dimension names) of each onegrant metric the alarm reads.
+        let names = |m: &Value| -> (String, Vec<String>) {
+            let dims = m["Dimensions"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["Name"].as_str().map(str::to_string))
+                .collect();
+            (
+                m["MetricName"].as_str().unwrap_or_default().to_string(),
+                dims,
+            )
+        };
         let mut named = Vec::new();
         if properties["Namespace"].as_str() == Some(NAMESPACE) {
-            named.push(
-                properties["MetricName"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            );
+            named.push(names(properties));
         }
         for metric in properties["Metrics"].as_sequence().into_iter().flatten() {
             let stat = &metric["MetricStat"]["Metric"];
             if stat["Namespace"].as_str() == Some(NAMESPACE) {
-                named.push(stat["MetricName"].as_str().unwrap_or_default().to_string());
+                named.push(names(stat));
             }
         }
-        for name in &named {
+        for (name, dims) in &named {
             assert!(
                 ALL.contains(&name.as_str()),
                 "{id:?} alarms on {name}, which no function writes"
+            );
+            assert_eq!(
+                dims,
+                &dimensions(name),
+                "{id:?}: {name} is written with exactly these dimensions"
             );
             alarms += 1;
         }
@@ -83,6 +96,20 @@ fn every_onegrant_metric_an_alarm_or_the_dashboard_names_is_one_the_code_writes(
                 assert!(
                     ALL.contains(&name),
                     "the dashboard shows {name}, which no function writes"
+                );
+                // Dimension names sit at 2, 4, …; a trailing object is the rendering.
+                let dims: Vec<&str> = metric
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .skip(2)
+                    .step_by(2)
+                    .filter_map(serde_json::Value::as_str)
+                    .collect();
+                assert_eq!(
+                    dims,
+                    dimensions(name),
+                    "the dashboard's {name} has exactly its dimensions"
                 );
                 shown += 1;
             }

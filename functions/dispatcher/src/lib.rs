@@ -168,7 +168,7 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
         tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
     }
-    report(&summary);
+    report(&summary, true);
     Ok(summary)
 }
 
@@ -180,7 +180,7 @@ pub async fn tick_shards(
     shards: &[u32],
 ) -> Result<Summary, StoreError> {
     let summary = run_shards(deps, deadline, shards, Utc::now()).await?;
-    report(&summary);
+    report(&summary, false);
     Ok(summary)
 }
 
@@ -219,8 +219,9 @@ async fn run_shards(
     Ok(summary)
 }
 
-/// One log line and the metrics of a tick.
-fn report(summary: &Summary) {
+/// One log line and the metrics of a tick (`scheduled`: the minute's own tick, not a
+/// worker's share of it).
+fn report(summary: &Summary, scheduled: bool) {
     tracing::info!(
         due = summary.due,
         claimed = summary.claimed,
@@ -239,7 +240,7 @@ fn report(summary: &Summary) {
         workers = summary.workers,
         "dispatcher tick"
     );
-    emit_metrics(summary);
+    emit_metrics(summary, scheduled);
 }
 
 /// Due-index entries one query reads from one shard.
@@ -340,7 +341,9 @@ impl Lane<'_> {
 
     async fn one(self, item: DueItem) {
         // Every line about this item carries its user's hash, once, on the span.
-        let span = tracing::info_span!(
+        // At ERROR level: enabled whenever anything is logged, so warnings and errors
+        // keep these fields whatever the level.
+        let span = tracing::error_span!(
             "item",
             openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
             delivery_id = tracing::field::Empty
@@ -622,9 +625,12 @@ fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult> {
 }
 
 /// A tick's metrics (written as EMF lines when the invocation ends).
-fn emit_metrics(summary: &Summary) {
+fn emit_metrics(summary: &Summary, scheduled: bool) {
     use onegrant::metrics::{count, distribution, name};
-    count(name::TICKS, 1);
+    // One per scheduled minute: workers are not ticks (they would hide missed ones).
+    count(name::TICKS, u32::from(scheduled));
+    // The sweep's recoveries are uncertain sends too (I4): counted with them.
+    count(name::UNKNOWN, summary.recovered);
     count(name::DUE, summary.due);
     count(name::CLAIMED, summary.claimed);
     count(name::SENT, summary.sent);

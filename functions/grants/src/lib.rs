@@ -66,9 +66,10 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
         Ok::<_, onegrant::store::StoreError>(recorded)
     })
     .await?;
+    // New grants only: a replay wrote nothing.
     onegrant::metrics::count(
         onegrant::metrics::name::GRANTS_REPORTED,
-        u32::try_from(report.results.values().filter(|r| r.grants()).count()).unwrap_or(0),
+        u32::try_from(recorded.written).unwrap_or(u32::MAX),
     );
     tracing::info!(
         openid = %openid_hash(openid.as_str()),

@@ -87,11 +87,10 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let answer = match outcome {
         CheckInOutcome::Applied(answer) => {
             onegrant::metrics::count(onegrant::metrics::name::CHECK_INS, 1);
-            if checkin
-                .grant
-                .as_ref()
-                .is_some_and(|(_, result)| result.grants())
-            {
+            // A carried grant refused on its own (a conflict, the cap) was not recorded.
+            let refused =
+                answer.get("grant_conflict").is_some() || answer.get("grant_limit").is_some();
+            if !refused && checkin.grant.is_some() {
                 onegrant::metrics::count(onegrant::metrics::name::GRANTS_REPORTED, 1);
             }
             tracing::info!(openid = %openid_hash(openid.as_str()), kind = %kind.name, action_id = %checkin.action_id, "check-in applied");

@@ -34,14 +34,20 @@ async fn main() -> anyhow::Result<()> {
     }
     let openid =
         OpenId::parse(openid.context(USAGE)?).map_err(|e| anyhow::anyhow!("openid: {e}"))?;
-    let since = since.map(|d| {
-        // A date means its start; an instant as given.
-        if d.len() == 10 {
-            format!("{d}T00:00:00")
-        } else {
-            d
-        }
-    });
+    // A date means its start (UTC); an instant is normalised to the entries' own form
+    // (RFC 3339, milliseconds, `Z`), so the comparison is of like with like.
+    let since = match since {
+        None => None,
+        Some(d) => Some(
+            match chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d") {
+                Ok(day) => day.and_hms_opt(0, 0, 0).context("midnight")?.and_utc(),
+                Err(_) => chrono::DateTime::parse_from_rfc3339(&d)
+                    .with_context(|| format!("--since {d}: a date or an RFC 3339 instant"))?
+                    .with_timezone(&chrono::Utc),
+            }
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        ),
+    };
     let table = std::env::var("TABLE_NAME").context("TABLE_NAME names the table")?;
     let sdk = onegrant::aws::sdk_config().await;
     let store = Store::new(aws_sdk_dynamodb::Client::new(&sdk), table);

@@ -24,9 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::item::{key, n, s};
 use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, report_rate_sk, user_pk};
-use super::{
-    Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
-};
+use super::{Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt};
 use crate::domain::{
     GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
     TemplateId,
@@ -211,7 +209,7 @@ impl Store {
                     else {
                         let error = classify_sdk_error(err, transact_unavailable);
                         if matches!(error, StoreError::Unavailable(_)) {
-                            tokio::time::sleep(backoff(attempt)).await;
+                            super::contended_pause("grant report", attempt).await;
                             continue;
                         }
                         return Err(error);
@@ -256,7 +254,7 @@ impl Store {
                         _ if replays > 0 => {}
                         Some(limit) => return Err(StoreError::Limited(limit)),
                         // Cancelled by a conflicting transaction or a throttle: back off.
-                        None => tokio::time::sleep(backoff(attempt)).await,
+                        None => super::contended_pause("grant report", attempt).await,
                     }
                 }
             }

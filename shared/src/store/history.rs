@@ -200,6 +200,18 @@ pub fn entry_for(
     if changes.is_empty() {
         return Ok(None);
     }
+    entry(pk, changes, table, now, retention).map(Some)
+}
+
+/// A history entry of `changes` in partition `pk`, attributed to the running task's
+/// cause (for a change the transaction's writes do not show, e.g. a quarantine).
+pub fn entry(
+    pk: String,
+    changes: Vec<Change>,
+    table: &str,
+    now: DateTime<Utc>,
+    retention: chrono::Duration,
+) -> Result<TransactWriteItem, StoreError> {
     let random = uuid::Uuid::new_v4().simple().to_string();
     let entry = HistoryItem {
         pk,
@@ -222,7 +234,12 @@ pub fn entry_for(
         .condition_expression("attribute_not_exists(pk)")
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(Some(TransactWriteItem::builder().put(put).build()))
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// The entity an item's sort key names, for a change recorded by hand.
+pub fn entity_name(sk: &str) -> &'static str {
+    entity_of(sk).unwrap_or("push")
 }
 
 /// Appends the history entry `items` call for (a full transaction is left as it is,
@@ -234,11 +251,13 @@ pub fn with_history(
     retention: chrono::Duration,
 ) -> Result<Vec<TransactWriteItem>, StoreError> {
     if let Some(entry) = entry_for(&items, table, now, retention)? {
-        if items.len() < 100 {
-            items.push(entry);
-        } else {
-            tracing::error!("a transaction of 100 items has no room for its history entry");
+        // Every transaction leaves room for it (a change without a trace is a bug).
+        if items.len() >= 100 {
+            return Err(StoreError::Corrupt(
+                "a transaction of 100 items has no room for its history entry".into(),
+            ));
         }
+        items.push(entry);
     }
     Ok(items)
 }

@@ -96,6 +96,19 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(random % window + 1)
 }
 
+/// The pause before trying again a write that lost a race or met a throttle, counted
+/// ([`crate::metrics::name::CONTENDED_RETRIES`], by `what`): the loops that do not go
+/// through [`retry_contended`] use this.
+pub(crate) async fn contended_pause(what: &'static str, attempt: u32) {
+    crate::metrics::count_by(
+        crate::metrics::name::CONTENDED_RETRIES,
+        "What",
+        what.to_string(),
+        1,
+    );
+    tokio::time::sleep(backoff(attempt)).await;
+}
+
 /// What one try of a contended write decided.
 pub(crate) enum Attempt<T> {
     /// Finished with this answer.

@@ -32,7 +32,7 @@ use super::keys::{
     user_pk,
 };
 use super::{
-    Attempt, Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, backoff, classify_sdk_error, corrupt,
+    Attempt, Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt,
     retry_contended,
 };
 use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
@@ -41,9 +41,9 @@ use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult};
 
-/// Most grants one transaction invalidates (100 items per transaction, less the plan
-/// and the counters).
-const INVALIDATE_CHUNK: usize = 98;
+/// Most grants one transaction invalidates (100 items per transaction, less the plan,
+/// the counters and the history entry).
+const INVALIDATE_CHUNK: usize = 97;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct PlanItem {
@@ -309,7 +309,7 @@ impl Store {
             }
             if let Some(left) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
                 pending = left.keys().to_vec();
-                tokio::time::sleep(backoff(attempt)).await;
+                super::contended_pause("read", attempt).await;
             }
         }
         Ok(found)

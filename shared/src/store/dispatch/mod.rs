@@ -47,7 +47,7 @@ use super::item::{Item, key, n, parse, s, text};
 use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
 use super::plans::OpenGrants;
 use super::plans::TxOutcome;
-use super::{MAX_WRITE_ATTEMPTS, Store, StoreError, backoff};
+use super::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
 use crate::domain::plan::Plan;
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
@@ -575,7 +575,7 @@ impl Store {
                     });
                 }
                 TxOutcome::Contended => {
-                    tokio::time::sleep(backoff(attempt)).await;
+                    super::contended_pause("settle", attempt).await;
                     continue;
                 }
                 TxOutcome::Cancelled(reasons) => reasons,
@@ -609,7 +609,7 @@ impl Store {
                 changed = true;
             }
             if !changed {
-                tokio::time::sleep(backoff(attempt)).await;
+                super::contended_pause("settle", attempt).await;
             }
         }
         Err(StoreError::Unavailable(
@@ -648,29 +648,43 @@ impl Store {
                 "lease_until = :seen",
             ),
         };
-        let result = self
-            .client
-            .update_item()
+        let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
             .update_expression(expression)
             .condition_expression(condition)
             .expression_attribute_values(":seen", n(seen))
             .expression_attribute_values(":now", s(rfc3339(now)))
-            .send()
-            .await;
-        match result {
-            Ok(_) => {
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let mut items = vec![TransactWriteItem::builder().update(update).build()];
+        // It stops there for good (until an operator acts): the audit trail says so.
+        if self.limits.audit {
+            let change = super::history::Change {
+                entity: super::history::entity_name(sk).to_string(),
+                sk: sk.to_string(),
+                to: "quarantined".into(),
+                template_id: None,
+                msgid: None,
+                errcode: None,
+                reason: Some(format!("{index:?} index")),
+            };
+            items.push(super::history::entry(
+                pk.to_string(),
+                vec![change],
+                &self.table,
+                now,
+                self.limits.retention.grants,
+            )?);
+        }
+        match self.transact(items).await? {
+            TxOutcome::Committed => {
                 tracing::error!(sk = %sk, ?index, "unreadable item taken off the index (quarantined_at)");
                 Ok(())
             }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(super::classify_sdk_error(e, |_| false)),
+            // It moved on since it was seen: nothing to do.
+            TxOutcome::Cancelled(_) => Ok(()),
+            TxOutcome::Contended => Err(StoreError::Unavailable("quarantine contended".into())),
         }
     }
 }
