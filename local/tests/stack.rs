@@ -142,6 +142,48 @@ async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
     assert_eq!(water["accepted"], 1, "{quotas}");
     assert_eq!(water["available"], 0, "{quotas}");
 
+    // The audit command, as an operator runs it against this stack's table: the grant's
+    // whole life, oldest first, each step with its cause.
+    let dynamodb = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("DynamoDB"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("the summary names the DynamoDB endpoint");
+    let audit = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_onegrant-audit"))
+            .args(args)
+            .env("TABLE_NAME", "onegrant-local")
+            .env("AWS_ENDPOINT_URL_DYNAMODB", dynamodb)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "local")
+            .env("AWS_SECRET_ACCESS_KEY", "local")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .output()
+            .expect("onegrant-audit runs")
+    };
+    let audit_all = audit(&[openid, "--template", "tmpl_water_reminder"]);
+    assert!(
+        audit_all.status.success(),
+        "{}",
+        String::from_utf8_lossy(&audit_all.stderr)
+    );
+    let timeline = String::from_utf8_lossy(&audit_all.stdout).to_string();
+    let lines: Vec<&str> = timeline.lines().collect();
+    assert_eq!(lines.len(), 2, "{timeline}");
+    assert!(
+        lines[0].contains("report wr_1") && lines[0].contains("(new) → available"),
+        "{timeline}"
+    );
+    assert!(
+        lines[1].contains("WeChat change event") && lines[1].contains("available → invalid"),
+        "{timeline}"
+    );
+    let none = audit(&[openid, "--since", "2999-01-01"]);
+    assert!(
+        String::from_utf8_lossy(&none.stdout).contains("no history"),
+        "nothing after --since"
+    );
+
     // SIGTERM, as `kill` or a terminal closing sends it.
     let pid = child.id().to_string();
     assert!(
