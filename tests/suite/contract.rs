@@ -96,6 +96,15 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     onegrant_tests::openapi::assert_conforms("POST", "/v1/grants", 200, &body);
     assert_eq!(onegrant_tests::quota(&body, WATER)["accepted"], 1);
 
+    // The sample notification, from the publisher the README's deploy example allows.
+    let answer = invoke(
+        &app,
+        "NotifyFunction",
+        &sample_event("notify-order-shipped.json"),
+    )
+    .await;
+    assert_eq!(answer["status"], "created", "{answer}");
+
     let mut event = sample_event("grants-list.json");
     event["headers"]["authorization"] = json!(format!("Bearer {token}"));
     let answer = invoke(&app, "GrantsFunction", &event).await;
@@ -146,4 +155,28 @@ async fn an_unavailable_table_answers_500_without_internal_details() {
     for leak in ["no-such-table", "ResourceNotFound", "dynamodb", "arn:"] {
         assert!(!text.contains(leak), "body leaks {leak}: {text}");
     }
+}
+
+#[test]
+fn every_push_reason_code_is_in_the_contract_and_no_other() {
+    let schema: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(onegrant_local::emulator::repo_root().join("api/openapi.yaml"))
+            .expect("api/openapi.yaml"),
+    )
+    .expect("YAML");
+    let reason = &schema["components"]["schemas"]["Notification"]["properties"]["push"]["oneOf"][1]
+        ["properties"]["reason"]["oneOf"][1]["enum"];
+    let mut listed: Vec<&str> = reason
+        .as_sequence()
+        .expect("the push.reason codes")
+        .iter()
+        .filter_map(serde_yaml_ng::Value::as_str)
+        .collect();
+    let mut codes: Vec<&str> = onegrant::domain::inbox::PushReason::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .collect();
+    listed.sort_unstable();
+    codes.sort_unstable();
+    assert_eq!(listed, codes);
 }

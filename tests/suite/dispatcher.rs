@@ -915,13 +915,7 @@ async fn disabling_a_plan_while_its_reminder_is_in_flight_never_gives_the_grant_
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            app.call(
-                "PUT",
-                "/v1/reminders/water",
-                Some(&user.token),
-                Some(br#"{"enabled": false}"#.to_vec()),
-            )
-            .await
+            app.disable(&user, "water").await
         };
         let (summary, off) = tokio::join!(tick, disable);
         assert_eq!(off.status, 200, "{fault}: {}", off.body);

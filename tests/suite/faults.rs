@@ -167,13 +167,7 @@ async fn act(
             .await
         }
         Path::Disable => {
-            app.call(
-                "PUT",
-                "/v1/reminders/water",
-                Some(&user.token),
-                Some(br#"{"enabled": false}"#.to_vec()),
-            )
-            .await
+            app.disable(user, "water").await
         }
         Path::NotifyIngest => {
             let answer = app

@@ -109,7 +109,7 @@ pub enum PushReason {
 }
 
 impl PushReason {
-    const ALL: [Self; 14] = [
+    pub const ALL: [Self; 14] = [
         Self::TemplateMissing,
         Self::TemplateNotConfigured,
         Self::DataInvalid,
