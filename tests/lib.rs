@@ -726,7 +726,17 @@ impl TestApp {
     /// Sizes are the items as they are now (DynamoDB bills the larger of before and
     /// after; for the small items here they round alike); a deleted item counts 1 KB.
     pub async fn write_units(&self, writes: &[ItemWrite]) -> usize {
-        let mut units = 0;
+        self.write_sizes(writes)
+            .await
+            .iter()
+            .map(|(w, bytes)| bytes.div_ceil(1024).max(1) * if w.transactional { 2 } else { 1 })
+            .sum()
+    }
+
+    /// Each write of `writes` with its item's size in bytes now (a deleted item counts
+    /// 1 KB), as [`TestApp::write_units`] bills it.
+    pub async fn write_sizes(&self, writes: &[ItemWrite]) -> Vec<(ItemWrite, usize)> {
+        let mut sizes = Vec::new();
         for w in writes {
             let item = self
                 .table
@@ -739,10 +749,9 @@ impl TestApp {
                 .await
                 .expect("get item")
                 .item;
-            let kb = item.map_or(1, |i| item_size(&i).div_ceil(1024).max(1));
-            units += kb * if w.transactional { 2 } else { 1 };
+            sizes.push((w.clone(), item.map_or(1024, |i| item_size(&i))));
         }
-        units
+        sizes
     }
 
     /// What DynamoDB's TTL does, as of `at`: every item whose `expires_at` (epoch

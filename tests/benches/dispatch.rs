@@ -14,7 +14,8 @@
 //!    trips, items read and estimated write units from the written items' sizes by
 //!    DynamoDB's rules (see `TestApp::write_units`), and a reminder cycle's total.
 //!
-//! `BENCH_PLANS` sets how many plans each phase uses (default 120).
+//! `BENCH_PLANS` sets how many plans each phase uses (default 120); `BENCH_PHASES=costs`
+//! runs phase 5 alone, and `BENCH_ITEMS=1` lists each write with its item's size.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -62,6 +63,12 @@ fn taken(app: &TestApp) -> (usize, u64, Vec<ItemWrite>) {
 }
 
 async fn units(app: &TestApp, writes: &[ItemWrite]) -> usize {
+    if std::env::var_os("BENCH_ITEMS").is_some() {
+        for (w, bytes) in app.write_sizes(writes).await {
+            let tx = if w.transactional { "tx" } else { "  " };
+            println!("      {:<20} {tx} {bytes:>5} B  {}", w.operation, w.sk);
+        }
+    }
     app.write_units(writes).await
 }
 
@@ -135,6 +142,11 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(120);
+    if std::env::var("BENCH_PHASES").as_deref() == Ok("costs") {
+        costs("true").await;
+        costs("false").await;
+        return;
+    }
     let app =
         spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "75"), ("DUE_SHARDS", "16")]).await;
 
