@@ -20,6 +20,11 @@ use serde_json::json;
 pub enum Fault {
     /// `ThrottlingException` (400), not forwarded.
     Throttle,
+    /// `ProvisionedThroughputExceededException` (400), not forwarded.
+    ProvisionedThroughput,
+    /// `TransactionInProgressException` (400): another attempt with the same
+    /// `ClientRequestToken` is still running. Not forwarded.
+    InProgress,
     /// A transaction conflict, not forwarded: `TransactionCanceledException` with
     /// `TransactionConflict` reasons for a transaction, `TransactionConflictException`
     /// for a single-item write.
@@ -31,6 +36,18 @@ pub enum Fault {
     /// Forwarded and applied; the answer arrives this late.
     CommitThenDelay(Duration),
 }
+
+/// Every fault a write may meet once, each of which must leave the same outcome as
+/// none: what DynamoDB answers when it did not run the request, and a commit whose
+/// answer is lost.
+pub const ONCE: [Fault; 6] = [
+    Fault::Throttle,
+    Fault::ProvisionedThroughput,
+    Fault::InProgress,
+    Fault::Conflict,
+    Fault::ServerError,
+    Fault::CommitThenDrop,
+];
 
 #[derive(Debug, Clone)]
 struct Rule {
@@ -184,6 +201,20 @@ async fn handle(
     match fault {
         Some(Fault::Throttle) => {
             return error(StatusCode::BAD_REQUEST, "ThrottlingException", json!({}));
+        }
+        Some(Fault::ProvisionedThroughput) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "ProvisionedThroughputExceededException",
+                json!({}),
+            );
+        }
+        Some(Fault::InProgress) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "TransactionInProgressException",
+                json!({}),
+            );
         }
         Some(Fault::ServerError) => {
             return error(

@@ -563,18 +563,36 @@ pub async fn spawn_pushing_app(copies: u32) -> TestApp {
 
 /// Like [`spawn_pushing_app`], with `extra` config values on top.
 pub async fn spawn_pushing_app_with(copies: u32, extra: &[(&'static str, &str)]) -> TestApp {
+    let app = spawn_app_with(&pushing_overrides(extra)).await;
+    point_pushes(&app, copies).await;
+    app
+}
+
+/// Like [`spawn_pushing_app`], with the fault proxy between the functions and the
+/// emulator.
+pub async fn spawn_faulty_pushing_app(copies: u32) -> (TestApp, faults::FaultProxy) {
+    let proxy = faults::FaultProxy::start(emulator_endpoint()).await;
+    let app = spawn_app_on(&pushing_overrides(&[]), None, Some(&proxy.url)).await;
+    point_pushes(&app, copies).await;
+    (app, proxy)
+}
+
+fn pushing_overrides<'a>(extra: &[(&'static str, &'a str)]) -> Vec<(&'static str, &'a str)> {
     let mut overrides: Vec<(&'static str, &str)> = stack::LOCAL_PUSH.to_vec();
     overrides.extend([
         ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
         ("WECHAT_TIMEOUT_MS", "1500"),
     ]);
     overrides.extend_from_slice(extra);
-    let app = spawn_app_with(&overrides).await;
+    overrides
+}
+
+/// Points the stand-in's pushes at `app`'s callback, each posted `copies` times.
+async fn point_pushes(app: &TestApp, copies: u32) {
     let target = stack::standin_push(&app.deps.config, &app.base_url).expect("push configured");
     let mut target = serde_json::to_value(target).expect("a push target");
     target["copies"] = json!(copies);
     app.control("POST", "push-target", Some(target)).await;
-    app
 }
 
 /// Starts a fresh onegrant for one test with the local defaults.
@@ -993,6 +1011,17 @@ impl TestApp {
         let plan = self.enable(&user, "water").await;
         assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
         user
+    }
+
+    /// `POST /v1/notifications/read-all` for `user` (one bounded step).
+    pub async fn read_all(&self, user: &User) -> Answer {
+        self.call(
+            "POST",
+            "/v1/notifications/read-all",
+            Some(&user.token),
+            None,
+        )
+        .await
     }
 
     /// `PUT /v1/reminders/{kind}` turning the user's plan off (its grants void).

@@ -63,6 +63,7 @@ pub fn standin_push(config: &Config, api_base: &str) -> Option<crate::standin::P
             .as_ref()
             .filter(|_| push.mode != onegrant::config::PushMode::Plain)
             .map(|k| k.expose().to_string()),
+        mode: (push.mode == onegrant::config::PushMode::Compatible).then(|| "compatible".into()),
         format: Some(
             match push.format {
                 onegrant::domain::push_event::Format::Json => "json",

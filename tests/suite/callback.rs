@@ -255,6 +255,11 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
     ])
     .await;
     let user = app.scheduled_user("alice", 2).await;
+    // Both due now: the next tick would send alice's reminder but for the event, and
+    // sends bob's (who sent no event), so the tick below can tell.
+    let bob = app.scheduled_user("bob", 1).await;
+    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&bob, "water", Utc::now()).await;
     let c = crypto();
     let ts = now();
     let event = change(&user.openid, onegrant_tests::WATER);
@@ -265,10 +270,23 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
     );
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
     assert_eq!(plan.body["state"], "paused", "{}", plan.body);
+    assert_eq!(plan.body["pause_reason"], "rejected", "{}", plan.body);
     let grants = app.get("/v1/grants", Some(&user.token)).await;
+    let quota = onegrant_tests::quota(&grants.body, onegrant_tests::WATER);
     assert_eq!(
-        onegrant_tests::quota(&grants.body, onegrant_tests::WATER)["available"],
-        0
+        (
+            quota["accepted"].clone(),
+            quota["available"].clone(),
+            quota["used"].clone()
+        ),
+        (json!(2), json!(0), json!(0)),
+        "{quota}"
+    );
+    let ledger = app.items_of(&user, "grant").await;
+    assert_eq!(ledger.len(), 2);
+    assert!(
+        ledger.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+        "{ledger:?}"
     );
     // WeChat's retry of the same event (a new nonce) applies nothing more.
     let (retry, retry_body) = sealed(&c, &c, &event, &ts, "c2");
@@ -280,10 +298,12 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
             .and_then(|v| v.as_bool().ok()),
         Some(&true)
     );
-    // Nothing is attempted afterwards.
+    // Nothing is attempted for alice afterwards; bob's reminder goes.
     let summary = app.tick(30).await;
-    assert_eq!(summary.claimed, 0, "{summary:?}");
-    assert!(app.deliveries().await.is_empty());
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    let deliveries = app.deliveries().await;
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(deliveries[0]["openid"], json!(bob.openid));
     onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
     onegrant_tests::assert_plans_consistent(&app).await;
 }
@@ -366,4 +386,231 @@ async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_po
     );
     onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
     onegrant_tests::assert_plans_consistent(&app).await;
+}
+
+/// `plain` (whole 16-byte blocks) sealed with the 43×'A' key, with no padding added:
+/// for envelopes whose padding is wrong on purpose.
+fn seal_raw(mut plain: Vec<u8>) -> String {
+    use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::NoPadding};
+    use base64::Engine;
+    let key = [0u8; 32]; // 43×'A' decodes to zero bytes
+    let length = plain.len();
+    let sealed = cbc::Encryptor::<aes::Aes256>::new(&key.into(), key[..16].into())
+        .encrypt_padded_mut::<NoPadding>(&mut plain, length)
+        .expect("whole blocks")
+        .to_vec();
+    base64::engine::general_purpose::STANDARD.encode(sealed)
+}
+
+/// A safe-mode XML push whose `Encrypt` is `encrypt`, signed by `signer`.
+fn sealed_xml(signer: &PushCrypto, encrypt: &str, ts: &str, nonce: &str) -> (String, String) {
+    let signature = signer.msg_signature(ts, nonce, encrypt);
+    (
+        format!(
+            "signature={}&timestamp={ts}&nonce={nonce}&openid={OPENID}&encrypt_type=aes&msg_signature={signature}",
+            signer.signature(ts, nonce)
+        ),
+        format!(
+            "<xml><ToUserName><![CDATA[gh_123456789abc]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+        ),
+    )
+}
+
+#[tokio::test]
+async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing() {
+    // Safe mode, XML: WeChat's popup event with one `List` and with two, each read
+    // and recorded; an envelope that verifies but hides unreadable XML is answered
+    // `success` (WeChat would only retry it) and recorded nowhere; one whose padding
+    // or framing is wrong, or whose outer XML is broken, is refused.
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_MODE", "safe"),
+        ("WECHAT_PUSH_FORMAT", "xml"),
+    ])
+    .await;
+    let c = crypto();
+    let ts = now();
+    let list = |template: &str, status: &str| {
+        format!(
+            "<List><TemplateId><![CDATA[{template}]]></TemplateId><SubscribeStatusString><![CDATA[{status}]]></SubscribeStatusString><PopupScene>2</PopupScene></List>"
+        )
+    };
+    let popup_xml = |openid: &str, lists: &str| {
+        format!(
+            "<xml><ToUserName><![CDATA[gh_123456789abc]]></ToUserName><FromUserName><![CDATA[{openid}]]></FromUserName>\
+             <CreateTime>{}</CreateTime><MsgType><![CDATA[event]]></MsgType>\
+             <Event><![CDATA[subscribe_msg_popup_event]]></Event>\
+             <SubscribeMsgPopupEvent>{lists}</SubscribeMsgPopupEvent></xml>",
+            Utc::now().timestamp()
+        )
+    };
+    let one = popup_xml(OPENID, &list("tmpl_water_reminder", "accept"));
+    let two = popup_xml(
+        "otFpruAK8D-E6EfStSYonYSBZ8_5",
+        &(list("tmpl_water_reminder", "accept") + &list("tmpl_order_status", "reject")),
+    );
+    let mut expected = 0;
+    for (what, plain, nonce) in [("one List", &one, "x1"), ("two Lists", &two, "x2")] {
+        let (query, body) = sealed_xml(&c, &c.encrypt(plain, &[7; 16]), &ts, nonce);
+        assert_eq!(
+            hit(&app, "POST", &query, Some(body)).await,
+            (200, "success".into()),
+            "{what}"
+        );
+        expected += 1;
+        let pushes = pushes(&app).await;
+        assert_eq!(pushes.len(), expected, "{what}");
+    }
+    // One item read from the single List, two from the pair.
+    let mut sizes: Vec<usize> = pushes(&app)
+        .await
+        .iter()
+        .map(|p| {
+            p.get("items")
+                .and_then(|v| v.as_l().ok())
+                .map_or(0, Vec::len)
+        })
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [1, 2]);
+
+    // A well-formed frame around `inner`, then padded with `pad` × `pad_len` to whole
+    // 32-byte blocks (`pad_len` 0: the right padding).
+    let frame = |inner: &[u8], pad: Option<(u8, usize)>| {
+        let mut p = vec![b'r'; 16];
+        p.extend_from_slice(&u32::try_from(inner.len()).unwrap_or(0).to_be_bytes());
+        p.extend_from_slice(inner);
+        p.extend_from_slice(LOCAL_APPID.as_bytes());
+        let right = 32 - p.len() % 32;
+        match pad {
+            None => p.extend(std::iter::repeat_n(right as u8, right)),
+            Some((byte, len)) => {
+                let fill = (p.len() + len).div_ceil(32) * 32 - p.len() - len;
+                p.extend(std::iter::repeat_n(b'x', fill));
+                p.extend(std::iter::repeat_n(byte, len));
+            }
+        }
+        p
+    };
+    // The control: the same frame, rightly padded, opens and is recorded.
+    let control = popup_xml(
+        "otFpruAK8D-E6EfStSYonYSBZ8_6",
+        &list("tmpl_water_reminder", "accept"),
+    );
+    let (query, body) = sealed_xml(&c, &seal_raw(frame(control.as_bytes(), None)), &ts, "x3");
+    assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
+    expected += 1;
+    assert_eq!(pushes(&app).await.len(), expected, "the control");
+
+    let inner = one.as_bytes();
+    let cases: Vec<(&str, String, String, u16)> = vec![
+        {
+            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, Some((0, 1)))), &ts, "b1");
+            ("padding byte 0", q, b, 401)
+        },
+        {
+            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, Some((33, 1)))), &ts, "b2");
+            ("padding byte 33", q, b, 401)
+        },
+        {
+            let mut p = frame(inner, Some((4, 4)));
+            let n = p.len();
+            p[n - 2] = 5;
+            let (q, b) = sealed_xml(&c, &seal_raw(p), &ts, "b3");
+            ("padding bytes that disagree", q, b, 401)
+        },
+        {
+            let (q, b) = sealed_xml(&c, &c.encrypt("<xml><unclosed>", &[7; 16]), &ts, "b4");
+            ("verified, malformed XML inside", q, b, 200)
+        },
+        {
+            let (q, _) = sealed_xml(&c, &c.encrypt(&one, &[7; 16]), &ts, "b5");
+            ("malformed outer XML", q, "<xml><Encrypt>".into(), 401)
+        },
+        {
+            let (q, _) = sealed_xml(&c, &c.encrypt(&one, &[7; 16]), &ts, "b6");
+            (
+                "JSON to an XML callback",
+                q,
+                "{\"Encrypt\": \"x\"}".into(),
+                401,
+            )
+        },
+    ];
+    for (what, query, body, status) in cases {
+        assert_eq!(
+            hit(&app, "POST", &query, Some(body)).await.0,
+            status,
+            "{what}"
+        );
+        assert_eq!(
+            pushes(&app).await.len(),
+            expected,
+            "{what}: nothing recorded"
+        );
+    }
+}
+
+#[tokio::test]
+async fn json_pushes_read_list_as_object_or_array_and_numbers_as_strings_or_numbers() {
+    let app = safe_json_app().await;
+    let c = crypto();
+    let ts = now();
+    let item = json!({"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept", "PopupScene": "0"});
+    let at = Utc::now().timestamp();
+    let shapes = [
+        (
+            "List as an object, CreateTime a string",
+            json!(item),
+            json!(at.to_string()),
+        ),
+        (
+            "List as an array, CreateTime a string",
+            json!([item]),
+            json!(at.to_string()),
+        ),
+        (
+            "List as an object, CreateTime a number",
+            json!(item),
+            json!(at),
+        ),
+        (
+            "List as an array of two, CreateTime a number",
+            json!([item, {"TemplateId": "tmpl_order_status", "SubscribeStatusString": "reject", "PopupScene": 0}]),
+            json!(at),
+        ),
+    ];
+    for (i, (what, list, create_time)) in shapes.into_iter().enumerate() {
+        let openid = format!("otFpruAK8D-E6EfStSYonYSBZ8_{i}");
+        let event = json!({"ToUserName": "gh_123456789abc", "FromUserName": openid,
+                           "CreateTime": create_time, "MsgType": "event",
+                           "Event": "subscribe_msg_popup_event", "List": list})
+        .to_string();
+        let (query, body) = sealed(&c, &c, &event, &ts, &format!("s{i}"));
+        assert_eq!(
+            hit(&app, "POST", &query, Some(body)).await,
+            (200, "success".into()),
+            "{what}"
+        );
+        let recorded = pushes(&app).await;
+        assert_eq!(recorded.len(), i + 1, "{what}: recorded");
+        let mine = recorded
+            .iter()
+            .find(|p| attr_s(p, "pk") == Some(format!("USER#{openid}").as_str()))
+            .unwrap_or_else(|| panic!("{what}: {recorded:?}"));
+        assert_eq!(
+            onegrant_tests::attr_n(mine, "create_time"),
+            Some(at),
+            "{what}"
+        );
+        let expected_items = if what.contains("two") { 2 } else { 1 };
+        assert_eq!(
+            mine.get("items")
+                .and_then(|v| v.as_l().ok())
+                .map_or(0, Vec::len),
+            expected_items,
+            "{what}"
+        );
+    }
 }

@@ -3,7 +3,7 @@
 //! functions' SDK client and the emulator (`onegrant_tests::faults`).
 
 use chrono::Utc;
-use onegrant_tests::faults::{Fault, FaultProxy};
+use onegrant_tests::faults::{Fault, FaultProxy, ONCE};
 use onegrant_tests::{
     TestApp, User, assert_ledger_agrees_with_counters, assert_no_plan_stuck_sending,
     assert_plans_consistent, attr_s, spawn_faulty_app,
@@ -33,6 +33,24 @@ fn injected(proxy: &FaultProxy, fault: Fault) -> usize {
     proxy.injected().iter().filter(|(_, f)| *f == fault).count()
 }
 
+/// After a tick that met faults: its one reminder sent once (not unknown, not lost),
+/// the plan awaiting its check-in, and the invariants whole.
+async fn sent_once(app: &TestApp, user: &User, summary: &dispatcher::Summary, case: &str) {
+    assert_eq!(
+        (summary.sent, summary.unknown, summary.lost),
+        (1, 0, 0),
+        "{case}: {summary:?}"
+    );
+    assert_eq!(app.deliveries().await.len(), 1, "{case}");
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(
+        plan.body["state"], "awaiting_checkin",
+        "{case}: {}",
+        plan.body
+    );
+    invariants(app).await;
+}
+
 #[tokio::test]
 async fn a_claim_whose_answers_are_lost_past_the_sdks_retries_or_late_is_still_sent_once() {
     // Lost three times: the SDK's attempts run out and the store sends it again with
@@ -50,19 +68,31 @@ async fn a_claim_whose_answers_are_lost_past_the_sdks_retries_or_late_is_still_s
         proxy.inject("TransactWriteItems", Some(CLAIM), fault, times);
         let summary = app.tick(20).await;
         assert_eq!(injected(&proxy, fault), times as usize, "{case}");
-        assert_eq!(
-            (summary.sent, summary.unknown, summary.lost),
-            (1, 0, 0),
-            "{case}: {summary:?}"
-        );
-        assert_eq!(app.deliveries().await.len(), 1, "{case}");
-        let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
-        assert_eq!(
-            plan.body["state"], "awaiting_checkin",
-            "{case}: {}",
-            plan.body
-        );
-        invariants(&app).await;
+        sent_once(&app, &user, &summary, &case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_claim_whose_commit_answer_is_lost_and_whose_retries_are_throttled_is_still_sent_once() {
+    // The first attempt commits unseen; the attempts after it (the SDK's and the
+    // store's) meet a throttle, a provisioned-throughput refusal or "in progress".
+    // None of those says whether the first committed, so the transaction goes again
+    // with its token until DynamoDB answers for it (the emulator: that commit's
+    // success), instead of reading its own claim back as someone else's.
+    for fault in [
+        Fault::Throttle,
+        Fault::ProvisionedThroughput,
+        Fault::InProgress,
+    ] {
+        let case = format!("{fault:?}");
+        let (app, proxy) = spawn_faulty_app(&FAST).await;
+        let user = due_user(&app, "lost-then-refused", 1).await;
+        proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
+        proxy.inject("TransactWriteItems", Some(CLAIM), fault, 3);
+        let summary = app.tick(20).await;
+        sent_once(&app, &user, &summary, &case).await;
+        assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1, "{case}");
+        assert_eq!(injected(&proxy, fault), 3, "{case}");
     }
 }
 
@@ -82,14 +112,6 @@ async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unkn
     assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
     invariants(&app).await;
 }
-
-/// The faults a write meets once: each must leave the same outcome as none.
-const ONCE: [Fault; 4] = [
-    Fault::Throttle,
-    Fault::Conflict,
-    Fault::ServerError,
-    Fault::CommitThenDrop,
-];
 
 /// A write path under test: what it does, and how to check it did it exactly once.
 #[derive(Debug, Clone, Copy)]
@@ -129,15 +151,15 @@ async fn setup(app: &TestApp) -> (User, Vec<String>) {
     (user, ids)
 }
 
-/// Runs `path` once; its HTTP status (or the ingest's answer's status as 200/500).
-/// (`at`: the check-in's time, the same for a replay.)
+/// Runs `path` once; its HTTP status (or the ingest's answer's status as 200/500), body
+/// and `Retry-After` seconds. (`at`: the check-in's time, the same for a replay.)
 async fn act(
     app: &TestApp,
     user: &User,
     ids: &[String],
     path: Path,
     at: &str,
-) -> (u16, serde_json::Value) {
+) -> (u16, serde_json::Value, Option<u64>) {
     use serde_json::json;
     let answer = match path {
         Path::GrantReport => {
@@ -176,7 +198,7 @@ async fn act(
                 .await;
             // Created, or (a replay) found: either way the note's id.
             let status = if answer["note_id"].is_string() { 200 } else { 500 };
-            return (status, answer);
+            return (status, answer, None);
         }
         Path::Read => {
             app.call(
@@ -187,17 +209,14 @@ async fn act(
             )
             .await
         }
-        Path::ReadAll => {
-            app.call(
-                "POST",
-                "/v1/notifications/read-all",
-                Some(&user.token),
-                None,
-            )
-            .await
-        }
+        Path::ReadAll => app.read_all(user).await,
     };
-    (answer.status, answer.body)
+    let retry_after = answer
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    (answer.status, answer.body, retry_after)
 }
 
 /// What `path` must have left, exactly once.
@@ -242,13 +261,13 @@ async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
             // The path's first transaction meets the fault (nothing else runs now).
             proxy.inject("TransactWriteItems", None, fault, 1);
             let at = Utc::now().to_rfc3339();
-            let (status, body) = act(&app, &user, &ids, path, &at).await;
+            let (status, body, _) = act(&app, &user, &ids, path, &at).await;
             assert_eq!(status, 200, "{case}: {body}");
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
             proxy.clear();
             check(&app, &user, path, &case).await;
             // And the same request again is a replay, not a second write.
-            let (again, body) = act(&app, &user, &ids, path, &at).await;
+            let (again, body, _) = act(&app, &user, &ids, path, &at).await;
             assert_eq!(again, 200, "{case}: replay {body}");
             check(&app, &user, path, &format!("{case}, replayed")).await;
         }
@@ -257,21 +276,16 @@ async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
 
 #[tokio::test]
 async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_nothing() {
-    // (Each gives up after the store's write budget, 4 s: three paths, one of each kind
-    // of write — a report's own loop, a check-in's read-decide-write, a batch of reads.)
-    for path in [
-        Path::GrantReport,
-        Path::CheckIn,
-        Path::ReadAll,
-        Path::NotifyIngest,
-    ] {
+    // (Each gives up after the store's write budget, 4 s.)
+    for path in PATHS {
         let (app, proxy) = spawn_faulty_app(&FAST).await;
         let (user, ids) = setup(&app).await;
         let before = app.items().await;
         proxy.inject("TransactWriteItems", None, Fault::Throttle, 0);
         proxy.inject("UpdateItem", None, Fault::Throttle, 0);
         proxy.inject("PutItem", None, Fault::Throttle, 0);
-        let (status, body) = act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
+        let (status, body, retry_after) =
+            act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
         proxy.clear();
         if matches!(path, Path::NotifyIngest) {
             assert_eq!(
@@ -281,6 +295,10 @@ async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_n
         } else {
             assert_eq!(status, 503, "{path:?}: {body}");
             assert_eq!(body["error"]["code"], "unavailable", "{path:?}: {body}");
+            assert!(
+                retry_after.is_some_and(|s| s >= 1),
+                "{path:?}: Retry-After {retry_after:?}"
+            );
         }
         let after = app.items().await;
         assert_eq!(before, after, "{path:?}: nothing partial");
@@ -298,18 +316,7 @@ async fn the_dispatchers_claim_and_finalize_meeting_each_fault_once_send_once_on
             proxy.inject("TransactWriteItems", Some(pattern), fault, 1);
             let summary = app.tick(20).await;
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
-            assert_eq!(
-                (summary.sent, summary.unknown, summary.lost),
-                (1, 0, 0),
-                "{case}: {summary:?}"
-            );
-            assert_eq!(app.deliveries().await.len(), 1, "{case}: one message");
-            let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
-            assert_eq!(
-                plan.body["state"], "awaiting_checkin",
-                "{case}: {}",
-                plan.body
-            );
+            sent_once(&app, &user, &summary, &case).await;
             // Nothing left for a later tick to send again.
             assert_eq!(app.tick(10).await.claimed, 0, "{case}");
             assert_eq!(app.deliveries().await.len(), 1, "{case}");
@@ -345,6 +352,10 @@ async fn the_sweep_meeting_each_fault_once_still_recovers_a_vanished_claim_once(
         assert_eq!(app.sweep_at(later).await.recovered, 0, "{case}: once");
         let delivery = app.items_of(&user, "delivery").await;
         assert_eq!(attr_s(&delivery[0], "state"), Some("unknown"), "{case}");
+        // The vanished dispatcher never sent, and nothing sends it now (I4).
+        assert_eq!(app.deliveries().await.len(), 0, "{case}");
+        assert_eq!(app.tick(10).await.claimed, 0, "{case}");
+        assert_eq!(app.deliveries().await.len(), 0, "{case}");
         let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
         assert_eq!(
             plan.body["pause_reason"], "uncertain",
@@ -379,5 +390,53 @@ async fn a_tick_whose_every_third_transaction_loses_its_answer_sends_each_due_pl
         let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
         assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
     }
+    invariants(&app).await;
+}
+
+#[tokio::test]
+async fn paths_of_many_transactions_whose_every_other_answer_is_lost_end_as_without_it() {
+    // read-all over 120 unread notes (49 per transaction) and a disable voiding 100
+    // grants (97 per transaction): every second transaction commits unseen, so the
+    // later steps of each path meet the fault too, not only the first.
+    let overrides = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("REPORTS_PER_MINUTE", "600"),
+    ];
+    let (app, proxy) = spawn_faulty_app(&overrides).await;
+    let user = app.scheduled_user("many", 100).await;
+    for i in 0..120 {
+        app.notify(serde_json::json!({"idempotency_key": format!("many-{i}"),
+                                      "openid": user.openid, "type": "order",
+                                      "title": "t", "body": "b"}))
+            .await;
+    }
+    proxy.inject_every("TransactWriteItems", None, Fault::CommitThenDrop, 0, 2);
+    let read_all = app.read_all(&user).await;
+    assert_eq!(read_all.status, 200, "{}", read_all.body);
+    assert_eq!(read_all.body["more"], false, "{}", read_all.body);
+    let disabled = app.disable(&user, "water").await;
+    assert_eq!(disabled.status, 200, "{}", disabled.body);
+    let lost = injected(&proxy, Fault::CommitThenDrop);
+    proxy.clear();
+    assert!(lost >= 3, "answers lost: {lost}");
+
+    let unread = app
+        .get("/v1/notifications/unread-count", Some(&user.token))
+        .await;
+    assert_eq!(unread.body["unread"], 0, "{}", unread.body);
+    let notes = app.items_of(&user, "note").await;
+    assert_eq!(notes.len(), 120);
+    assert!(
+        notes.iter().all(|n| n.get("read_at").is_some()),
+        "every note read"
+    );
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(grants.len(), 100);
+    assert!(
+        grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+        "every grant void"
+    );
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "disabled", "{}", plan.body);
     invariants(&app).await;
 }

@@ -626,14 +626,7 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
         let mut updated = 0;
         loop {
             calls += 1;
-            let answer = app
-                .call(
-                    "POST",
-                    "/v1/notifications/read-all",
-                    Some(&user.token),
-                    None,
-                )
-                .await;
+            let answer = app.read_all(&user).await;
             assert_eq!(answer.status, 200, "{}", answer.body);
             updated += answer.body["updated"].as_u64().expect("updated");
             if answer.body["more"] == false {

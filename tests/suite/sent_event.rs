@@ -9,7 +9,7 @@ use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
-    attr_n, attr_s, spawn_pushing_app, spawn_pushing_app_with,
+    attr_n, attr_s, spawn_faulty_pushing_app, spawn_pushing_app, spawn_pushing_app_with,
 };
 use serde_json::{Value, json};
 
@@ -128,7 +128,8 @@ async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
     )
     .await;
     let summary = app.tick(20).await;
-    assert_eq!(summary.claimed, 1, "{summary:?}");
+    // The dispatcher never heard WeChat's answer: it recorded the send `unknown`.
+    assert_eq!((summary.claimed, summary.unknown), (1, 1), "{summary:?}");
 
     let pushed = pushes(&app, 1).await;
     assert_eq!(pushed[0]["event"], "sent", "{pushed:?}");
@@ -591,4 +592,93 @@ async fn an_event_held_back_by_another_send_in_flight_settles_its_own_send_when_
     assert!(marks(&app, &user, WATER, "pending_events").await.is_empty());
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_sent_event_whose_writes_meet_a_database_fault_settles_its_send_once() {
+    use onegrant_tests::faults::ONCE;
+    // Where: the settlement's transaction, or the callback's first request (its nonce).
+    for (operation, pattern) in [
+        ("TransactWriteItems", Some("event_settled_at")),
+        ("*", None),
+    ] {
+        for fault in ONCE {
+            let case = format!("{operation} {pattern:?} × {fault:?}");
+            let (app, proxy) = spawn_faulty_pushing_app(1).await;
+            let user = unknown_user(&app, "faulty-event", 1).await;
+            proxy.inject(operation, pattern, fault, 1);
+            let event = json!({"event": "sent", "openid": user.openid, "template_id": WATER,
+                               "msgid": 4_200_000_000_000_000_001u64, "error_code": 0});
+            // WeChat pushes again when the answer is not `success` (up to 3 times).
+            let mut answered = Vec::new();
+            for _ in 0..3 {
+                let answer = app.push_event(event.clone()).await;
+                answered.push(answer["answers"].clone());
+                if answer["answers"] == json!([200]) {
+                    break;
+                }
+            }
+            assert_eq!(
+                proxy.injected().iter().filter(|(_, f)| *f == fault).count(),
+                1,
+                "{case}: the fault was met"
+            );
+            proxy.clear();
+            assert_eq!(answered.last(), Some(&json!([200])), "{case}: {answered:?}");
+            assert_settled_sent(&app, &user, "4200000000000000001").await;
+            // Once: the same event again changes nothing.
+            let settled = the_one(app.items_of(&user, "delivery").await);
+            let answer = app.push_event(event).await;
+            assert_eq!(answer["answers"], json!([200]), "{case}: {answer}");
+            assert_eq!(
+                the_one(app.items_of(&user, "delivery").await),
+                settled,
+                "{case}"
+            );
+            assert_settled_sent(&app, &user, "4200000000000000001").await;
+            assert_ledger_agrees_with_counters(&app).await;
+            assert_plans_consistent(&app).await;
+            assert_eq!(app.deliveries().await.len(), 1, "{case}: nothing resent");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_send_is_settled_by_the_event_in_every_push_mode_and_format() {
+    // WeChat's push as configured in the console: plain, compatible or safe mode, JSON
+    // or XML. The stand-in pushes each as WeChat does; the callback reads each alike.
+    for (mode, format) in [
+        ("plain", "json"),
+        ("plain", "xml"),
+        ("compatible", "json"),
+        ("compatible", "xml"),
+        ("safe", "xml"),
+    ] {
+        let case = format!("{mode} {format}");
+        let app = spawn_pushing_app_with(
+            1,
+            &[("WECHAT_PUSH_MODE", mode), ("WECHAT_PUSH_FORMAT", format)],
+        )
+        .await;
+        let user = due_user(
+            &app,
+            "any-mode",
+            1,
+            Some(json!({"drop_after_delivery": true})),
+        )
+        .await;
+        let summary = app.tick(20).await;
+        assert_eq!(
+            (summary.claimed, summary.unknown),
+            (1, 1),
+            "{case}: {summary:?}"
+        );
+        let pushed = pushes(&app, 1).await;
+        assert_eq!(pushed[0]["answers"], json!([200]), "{case}: {pushed:?}");
+        let msgids = delivered_msgids(&app, &user).await;
+        assert_eq!(msgids.len(), 1, "{case}");
+        assert_settled_sent(&app, &user, &msgids[0]).await;
+        assert_ledger_agrees_with_counters(&app).await;
+        assert_plans_consistent(&app).await;
+    }
 }

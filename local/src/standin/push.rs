@@ -22,6 +22,10 @@ pub struct PushTarget {
     /// The EncodingAESKey: pushes are sealed (safe mode). None: plain mode.
     #[serde(default)]
     pub aes_key: Option<String>,
+    /// `compatible` (兼容模式): a sealed push also carries the event in the clear, next
+    /// to `Encrypt`. Otherwise (default) safe with a key, plain without.
+    #[serde(default)]
+    pub mode: Option<String>,
     /// `json` (default) or `xml`.
     #[serde(default)]
     pub format: Option<String>,
@@ -191,12 +195,26 @@ fn request(target: &PushTarget, appid: &str, plain: &str, xml: bool) -> (String,
         "signature={signature}&timestamp={ts}&nonce={nonce}&encrypt_type=aes&msg_signature={msg_signature}"
     );
     let to_user = target.to_user.as_deref().unwrap_or(DEFAULT_TO_USER);
-    let body = if xml {
-        format!(
+    let compatible = target.mode.as_deref() == Some("compatible");
+    let body = match (xml, compatible) {
+        (true, false) => format!(
             "<xml><ToUserName><![CDATA[{to_user}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
-        )
-    } else {
-        json!({"ToUserName": to_user, "Encrypt": encrypt}).to_string()
+        ),
+        (false, false) => json!({"ToUserName": to_user, "Encrypt": encrypt}).to_string(),
+        // Compatible mode: the clear event with its sealed copy beside it.
+        (true, true) => plain.replacen(
+            "<xml>",
+            &format!("<xml><Encrypt><![CDATA[{encrypt}]]></Encrypt>"),
+            1,
+        ),
+        (false, true) => {
+            let mut clear: serde_json::Value =
+                serde_json::from_str(plain).unwrap_or_else(|_| json!({}));
+            if let Some(object) = clear.as_object_mut() {
+                object.insert("Encrypt".into(), json!(encrypt));
+            }
+            clear.to_string()
+        }
     };
     (query, body)
 }
@@ -253,6 +271,7 @@ mod tests {
             url: "http://127.0.0.1:1/wechat/callback".into(),
             token: "tok".into(),
             aes_key,
+            mode: None,
             format: None,
             delay_ms: None,
             copies: None,

@@ -997,7 +997,12 @@ pub(super) enum TxOutcome {
 const AMBIGUOUS_RESENDS: u32 = 3;
 
 /// Whether a failed transaction may have committed: no answer (a timeout, a dropped
-/// connection, an unreadable answer) or DynamoDB's own 500.
+/// connection, an unreadable answer) or DynamoDB's own 500 — or an answer that says
+/// only that this attempt did not run (a throttle, another attempt with the token
+/// still in progress), since one of the SDK's earlier attempts of the same call may
+/// have committed unseen. Sending it again with the same token is right either way:
+/// DynamoDB answers a committed token with that commit's success, and runs one that
+/// never committed. A cancellation is definite: a committed token is never cancelled.
 fn outcome_unknown(
     err: &aws_sdk_dynamodb::error::SdkError<
         TransactWriteItemsError,
@@ -1009,12 +1014,7 @@ fn outcome_unknown(
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             true
         }
-        SdkError::ServiceError(service) => {
-            matches!(
-                service.err(),
-                TransactWriteItemsError::InternalServerError(_)
-            )
-        }
+        SdkError::ServiceError(service) => super::grants::transact_unavailable(service.err()),
         _ => false,
     }
 }
