@@ -475,22 +475,19 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
     sizes.sort_unstable();
     assert_eq!(sizes, [1, 2]);
 
-    // A well-formed frame around `inner`, then padded with `pad` × `pad_len` to whole
-    // 32-byte blocks (`pad_len` 0: the right padding).
-    let frame = |inner: &[u8], pad: Option<(u8, usize)>| {
-        let mut p = vec![b'r'; 16];
-        p.extend_from_slice(&u32::try_from(inner.len()).unwrap_or(0).to_be_bytes());
-        p.extend_from_slice(inner);
-        p.extend_from_slice(LOCAL_APPID.as_bytes());
-        let right = 32 - p.len() % 32;
-        match pad {
-            None => p.extend(std::iter::repeat_n(right as u8, right)),
-            Some((byte, len)) => {
-                let fill = (p.len() + len).div_ceil(32) * 32 - p.len() - len;
-                p.extend(std::iter::repeat_n(b'x', fill));
-                p.extend(std::iter::repeat_n(byte, len));
-            }
+    // A frame around `inner` (grown by trailing spaces, still the same XML) that ends
+    // in `pad_len` bytes of `pad` on a 32-byte boundary: nothing but the message between
+    // the length and the appid, so only the padding check can refuse a bad pad.
+    let frame = |inner: &[u8], pad: u8, pad_len: usize| {
+        let mut message = inner.to_vec();
+        while (16 + 4 + message.len() + LOCAL_APPID.len() + pad_len) % 32 != 0 {
+            message.push(b' ');
         }
+        let mut p = vec![b'r'; 16];
+        p.extend_from_slice(&u32::try_from(message.len()).unwrap_or(0).to_be_bytes());
+        p.extend_from_slice(&message);
+        p.extend_from_slice(LOCAL_APPID.as_bytes());
+        p.extend(std::iter::repeat_n(pad, pad_len));
         p
     };
     // The control: the same frame, rightly padded, opens and is recorded.
@@ -498,7 +495,7 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
         "otFpruAK8D-E6EfStSYonYSBZ8_6",
         &list("tmpl_water_reminder", "accept"),
     );
-    let (query, body) = sealed_xml(&c, &seal_raw(frame(control.as_bytes(), None)), &ts, "x3");
+    let (query, body) = sealed_xml(&c, &seal_raw(frame(control.as_bytes(), 8, 8)), &ts, "x3");
     assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
     expected += 1;
     assert_eq!(pushes(&app).await.len(), expected, "the control");
@@ -506,17 +503,17 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
     let inner = one.as_bytes();
     let cases: Vec<(&str, String, String, u16)> = vec![
         {
-            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, Some((0, 1)))), &ts, "b1");
+            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, 0, 1)), &ts, "b1");
             ("padding byte 0", q, b, 401)
         },
         {
-            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, Some((33, 1)))), &ts, "b2");
+            let (q, b) = sealed_xml(&c, &seal_raw(frame(inner, 33, 1)), &ts, "b2");
             ("padding byte 33", q, b, 401)
         },
         {
-            let mut p = frame(inner, Some((4, 4)));
+            let mut p = frame(inner, 4, 4);
             let n = p.len();
-            p[n - 2] = 5;
+            p[n - 2] = 3;
             let (q, b) = sealed_xml(&c, &seal_raw(p), &ts, "b3");
             ("padding bytes that disagree", q, b, 401)
         },

@@ -74,25 +74,27 @@ async fn a_claim_whose_answers_are_lost_past_the_sdks_retries_or_late_is_still_s
 
 #[tokio::test]
 async fn a_claim_whose_commit_answer_is_lost_and_whose_retries_are_throttled_is_still_sent_once() {
-    // The first attempt commits unseen; the attempts after it (the SDK's and the
-    // store's) meet a throttle, a provisioned-throughput refusal or "in progress".
-    // None of those says whether the first committed, so the transaction goes again
-    // with its token until DynamoDB answers for it (the emulator: that commit's
-    // success), instead of reading its own claim back as someone else's.
-    for fault in [
-        Fault::Throttle,
-        Fault::ProvisionedThroughput,
-        Fault::InProgress,
+    // The first attempt commits unseen; the attempts after it meet a throttle, a
+    // provisioned-throughput refusal or "in progress". None of those says whether the
+    // first committed, so the transaction goes again with its token until DynamoDB
+    // answers for it (the emulator: that commit's success) — and when the throttles
+    // outlast the store's resends (12), the claim finds its own delivery instead of
+    // reading its own claim back as someone else's.
+    for (fault, times) in [
+        (Fault::Throttle, 3),
+        (Fault::ProvisionedThroughput, 3),
+        (Fault::InProgress, 3),
+        (Fault::Throttle, 12),
     ] {
-        let case = format!("{fault:?}");
+        let case = format!("{fault:?} × {times}");
         let (app, proxy) = spawn_faulty_app(&FAST).await;
         let user = due_user(&app, "lost-then-refused", 1).await;
         proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
-        proxy.inject("TransactWriteItems", Some(CLAIM), fault, 3);
+        proxy.inject("TransactWriteItems", Some(CLAIM), fault, times);
         let summary = app.tick(20).await;
         sent_once(&app, &user, &summary, &case).await;
         assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1, "{case}");
-        assert_eq!(injected(&proxy, fault), 3, "{case}");
+        assert!(injected(&proxy, fault) >= 3, "{case}");
     }
 }
 

@@ -447,26 +447,48 @@ impl Store {
             items
         };
         let token = super::request_token();
-        let mut resends = 0;
+        let started = tokio::time::Instant::now();
+        // Set once an attempt may have committed unseen: from then on an answer that
+        // only says "not this attempt" (a throttle, the token in progress) proves
+        // nothing, and only DynamoDB's answer for the token ends the call.
+        let mut ambiguous = false;
+        let mut attempt = 0;
         loop {
+            attempt += 1;
+            // The SDK's own retries are off here: this loop sees every attempt, so it
+            // knows whether one may have committed.
             let sent = self
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(items.clone()))
                 .client_request_token(&token)
+                .customize()
+                .config_override(
+                    aws_sdk_dynamodb::config::Builder::new()
+                        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled()),
+                )
                 .send()
                 .await;
-            match sent {
-                Err(err) if resends < AMBIGUOUS_RESENDS && outcome_unknown(&err) => {
-                    resends += 1;
+            let again = match &sent {
+                Err(err) if may_have_committed(err) => {
+                    ambiguous = true;
+                    true
+                }
+                Err(err) => did_not_run(err),
+                Ok(_) => false,
+            };
+            if again && attempt < TRANSACT_ATTEMPTS && started.elapsed() < self.limits.write_budget
+            {
+                if ambiguous {
                     tracing::warn!(
-                        resends,
+                        attempt,
                         "a transaction's outcome is unknown; sent again with its token"
                     );
-                    tokio::time::sleep(super::backoff(resends)).await;
                 }
-                sent => return self.sort_transaction(sent),
+                tokio::time::sleep(super::backoff(attempt)).await;
+                continue;
             }
+            return self.sort_transaction(sent);
         }
     }
 
@@ -992,18 +1014,15 @@ pub(super) enum TxOutcome {
     Contended,
 }
 
-/// How often a transaction whose outcome is unknown (after the SDK's own retries) is
-/// sent again, with the same token, before the caller is told to try later.
-const AMBIGUOUS_RESENDS: u32 = 3;
+/// How many times one transaction is sent (with one token) before the caller is told
+/// it was contended: it reads afresh and decides again, within its write budget.
+const TRANSACT_ATTEMPTS: u32 = 5;
 
 /// Whether a failed transaction may have committed: no answer (a timeout, a dropped
-/// connection, an unreadable answer) or DynamoDB's own 500 — or an answer that says
-/// only that this attempt did not run (a throttle, another attempt with the token
-/// still in progress), since one of the SDK's earlier attempts of the same call may
-/// have committed unseen. Sending it again with the same token is right either way:
-/// DynamoDB answers a committed token with that commit's success, and runs one that
-/// never committed. A cancellation is definite: a committed token is never cancelled.
-fn outcome_unknown(
+/// connection, an unreadable answer) or DynamoDB's own 500. Sending it again with the
+/// same token is right: DynamoDB answers a committed token with that commit's success
+/// (for 10 minutes), and runs one that never committed.
+fn may_have_committed(
     err: &aws_sdk_dynamodb::error::SdkError<
         TransactWriteItemsError,
         aws_smithy_runtime_api::http::Response,
@@ -1014,7 +1033,29 @@ fn outcome_unknown(
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             true
         }
-        SdkError::ServiceError(service) => super::grants::transact_unavailable(service.err()),
+        SdkError::ServiceError(service) => {
+            matches!(
+                service.err(),
+                TransactWriteItemsError::InternalServerError(_)
+            )
+        }
+        _ => false,
+    }
+}
+
+/// Whether DynamoDB says it did not run this attempt: a throttle, or another attempt
+/// with the same token still in progress. Worth sending again as it is (a cancellation
+/// is definite and goes back to the caller: a committed token is never cancelled).
+fn did_not_run(
+    err: &aws_sdk_dynamodb::error::SdkError<
+        TransactWriteItemsError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> bool {
+    match err {
+        aws_sdk_dynamodb::error::SdkError::ServiceError(service) => {
+            super::grants::transact_unavailable(service.err())
+        }
         _ => false,
     }
 }

@@ -325,29 +325,47 @@ mod tests {
     #[test]
     fn bad_padding_and_framing_are_refused() {
         let c = official();
-        let frame = |len: u32, pad: u8, pad_len: usize| {
+        // A 64-byte frame ending in `pad_len` bytes of `pad`, its message "hi" grown by
+        // 'x' to fill the rest — nothing outside the message, so only the padding check
+        // can refuse a bad pad. `len` overrides the length field.
+        let frame = |len: Option<u32>, pad: u8, pad_len: usize| {
+            let appid = b"wxba5fad812f8e6fb9";
+            let message_len = 64 - 16 - 4 - appid.len() - pad_len;
+            let mut message = b"hi".to_vec();
+            message.resize(message_len, b'x');
             let mut p = vec![b'r'; 16];
-            p.extend_from_slice(&len.to_be_bytes());
-            p.extend_from_slice(b"hi");
-            p.extend_from_slice(b"wxba5fad812f8e6fb9");
-            let fill = 64 - p.len() - pad_len;
-            p.extend(std::iter::repeat_n(b'x', fill));
+            p.extend_from_slice(
+                &len.unwrap_or(u32::try_from(message_len).unwrap_or(0))
+                    .to_be_bytes(),
+            );
+            p.extend_from_slice(&message);
+            p.extend_from_slice(appid);
             p.extend(std::iter::repeat_n(pad, pad_len));
             p
         };
-        // The control: a well-formed frame (no filler) opens.
-        assert_eq!(c.decrypt(&seal_raw(frame(2, 24, 24))).as_deref(), Ok("hi"));
+        // The control: a well-formed frame opens, and so does one with a longer message.
+        assert_eq!(
+            c.decrypt(&seal_raw(frame(None, 24, 24))).as_deref(),
+            Ok("hi")
+        );
+        assert_eq!(
+            c.decrypt(&seal_raw(frame(None, 4, 4))).map(|m| m.len()),
+            Ok(22)
+        );
         // None of these may: framing and padding are exact.
         for (what, plain) in [
-            ("pad 0", frame(2, 0, 1)),
-            ("pad 33", frame(2, 33, 1)),
+            ("pad 0", frame(None, 0, 1)),
+            ("pad 33", frame(None, 33, 1)),
             ("pad bytes disagree", {
-                let mut p = frame(2, 4, 4);
+                let mut p = frame(None, 4, 4);
                 p[61] = 3;
                 p
             }),
-            ("length past the end", frame(500, 4, 4)),
-            ("filler after the appid", frame(2, 4, 4)),
+            ("length past the end", frame(Some(500), 4, 4)),
+            (
+                "bytes between the message and the appid",
+                frame(Some(2), 4, 4),
+            ),
         ] {
             assert_eq!(
                 c.decrypt(&seal_raw(plain)),

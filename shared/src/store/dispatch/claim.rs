@@ -158,19 +158,20 @@ impl Store {
                 lease_until,
                 now,
             )?);
+            let claim = Claim {
+                delivery_id,
+                claimer: claimer.to_string(),
+                openid: openid.clone(),
+                template_id: template,
+                due_at: item.due_at,
+                lease_until,
+                claimed_at: now,
+                source,
+                grant_sk: grant.sk.clone(),
+            };
             match self.transact(writes).await? {
                 TxOutcome::Committed => {
-                    return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(Claim {
-                        delivery_id,
-                        claimer: claimer.to_string(),
-                        openid: openid.clone(),
-                        template_id: template,
-                        due_at: item.due_at,
-                        lease_until,
-                        claimed_at: now,
-                        source,
-                        grant_sk: grant.sk,
-                    }))));
+                    return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
                 }
                 TxOutcome::Cancelled(reasons)
                     if reasons
@@ -196,7 +197,19 @@ impl Store {
                         ledger_only.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
-                TxOutcome::Contended => {}
+                TxOutcome::Contended => {
+                    // It may have committed with its answer lost past every resend:
+                    // its delivery, named by this attempt alone, exists only if so.
+                    // (Read again instead, the plan would look claimed by another.)
+                    if self
+                        .get(&item.pk, &delivery_sk(&claim.delivery_id))
+                        .await?
+                        .is_some()
+                    {
+                        tracing::warn!("a claim whose answer was lost had committed");
+                        return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
+                    }
+                }
             }
             Ok(Attempt::Retry)
         })
