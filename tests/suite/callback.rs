@@ -480,7 +480,7 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
     // the length and the appid, so only the padding check can refuse a bad pad.
     let frame = |inner: &[u8], pad: u8, pad_len: usize| {
         let mut message = inner.to_vec();
-        while (16 + 4 + message.len() + LOCAL_APPID.len() + pad_len) % 32 != 0 {
+        while !(16 + 4 + message.len() + LOCAL_APPID.len() + pad_len).is_multiple_of(32) {
             message.push(b' ');
         }
         let mut p = vec![b'r'; 16];
