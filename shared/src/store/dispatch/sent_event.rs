@@ -12,7 +12,7 @@
 //!
 //! While a send of the template is in flight (a grant `reserved`), the event may be
 //! that send's, whose msgid is not recorded yet: it waits for the send's answer, a
-//! few seconds at most, and otherwise leaves everything as it is.
+//! second at most, and otherwise is kept pending until that send settles.
 
 use std::time::Duration as StdDuration;
 
@@ -34,10 +34,11 @@ use crate::domain::reminder::ReminderKinds;
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::telemetry::error_chain;
 
-/// How often, and how many times, an event waits for a send in flight to be answered
-/// (within WeChat's 5 s before it retries the push).
+/// How often, and how many times, an event waits for a send in flight to be answered:
+/// 1 s at most, so the callback answers well within WeChat's 5 s (after which it pushes
+/// again); an event that outwaits it is kept pending, so waiting longer gains nothing.
 const IN_FLIGHT_POLL: StdDuration = StdDuration::from_millis(250);
-const IN_FLIGHT_POLLS: u32 = 12;
+const IN_FLIGHT_POLLS: u32 = 4;
 
 /// What a sent event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
