@@ -442,3 +442,40 @@ async fn paths_of_many_transactions_whose_every_other_answer_is_lost_end_as_with
     assert_eq!(plan.body["state"], "disabled", "{}", plan.body);
     invariants(&app).await;
 }
+
+#[tokio::test]
+async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_written_once() {
+    // The SDK's three attempts all lose their answers; the first committed. The store's
+    // next attempt (a new token) finds the grant already there — written by this very
+    // call, so it counts as written (the `GrantsReported` metric), and a later replay
+    // of the same report does not.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = app.user("lost-report").await;
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    let templates = app.deps.config.templates.clone();
+    let report = onegrant::domain::grant::GrantReport::from_json(
+        &serde_json::json!({"request_id": "wr_lost", "results": {"tmpl_water_reminder": "accept"}}),
+        &templates,
+    )
+    .expect("a valid report");
+    proxy.inject(
+        "TransactWriteItems",
+        Some("wr_lost"),
+        Fault::CommitThenDrop,
+        3,
+    );
+    let store = &app.deps.store;
+    let first = store
+        .record_grants(&openid, &report, Utc::now())
+        .await
+        .expect("recorded");
+    assert_eq!(injected(&proxy, Fault::CommitThenDrop), 3);
+    assert_eq!(first.written, 1, "{first:?}");
+    let again = store
+        .record_grants(&openid, &report, Utc::now())
+        .await
+        .expect("replayed");
+    assert_eq!(again.written, 0, "{again:?}");
+    assert_eq!(app.items_of(&user, "grant").await.len(), 1);
+    invariants(&app).await;
+}

@@ -597,10 +597,12 @@ async fn an_event_held_back_by_another_send_in_flight_settles_its_own_send_when_
 #[tokio::test]
 async fn a_sent_event_whose_writes_meet_a_database_fault_settles_its_send_once() {
     use onegrant_tests::faults::ONCE;
-    // Where: the settlement's transaction, or the callback's first request (its nonce).
+    // Where: the settlement's transaction, the callback's first request (its nonce), or
+    // its first single-item update (the event marked applied).
     for (operation, pattern) in [
         ("TransactWriteItems", Some("event_settled_at")),
         ("*", None),
+        ("UpdateItem", None),
     ] {
         for fault in ONCE {
             let case = format!("{operation} {pattern:?} × {fault:?}");

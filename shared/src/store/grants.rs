@@ -246,6 +246,11 @@ impl Store {
                             )));
                         }
                         pending.remove(template);
+                        // Written at this call's own instant: an earlier attempt of this
+                        // call committed with its answer lost, so it was written now.
+                        if old.created_at == rfc3339(now) {
+                            written += 1;
+                        }
                         entries.insert(template.clone(), old.entry());
                         replays += 1;
                     }
