@@ -152,8 +152,14 @@ pub enum PushMode {
 /// The dispatcher's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DispatchConfig {
-    /// Workers a scheduled tick fans its shards out to (1: the tick does it all).
+    /// Workers a scheduled tick fans its shards out to (1: the tick does it all); never
+    /// more than the dispatcher's reserved concurrency leaves room for (that less 2: the
+    /// tick itself and an overlapping one).
     pub workers: u32,
+    /// `DISPATCH_WORKERS` as configured, when the reserved concurrency
+    /// (`DISPATCHER_RESERVED_CONCURRENCY`) made `workers` fewer: a misconfiguration
+    /// every tick logs.
+    pub workers_configured: Option<u32>,
     /// The function a tick invokes for its workers: itself (`AWS_LAMBDA_FUNCTION_NAME`,
     /// or `DISPATCH_FUNCTION_NAME` locally).
     pub function: Option<String>,
@@ -407,8 +413,19 @@ impl Config {
                     },
                 ),
             };
+        let configured = u32::try_from(number("DISPATCH_WORKERS", 1, 1..=64)?).unwrap_or(1);
+        // Workers past the reserved concurrency would be throttled and their shards
+        // left for the next tick: the tick fans out to as many as fit.
+        let fit = match lookup("DISPATCHER_RESERVED_CONCURRENCY") {
+            Some(_) => u32::try_from(number("DISPATCHER_RESERVED_CONCURRENCY", 1, 1..=10_000)?)
+                .unwrap_or(1)
+                .saturating_sub(2)
+                .max(1),
+            None => configured,
+        };
         let dispatch = DispatchConfig {
-            workers: u32::try_from(number("DISPATCH_WORKERS", 1, 1..=64)?).unwrap_or(1),
+            workers: configured.min(fit),
+            workers_configured: (configured > fit).then_some(configured),
             function: lookup("DISPATCH_FUNCTION_NAME")
                 .or_else(|| lookup("AWS_LAMBDA_FUNCTION_NAME"))
                 .filter(|f| !f.trim().is_empty()),
@@ -760,6 +777,27 @@ mod tests {
         assert_eq!(c.limits.retention.deliveries, chrono::Duration::days(90));
         assert_eq!(c.limits.max_open_grants, 5);
         assert_eq!(c.limits.reports_per_minute, 2);
+    }
+
+    #[test]
+    fn workers_never_outnumber_what_the_reserved_concurrency_leaves_room_for() {
+        let with = |workers: &str, reserved: Option<&str>| {
+            let mut e = env();
+            e.insert("DISPATCH_WORKERS", workers.into());
+            if let Some(reserved) = reserved {
+                e.insert("DISPATCHER_RESERVED_CONCURRENCY", reserved.into());
+            }
+            let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+            (c.dispatch.workers, c.dispatch.workers_configured)
+        };
+        assert_eq!(with("8", None), (8, None));
+        assert_eq!(with("8", Some("10")), (8, None));
+        assert_eq!(with("8", Some("9")), (7, Some(8)));
+        assert_eq!(with("4", Some("3")), (1, Some(4)));
+        assert_eq!(with("1", Some("1")), (1, None));
+        let mut e = env();
+        e.insert("DISPATCHER_RESERVED_CONCURRENCY", "none".into());
+        assert!(Config::from_lookup(|k| e.get(k).cloned()).is_err());
     }
 
     #[test]

@@ -156,6 +156,14 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
             ShardSpan::only(deps.store.shards(), now)
         }
     };
+    if let Some(configured) = deps.config.dispatch.workers_configured {
+        tracing::error!(
+            configured,
+            workers = deps.config.dispatch.workers,
+            "DISPATCH_WORKERS exceeds the dispatcher's reserved concurrency less 2 \
+             (DispatcherConcurrency); fanning out to fewer workers"
+        );
+    }
     let summary = match &deps.invoker {
         Some(invoker) if deps.config.dispatch.workers > 1 => {
             fanout::fan_out(deps, invoker, &shards, deadline, now).await?
