@@ -31,6 +31,9 @@ pub enum Fault {
     Conflict,
     /// `InternalServerError` (500), not forwarded.
     ServerError,
+    /// A 503 the model does not name (`ServiceUnavailable`, as DynamoDB's front end may
+    /// answer), not forwarded.
+    Unavailable,
     /// Forwarded and applied; the answer is lost (the connection fails mid-answer).
     CommitThenDrop,
     /// Forwarded and applied; the answer arrives this late.
@@ -40,12 +43,13 @@ pub enum Fault {
 /// Every fault a write may meet once, each of which must leave the same outcome as
 /// none: what DynamoDB answers when it did not run the request, and a commit whose
 /// answer is lost.
-pub const ONCE: [Fault; 6] = [
+pub const ONCE: [Fault; 7] = [
     Fault::Throttle,
     Fault::ProvisionedThroughput,
     Fault::InProgress,
     Fault::Conflict,
     Fault::ServerError,
+    Fault::Unavailable,
     Fault::CommitThenDrop,
 ];
 
@@ -220,6 +224,13 @@ async fn handle(
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
+                json!({}),
+            );
+        }
+        Some(Fault::Unavailable) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
                 json!({}),
             );
         }

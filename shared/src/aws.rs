@@ -33,10 +33,10 @@ fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
         .build_https()
 }
 
-/// How long one DynamoDB request may take before the SDK gives up on it and retries
-/// (the same input: a transaction's `ClientRequestToken` with it). DynamoDB answers in
-/// milliseconds; without a limit a lost answer would hold the invocation until Lambda
-/// kills it.
+/// How long one DynamoDB request may take before it is given up on and tried again
+/// (by the SDK; a transaction by the store, with its `ClientRequestToken`). DynamoDB
+/// answers in milliseconds; without a limit a lost answer would hold the invocation
+/// until Lambda kills it.
 pub const DYNAMODB_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(feature = "store")]

@@ -84,6 +84,8 @@ async fn a_claim_whose_commit_answer_is_lost_and_whose_retries_are_throttled_is_
         (Fault::Throttle, 3),
         (Fault::ProvisionedThroughput, 3),
         (Fault::InProgress, 3),
+        (Fault::Unavailable, 3),
+        (Fault::InProgress, 8),
         (Fault::Throttle, 12),
     ] {
         let case = format!("{fault:?} × {times}");

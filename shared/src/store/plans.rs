@@ -432,10 +432,9 @@ impl Store {
         &self,
         items: Vec<TransactWriteItem>,
     ) -> Result<TxOutcome, StoreError> {
-        // Stable across the SDK's retries of this call and ours below: a retry after a
-        // commit whose answer was lost gets that answer instead of failing its own
-        // conditions (and a caller reading again would take its own write for someone
-        // else's).
+        // One token for every attempt below: a retry after a commit whose answer was
+        // lost gets that answer instead of failing its own conditions (and a caller
+        // reading again would take its own write for someone else's).
         let items = if self.limits.audit {
             super::history::with_history(
                 items,
@@ -477,15 +476,25 @@ impl Store {
                 Err(err) => did_not_run(err),
                 Ok(_) => false,
             };
-            if again && attempt < TRANSACT_ATTEMPTS && started.elapsed() < self.limits.write_budget
-            {
-                if ambiguous {
+            // After an attempt that may have committed, keep asking (longer, and with
+            // longer pauses: that attempt may still be running, and "in progress" until
+            // it ends) until DynamoDB answers for the token or the budget is spent.
+            let limit = if ambiguous {
+                AMBIGUOUS_ATTEMPTS
+            } else {
+                TRANSACT_ATTEMPTS
+            };
+            if again && attempt < limit && started.elapsed() < self.limits.write_budget {
+                let pause = if ambiguous {
                     tracing::warn!(
                         attempt,
                         "a transaction's outcome is unknown; sent again with its token"
                     );
-                }
-                tokio::time::sleep(super::backoff(attempt)).await;
+                    AMBIGUOUS_PAUSE * 2u32.pow(attempt.min(4))
+                } else {
+                    super::backoff(attempt + 1)
+                };
+                tokio::time::sleep(pause).await;
                 continue;
             }
             return self.sort_transaction(sent);
@@ -515,6 +524,9 @@ impl Store {
                         .map(|r| (r.code().unwrap_or("None").to_string(), r.item().cloned()))
                         .collect();
                     return Ok(TxOutcome::Cancelled(reasons));
+                }
+                if may_have_committed(&err) || did_not_run(&err) {
+                    return Ok(TxOutcome::Contended);
                 }
                 match classify_sdk_error(err, super::grants::transact_unavailable) {
                     StoreError::Unavailable(_) => Ok(TxOutcome::Contended),
@@ -1018,10 +1030,17 @@ pub(super) enum TxOutcome {
 /// it was contended: it reads afresh and decides again, within its write budget.
 const TRANSACT_ATTEMPTS: u32 = 5;
 
+/// The same once an attempt may have committed unseen (still within the write budget),
+/// with pauses doubling from 50 ms to 400 ms (about 2.7 s in all): the attempt whose
+/// answer was lost may still be running, and its token "in progress" until it ends.
+const AMBIGUOUS_ATTEMPTS: u32 = 10;
+const AMBIGUOUS_PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Whether a failed transaction may have committed: no answer (a timeout, a dropped
-/// connection, an unreadable answer) or DynamoDB's own 500. Sending it again with the
-/// same token is right: DynamoDB answers a committed token with that commit's success
-/// (for 10 minutes), and runs one that never committed.
+/// connection, an unreadable answer) or a server error (500, and the 502/503/504s
+/// DynamoDB's front end may answer unmodelled). Sending it again with the same token is
+/// right: DynamoDB answers a committed token with that commit's success (for 10
+/// minutes), and runs one that never committed.
 fn may_have_committed(
     err: &aws_sdk_dynamodb::error::SdkError<
         TransactWriteItemsError,
@@ -1037,7 +1056,7 @@ fn may_have_committed(
             matches!(
                 service.err(),
                 TransactWriteItemsError::InternalServerError(_)
-            )
+            ) || service.raw().status().is_server_error()
         }
         _ => false,
     }
@@ -1052,9 +1071,15 @@ fn did_not_run(
         aws_smithy_runtime_api::http::Response,
     >,
 ) -> bool {
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
     match err {
         aws_sdk_dynamodb::error::SdkError::ServiceError(service) => {
             super::grants::transact_unavailable(service.err())
+                // Throttles the model does not name, as the SDK's own retries know them.
+                || matches!(
+                    service.err().code(),
+                    Some("LimitExceededException" | "RequestLimitExceeded" | "ThrottlingException" | "Throttling" | "TooManyRequestsException")
+                )
         }
         _ => false,
     }
