@@ -33,6 +33,12 @@ impl Emulator {
     /// Starts moto on a free loopback port and waits until it accepts connections.
     /// `quiet` discards the emulator's own stderr.
     pub fn start(quiet: bool) -> anyhow::Result<Self> {
+        Self::start_with(quiet, &[])
+    }
+
+    /// Like [`Emulator::start`], with `env` set for the launcher (e.g.
+    /// `ONEGRANT_EMULATOR_TOKEN_WINDOW_SECONDS`, for tests of the token window).
+    pub fn start_with(quiet: bool, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let root = repo_root();
         let python = std::env::var_os("ONEGRANT_PYTHON")
             .map(PathBuf::from)
@@ -46,6 +52,7 @@ impl Emulator {
         let mut child = Command::new(&python)
             .arg(root.join("scripts/moto_serial.py"))
             .args(["--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof"])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(if quiet {

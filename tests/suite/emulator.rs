@@ -443,3 +443,57 @@ async fn a_transactions_client_request_token_is_honoured_as_dynamodb_does() {
     guarded("token-3").await.expect("now the condition holds");
     assert_eq!(n().await.as_deref(), Some("4"));
 }
+
+#[tokio::test]
+async fn a_transactions_token_is_forgotten_after_its_window_as_dynamodb_forgets_it() {
+    // DynamoDB remembers a committed token for 10 minutes; this emulator for 1 s. Within
+    // the window the same request replays the first answer; after it, the same token
+    // runs the transaction again as a new one.
+    let emulator = onegrant_local::emulator::Emulator::start_with(
+        true,
+        &[("ONEGRANT_EMULATOR_TOKEN_WINDOW_SECONDS", "1")],
+    )
+    .expect("an emulator with a short token window");
+    let table = TestTable::create_on(emulator.endpoint()).await;
+    let send = || {
+        table
+            .client
+            .transact_write_items()
+            .client_request_token("token-window")
+            .transact_items(
+                TransactWriteItem::builder()
+                    .update(
+                        Update::builder()
+                            .table_name(&table.name)
+                            .key("pk", s("COUNTER"))
+                            .key("sk", s("W"))
+                            .update_expression("ADD n :one")
+                            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                            .build()
+                            .expect("update"),
+                    )
+                    .build(),
+            )
+            .send()
+    };
+    let n = || async {
+        table
+            .client
+            .get_item()
+            .table_name(&table.name)
+            .key("pk", s("COUNTER"))
+            .key("sk", s("W"))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get")
+            .item
+            .and_then(|i| i.get("n").and_then(|v| v.as_n().ok()).cloned())
+    };
+    send().await.expect("first");
+    send().await.expect("replayed within the window");
+    assert_eq!(n().await.as_deref(), Some("1"));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    send().await.expect("run again after the window");
+    assert_eq!(n().await.as_deref(), Some("2"));
+}
