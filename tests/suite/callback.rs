@@ -611,3 +611,68 @@ async fn json_pushes_read_list_as_object_or_array_and_numbers_as_strings_or_numb
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
+    // The user turns the template off in WeChat's settings while a reminder is in
+    // flight; WeChat then answers -1 (not sent). The grant the send reserved must not
+    // come back: every grant of a refused template is void, in flight or not.
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_FORMAT", "json"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("WECHAT_TIMEOUT_MS", "10000"),
+    ])
+    .await;
+    let user = app.scheduled_user("alice", 2).await;
+    app.make_due(&user, "water", Utc::now()).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": -1})),
+    )
+    .await;
+    app.control("POST", "latency", Some(json!({"ms": 2000})))
+        .await;
+    let tick = app.tick(120);
+    let refuse = async {
+        for _ in 0..250 {
+            let plan = app.item(&user, "PLAN#water").await;
+            if plan.as_ref().and_then(|p| attr_s(p, "state")) == Some("sending") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let c = crypto();
+        let (query, body) = sealed(
+            &c,
+            &c,
+            &change(&user.openid, onegrant_tests::WATER),
+            &now(),
+            "cf",
+        );
+        hit(&app, "POST", &query, Some(body)).await
+    };
+    let (summary, answered) = tokio::join!(tick, refuse);
+    assert_eq!(answered, (200, "success".into()));
+    assert_eq!((summary.claimed, summary.failed), (1, 1), "{summary:?}");
+    let ledger = app.items_of(&user, "grant").await;
+    assert_eq!(ledger.len(), 2);
+    assert!(
+        ledger.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+        "no grant of a refused template comes back: {ledger:?}"
+    );
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(
+        (
+            plan.body["state"].clone(),
+            plan.body["pause_reason"].clone()
+        ),
+        (json!("paused"), json!("rejected")),
+        "{}",
+        plan.body
+    );
+    onegrant_tests::assert_ledger_agrees_with_counters(&app).await;
+    onegrant_tests::assert_plans_consistent(&app).await;
+}

@@ -481,3 +481,40 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     assert_eq!(app.items_of(&user, "grant").await.len(), 1);
     invariants(&app).await;
 }
+
+#[tokio::test]
+async fn a_sweep_that_cannot_read_a_vanished_pushs_item_leaves_it_whole_for_the_next_tick() {
+    // A dispatcher claimed a push and vanished. The sweep's read of the push item meets
+    // throttles past the SDK's retries: settling the delivery and its grant without the
+    // push would leave the push `sending` for good (it has no lease of its own), so the
+    // entry waits for the next tick, which settles all three.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = app.user("push-vanished").await;
+    app.accept(&user, onegrant_tests::ORDER, "wr_push_vanished")
+        .await;
+    app.push(&user, "vanished-push").await;
+    let now = Utc::now();
+    let span = app.deps.store.shard_span(now).await.expect("registry");
+    let due = app
+        .deps
+        .store
+        .due_items(now + chrono::Duration::seconds(5), &span)
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 1);
+    app.claim_and_vanish(&due[0], now).await;
+    proxy.inject("GetItem", Some("OUTBOX#"), Fault::Throttle, 3);
+    let later = now + chrono::Duration::seconds(60);
+    let first = app.sweep_at(later).await;
+    assert_eq!(injected(&proxy, Fault::Throttle), 3);
+    assert_eq!((first.recovered, first.skipped), (0, 1), "{first:?}");
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(attr_s(&delivery[0], "state"), Some("sending"), "left whole");
+    assert_eq!(app.sweep_at(later).await.recovered, 1);
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(attr_s(&delivery[0], "state"), Some("unknown"));
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(attr_s(&outbox[0], "state"), Some("unknown"), "{outbox:?}");
+    assert_eq!(app.deliveries().await.len(), 0, "never sent");
+    invariants(&app).await;
+}

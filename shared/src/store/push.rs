@@ -260,7 +260,8 @@ impl Store {
     /// The user refused `template`: the plans of the kinds that use it pause, as a
     /// refusal in a grant report does; with `void_grants` (turned off in WeChat's
     /// settings, where sends now fail with 43101) its available grants become invalid
-    /// too. Idempotent. Grants reserved by a send in flight are left to its outcome.
+    /// too — those reserved by a send in flight included (it consumes one if WeChat took
+    /// the message, and never restores it). Idempotent.
     pub async fn refuse_template(
         &self,
         openid: &OpenId,
@@ -288,8 +289,10 @@ impl Store {
     ) -> Result<(), StoreError> {
         retry_contended("refusal", self.limits.write_budget, || async move {
             Ok(
+                // Reserved ones too, as a disable does: a send in flight then spends
+                // it if WeChat took the message, and can never give it back.
                 if self
-                    .invalidate_grants(pk, template, None, false, now)
+                    .invalidate_grants(pk, template, None, true, now)
                     .await?
                 {
                     Attempt::Done(())

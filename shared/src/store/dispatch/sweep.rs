@@ -182,19 +182,26 @@ impl Store {
                 .await
             {
                 Ok(write) => source.extend(write),
-                Err(e) => {
+                Err(e @ StoreError::Corrupt(_)) => {
                     tracing::error!(error = %error_chain(&e), "stale delivery's plan unreadable")
                 }
+                // Not read for now (a throttle, an outage): settled without it, the plan
+                // would be left to its own lease entry; the next tick tries it whole.
+                Err(e) => return Err(e),
             }
         } else if let SortKey::Outbox(_) = claimed {
-            let outbox = self
-                .current_outbox(pk, &delivery.source)
-                .await
-                .unwrap_or_else(|e| {
-                    // The delivery and its grant settle all the same.
+            let outbox = match self.current_outbox(pk, &delivery.source).await {
+                Ok(outbox) => outbox,
+                // An unreadable push: the delivery and its grant settle all the same.
+                Err(e @ StoreError::Corrupt(_)) => {
                     tracing::error!(error = %error_chain(&e), "stale delivery's push unreadable");
                     None
-                });
+                }
+                // Not read for now: settled without it, the push would stay `sending`
+                // with nothing to move it on (a push has no lease of its own); the
+                // next tick tries it whole.
+                Err(e) => return Err(e),
+            };
             if let Some(outbox) = outbox
                 && outbox.state == OutboxState::Sending
                 && outbox.delivery_id.as_deref() == Some(delivery.delivery_id.as_str())
