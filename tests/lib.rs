@@ -1013,6 +1013,27 @@ impl TestApp {
         user
     }
 
+    /// Waits (up to 5 s) until `user`'s plan of `kind` is `sending`: a send in flight.
+    pub async fn until_sending(&self, user: &User, kind: &str) {
+        for _ in 0..250 {
+            let plan = self.item(user, &format!("PLAN#{kind}")).await;
+            if plan.as_ref().and_then(|p| attr_s(p, "state")) == Some("sending") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asserts that `user` has `n` grant ledger items, every one `invalid`.
+    pub async fn assert_grants_void(&self, user: &User, n: usize) {
+        let grants = self.items_of(user, "grant").await;
+        assert_eq!(grants.len(), n, "{grants:?}");
+        assert!(
+            grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+            "every grant void: {grants:?}"
+        );
+    }
+
     /// `POST /v1/notifications/read-all` for `user` (one bounded step).
     pub async fn read_all(&self, user: &User) -> Answer {
         self.call(

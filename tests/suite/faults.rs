@@ -434,12 +434,7 @@ async fn paths_of_many_transactions_whose_every_other_answer_is_lost_end_as_with
         notes.iter().all(|n| n.get("read_at").is_some()),
         "every note read"
     );
-    let grants = app.items_of(&user, "grant").await;
-    assert_eq!(grants.len(), 100);
-    assert!(
-        grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
-        "every grant void"
-    );
+    app.assert_grants_void(&user, 100).await;
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
     assert_eq!(plan.body["state"], "disabled", "{}", plan.body);
     invariants(&app).await;
@@ -516,5 +511,130 @@ async fn a_sweep_that_cannot_read_a_vanished_pushs_item_leaves_it_whole_for_the_
     let outbox = app.items_of(&user, "outbox").await;
     assert_eq!(attr_s(&outbox[0], "state"), Some("unknown"), "{outbox:?}");
     assert_eq!(app.deliveries().await.len(), 0, "never sent");
+    invariants(&app).await;
+}
+
+/// Finalizes `claim` through the store as WeChat having taken it with `msgid`.
+async fn finalize_sent(
+    app: &TestApp,
+    claim: &onegrant::store::dispatch::Claim,
+    msgid: &str,
+) -> onegrant::store::dispatch::Finalized {
+    let result = onegrant::domain::outcome::SendResult::Sent {
+        msgid: Some(msgid.into()),
+    };
+    app.deps
+        .store
+        .finalize(
+            claim,
+            &result,
+            &app.deps.config.dispatch.retry_policy(),
+            Utc::now(),
+        )
+        .await
+        .expect("finalized")
+}
+
+/// Claims `user`'s due water reminder through the store, as a dispatcher would.
+async fn claimed(app: &TestApp, now: chrono::DateTime<Utc>) -> onegrant::store::dispatch::Claim {
+    let span = app.deps.store.shard_span(now).await.expect("registry");
+    let due = app
+        .deps
+        .store
+        .due_items(now + chrono::Duration::seconds(5), &span)
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 1);
+    match app
+        .deps
+        .store
+        .claim(
+            &due[0],
+            &app.deps.config.reminders,
+            "this-dispatcher",
+            std::time::Duration::from_secs(10),
+            now,
+        )
+        .await
+        .expect("claim")
+    {
+        onegrant::store::dispatch::ClaimOutcome::Claimed(claim) => *claim,
+        other => panic!("not claimed: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_what_follows() {
+    // WeChat answers 43101 (the user refused the template): the settlement lands, then
+    // the invalidation of the template's other grants cannot read the counters for now
+    // (throttled past the SDK's retries) and the finalize fails. The dispatcher tries
+    // it again; the second try finds its own settlement landed and runs the
+    // invalidation, instead of taking it for someone else's and skipping it.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "refused-then-unread", 2).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(serde_json::json!({"openid": user.openid, "errcode": 43101})),
+    )
+    .await;
+    app.control("POST", "latency", Some(serde_json::json!({"ms": 1000})))
+        .await;
+    let tick = app.tick(30);
+    let inject = async {
+        // Once the claim has read the counters: during the send.
+        app.until_sending(&user, "water").await;
+        proxy.inject("BatchGetItem", Some("QUOTA#"), Fault::Throttle, 3);
+    };
+    let (summary, ()) = tokio::join!(tick, inject);
+    assert_eq!(injected(&proxy, Fault::Throttle), 3);
+    assert_eq!((summary.claimed, summary.failed), (1, 1), "{summary:?}");
+    // 43101 voids every grant of the template.
+    app.assert_grants_void(&user, 2).await;
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "paused", "{}", plan.body);
+    invariants(&app).await;
+}
+
+#[tokio::test]
+async fn a_finalize_tried_again_after_it_landed_finishes_as_its_own_not_as_superseded() {
+    let (app, _proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "twice-finalized", 2).await;
+    let now = Utc::now();
+    let claim = claimed(&app, now).await;
+    let first = finalize_sent(&app, &claim, "4200000000000000002").await;
+    assert!(!first.superseded);
+    let items = app.items().await;
+    let again = finalize_sent(&app, &claim, "4200000000000000002").await;
+    assert!(!again.superseded, "its own settlement: {again:?}");
+    assert_eq!(app.items().await, items, "nothing changed the second time");
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
+    invariants(&app).await;
+}
+
+#[tokio::test]
+async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
+    // Swept `unknown` (the dispatcher stalled past its lease), then WeChat's `sent`
+    // arrives; the first read of the plan is throttled past the SDK's retries. The
+    // answer must still move the plan on, not leave it paused `uncertain` for good.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "late-unread", 1).await;
+    let now = Utc::now();
+    let claim = claimed(&app, now).await;
+    assert_eq!(
+        app.sweep_at(now + chrono::Duration::seconds(60))
+            .await
+            .recovered,
+        1
+    );
+    proxy.inject("BatchGetItem", Some("PLAN#water"), Fault::Throttle, 3);
+    let finalized = finalize_sent(&app, &claim, "4200000000000000003").await;
+    assert_eq!(injected(&proxy, Fault::Throttle), 3);
+    assert!(finalized.late, "{finalized:?}");
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
     invariants(&app).await;
 }

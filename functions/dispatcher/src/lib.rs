@@ -44,6 +44,11 @@ pub mod fanout;
 
 const FINALIZE_MARGIN: Duration = Duration::from_secs(5);
 
+/// How many times a finalize is tried, while the invocation has at least
+/// `FINALIZE_RETRY_ROOM` left (a try's own write budget is 4 s).
+const FINALIZE_TRIES: u32 = 3;
+const FINALIZE_RETRY_ROOM: Duration = Duration::from_secs(5);
+
 /// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
@@ -543,7 +548,26 @@ async fn dispatch_one(
         onegrant::failpoint::hit("during_finalize");
         return Ok(Dispatched::Lost);
     }
-    let finalized = finalize.await?;
+    // WeChat's answer is known now and must be recorded: a finalize that fails (the
+    // table throttling past the write budget, a step after the settlement failing) is
+    // tried again while the invocation has time, rather than leaving the answer for the
+    // sweep to record as `unknown`. Each try is guarded, and one that finds its own
+    // settlement landed finishes what follows it.
+    let mut finalized = finalize.await;
+    let mut tries = 1;
+    while let Err(e) = &finalized {
+        if tries >= FINALIZE_TRIES || budget.left() < FINALIZE_RETRY_ROOM {
+            break;
+        }
+        tracing::warn!(error = %error_chain(e), tries, "finalize failed; trying again");
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
+        tries += 1;
+        finalized = deps
+            .store
+            .finalize(&claim, &result, &policy, Utc::now())
+            .await;
+    }
+    let finalized = finalized?;
     let class = finalized.settlement.class;
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");

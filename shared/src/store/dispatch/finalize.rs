@@ -197,6 +197,28 @@ impl Store {
                 self.answer_late(&pk, claim, settlement, result, released, now)
                     .await
             }
+            // This very settlement, landed before: a first try whose answer was lost,
+            // or that landed and then failed after (the 43101 invalidation, the plan's
+            // move). Only this claimer or the sweep moves a delivery out of `sending`,
+            // and the sweep leaves `swept_at`: what follows the settlement runs again
+            // (each step is idempotent), instead of taking it for someone else's.
+            Settled::DeliveryMoved(Some(now_item))
+                if now_item.state == settlement.delivery
+                    && now_item.swept_at.is_none()
+                    && now_item.claimer == claim.claimer =>
+            {
+                self.after_settle(&pk, claim, &settlement, now).await?;
+                if let ClaimSource::Plan { kind, .. } = &claim.source {
+                    self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
+                        .await?;
+                }
+                Ok(Finalized {
+                    settlement,
+                    restored: settlement.grant == GrantState::Available,
+                    superseded: false,
+                    late: false,
+                })
+            }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Finalized {
                 settlement,
                 restored: false,
@@ -239,11 +261,18 @@ impl Store {
                     .await
                 {
                     Ok(found) => found,
-                    // The answer is recorded all the same; the grant stays void (the
-                    // plan may have been disabled) and the plan is left as it is.
-                    Err(e) => {
+                    // Unreadable as stored: the answer is recorded all the same; the
+                    // grant stays void (the plan may have been disabled) and the plan
+                    // is left as it is.
+                    Err(e @ StoreError::Corrupt(_)) => {
                         tracing::error!(error = %error_chain(&e), "late answer: the claimed item could not be read");
                         (Vec::new(), false)
+                    }
+                    // Not read for now (a throttle, an outage): recorded without it, the
+                    // plan would stay paused `uncertain` for good; read it again.
+                    Err(e) => {
+                        tracing::warn!(error = %error_chain(&e), "late answer: the claimed item not read yet");
+                        return Ok(Attempt::Retry);
                     }
                 };
             let grant = match settlement.grant {
