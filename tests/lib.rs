@@ -1200,6 +1200,64 @@ impl TestApp {
         answer
     }
 
+    /// Claims the one item due (by `now` + 5 s) through the store, as a dispatcher
+    /// would (a 10 s lease), and returns the claim.
+    pub async fn claim_due(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> onegrant::store::dispatch::Claim {
+        let store = &self.deps.store;
+        let span = store.shard_span(now).await.expect("registry");
+        let due = store
+            .due_items(now + chrono::Duration::seconds(5), &span)
+            .await
+            .expect("due");
+        assert_eq!(due.len(), 1, "{due:?}");
+        match store
+            .claim(
+                &due[0],
+                &self.deps.config.reminders,
+                "this-dispatcher",
+                std::time::Duration::from_secs(10),
+                now,
+            )
+            .await
+            .expect("claim")
+        {
+            onegrant::store::dispatch::ClaimOutcome::Claimed(claim) => *claim,
+            other => panic!("not claimed: {other:?}"),
+        }
+    }
+
+    /// Finalizes `claim` through the store with WeChat's answer `result`.
+    pub async fn finalize_as(
+        &self,
+        claim: &onegrant::store::dispatch::Claim,
+        result: onegrant::domain::outcome::SendResult,
+    ) -> onegrant::store::dispatch::Finalized {
+        self.deps
+            .store
+            .finalize(
+                claim,
+                &result,
+                &self.deps.config.dispatch.retry_policy(),
+                chrono::Utc::now(),
+            )
+            .await
+            .expect("finalized")
+    }
+
+    /// [`TestApp::finalize_as`] WeChat having taken the message with `msgid`.
+    pub async fn finalize_sent(
+        &self,
+        claim: &onegrant::store::dispatch::Claim,
+        msgid: &str,
+    ) -> onegrant::store::dispatch::Finalized {
+        let msgid = Some(msgid.to_string());
+        self.finalize_as(claim, onegrant::domain::outcome::SendResult::Sent { msgid })
+            .await
+    }
+
     /// Claims `item` as a dispatcher that then vanishes (a 10 s lease, no send, no
     /// finalize), as of `now`.
     pub async fn claim_and_vanish(

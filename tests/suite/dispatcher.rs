@@ -1363,3 +1363,68 @@ async fn a_worker_event_naming_no_usable_shards_fails_and_never_runs_a_tick() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(app.deliveries().await.is_empty(), "no tick ran");
 }
+
+/// A user's push (one grant of the order template) claimed by a dispatcher that then
+/// stalled past its lease, and swept `unknown`: the user and the claim.
+async fn swept_push(app: &TestApp, name: &str) -> (User, onegrant::store::dispatch::Claim) {
+    let user = app.user(name).await;
+    app.accept(&user, ORDER, &format!("wr_{name}")).await;
+    app.push(&user, name).await;
+    let now = Utc::now();
+    let claim = app.claim_due(now).await;
+    let swept = app.sweep_at(now + chrono::Duration::seconds(60)).await;
+    assert_eq!(swept.recovered, 1, "{swept:?}");
+    (user, claim)
+}
+
+/// WeChat's -1: busy, not sent.
+fn busy() -> onegrant::domain::outcome::SendResult {
+    onegrant::domain::outcome::SendResult::Refused {
+        errcode: -1,
+        errmsg: "system error".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_late_failure_never_gives_back_a_grant_of_a_template_refused_since_the_claim() {
+    // A push is claimed and its dispatcher stalls; the sweep voids its grant (the send
+    // may have gone). The user then turns the template off in WeChat's settings. The
+    // stalled dispatcher's answer arrives at last: -1, not sent. Only a sweep's guess is
+    // undone by such an answer, never a refusal made since the claim: the grant stays
+    // void and nothing is sent with it.
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2]]).await;
+    let (user, claim) = swept_push(&app, "refused-meanwhile").await;
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    let order = onegrant::domain::TemplateId::parse(ORDER.to_string()).expect("template");
+    app.deps
+        .store
+        .refuse_template(
+            &openid,
+            &order,
+            &app.deps.config.reminders,
+            true,
+            Utc::now(),
+        )
+        .await
+        .expect("refused");
+    let late = app.finalize_as(&claim, busy()).await;
+    assert!(late.late && !late.restored, "{late:?}");
+    app.assert_grants_void(&user, 1).await;
+    // Nothing left to send the push with when it comes due again.
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(onegrant_tests::quota(&grants.body, ORDER)["available"], 0);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_late_failure_gives_back_a_grant_the_sweep_voided_when_nothing_refused_it() {
+    // The control: the same late -1 with no refusal since the claim restores the grant
+    // (it was only the sweep's guess), for the push's next try.
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2]]).await;
+    let (user, claim) = swept_push(&app, "nothing-meanwhile").await;
+    let late = app.finalize_as(&claim, busy()).await;
+    assert!(late.late && late.restored, "{late:?}");
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(onegrant_tests::quota(&grants.body, ORDER)["available"], 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}

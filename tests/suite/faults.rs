@@ -514,55 +514,6 @@ async fn a_sweep_that_cannot_read_a_vanished_pushs_item_leaves_it_whole_for_the_
     invariants(&app).await;
 }
 
-/// Finalizes `claim` through the store as WeChat having taken it with `msgid`.
-async fn finalize_sent(
-    app: &TestApp,
-    claim: &onegrant::store::dispatch::Claim,
-    msgid: &str,
-) -> onegrant::store::dispatch::Finalized {
-    let result = onegrant::domain::outcome::SendResult::Sent {
-        msgid: Some(msgid.into()),
-    };
-    app.deps
-        .store
-        .finalize(
-            claim,
-            &result,
-            &app.deps.config.dispatch.retry_policy(),
-            Utc::now(),
-        )
-        .await
-        .expect("finalized")
-}
-
-/// Claims `user`'s due water reminder through the store, as a dispatcher would.
-async fn claimed(app: &TestApp, now: chrono::DateTime<Utc>) -> onegrant::store::dispatch::Claim {
-    let span = app.deps.store.shard_span(now).await.expect("registry");
-    let due = app
-        .deps
-        .store
-        .due_items(now + chrono::Duration::seconds(5), &span)
-        .await
-        .expect("due");
-    assert_eq!(due.len(), 1);
-    match app
-        .deps
-        .store
-        .claim(
-            &due[0],
-            &app.deps.config.reminders,
-            "this-dispatcher",
-            std::time::Duration::from_secs(10),
-            now,
-        )
-        .await
-        .expect("claim")
-    {
-        onegrant::store::dispatch::ClaimOutcome::Claimed(claim) => *claim,
-        other => panic!("not claimed: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_what_follows() {
     // WeChat answers 43101 (the user refused the template): the settlement lands, then
@@ -601,11 +552,11 @@ async fn a_finalize_tried_again_after_it_landed_finishes_as_its_own_not_as_super
     let (app, _proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "twice-finalized", 2).await;
     let now = Utc::now();
-    let claim = claimed(&app, now).await;
-    let first = finalize_sent(&app, &claim, "4200000000000000002").await;
+    let claim = app.claim_due(now).await;
+    let first = app.finalize_sent(&claim, "4200000000000000002").await;
     assert!(!first.superseded);
     let items = app.items().await;
-    let again = finalize_sent(&app, &claim, "4200000000000000002").await;
+    let again = app.finalize_sent(&claim, "4200000000000000002").await;
     assert!(!again.superseded, "its own settlement: {again:?}");
     assert_eq!(app.items().await, items, "nothing changed the second time");
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
@@ -621,7 +572,7 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "late-unread", 1).await;
     let now = Utc::now();
-    let claim = claimed(&app, now).await;
+    let claim = app.claim_due(now).await;
     assert_eq!(
         app.sweep_at(now + chrono::Duration::seconds(60))
             .await
@@ -629,7 +580,7 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
         1
     );
     proxy.inject("BatchGetItem", Some("PLAN#water"), Fault::Throttle, 3);
-    let finalized = finalize_sent(&app, &claim, "4200000000000000003").await;
+    let finalized = app.finalize_sent(&claim, "4200000000000000003").await;
     assert_eq!(injected(&proxy, Fault::Throttle), 3);
     assert!(finalized.late, "{finalized:?}");
     let delivery = app.items_of(&user, "delivery").await;

@@ -411,6 +411,10 @@ pub(super) fn quota_update_item(
 pub(super) const OPEN_AVAILABLE: &str = "open_available";
 /// The quota item's set of the request ids of its `reserved` grants.
 pub(super) const OPEN_RESERVED: &str = "open_reserved";
+/// When the template's grants were last voided on purpose (a disable, a refusal,
+/// 43101), epoch ms: a grant the sweep voided for a send claimed before that is never
+/// given back by the send's late answer.
+pub(super) const VOIDED_AT: &str = "voided_at";
 /// The quota item's marks of sends whose outcome is unknown, for WeChat's sent event
 /// to settle ([`Mark`](crate::domain::reconcile::Mark): claim time, delivery id).
 pub(super) const OPEN_UNKNOWN: &str = "open_unknown";

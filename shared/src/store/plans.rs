@@ -619,12 +619,16 @@ impl Store {
             }
         }
         let mut first = first;
+        // The first transaction stamps the quota item `voided_at`, even with nothing to
+        // void: a send in flight whose grant the sweep already voided must not get it
+        // back by a late answer (see `VOIDED_AT`).
+        let mut stamp = true;
         let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
         for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
             let mut items = Vec::with_capacity(chunk.len() + 2);
             if let Some(plan) = first.take() {
                 items.push(plan);
-            } else if chunk.is_empty() {
+            } else if chunk.is_empty() && !stamp {
                 break;
             }
             let (mut available, mut reserved) = (0i64, 0i64);
@@ -665,13 +669,23 @@ impl Store {
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
                 items.push(TransactWriteItem::builder().update(update).build());
             }
-            if available + reserved > 0 {
+            if available + reserved > 0 || stamp {
                 // The voided grants leave the quota item's open-grant sets too.
                 let mut expression =
                     "SET updated_at = :now ADD available :a, reserved :r, invalid :n".to_string();
                 let mut update = Update::builder()
                     .table_name(&self.table)
                     .set_key(Some(key(pk, &quota_sk(template))));
+                if std::mem::take(&mut stamp) {
+                    expression = expression.replacen(
+                        "SET updated_at = :now",
+                        "SET updated_at = :now, #voided = :voided",
+                        1,
+                    );
+                    update = update
+                        .expression_attribute_names("#voided", super::grants::VOIDED_AT)
+                        .expression_attribute_values(":voided", n(now.timestamp_millis()));
+                }
                 let mut deletes = Vec::new();
                 if !available_ids.is_empty() {
                     deletes.push("#oa :oa");

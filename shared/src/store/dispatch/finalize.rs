@@ -156,6 +156,7 @@ impl Store {
         let tx = SettleTx {
             pk: &pk,
             delivery_id: &claim.delivery_id,
+            claimed_at: claim.claimed_at,
             guard: Guard::Claimer(&claim.claimer),
             marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
             template: &claim.template_id,
@@ -292,6 +293,7 @@ impl Store {
             let tx = SettleTx {
                 pk,
                 delivery_id: &claim.delivery_id,
+                claimed_at: claim.claimed_at,
                 guard: Guard::Swept(&claim.claimer),
                 marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
                 template: &claim.template_id,

@@ -41,7 +41,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::grants::rfc3339;
-use super::grants::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS};
+use super::grants::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT};
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
 use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
@@ -286,6 +286,9 @@ impl Marks {
 struct SettleTx<'a> {
     pk: &'a str,
     delivery_id: &'a str,
+    /// When the send was claimed: a grant voided since (a disable, a refusal, 43101)
+    /// is never given back by it.
+    claimed_at: DateTime<Utc>,
     guard: Guard<'a>,
     write: DeliveryWrite,
     /// The template whose quota item holds the grant's counters and the marks.
@@ -472,6 +475,7 @@ impl Store {
         template: &TemplateId,
         grant: Option<GrantMove<'_>>,
         marks: &Marks,
+        claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Option<TransactWriteItem>, StoreError> {
         if grant.is_none() && marks.is_empty() {
@@ -506,6 +510,14 @@ impl Store {
                     ":id",
                     AttributeValue::Ss(vec![request.to_string()]),
                 );
+            }
+            if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
+                // A void grant comes back only if nothing voided the template's grants
+                // on purpose since the send was claimed.
+                update = update
+                    .condition_expression("attribute_not_exists(#voided) OR #voided < :claimed")
+                    .expression_attribute_names("#voided", VOIDED_AT)
+                    .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()));
             }
         }
         let one = |member: &String| AttributeValue::Ss(vec![member.clone()]);
@@ -563,7 +575,15 @@ impl Store {
             if let Some(grant) = grant {
                 items.push(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
             }
-            items.extend(self.quota_update(tx.pk, tx.template, grant, &tx.marks, now)?);
+            let quota_index = items.len();
+            items.extend(self.quota_update(
+                tx.pk,
+                tx.template,
+                grant,
+                &tx.marks,
+                tx.claimed_at,
+                now,
+            )?);
             let source_range = items.len()..items.len() + tx.source.len();
             items.extend(tx.source.iter().cloned());
             let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
@@ -594,6 +614,14 @@ impl Store {
                 return Ok(Settled::DeliveryMoved(now_item));
             }
             let mut changed = false;
+            if grant.is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
+                && failed(quota_index)
+            {
+                // The template's grants were voided after this send was claimed (a
+                // disable, a refusal): the grant stays void; the rest still lands.
+                tx.grant = None;
+                changed = true;
+            }
             if with_grant && failed(grant_index) {
                 tx.grant = tx
                     .grant

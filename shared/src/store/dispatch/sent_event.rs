@@ -283,6 +283,7 @@ impl Store {
             let tx = SettleTx {
                 pk,
                 delivery_id: &delivery.delivery_id,
+                claimed_at: delivery.claimed_at(now),
                 guard: Guard::Unknown,
                 write: DeliveryWrite {
                     state: settlement.delivery,

@@ -232,6 +232,7 @@ impl Store {
         let tx = SettleTx {
             pk,
             delivery_id: &delivery.delivery_id,
+            claimed_at: delivery.claimed_at(now),
             guard: Guard::ExpiredLease(until),
             marks: Marks::of(&write, &delivery.delivery_id, delivery.claimed_at(now), now),
             template: &template,
