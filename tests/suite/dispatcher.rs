@@ -407,6 +407,23 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
         "the grant is restored for later"
     );
     assert_ledger_agrees_with_counters(&app).await;
+    // The user checks in: the plan resumes with a fresh count, so one more failure
+    // retries it instead of pausing it again at once.
+    let checkin = json!({"action_id": "ck_resume", "occurred_at": Utc::now().to_rfc3339(),
+                         "current_count": 1, "daily_goal": 8});
+    let resumed = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)
+        .await;
+    assert_eq!(resumed.body["state"], "scheduled", "{}", resumed.body);
+    let plan = app.item(&user, "PLAN#water").await;
+    assert_eq!(plan.as_ref().and_then(|p| attr_n(p, "attempts")), Some(0));
+    app.make_due(&user, "water", Utc::now()).await;
+    app.tick(30).await;
+    assert_eq!(
+        state(&app.item(&user, "PLAN#water").await),
+        Some("scheduled"),
+        "retried, not paused"
+    );
 }
 
 #[tokio::test]

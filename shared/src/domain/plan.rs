@@ -327,6 +327,19 @@ impl Plan {
         Ok(())
     }
 
+    /// After a user's check-in or enable moved the plan from `before`: one that resumes
+    /// a plan paused because its sends kept failing starts the count of failures afresh
+    /// (else the first failure after it would pause it again).
+    pub fn resumed_from(&mut self, before: PlanStatus) {
+        let was_failing = before
+            == PlanStatus::Paused {
+                reason: PauseReason::SendFailed,
+            };
+        if was_failing && matches!(self.status, PlanStatus::Scheduled { .. }) {
+            self.attempts = 0;
+        }
+    }
+
     /// Leaves `sending` once the send is settled: by the settlement's follow-up, then a
     /// check-in that arrived meanwhile (applied as if it came just after: with a grant
     /// `grant_available` it schedules the next reminder), then a refusal that arrived
@@ -619,6 +632,47 @@ mod tests {
         plan.delivery_id = Some("d1".into());
         plan.lease_until = Some(at(100));
         plan
+    }
+
+    #[test]
+    fn a_user_resuming_a_plan_paused_for_failed_sends_starts_the_count_afresh() {
+        let failing = PlanStatus::Paused {
+            reason: PauseReason::SendFailed,
+        };
+        let resume = |before: PlanStatus, event: PlanEvent| {
+            let mut plan = sending_plan();
+            plan.status = before;
+            plan.attempts = 3;
+            plan.status = before.apply(event).expect("legal");
+            plan.resumed_from(before);
+            (plan.status, plan.attempts)
+        };
+        let check_in = PlanEvent::CheckIn {
+            grant: true,
+            due: at(9),
+        };
+        assert_eq!(
+            resume(failing, check_in),
+            (PlanStatus::Scheduled { due: at(9) }, 0)
+        );
+        let enable = PlanEvent::Enable {
+            grant: true,
+            due: at(9),
+        };
+        assert_eq!(
+            resume(failing, enable),
+            (PlanStatus::Scheduled { due: at(9) }, 0)
+        );
+        // Without a grant it stays paused, and the count stands; other pauses keep it.
+        let no_grant = PlanEvent::CheckIn {
+            grant: false,
+            due: at(9),
+        };
+        assert_eq!(resume(failing, no_grant).1, 3);
+        let uncertain = PlanStatus::Paused {
+            reason: PauseReason::Uncertain,
+        };
+        assert_eq!(resume(uncertain, check_in).1, 3);
     }
 
     #[test]

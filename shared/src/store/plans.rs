@@ -754,6 +754,7 @@ impl Store {
             plan.status = before
                 .apply(event)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            plan.resumed_from(before);
             let put = self.plan_put(&plan, pk, now)?;
             let committed = if update.enabled {
                 let mut items = vec![put];
@@ -845,13 +846,14 @@ impl Store {
                 // The send in flight decides; the check-in counts when it ends.
                 plan.checked_in_while_sending = true;
             }
-            plan.status = plan
-                .status
+            let before = plan.status;
+            plan.status = before
                 .apply(PlanEvent::CheckIn {
                     grant: counters.available > 0,
                     due,
                 })
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            plan.resumed_from(before);
             if let Some((_, result)) = carried {
                 let refusal = match result {
                     SubscribeResult::Reject => Some(Refusal::Reject),
