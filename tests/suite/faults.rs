@@ -589,3 +589,43 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
     assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
     invariants(&app).await;
 }
+
+#[tokio::test]
+async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try() {
+    // Swept `unknown`, then WeChat's late answer: 43101. Its settlement lands; the
+    // invalidation of the template's other grants meets throttles past the write
+    // budget and the finalize fails. The next try finds its own late settlement landed
+    // and runs the invalidation, instead of taking it for someone else's.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "late-refused", 2).await;
+    let now = Utc::now();
+    let claim = app.claim_due(now).await;
+    assert_eq!(
+        app.sweep_at(now + chrono::Duration::seconds(60))
+            .await
+            .recovered,
+        1
+    );
+    let refused = || onegrant::domain::outcome::SendResult::Refused {
+        errcode: 43101,
+        errmsg: "user refuse to accept the msg".into(),
+    };
+    // The invalidation's transaction is the one that stamps `voided_at`.
+    proxy.inject("TransactWriteItems", Some("voided_at"), Fault::Throttle, 0);
+    let first = app
+        .deps
+        .store
+        .finalize(
+            &claim,
+            &refused(),
+            &app.deps.config.dispatch.retry_policy(),
+            Utc::now(),
+        )
+        .await;
+    assert!(first.is_err(), "{first:?}");
+    proxy.clear();
+    let again = app.finalize_as(&claim, refused()).await;
+    assert!(again.late && !again.superseded, "{again:?}");
+    app.assert_grants_void(&user, 2).await;
+    invariants(&app).await;
+}

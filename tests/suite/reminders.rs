@@ -499,3 +499,31 @@ async fn a_check_in_costs_one_read_and_one_transaction() {
     assert_eq!(app.get(PLAN, Some(&token)).await.status, 200);
     assert_eq!(app.round_trips.take(), vec!["BatchGetItem"]);
 }
+
+#[tokio::test]
+async fn a_user_who_turns_a_reminder_off_before_any_grant_still_reads_their_quotas() {
+    // A disable stamps the template's counters item (so a late answer never gives back
+    // a grant voided on purpose); for a user who never reported the template that item
+    // is created by the stamp, and must read as any other quota.
+    let app = spawn_app().await;
+    let user = app.user("never-granted").await;
+    let off = app.disable(&user, "water").await;
+    assert_eq!(off.status, 200, "{}", off.body);
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(grants.status, 200, "{}", grants.body);
+    assert_eq!(
+        quota(&grants.body, WATER)["available"],
+        0,
+        "{}",
+        grants.body
+    );
+    grant(&app, &user.token, "wr_after_off").await;
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(
+        quota(&grants.body, WATER)["available"],
+        1,
+        "{}",
+        grants.body
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}

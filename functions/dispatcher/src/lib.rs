@@ -517,10 +517,13 @@ async fn dispatch_one(
         .min(deps.wechat.send_window());
     if time_left < deps.wechat.call_timeout() {
         drop(turn);
-        let finalized = deps
-            .store
-            .release(&claim, "no time left to send", Utc::now())
-            .await?;
+        // Tried again like a finalize: a release that never lands is swept as
+        // `unknown`, a send that never happened.
+        let finalized = retried(&budget, "release", || {
+            deps.store
+                .release(&claim, "no time left to send", Utc::now())
+        })
+        .await?;
         // No longer in flight: an event it held back may settle another send.
         settle_pending(deps, &claim).await;
         return Ok(Dispatched::Released(finalized));
@@ -553,21 +556,19 @@ async fn dispatch_one(
     // tried again while the invocation has time, rather than leaving the answer for the
     // sweep to record as `unknown`. Each try is guarded, and one that finds its own
     // settlement landed finishes what follows it.
-    let mut finalized = finalize.await;
-    let mut tries = 1;
-    while let Err(e) = &finalized {
-        if tries >= FINALIZE_TRIES || budget.left() < FINALIZE_RETRY_ROOM {
-            break;
+    let first = finalize.await;
+    let mut first = Some(first);
+    let finalized = retried(&budget, "finalize", || {
+        let earlier = first.take();
+        let (claim, result, policy) = (&claim, &result, &policy);
+        async move {
+            match earlier {
+                Some(outcome) => outcome,
+                None => deps.store.finalize(claim, result, policy, Utc::now()).await,
+            }
         }
-        tracing::warn!(error = %error_chain(e), tries, "finalize failed; trying again");
-        tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
-        tries += 1;
-        finalized = deps
-            .store
-            .finalize(&claim, &result, &policy, Utc::now())
-            .await;
-    }
-    let finalized = finalized?;
+    })
+    .await?;
     let class = finalized.settlement.class;
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
@@ -602,6 +603,31 @@ async fn dispatch_one(
         finalized,
         latency_ms,
     })
+}
+
+/// Runs `attempt` (a finalize or a release) until it succeeds, at most
+/// `FINALIZE_TRIES` times and while the invocation has `FINALIZE_RETRY_ROOM` left.
+async fn retried<F, Fut>(
+    budget: &Budget,
+    what: &'static str,
+    mut attempt: F,
+) -> Result<onegrant::store::dispatch::Finalized, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<onegrant::store::dispatch::Finalized, StoreError>>,
+{
+    let mut outcome = attempt().await;
+    let mut tries = 1;
+    while let Err(e) = &outcome {
+        if tries >= FINALIZE_TRIES || budget.left() < FINALIZE_RETRY_ROOM {
+            break;
+        }
+        tracing::warn!(error = %error_chain(e), tries, what, "failed; trying again");
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
+        tries += 1;
+        outcome = attempt().await;
+    }
+    outcome
 }
 
 /// With the message push configured: the sent events of the claim's template kept

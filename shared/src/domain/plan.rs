@@ -362,9 +362,9 @@ impl Plan {
             FollowUp::Stop(reason) => PlanEvent::SendStopped(reason),
         };
         let mut status = self.status.apply(event)?;
-        if self.checked_in_while_sending
-            && let Some(at) = self.last_checkin_at
-        {
+        let after_send = status;
+        let checked_in = self.checked_in_while_sending && self.last_checkin_at.is_some();
+        if checked_in && let Some(at) = self.last_checkin_at {
             status = status.apply(PlanEvent::CheckIn {
                 grant: grant_available,
                 due: self.next_due(at, self.settings.daily_goal, now),
@@ -375,6 +375,10 @@ impl Plan {
         }
         self.status = status;
         self.attempts = attempts;
+        if checked_in {
+            // The check-in made during the send resumes a plan its failures paused.
+            self.resumed_from(after_send);
+        }
         self.checked_in_while_sending = false;
         self.lease_until = None;
         if !self.is_uncertain_about(self.delivery_id.as_deref().unwrap_or_default()) {
@@ -673,6 +677,18 @@ mod tests {
             reason: PauseReason::Uncertain,
         };
         assert_eq!(resume(uncertain, check_in).1, 3);
+        // A check-in made during the send that used up the attempts resumes it too.
+        let mut plan = sending_plan();
+        plan.checked_in_while_sending = true;
+        plan.last_checkin_at = Some(at(50));
+        plan.finish_send(FollowUp::Stop(PauseReason::SendFailed), 3, true, at(60))
+            .expect("legal");
+        assert!(
+            matches!(plan.status, PlanStatus::Scheduled { .. }),
+            "{:?}",
+            plan.status
+        );
+        assert_eq!(plan.attempts, 0);
     }
 
     #[test]

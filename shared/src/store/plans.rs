@@ -677,14 +677,18 @@ impl Store {
                     .table_name(&self.table)
                     .set_key(Some(key(pk, &quota_sk(template))));
                 if std::mem::take(&mut stamp) {
+                    // (Named like every quota item, should this one create it: a user
+                    // who never reported the template still reads as a quota.)
                     expression = expression.replacen(
                         "SET updated_at = :now",
-                        "SET updated_at = :now, #voided = :voided",
+                        "SET updated_at = :now, #voided = :voided, template_id = :t, kind = :kind",
                         1,
                     );
                     update = update
                         .expression_attribute_names("#voided", super::grants::VOIDED_AT)
-                        .expression_attribute_values(":voided", n(now.timestamp_millis()));
+                        .expression_attribute_values(":voided", n(now.timestamp_millis()))
+                        .expression_attribute_values(":t", s(template.as_str()))
+                        .expression_attribute_values(":kind", s("quota"));
                 }
                 let mut deletes = Vec::new();
                 if !available_ids.is_empty() {

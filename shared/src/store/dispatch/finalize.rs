@@ -215,9 +215,26 @@ impl Store {
                 }
                 Ok(Finalized {
                     settlement,
-                    restored: settlement.grant == GrantState::Available,
+                    // (Whether the first try's grant move landed is not known here.)
+                    restored: false,
                     superseded: false,
                     late: false,
+                })
+            }
+            // The same for a late answer that landed before (after the sweep): only
+            // this claimer's late answer sets `answered_late_at` on it.
+            Settled::DeliveryMoved(Some(now_item))
+                if now_item.state == settlement.delivery
+                    && now_item.swept_at.is_some()
+                    && now_item.answered_late_at.is_some()
+                    && now_item.claimer == claim.claimer =>
+            {
+                self.after_settle(&pk, claim, &settlement, now).await?;
+                Ok(Finalized {
+                    settlement,
+                    restored: false,
+                    superseded: false,
+                    late: true,
                 })
             }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Finalized {
