@@ -1229,6 +1229,18 @@ impl TestApp {
         }
     }
 
+    /// [`TestApp::claim_due`], then the dispatcher stalls past its lease and the sweep
+    /// declares the send `unknown`: the claim, for its late answer.
+    pub async fn claim_and_sweep(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> onegrant::store::dispatch::Claim {
+        let claim = self.claim_due(now).await;
+        let swept = self.sweep_at(now + chrono::Duration::seconds(60)).await;
+        assert_eq!(swept.recovered, 1, "{swept:?}");
+        claim
+    }
+
     /// Finalizes `claim` through the store with WeChat's answer `result`.
     pub async fn finalize_as(
         &self,

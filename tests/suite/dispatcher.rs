@@ -1388,9 +1388,7 @@ async fn swept_push(app: &TestApp, name: &str) -> (User, onegrant::store::dispat
     app.accept(&user, ORDER, &format!("wr_{name}")).await;
     app.push(&user, name).await;
     let now = Utc::now();
-    let claim = app.claim_due(now).await;
-    let swept = app.sweep_at(now + chrono::Duration::seconds(60)).await;
-    assert_eq!(swept.recovered, 1, "{swept:?}");
+    let claim = app.claim_and_sweep(now).await;
     (user, claim)
 }
 

@@ -572,13 +572,7 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "late-unread", 1).await;
     let now = Utc::now();
-    let claim = app.claim_due(now).await;
-    assert_eq!(
-        app.sweep_at(now + chrono::Duration::seconds(60))
-            .await
-            .recovered,
-        1
-    );
+    let claim = app.claim_and_sweep(now).await;
     proxy.inject("BatchGetItem", Some("PLAN#water"), Fault::Throttle, 3);
     let finalized = app.finalize_sent(&claim, "4200000000000000003").await;
     assert_eq!(injected(&proxy, Fault::Throttle), 3);
@@ -599,13 +593,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "late-refused", 2).await;
     let now = Utc::now();
-    let claim = app.claim_due(now).await;
-    assert_eq!(
-        app.sweep_at(now + chrono::Duration::seconds(60))
-            .await
-            .recovered,
-        1
-    );
+    let claim = app.claim_and_sweep(now).await;
     let refused = || onegrant::domain::outcome::SendResult::Refused {
         errcode: 43101,
         errmsg: "user refuse to accept the msg".into(),
