@@ -354,45 +354,50 @@ async fn a_request_with_an_unused_expression_value_or_name_is_refused_as_dynamod
         .expect("accepted");
 }
 
+/// A transaction adding `by` to the counter item `sk`.
+fn increment(table: &TestTable, sk: &str, by: &str) -> TransactWriteItem {
+    TransactWriteItem::builder()
+        .update(
+            Update::builder()
+                .table_name(&table.name)
+                .key("pk", s("COUNTER"))
+                .key("sk", s(sk))
+                .update_expression("ADD n :by")
+                .expression_attribute_values(":by", AttributeValue::N(by.into()))
+                .build()
+                .expect("update"),
+        )
+        .build()
+}
+
+/// The counter item `sk`'s value, read strongly.
+async fn counter(table: &TestTable, sk: &str) -> Option<String> {
+    table
+        .client
+        .get_item()
+        .table_name(&table.name)
+        .key("pk", s("COUNTER"))
+        .key("sk", s(sk))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .and_then(|i| i.get("n").and_then(|v| v.as_n().ok()).cloned())
+}
+
 #[tokio::test]
 async fn a_transactions_client_request_token_is_honoured_as_dynamodb_does() {
     let table = TestTable::create().await;
-    let increment = |by: &str| {
-        TransactWriteItem::builder()
-            .update(
-                Update::builder()
-                    .table_name(&table.name)
-                    .key("pk", s("COUNTER"))
-                    .key("sk", s("T"))
-                    .update_expression("ADD n :by")
-                    .expression_attribute_values(":by", AttributeValue::N(by.into()))
-                    .build()
-                    .expect("update"),
-            )
-            .build()
-    };
     let send = |token: &str, by: &str| {
         table
             .client
             .transact_write_items()
             .client_request_token(token)
-            .transact_items(increment(by))
+            .transact_items(increment(&table, "T", by))
             .send()
     };
-    let n = || async {
-        table
-            .client
-            .get_item()
-            .table_name(&table.name)
-            .key("pk", s("COUNTER"))
-            .key("sk", s("T"))
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("get")
-            .item
-            .and_then(|i| i.get("n").and_then(|v| v.as_n().ok()).cloned())
-    };
+    let n = || counter(&table, "T");
     send("token-1", "1").await.expect("first");
     assert_eq!(n().await.as_deref(), Some("1"));
     // The same request again (a retry whose first answer was lost): the first answer,
@@ -460,36 +465,10 @@ async fn a_transactions_token_is_forgotten_after_its_window_as_dynamodb_forgets_
             .client
             .transact_write_items()
             .client_request_token("token-window")
-            .transact_items(
-                TransactWriteItem::builder()
-                    .update(
-                        Update::builder()
-                            .table_name(&table.name)
-                            .key("pk", s("COUNTER"))
-                            .key("sk", s("W"))
-                            .update_expression("ADD n :one")
-                            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-                            .build()
-                            .expect("update"),
-                    )
-                    .build(),
-            )
+            .transact_items(increment(&table, "W", "1"))
             .send()
     };
-    let n = || async {
-        table
-            .client
-            .get_item()
-            .table_name(&table.name)
-            .key("pk", s("COUNTER"))
-            .key("sk", s("W"))
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("get")
-            .item
-            .and_then(|i| i.get("n").and_then(|v| v.as_n().ok()).cloned())
-    };
+    let n = || counter(&table, "W");
     send().await.expect("first");
     send().await.expect("replayed within the window");
     assert_eq!(n().await.as_deref(), Some("1"));

@@ -42,6 +42,11 @@ async fn sent_once(app: &TestApp, user: &User, summary: &dispatcher::Summary, ca
         "{case}: {summary:?}"
     );
     assert_eq!(app.deliveries().await.len(), 1, "{case}");
+    awaiting_checkin(app, user, case).await;
+}
+
+/// The user's water plan awaits its check-in, and the invariants hold.
+async fn awaiting_checkin(app: &TestApp, user: &User, case: &str) {
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
     assert_eq!(
         plan.body["state"], "awaiting_checkin",
@@ -112,9 +117,7 @@ async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unkn
     let delivery = app.items_of(&user, "delivery").await;
     assert_eq!(delivery.len(), 1);
     assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
-    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
-    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
-    invariants(&app).await;
+    awaiting_checkin(&app, &user, "").await;
 }
 
 /// A write path under test: what it does, and how to check it did it exactly once.
@@ -559,9 +562,7 @@ async fn a_finalize_tried_again_after_it_landed_finishes_as_its_own_not_as_super
     let again = app.finalize_sent(&claim, "4200000000000000002").await;
     assert!(!again.superseded, "its own settlement: {again:?}");
     assert_eq!(app.items().await, items, "nothing changed the second time");
-    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
-    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
-    invariants(&app).await;
+    awaiting_checkin(&app, &user, "").await;
 }
 
 #[tokio::test]
@@ -579,9 +580,7 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
     assert!(finalized.late, "{finalized:?}");
     let delivery = app.items_of(&user, "delivery").await;
     assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
-    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
-    assert_eq!(plan.body["state"], "awaiting_checkin", "{}", plan.body);
-    invariants(&app).await;
+    awaiting_checkin(&app, &user, "").await;
 }
 
 #[tokio::test]

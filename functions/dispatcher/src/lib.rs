@@ -541,11 +541,10 @@ async fn dispatch_one(
     let latency_ms = (Utc::now() - claim.due_at).num_milliseconds();
     onegrant::failpoint::hit("after_send");
     let policy = config.dispatch.retry_policy();
-    let finalize = deps.store.finalize(&claim, &result, &policy, Utc::now());
     if let Some(delay) = onegrant::failpoint::delay_of("during_finalize") {
         // Die with the finalize transaction in flight: it may or may not land.
         tokio::select! {
-            _ = finalize => {}
+            _ = deps.store.finalize(&claim, &result, &policy, Utc::now()) => {}
             () = tokio::time::sleep(delay) => {}
         }
         onegrant::failpoint::hit("during_finalize");
@@ -556,17 +555,8 @@ async fn dispatch_one(
     // tried again while the invocation has time, rather than leaving the answer for the
     // sweep to record as `unknown`. Each try is guarded, and one that finds its own
     // settlement landed finishes what follows it.
-    let first = finalize.await;
-    let mut first = Some(first);
     let finalized = retried(&budget, "finalize", || {
-        let earlier = first.take();
-        let (claim, result, policy) = (&claim, &result, &policy);
-        async move {
-            match earlier {
-                Some(outcome) => outcome,
-                None => deps.store.finalize(claim, result, policy, Utc::now()).await,
-            }
-        }
+        deps.store.finalize(&claim, &result, &policy, Utc::now())
     })
     .await?;
     let class = finalized.settlement.class;

@@ -200,16 +200,19 @@ impl Store {
             }
             // This very settlement, landed before: a first try whose answer was lost,
             // or that landed and then failed after (the 43101 invalidation, the plan's
-            // move). Only this claimer or the sweep moves a delivery out of `sending`,
-            // and the sweep leaves `swept_at`: what follows the settlement runs again
-            // (each step is idempotent), instead of taking it for someone else's.
+            // move). Only this claimer moves a delivery out of `sending` without
+            // `swept_at`, and only its late answer sets `answered_late_at`: what follows
+            // the settlement runs again (each step is idempotent), instead of taking it
+            // for someone else's.
             Settled::DeliveryMoved(Some(now_item))
                 if now_item.state == settlement.delivery
-                    && now_item.swept_at.is_none()
-                    && now_item.claimer == claim.claimer =>
+                    && now_item.claimer == claim.claimer
+                    && (now_item.swept_at.is_none() || now_item.answered_late_at.is_some()) =>
             {
+                let late = now_item.swept_at.is_some();
                 self.after_settle(&pk, claim, &settlement, now).await?;
-                if let ClaimSource::Plan { kind, .. } = &claim.source {
+                // (A late answer moves the plan in its own settlement.)
+                if !late && let ClaimSource::Plan { kind, .. } = &claim.source {
                     self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
                         .await?;
                 }
@@ -218,23 +221,7 @@ impl Store {
                     // (Whether the first try's grant move landed is not known here.)
                     restored: false,
                     superseded: false,
-                    late: false,
-                })
-            }
-            // The same for a late answer that landed before (after the sweep): only
-            // this claimer's late answer sets `answered_late_at` on it.
-            Settled::DeliveryMoved(Some(now_item))
-                if now_item.state == settlement.delivery
-                    && now_item.swept_at.is_some()
-                    && now_item.answered_late_at.is_some()
-                    && now_item.claimer == claim.claimer =>
-            {
-                self.after_settle(&pk, claim, &settlement, now).await?;
-                Ok(Finalized {
-                    settlement,
-                    restored: false,
-                    superseded: false,
-                    late: true,
+                    late,
                 })
             }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Finalized {
