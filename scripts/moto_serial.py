@@ -13,7 +13,8 @@ transaction touches, to roll back on cancellation (measured: 43 ms per transacti
 Because requests here are already one at a time, a snapshot of just the items the
 transaction touches is an equivalent rollback; the suite proves a cancelled transaction
 (Put, Update and Delete before a failing condition) still leaves nothing behind. And a
-base-table Query reads only its partition instead of scanning the table (see below).
+base-table Query reads only its partition instead of scanning the table, and an index
+Query only the items on its index partition (see below).
 
 And it refuses, as DynamoDB does and moto does not, a request whose
 ExpressionAttributeNames or ExpressionAttributeValues hold a key no expression uses
@@ -25,6 +26,12 @@ minutes, and the same token again answers the first answer without applying anyt
 the same token with other parameters is refused with IdempotentParameterMismatchException,
 as DynamoDB does. A transaction that was cancelled is not remembered (nothing was
 applied, so running it again is what a retry of it means).
+
+And it keeps what the requests cost it, for benches: `GET /_onegrant/busy` answers the
+process's CPU seconds so far, the seconds requests held the lock, and per operation
+(`Query@index` for an index query) the requests and their seconds under the lock. The
+emulator runs Python on one core at a time (the GIL), so its CPU seconds over a run's
+wall time is how busy the run kept it.
 
 Usage: python scripts/moto_serial.py [--host 127.0.0.1] [--port 0] [--exit-on-stdin-eof]
 Prints one line "listening on <port>" once the socket accepts connections, then serves
@@ -119,16 +126,47 @@ dynamodb_models.DynamoDBBackend.transact_write_items = transact_write_items
 # moto answers a base-table Query by scanning every item of the table for the partition
 # key (moto/dynamodb/models/table.py, Table.query), so one user's query costs as much as
 # the whole table. The items are already stored per partition: during such a query,
-# let the scan see only that partition. Index queries are left as moto does them.
+# let the scan see only that partition. An index query (string partition key) sees only
+# the items on that index partition, found without moto's sort of the whole table
+# (measured: 16 due-index queries on a 3,000-item table, 5.0 s → 0.48 s, same pages).
 _moto_query = Table.query
+
+
+def _index_matches(table, conditions):
+    """The items whose attributes equal every (name, string value) of an index query's
+    hash key, in no order."""
+    partitions = table.items.values()
+    items = (
+        [item for partition in partitions for item in partition.values()]
+        if table.range_key_attr
+        else list(partitions)
+    )
+
+    def matches(item):
+        for name, value in conditions:
+            got = item.attrs.get(name)
+            if got is None or got.type != "S" or got.value != value:
+                return False
+        return True
+
+    return [item for item in items if matches(item)]
 
 
 def _partition_query(self, hash_key, *args, **kwargs):
     index_name = kwargs.get("index_name", args[6] if len(args) > 6 else None)
-    if index_name is not None or hash_key is None or self.range_key_attr is None:
+    if index_name is not None:
+        conditions = kwargs.get("hash_key_conditions") or []
+        if not conditions or any(value.type != "S" for _, value in conditions):
+            return _moto_query(self, hash_key, *args, **kwargs)
+        # moto sorts the whole table before matching, then sorts the matches by the
+        # index's keys and the table's (a total order), so the first sort is wasted:
+        # hand it only the matches, unsorted.
+        items = _index_matches(self, [(name, value.value) for name, value in conditions])
+    elif hash_key is None or self.range_key_attr is None:
         return _moto_query(self, hash_key, *args, **kwargs)
-    partition = self.items.get(hash_key)
-    items = list(partition.values()) if partition else []
+    else:
+        partition = self.items.get(hash_key)
+        items = list(partition.values()) if partition else []
     self.all_items = lambda: items
     try:
         return _moto_query(self, hash_key, *args, **kwargs)
@@ -207,6 +245,17 @@ def _error(start_response, kind, message):
     return [payload]
 
 
+def _operation(environ):
+    """The request's operation, `Query@index` for a query of an index (what `/_onegrant/busy`
+    counts it as)."""
+    operation = environ.get("HTTP_X_AMZ_TARGET", "").split(".", 1)[-1] or "other"
+    if operation == "Query":
+        body = environ["wsgi.input"]
+        if isinstance(body, io.BytesIO) and b'"IndexName"' in body.getvalue():
+            return "Query@index"
+    return operation
+
+
 def _read_request(environ):
     """The request's JSON body (None if it is not JSON), left readable for the app."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -249,53 +298,84 @@ class SerialApp:
         self._lock = threading.Lock()
         # token -> (request digest, committed at, status, headers, body), oldest first
         self._tokens = collections.OrderedDict()
+        # operation -> [requests, seconds under the lock]; written under the lock
+        self._busy = collections.defaultdict(lambda: [0, 0.0])
+
+    def _busy_answer(self, start_response):
+        with self._lock:
+            operations = {op: {"requests": n, "seconds": t} for op, (n, t) in self._busy.items()}
+        payload = json.dumps(
+            {
+                "cpu_seconds": time.process_time(),
+                "locked_seconds": sum(op["seconds"] for op in operations.values()),
+                "operations": operations,
+            }
+        ).encode()
+        start_response(
+            "200 OK",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],
+        )
+        return [payload]
 
     def __call__(self, environ, start_response):
+        if environ.get("PATH_INFO") == "/_onegrant/busy":
+            return self._busy_answer(start_response)
         refused = _validation_error(environ, start_response)
         if refused is not None:
             return refused
         tokened = _transaction_token(environ)
+        operation = _operation(environ)
         with self._lock:
-            now = time.monotonic()
-            if tokened is not None:
-                while self._tokens:
-                    oldest = next(iter(self._tokens.values()))
-                    if now - oldest[1] < TOKEN_WINDOW_SECONDS:
-                        break
-                    self._tokens.popitem(last=False)
-                token, request = tokened
-                seen = self._tokens.get(token)
-                if seen is not None:
-                    if seen[0] != request:
-                        return _error(
-                            start_response,
-                            "IdempotentParameterMismatchException",
-                            "The request uses the same client token as a previous, "
-                            "but non-identical request.",
-                        )
-                    start_response(seen[2], seen[3])
-                    return [seen[4]]
-            answered = {}
-
-            def capture(status, headers, exc_info=None):
-                answered["status"], answered["headers"] = status, list(headers)
-                return start_response(status, headers, exc_info)
-
-            result = self._app(environ, capture)
+            started = time.perf_counter()
             try:
-                body = b"".join(result)
+                return self._serve(environ, start_response, tokened)
             finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-            if tokened is not None and answered.get("status", "").startswith("200"):
-                self._tokens[tokened[0]] = (
-                    tokened[1],
-                    now,
-                    answered["status"],
-                    answered["headers"],
-                    body,
-                )
+                busy = self._busy[operation]
+                busy[0] += 1
+                busy[1] += time.perf_counter() - started
+
+    def _serve(self, environ, start_response, tokened):
+        """One request, under the lock."""
+        now = time.monotonic()
+        if tokened is not None:
+            while self._tokens:
+                oldest = next(iter(self._tokens.values()))
+                if now - oldest[1] < TOKEN_WINDOW_SECONDS:
+                    break
+                self._tokens.popitem(last=False)
+            token, request = tokened
+            seen = self._tokens.get(token)
+            if seen is not None:
+                if seen[0] != request:
+                    return _error(
+                        start_response,
+                        "IdempotentParameterMismatchException",
+                        "The request uses the same client token as a previous, "
+                        "but non-identical request.",
+                    )
+                start_response(seen[2], seen[3])
+                return [seen[4]]
+        answered = {}
+
+        def capture(status, headers, exc_info=None):
+            answered["status"], answered["headers"] = status, list(headers)
+            return start_response(status, headers, exc_info)
+
+        result = self._app(environ, capture)
+        try:
+            body = b"".join(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        if tokened is not None and answered.get("status", "").startswith("200"):
+            self._tokens[tokened[0]] = (
+                tokened[1],
+                now,
+                answered["status"],
+                answered["headers"],
+                body,
+            )
         return [body]
 
 

@@ -105,6 +105,77 @@ fn per_dispatch(ops: &[String], dispatches: u32) -> String {
     format!("{total:.2} ({})", parts.join(", "))
 }
 
+/// What the emulator has spent so far (`GET /_onegrant/busy` on `scripts/moto_serial.py`):
+/// its CPU seconds, and per operation the requests and their seconds under its lock.
+#[derive(Debug, Default, Clone)]
+struct Busy {
+    cpu: f64,
+    operations: BTreeMap<String, (u64, f64)>,
+}
+
+impl Busy {
+    async fn of(app: &TestApp) -> Busy {
+        let url = format!("{}/_onegrant/busy", app.table.endpoint());
+        let body: serde_json::Value = reqwest::get(&url)
+            .await
+            .expect("busy")
+            .json()
+            .await
+            .expect("busy json");
+        let operations = body["operations"]
+            .as_object()
+            .map(|ops| {
+                ops.iter()
+                    .map(|(op, v)| {
+                        let n = v["requests"].as_u64().unwrap_or(0);
+                        let t = v["seconds"].as_f64().unwrap_or(0.0);
+                        (op.clone(), (n, t))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Busy {
+            cpu: body["cpu_seconds"].as_f64().unwrap_or(0.0),
+            operations,
+        }
+    }
+
+    /// What was spent between `before` and `self`.
+    fn since(&self, before: &Busy) -> Busy {
+        let operations = self
+            .operations
+            .iter()
+            .map(|(op, (n, t))| {
+                let (n0, t0) = before.operations.get(op).copied().unwrap_or((0, 0.0));
+                (op.clone(), (n - n0, t - t0))
+            })
+            .filter(|(_, (n, _))| *n > 0)
+            .collect();
+        Busy {
+            cpu: self.cpu - before.cpu,
+            operations,
+        }
+    }
+
+    fn requests(&self) -> u64 {
+        self.operations.values().map(|(n, _)| n).sum()
+    }
+
+    fn locked(&self) -> f64 {
+        self.operations.values().map(|(_, t)| t).sum()
+    }
+
+    /// Milliseconds under the lock per request, by operation.
+    fn per_request(&self) -> String {
+        let parts: Vec<String> = self
+            .operations
+            .iter()
+            .map(|(op, (n, t))| format!("{op} {:.1}", t * 1000.0 / *n as f64))
+            .collect();
+        parts.join(", ")
+    }
+}
+
 /// The emulator's rate of 2-item transactions, `n` one at a time, on `app`'s table as
 /// it is (moto's transactions slow down as the table grows).
 async fn raw_transactions(app: &TestApp, n: u32, tag: &str) -> f64 {
@@ -203,9 +274,11 @@ async fn main() {
         app.make_due(user, "water", Utc::now()).await;
     }
     app.round_trips.take();
+    let busy_before = Busy::of(&app).await;
     let started = Instant::now();
     let burst_summary = app.tick(100).await;
     let elapsed = started.elapsed().as_secs_f64();
+    let burst_busy = Busy::of(&app).await.since(&busy_before);
     let burst_ops = app.round_trips.take();
     let dps = f64::from(burst_summary.sent) / elapsed;
     let per = burst_ops.len() as f64 / f64::from(burst_summary.sent.max(1));
@@ -237,6 +310,7 @@ async fn main() {
         fan.make_due(user, "water", Utc::now()).await;
     }
     fan.round_trips.take();
+    let fan_before = Busy::of(&fan).await;
     let started = Instant::now();
     let coordinator = fan.tick(100).await;
     let mut fan_sent = 0;
@@ -245,6 +319,7 @@ async fn main() {
         fan_sent = fan.deliveries().await.len();
     }
     let fan_elapsed = started.elapsed().as_secs_f64();
+    let fan_busy = Busy::of(&fan).await.since(&fan_before);
     let fan_ops = fan.round_trips.take();
     let fan_dps = fan_sent as f64 / fan_elapsed;
     let fan_per = fan_ops.len() as f64 / (fan_sent.max(1) as f64);
@@ -281,6 +356,29 @@ async fn main() {
         seq_summary.sent,
         dps / seq_dps
     );
+    // The efficiency with the raw rate of the very round trips each run made:
+    // the emulator's CPU seconds for them. Equal to the share of the run's wall time
+    // the emulator was busy: 1.0 is a pipeline that never leaves it waiting.
+    for (what, busy, dispatches, wall) in [
+        (
+            "1 worker ",
+            &burst_busy,
+            f64::from(burst_summary.sent),
+            elapsed,
+        ),
+        ("4 workers", &fan_busy, fan_sent as f64, fan_elapsed),
+    ] {
+        let raw = busy.requests() as f64 / busy.cpu.max(1e-9);
+        let per = busy.requests() as f64 / dispatches.max(1.0);
+        println!(
+            "  emulator's own cost, {what}: {raw:.0} of these round trips/s on its CPU ({:.1} ms each; under its lock: {}) → efficiency {:.2} = dispatches/s ÷ (that ÷ {per:.2} per dispatch); busy {:.2} of the wall time on CPU, {:.2} under the lock",
+            1000.0 / raw.max(1e-9),
+            busy.per_request(),
+            (dispatches / wall) / (raw / per.max(1e-9)),
+            busy.cpu / wall,
+            busy.locked() / wall,
+        );
+    }
     println!(
         "  round trips per dispatch:     {} [spread tick, incl. sweep and index queries]",
         per_dispatch(&spread_ops, summary.sent)

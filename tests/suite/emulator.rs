@@ -476,3 +476,92 @@ async fn a_transactions_token_is_forgotten_after_its_window_as_dynamodb_forgets_
     send().await.expect("run again after the window");
     assert_eq!(n().await.as_deref(), Some("2"));
 }
+
+/// The launcher answers an index query from the items matching its partition key only
+/// (moto sorts the whole table first): the answer must still be DynamoDB's — only the
+/// items on that index partition, in the index's order (due instant, then the table's
+/// keys), paged both ways, and nothing from an item without the index's sort key.
+#[tokio::test]
+async fn an_index_query_answers_its_partition_in_order_paged_both_ways() {
+    let table = TestTable::create().await;
+    let mut expected: Vec<(i64, String, String)> = Vec::new();
+    for i in 0..60_i64 {
+        let pk = format!("USER#{}", i % 7);
+        let sk = format!("ITEM#{i:03}");
+        let mut put = table
+            .client
+            .put_item()
+            .table_name(&table.name)
+            .item("pk", s(&pk))
+            .item("sk", s(&sk));
+        // Every third item is on partition DUE#1 (due instants repeat, so the table's
+        // keys break ties); some others on DUE#2; a few on DUE#1 with no sort key (not
+        // on the index at all).
+        if i % 3 == 0 {
+            let due = (i * 7) % 10;
+            put = put
+                .item("due_pk", s("DUE#1"))
+                .item("due_at", AttributeValue::N(due.to_string()));
+            if due <= 6 {
+                expected.push((due, pk.clone(), sk.clone()));
+            }
+        } else if i % 3 == 1 {
+            put = put
+                .item("due_pk", s("DUE#2"))
+                .item("due_at", AttributeValue::N("1".into()));
+        } else if i % 9 == 2 {
+            put = put.item("due_pk", s("DUE#1"));
+        }
+        put.send().await.expect("put");
+    }
+    expected.sort();
+    assert!(expected.len() >= 10, "enough to page");
+    let query = |partition: &str, forward: bool| {
+        let table = &table;
+        let partition = partition.to_string();
+        async move {
+            let mut got = Vec::new();
+            let mut start = None;
+            loop {
+                let page = table
+                    .client
+                    .query()
+                    .table_name(&table.name)
+                    .index_name("due")
+                    .key_condition_expression("due_pk = :p AND due_at <= :n")
+                    .expression_attribute_values(":p", s(&partition))
+                    .expression_attribute_values(":n", AttributeValue::N("6".into()))
+                    .scan_index_forward(forward)
+                    .limit(3)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .expect("query");
+                for item in page.items() {
+                    let due = item
+                        .get("due_at")
+                        .and_then(|v| v.as_n().ok())
+                        .and_then(|n| n.parse::<i64>().ok())
+                        .expect("due_at projected");
+                    let key = |name: &str| {
+                        item.get(name)
+                            .and_then(|v| v.as_s().ok())
+                            .cloned()
+                            .expect("key projected")
+                    };
+                    got.push((due, key("pk"), key("sk")));
+                }
+                start = page.last_evaluated_key().cloned();
+                if start.is_none() {
+                    return got;
+                }
+            }
+        }
+    };
+    assert_eq!(query("DUE#1", true).await, expected);
+    let mut backwards = expected.clone();
+    backwards.reverse();
+    assert_eq!(query("DUE#1", false).await, backwards);
+    assert_eq!(query("DUE#3", true).await, Vec::new(), "an empty partition");
+    assert_eq!(query("DUE#2", true).await.len(), 20);
+}
