@@ -42,6 +42,8 @@ pub fn dynamodb() -> aws_sdk_dynamodb::Client {
 pub struct RoundTrips {
     ops: Arc<Mutex<Vec<String>>>,
     items_read: Arc<std::sync::atomic::AtomicU64>,
+    /// Estimated read request units, in halves (see [`read_units`]).
+    read_half_units: Arc<std::sync::atomic::AtomicU64>,
     writes: Arc<Mutex<Vec<ItemWrite>>>,
     requests: Arc<std::sync::atomic::AtomicU64>,
     actions: Arc<Mutex<std::collections::BTreeSet<String>>>,
@@ -179,6 +181,14 @@ impl RoundTrips {
         self.items_read.swap(0, std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The read request units the reads since the last call cost, estimated by
+    /// DynamoDB's rules (see [`read_units`]); resets the count.
+    pub fn take_read_units(&self) -> f64 {
+        self.read_half_units
+            .swap(0, std::sync::atomic::Ordering::SeqCst) as f64
+            / 2.0
+    }
+
     /// `client` with this counter attached.
     pub fn attach(&self, client: &aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
         let config = client
@@ -188,6 +198,139 @@ impl RoundTrips {
             .build();
         aws_sdk_dynamodb::Client::from_conf(config)
     }
+}
+
+/// What a read asked for, kept from its request to its answer.
+#[derive(Debug, Clone)]
+struct ReadAsked {
+    operation: String,
+    consistent: bool,
+    /// Keys a GetItem or BatchGetItem asked for.
+    keys: u64,
+}
+
+impl aws_smithy_types::config_bag::Storable for ReadAsked {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+impl ReadAsked {
+    fn of(operation: &str, body: &[u8]) -> Option<Self> {
+        let request: Value = serde_json::from_slice(body).ok()?;
+        let consistent = |r: &Value| r["ConsistentRead"].as_bool() == Some(true);
+        let (consistent, keys) = match operation {
+            "GetItem" => (consistent(&request), 1),
+            "BatchGetItem" => {
+                let tables = request["RequestItems"].as_object()?;
+                let keys = tables
+                    .values()
+                    .map(|t| t["Keys"].as_array().map_or(0, Vec::len) as u64)
+                    .sum();
+                (tables.values().all(consistent), keys)
+            }
+            "TransactGetItems" => (true, 0),
+            // An index is read eventually consistent, whatever is asked.
+            "Query@index" => (false, 0),
+            "Query" | "Scan" => (consistent(&request), 0),
+            _ => return None,
+        };
+        Some(Self {
+            operation: operation.to_string(),
+            consistent,
+            keys,
+        })
+    }
+}
+
+/// The size of an item as a DynamoDB answer spells it (`{"name": {"S": "..."}}`), by
+/// the rules of [`item_size`].
+fn json_item_size(item: &serde_json::Map<String, Value>) -> usize {
+    fn value(v: &Value) -> usize {
+        let Some((kind, inner)) = v.as_object().and_then(|o| o.iter().next()) else {
+            return 1;
+        };
+        let number = |n: &str| n.trim_start_matches('-').len().div_ceil(2) + 1;
+        match (kind.as_str(), inner) {
+            ("S", Value::String(s)) => s.len(),
+            ("N", Value::String(n)) => number(n),
+            ("B", Value::String(b)) => b.len() * 3 / 4,
+            ("SS", Value::Array(set)) => set.iter().filter_map(Value::as_str).map(str::len).sum(),
+            ("NS", Value::Array(set)) => set.iter().filter_map(Value::as_str).map(number).sum(),
+            ("BS", Value::Array(set)) => set
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|b| b.len() * 3 / 4)
+                .sum(),
+            ("L", Value::Array(list)) => 3 + list.iter().map(|v| value(v) + 1).sum::<usize>(),
+            ("M", Value::Object(map)) => {
+                3 + map
+                    .iter()
+                    .map(|(k, v)| k.len() + value(v) + 1)
+                    .sum::<usize>()
+            }
+            _ => 1,
+        }
+    }
+    item.iter().map(|(name, v)| name.len() + value(v)).sum()
+}
+
+/// The read request units an answer cost, in halves, by DynamoDB's rules: a GetItem
+/// or each key of a BatchGetItem one unit per 4 KB of its item, found or not (half
+/// eventually consistent); a Query or Scan one unit per 4 KB of all the items it read
+/// together, at least one (half eventually consistent, as every index read is; items
+/// a filter left out counted at the answer's mean size); a transactional read twice.
+fn read_units(asked: &ReadAsked, body: &[u8]) -> u64 {
+    const BLOCK: usize = 4096;
+    let Ok(answer) = serde_json::from_slice::<Value>(body) else {
+        return 0;
+    };
+    let size = |v: &Value| v.as_object().map_or(0, json_item_size);
+    let full = match asked.operation.as_str() {
+        "GetItem" => answer
+            .get("Item")
+            .map_or(1, |item| size(item).div_ceil(BLOCK).max(1)),
+        "BatchGetItem" => {
+            let found: Vec<usize> = answer["Responses"]
+                .as_object()
+                .into_iter()
+                .flat_map(|tables| tables.values())
+                .filter_map(Value::as_array)
+                .flatten()
+                .map(size)
+                .collect();
+            let missing = (asked.keys as usize).saturating_sub(found.len());
+            found
+                .iter()
+                .map(|s| s.div_ceil(BLOCK).max(1))
+                .sum::<usize>()
+                + missing
+        }
+        "TransactGetItems" => {
+            2 * answer["Responses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| r.get("Item").map_or(1, |i| size(i).div_ceil(BLOCK).max(1)))
+                .sum::<usize>()
+        }
+        _ => {
+            let items: Vec<usize> = answer["Items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(size)
+                .collect();
+            let returned: usize = items.iter().sum();
+            let scanned = answer["ScannedCount"].as_u64().unwrap_or(0) as usize;
+            let left_out = scanned.saturating_sub(items.len());
+            let mean = if items.is_empty() {
+                1024
+            } else {
+                returned / items.len()
+            };
+            (returned + left_out * mean).div_ceil(BLOCK).max(1)
+        }
+    } as u64;
+    if asked.consistent { full * 2 } else { full }
 }
 
 /// The items one DynamoDB answer reports reading.
@@ -222,7 +365,7 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
         &self,
         context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
         _components: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let request = context.request();
         let mut target = request
@@ -244,6 +387,13 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
         let number = self
             .requests
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some(asked) = request
+            .body()
+            .bytes()
+            .and_then(|body| ReadAsked::of(&target, body))
+        {
+            cfg.interceptor_state().store_put(asked);
+        }
         if let Some(body) = request.body().bytes() {
             self.actions
                 .lock()
@@ -273,11 +423,17 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
             '_,
         >,
         _components: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         if let Some(body) = context.response().body().bytes() {
             self.items_read
                 .fetch_add(items_in_answer(body), std::sync::atomic::Ordering::SeqCst);
+            if context.response().status().is_success()
+                && let Some(asked) = cfg.load::<ReadAsked>()
+            {
+                self.read_half_units
+                    .fetch_add(read_units(asked, body), std::sync::atomic::Ordering::SeqCst);
+            }
         }
         Ok(())
     }

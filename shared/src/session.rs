@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::SessionConfig;
 use crate::domain::OpenId;
 
+pub mod jwt_crypto;
+
 const ISSUER: &str = "onegrant";
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -61,6 +63,7 @@ pub enum SessionError {
 
 impl Sessions {
     pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
+        jwt_crypto::install();
         let keys = config
             .secret
             .iter()
@@ -202,5 +205,40 @@ mod tests {
         assert!(matches!(s.verify(&expired), Err(SessionError::Invalid(_))));
         assert!(s.verify("not.a.token").is_err());
         assert!(s.verify("").is_err());
+    }
+
+    /// The token crypto is HS256 alone: a token claiming any other algorithm, `none`
+    /// included, or carrying one flipped signature bit, is refused; signing with
+    /// another algorithm is refused too.
+    #[test]
+    fn tokens_of_other_algorithms_or_a_changed_signature_are_refused() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let s = sessions(&"k".repeat(32));
+        let openid = OpenId::parse("oUser1").expect("openid");
+        let token = s.issue(&openid, Utc::now()).expect("signed").token;
+        assert!(s.verify(&token).is_ok(), "the control is accepted");
+        let parts: Vec<&str> = token.split('.').collect();
+        for alg in ["none", "HS384", "HS512", "RS256", "ES256", "EdDSA"] {
+            let header = b64.encode(format!(r#"{{"typ":"JWT","alg":"{alg}"}}"#));
+            for signature in [parts[2], ""] {
+                let other = format!("{header}.{}.{signature}", parts[1]);
+                assert!(
+                    matches!(s.verify(&other), Err(SessionError::Invalid(_))),
+                    "{alg} with signature {signature:?}"
+                );
+            }
+        }
+        let mut signature = b64.decode(parts[2]).expect("signature");
+        signature[0] ^= 1;
+        let flipped = format!("{}.{}.{}", parts[0], parts[1], b64.encode(signature));
+        assert!(matches!(s.verify(&flipped), Err(SessionError::Invalid(_))));
+        let key = EncodingKey::from_secret(&[7; 32]).expect("key");
+        for alg in [Algorithm::HS384, Algorithm::RS256, Algorithm::EdDSA] {
+            assert!(
+                jsonwebtoken::encode(&Header::new(alg), &"{}", &key).is_err(),
+                "{alg:?}"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@ fn sign(secret: &str, sub: &str, exp_offset_seconds: i64) -> String {
     let claims =
         json!({"sub": sub, "iat": now - 60, "exp": now + exp_offset_seconds, "iss": "onegrant"});
     let key = EncodingKey::from_secret(secret.as_bytes()).expect("key");
+    onegrant::session::jwt_crypto::install();
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).expect("sign")
 }
 
