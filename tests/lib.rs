@@ -241,36 +241,48 @@ impl ReadAsked {
     }
 }
 
-/// The size of an item as a DynamoDB answer spells it (`{"name": {"S": "..."}}`), by
-/// the rules of [`item_size`].
-fn json_item_size(item: &serde_json::Map<String, Value>) -> usize {
-    fn value(v: &Value) -> usize {
-        let Some((kind, inner)) = v.as_object().and_then(|o| o.iter().next()) else {
-            return 1;
-        };
-        let number = |n: &str| n.trim_start_matches('-').len().div_ceil(2) + 1;
-        match (kind.as_str(), inner) {
-            ("S", Value::String(s)) => s.len(),
-            ("N", Value::String(n)) => number(n),
-            ("B", Value::String(b)) => b.len() * 3 / 4,
-            ("SS", Value::Array(set)) => set.iter().filter_map(Value::as_str).map(str::len).sum(),
-            ("NS", Value::Array(set)) => set.iter().filter_map(Value::as_str).map(number).sum(),
-            ("BS", Value::Array(set)) => set
-                .iter()
-                .filter_map(Value::as_str)
-                .map(|b| b.len() * 3 / 4)
-                .sum(),
-            ("L", Value::Array(list)) => 3 + list.iter().map(|v| value(v) + 1).sum::<usize>(),
-            ("M", Value::Object(map)) => {
-                3 + map
-                    .iter()
-                    .map(|(k, v)| k.len() + value(v) + 1)
-                    .sum::<usize>()
-            }
-            _ => 1,
-        }
+/// An attribute value as a DynamoDB answer spells it (`{"S": "..."}`), for
+/// [`item_size`]: binaries keep their base64 text's decoded length.
+fn json_attribute(v: &Value) -> AttributeValue {
+    let Some((kind, inner)) = v.as_object().and_then(|o| o.iter().next()) else {
+        return AttributeValue::Null(true);
+    };
+    let strings = |set: &Value| -> Vec<String> {
+        set.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    };
+    let blob = |b: &str| aws_sdk_dynamodb::primitives::Blob::new(vec![0; b.len() * 3 / 4]);
+    match kind.as_str() {
+        "S" => AttributeValue::S(inner.as_str().unwrap_or_default().to_string()),
+        "N" => AttributeValue::N(inner.as_str().unwrap_or_default().to_string()),
+        "B" => AttributeValue::B(blob(inner.as_str().unwrap_or_default())),
+        "SS" => AttributeValue::Ss(strings(inner)),
+        "NS" => AttributeValue::Ns(strings(inner)),
+        "BS" => AttributeValue::Bs(strings(inner).iter().map(|b| blob(b)).collect()),
+        "L" => AttributeValue::L(
+            inner
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(json_attribute)
+                .collect(),
+        ),
+        "M" => AttributeValue::M(json_item(inner)),
+        _ => AttributeValue::Null(true),
     }
-    item.iter().map(|(name, v)| name.len() + value(v)).sum()
+}
+
+/// An item as a DynamoDB answer spells it.
+fn json_item(item: &Value) -> HashMap<String, AttributeValue> {
+    item.as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, v)| (name.clone(), json_attribute(v)))
+        .collect()
 }
 
 /// The read request units an answer cost, in halves, by DynamoDB's rules: a GetItem
@@ -283,7 +295,7 @@ fn read_units(asked: &ReadAsked, body: &[u8]) -> u64 {
     let Ok(answer) = serde_json::from_slice::<Value>(body) else {
         return 0;
     };
-    let size = |v: &Value| v.as_object().map_or(0, json_item_size);
+    let size = |v: &Value| item_size(&json_item(v));
     let full = match asked.operation.as_str() {
         "GetItem" => answer
             .get("Item")

@@ -1180,6 +1180,24 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
             tally(app.round_trips.take()),
             app.round_trips.take_items_read(),
         );
+        // A dispatch is its read, the claim and the finalize; the rest of the tick is
+        // its own (the shard registry, the index queries).
+        let beyond_the_tick: std::collections::BTreeMap<&str, usize> = dispatch
+            .0
+            .iter()
+            .filter(|(op, _)| op.as_str() != "Query@index")
+            .map(|(op, n)| (op.as_str(), *n))
+            .collect();
+        assert_eq!(
+            beyond_the_tick,
+            [
+                ("BatchGetItem", 1),
+                ("GetItem", 1),
+                ("TransactWriteItems", 2)
+            ]
+            .into(),
+            "a dispatch is 3 round trips, plus the tick's registry read and index queries"
+        );
         for (what, (ops, _)) in [
             ("dispatch", &dispatch),
             ("43101", &refused),
@@ -1230,6 +1248,61 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
         "the two unlisted grants left are voided: {states:?}"
     );
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// The ledger fallback reads a user's whole history of the template: it must happen
+/// once. The claim that falls back rebuilds the quota item's sets from the ledger, and
+/// the next claim reads no history.
+#[tokio::test]
+async fn a_claim_that_finds_the_sets_incomplete_rebuilds_them_and_the_next_reads_no_history() {
+    let app = spawn_app_with(&FAST).await;
+    let user = app.user("alice").await;
+    for i in 0..3 {
+        app.accept(&user, ORDER, &format!("wr_{i}")).await;
+    }
+    history(&app, &user, ORDER, 1000).await;
+    // As an older version left them: counters, but no open-grant sets.
+    app.quota_update(&user, ORDER)
+        .update_expression("REMOVE open_available, open_reserved")
+        .send()
+        .await
+        .expect("sets removed");
+    let listed =
+        |quota: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+            quota
+                .get("open_available")
+                .and_then(|v| v.as_ss().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+    app.tick(30).await; // registers the shard count
+    let mut reads = Vec::new();
+    for key in ["order-1", "order-2"] {
+        app.push(&user, key).await;
+        app.round_trips.take();
+        app.round_trips.take_items_read();
+        assert_eq!(app.tick(30).await.sent, 1, "{key}");
+        reads.push((
+            tally(app.round_trips.take()),
+            app.round_trips.take_items_read(),
+        ));
+        assert_ledger_agrees_with_counters(&app).await;
+    }
+    assert!(
+        reads[0].0.contains_key("Query") && reads[0].1 >= 1000,
+        "the first claim reads the ledger: {:?}",
+        reads[0]
+    );
+    assert!(
+        !reads[1].0.contains_key("Query") && reads[1].1 < 20,
+        "the second claims from the rebuilt sets: {:?}",
+        reads[1]
+    );
+    let quota = app
+        .item(&user, &format!("QUOTA#{ORDER}"))
+        .await
+        .expect("quota");
+    assert_eq!(listed(quota).len(), 1, "one grant left, listed");
 }
 
 #[tokio::test]

@@ -615,11 +615,12 @@ async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exact() {
+async fn read_all_over_1100_unread_resumes_and_with_new_ones_arriving_keeps_the_counter_exact() {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    notify_n(&app, &user, "n", 1000).await;
-    assert_eq!(unread(&app, &user).await, 1000);
+    // More than one call flips (21 steps of 49): the first call must stop and say so.
+    notify_n(&app, &user, "n", 1100).await;
+    assert_eq!(unread(&app, &user).await, 1100);
 
     let reader = async {
         let mut calls = 0;
@@ -628,7 +629,12 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
             calls += 1;
             let answer = app.read_all(&user).await;
             assert_eq!(answer.status, 200, "{}", answer.body);
-            updated += answer.body["updated"].as_u64().expect("updated");
+            let flipped = answer.body["updated"].as_u64().expect("updated");
+            assert!(flipped <= 21 * 49, "one call is bounded: {flipped}");
+            if calls == 1 {
+                assert_eq!(answer.body["more"], true, "1,100 unread take two calls");
+            }
+            updated += flipped;
             if answer.body["more"] == false {
                 return (calls, updated);
             }
@@ -642,8 +648,8 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
             .collect(),
     );
     let ((calls, updated), ()) = tokio::join!(reader, arrivals);
-    assert!(calls >= 1);
-    assert!(updated >= 1000, "every earlier one was read: {updated}");
+    assert!(calls >= 2, "resumed: {calls} calls");
+    assert!(updated >= 1100, "every earlier one was read: {updated}");
 
     let unread_notes = |notes: &[std::collections::HashMap<String, _>]| {
         notes
@@ -656,7 +662,7 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
             .count()
     };
     let notes = app.items_of(&user, "note").await;
-    assert_eq!(notes.len(), 1060);
+    assert_eq!(notes.len(), 1160);
     let left = unread_notes(&notes);
     assert_eq!(unread(&app, &user).await as usize, left, "counter exact");
     assert_eq!(
@@ -666,7 +672,7 @@ async fn read_all_over_1000_unread_with_new_ones_arriving_keeps_the_counter_exac
     );
     assert_eq!(
         updated as usize + left,
-        1060,
+        1160,
         "every note read once or left"
     );
 

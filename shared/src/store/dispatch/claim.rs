@@ -12,6 +12,7 @@ use super::super::plans::OpenGrants;
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead};
+use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{DeliveryState, OutboxState};
 use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
@@ -522,23 +523,112 @@ impl Store {
                 stale: Default::default(),
             }));
         }
+        // The sets do not account for the counters: read the open grants from the
+        // ledger (once: the repair below makes the next claims read the sets again).
         let mut pages = self
-            .grants_query(pk, template, &["available"])
+            .grants_query(pk, template, &["available", "reserved"])
             .into_paginator()
             .items()
             .send();
-        if let Some(item) = pages.next().await {
+        let (mut available, mut reserved) = (Vec::new(), Vec::new());
+        while let Some(item) = pages.next().await {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
             let grant: GrantItem = parse("grant", item)?;
-            let listed = open.available.contains(&grant.request_id);
-            return Ok(Some(Reserve {
-                sk: grant.sk,
-                request: grant.request_id,
-                listed,
-                stale: Default::default(),
-            }));
+            match grant.state {
+                Some(GrantState::Available) => available.push((grant.sk, grant.request_id)),
+                Some(GrantState::Reserved) => reserved.push(grant.request_id),
+                _ => {}
+            }
         }
-        Ok(None)
+        if available.len() as u64 == counters.available
+            && reserved.len() as u64 == counters.reserved
+        {
+            let ids: Vec<RequestId> = available.iter().map(|(_, id)| id.clone()).collect();
+            self.repair_open_sets(pk, template, counters, &ids, &reserved)
+                .await;
+        } else {
+            tracing::error!(
+                available = available.len(),
+                reserved = reserved.len(),
+                "the ledger's open grants disagree with the counters; the sets are left as they are"
+            );
+        }
+        Ok(available.into_iter().next().map(|(sk, request)| Reserve {
+            listed: open.available.contains(&request),
+            sk,
+            request,
+            stale: Default::default(),
+        }))
+    }
+
+    /// Writes the quota item's open-grant sets as the ledger has them, if its counters
+    /// are still `counters` (anything that changed them since changed the sets too; a
+    /// later claim repairs then). Failures are logged: the claim goes on without.
+    async fn repair_open_sets(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        counters: &QuotaCounters,
+        available: &[RequestId],
+        reserved: &[RequestId],
+    ) {
+        let mut set = Vec::new();
+        let mut remove = Vec::new();
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression(format!(
+                "{} AND {}",
+                unchanged("available", ":a", counters.available),
+                unchanged("reserved", ":r", counters.reserved)
+            ))
+            .expression_attribute_values(":a", n(counters.available))
+            .expression_attribute_values(":r", n(counters.reserved));
+        for (placeholder, name, ids) in [
+            ("available", OPEN_AVAILABLE, available),
+            ("reserved", OPEN_RESERVED, reserved),
+        ] {
+            update = update.expression_attribute_names(format!("#{placeholder}"), name);
+            if ids.is_empty() {
+                remove.push(format!("#{placeholder}"));
+            } else {
+                set.push(format!("#{placeholder} = :{placeholder}"));
+                update = update.expression_attribute_values(
+                    format!(":{placeholder}"),
+                    AttributeValue::Ss(ids.iter().map(ToString::to_string).collect()),
+                );
+            }
+        }
+        let mut expression = String::new();
+        if !set.is_empty() {
+            expression.push_str(&format!("SET {}", set.join(", ")));
+        }
+        if !remove.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
+        match update.update_expression(expression.trim()).send().await {
+            Ok(_) => tracing::warn!(
+                available = available.len(),
+                reserved = reserved.len(),
+                "the quota item's open-grant sets were rebuilt from the ledger"
+            ),
+            Err(e) => tracing::warn!(
+                error = %crate::telemetry::error_chain(&e),
+                "the open-grant sets were not rebuilt this time"
+            ),
+        }
+    }
+}
+
+/// A condition that the counter `name` still holds `value` (a counter never moved
+/// from 0 may be absent).
+fn unchanged(name: &str, placeholder: &str, value: u64) -> String {
+    if value == 0 {
+        format!("(attribute_not_exists({name}) OR {name} = {placeholder})")
+    } else {
+        format!("{name} = {placeholder}")
     }
 }
 
