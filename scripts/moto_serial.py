@@ -250,8 +250,8 @@ def _operation(environ):
     counts it as)."""
     operation = environ.get("HTTP_X_AMZ_TARGET", "").split(".", 1)[-1] or "other"
     if operation == "Query":
-        body = environ["wsgi.input"]
-        if isinstance(body, io.BytesIO) and b'"IndexName"' in body.getvalue():
+        request = _read_request(environ)
+        if isinstance(request, dict) and request.get("IndexName"):
             return "Query@index"
     return operation
 

@@ -1008,6 +1008,9 @@ pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let mut states: HashMap<(String, String), HashMap<String, i64>> = HashMap::new();
+    // The request ids of the open grants, by (user, template) and state.
+    let mut open: HashMap<(String, String, String), std::collections::BTreeSet<String>> =
+        HashMap::new();
     // The counters keep the totals of grants whose ledger items expired.
     for item in items.iter().chain(&expired) {
         if attr_s(item, "kind") == Some("grant")
@@ -1017,6 +1020,11 @@ pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
                 attr_s(item, "pk").unwrap_or_default().to_string(),
                 attr_s(item, "template_id").unwrap_or_default().to_string(),
             );
+            if state == "available" || state == "reserved" {
+                open.entry((key.0.clone(), key.1.clone(), state.to_string()))
+                    .or_default()
+                    .insert(attr_s(item, "request_id").unwrap_or_default().to_string());
+            }
             *states
                 .entry(key)
                 .or_default()
@@ -1041,6 +1049,22 @@ pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
         assert_eq!(n("reserved"), c("reserved"), "reserved for {key:?}");
         assert_eq!(n("consumed"), c("consumed"), "consumed for {key:?}");
         assert_eq!(n("invalid"), c("invalid"), "invalid for {key:?}");
+        // The open-grant sets a claim and an invalidation trust: once they account for
+        // the counters, they name exactly the ledger's open grants.
+        for (state, set) in [("available", "open_available"), ("reserved", "open_reserved")] {
+            let listed: std::collections::BTreeSet<String> = item
+                .get(set)
+                .and_then(|v| v.as_ss().ok())
+                .map(|ids| ids.iter().cloned().collect())
+                .unwrap_or_default();
+            if listed.len() as i64 == n(state) {
+                let ledger = open
+                    .get(&(key.0.clone(), key.1.clone(), state.to_string()))
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(listed, ledger, "{set} names the {state} grants for {key:?}");
+            }
+        }
     }
     assert!(states.is_empty(), "grants without counters: {states:?}");
 }

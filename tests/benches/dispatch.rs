@@ -9,6 +9,8 @@
 //! 3. dispatches per second when many plans are due at once, for one worker and for a
 //!    tick fanned out to 4, and the efficiency: achieved ÷ (raw round trips per second
 //!    ÷ round trips per dispatch);
+//!    Then, where WeChat's latency limits a worker (500 ms, 4 sends in flight per
+//!    invocation), dispatches per second for 1 worker and for 4;
 //! 4. DynamoDB round trips per dispatch, by operation;
 //! 5. per operation (report, check-in, claim, finalize, notify, idle tick): round
 //!    trips, items read and estimated write units from the written items' sizes by
@@ -31,6 +33,8 @@ use serde_json::json;
 struct Cost {
     round_trips: usize,
     items_read: u64,
+    /// Estimated read request units (`RoundTrips::take_read_units`).
+    read_units: f64,
     write_units: usize,
 }
 
@@ -40,6 +44,7 @@ impl std::ops::Add for Cost {
         Cost {
             round_trips: self.round_trips + o.round_trips,
             items_read: self.items_read + o.items_read,
+            read_units: self.read_units + o.read_units,
             write_units: self.write_units + o.write_units,
         }
     }
@@ -49,15 +54,19 @@ impl std::ops::Add for Cost {
 fn reset(app: &TestApp) {
     app.round_trips.take();
     app.round_trips.take_items_read();
+    app.round_trips.take_read_units();
     app.round_trips.take_writes();
 }
 
 /// What was sent since [`reset`]: round trips, items read and the writes, whose units
 /// are estimated by [`units`].
-fn taken(app: &TestApp) -> (usize, u64, Vec<ItemWrite>) {
+fn taken(app: &TestApp) -> (usize, (u64, f64), Vec<ItemWrite>) {
     (
         app.round_trips.take().len(),
-        app.round_trips.take_items_read(),
+        (
+            app.round_trips.take_items_read(),
+            app.round_trips.take_read_units(),
+        ),
         app.round_trips.take_writes(),
     )
 }
@@ -74,8 +83,8 @@ async fn units(app: &TestApp, writes: &[ItemWrite]) -> usize {
 
 fn row(what: &str, c: Cost) {
     println!(
-        "  {what:<28} {:>11} {:>10} {:>11}",
-        c.round_trips, c.items_read, c.write_units
+        "  {what:<28} {:>11} {:>10} {:>9.1} {:>11}",
+        c.round_trips, c.items_read, c.read_units, c.write_units
     );
 }
 
@@ -214,8 +223,7 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(120);
     if std::env::var("BENCH_PHASES").as_deref() == Ok("costs") {
-        costs("true").await;
-        costs("false").await;
+        all_costs().await;
         return;
     }
     let app =
@@ -324,6 +332,34 @@ async fn main() {
     let fan_dps = fan_sent as f64 / fan_elapsed;
     let fan_per = fan_ops.len() as f64 / (fan_sent.max(1) as f64);
 
+    // 3d. Where the send's latency limits a worker, not the database: WeChat answering
+    // in 500 ms and 4 sends in flight per invocation, one worker against a tick fanned
+    // out to 4, each on an emulator of its own.
+    let slow_n = plans.min(80);
+    let mut slow = Vec::new();
+    for workers in ["1", "4"] {
+        let app = spawn_app_isolated(&[
+            ("DISPATCH_WORKERS", workers),
+            ("DISPATCH_CONCURRENCY", "4"),
+            ("DUE_SHARDS", "16"),
+        ])
+        .await;
+        app.control("POST", "latency", Some(json!({"ms": 500})))
+            .await;
+        let users = due_users(&app, "slow", slow_n).await;
+        for user in &users {
+            app.make_due(user, "water", Utc::now()).await;
+        }
+        let started = Instant::now();
+        app.tick(100).await;
+        let mut sent = 0;
+        while sent < slow_n && started.elapsed().as_secs() < 300 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            sent = app.deliveries().await.len();
+        }
+        slow.push(sent as f64 / started.elapsed().as_secs_f64());
+    }
+
     println!(
         "onegrant dispatch bench ({plans} plans per phase, moto on this machine, WeChat answering in 50 ms)"
     );
@@ -355,6 +391,14 @@ async fn main() {
         "  dispatches per second, one at a time, WeChat instant: {seq_dps:.1}/s ({} sent) → the burst achieves {:.2} of it",
         seq_summary.sent,
         dps / seq_dps
+    );
+    println!(
+        "  WeChat answering in 500 ms, 4 sends in flight per invocation ({slow_n} plans): 1 worker {:.1}/s ({:.0} a minute), 4 workers {:.1}/s ({:.0} a minute) → ×{:.1}",
+        slow[0],
+        slow[0] * 60.0,
+        slow[1],
+        slow[1] * 60.0,
+        slow[1] / slow[0].max(1e-9)
     );
     // The efficiency with the raw rate of the very round trips each run made:
     // the emulator's CPU seconds for them. Equal to the share of the run's wall time
@@ -388,25 +432,45 @@ async fn main() {
         per_dispatch(&burst_ops, burst_summary.sent)
     );
 
-    // 5. Cost per operation, with the audit trail's history entries and without.
-    costs("true").await;
-    costs("false").await;
+    all_costs().await;
 }
 
-/// Phase 5: the cost of each operation for one user, one at a time, on an app whose
-/// `AUDIT_TRAIL` is `audit`.
-async fn costs(audit: &'static str) {
-    let cost_app =
-        spawn_app_isolated(&[("DISPATCH_LOOKAHEAD_SECONDS", "5"), ("AUDIT_TRAIL", audit)]).await;
+/// Phase 5: with the audit trail's history entries and without; with the message push
+/// configured (`PUSH_EVENTS`, as a deployment with a push token runs); and for a user
+/// holding `MAX_OPEN_GRANTS` open grants, whose quota item lists them all.
+async fn all_costs() {
+    costs("true", "false", 0).await;
+    costs("false", "false", 0).await;
+    costs("true", "true", 0).await;
+    costs("false", "false", 99).await;
+}
+
+/// The cost of each operation for one user, one at a time, on an app whose
+/// `AUDIT_TRAIL` is `audit` and `PUSH_EVENTS` is `push_events`, the user holding `open`
+/// more grants of the template than the operations use.
+async fn costs(audit: &'static str, push_events: &'static str, open: usize) {
+    let cost_app = spawn_app_isolated(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("AUDIT_TRAIL", audit),
+        ("PUSH_EVENTS", push_events),
+        ("REPORTS_PER_MINUTE", "600"),
+    ])
+    .await;
     let app = &cost_app;
     app.tick(30).await; // registers the shard count
     let user = app.user("cost").await;
+    for i in 0..open {
+        // Request ids as a client makes them: a UUID each.
+        let request = format!("{}-{i}", uuid::Uuid::new_v4());
+        app.accept(&user, onegrant_tests::WATER, &request).await;
+    }
     reset(app);
     app.accept(&user, onegrant_tests::WATER, "wr_cost_1").await;
     let (rt, read, writes) = taken(app);
     let report = Cost {
         round_trips: rt,
-        items_read: read,
+        items_read: read.0,
+        read_units: read.1,
         write_units: units(app, &writes).await,
     };
     assert_eq!(app.enable(&user, "water").await.status, 200);
@@ -416,7 +480,8 @@ async fn costs(audit: &'static str) {
     let (rt, read, writes) = taken(app);
     let idle = Cost {
         round_trips: rt,
-        items_read: read,
+        items_read: read.0,
+        read_units: read.1,
         write_units: units(app, &writes).await,
     };
     app.make_due(&user, "water", Utc::now()).await;
@@ -442,7 +507,8 @@ async fn costs(audit: &'static str) {
     let finalize_writes = transactions.get(1).map(|r| of(*r)).unwrap_or_default();
     let dispatch = Cost {
         round_trips: rt.saturating_sub(idle.round_trips),
-        items_read: read.saturating_sub(idle.items_read),
+        items_read: read.0.saturating_sub(idle.items_read),
+        read_units: read.1 - idle.read_units,
         write_units: units(app, &writes).await,
     };
     let requests = |w: &[ItemWrite]| {
@@ -454,11 +520,13 @@ async fn costs(audit: &'static str) {
     let claim = Cost {
         round_trips: requests(&claim_writes),
         items_read: 0,
+        read_units: 0.0,
         write_units: units(app, &claim_writes).await,
     };
     let finalize = Cost {
         round_trips: requests(&finalize_writes),
         items_read: 0,
+        read_units: 0.0,
         write_units: units(app, &finalize_writes).await,
     };
     let checkin = json!({"action_id": "wc_cost_1", "occurred_at": Utc::now().to_rfc3339(),
@@ -472,7 +540,8 @@ async fn costs(audit: &'static str) {
     let (rt, read, writes) = taken(app);
     let check_in = Cost {
         round_trips: rt,
-        items_read: read,
+        items_read: read.0,
+        read_units: read.1,
         write_units: units(app, &writes).await,
     };
     reset(app);
@@ -480,11 +549,19 @@ async fn costs(audit: &'static str) {
     let (rt, read, writes) = taken(app);
     let notify = Cost {
         round_trips: rt,
-        items_read: read,
+        items_read: read.0,
+        read_units: read.1,
         write_units: units(app, &writes).await,
     };
     let cycle = check_in + dispatch;
-    println!("  per operation (one user), AUDIT_TRAIL={audit}:  round trips  items read  est. WRU");
+    println!(
+        "  per operation (one user{}), AUDIT_TRAIL={audit}, PUSH_EVENTS={push_events}:  round trips  items read  est. RRU  est. WRU",
+        if open > 0 {
+            format!(" holding {} open grants", open + 1)
+        } else {
+            String::new()
+        }
+    );
     row("grant report (1 template)", report);
     row("check-in carrying a grant", check_in);
     row("dispatch (claim → finalize)", dispatch);
@@ -495,10 +572,10 @@ async fn costs(audit: &'static str) {
     row("reminder cycle", cycle);
     let per_million = |units: f64, price: f64| units * price;
     println!(
-        "  a million reminder cycles: {:.0} M WRU = ${:.2}, {:.0} M reads ≤ ${:.2} (on-demand, $0.625 per M WRU, $0.125 per M RRU)",
+        "  a million reminder cycles: {:.0} M WRU = ${:.2}, {:.1} M RRU = ${:.2} (on-demand, $0.625 per M WRU, $0.125 per M RRU)",
         cycle.write_units as f64,
         per_million(cycle.write_units as f64, 0.625),
-        cycle.items_read as f64,
-        per_million(cycle.items_read as f64, 0.125),
+        cycle.read_units,
+        per_million(cycle.read_units, 0.125),
     );
 }

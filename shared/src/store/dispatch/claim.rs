@@ -536,21 +536,22 @@ impl Store {
             let grant: GrantItem = parse("grant", item)?;
             match grant.state {
                 Some(GrantState::Available) => available.push((grant.sk, grant.request_id)),
-                Some(GrantState::Reserved) => reserved.push(grant.request_id),
+                Some(GrantState::Reserved) => reserved.push((grant.sk, grant.request_id)),
                 _ => {}
             }
         }
         if available.len() as u64 == counters.available
             && reserved.len() as u64 == counters.reserved
         {
-            let ids: Vec<RequestId> = available.iter().map(|(_, id)| id.clone()).collect();
-            self.repair_open_sets(pk, template, counters, &ids, &reserved)
+            self.repair_open_sets(pk, template, counters, &available, &reserved)
                 .await;
         } else {
-            tracing::error!(
+            // A write between the reads (it will have changed the sets too), or a ledger
+            // that disagrees with its counters: no repair this time.
+            tracing::warn!(
                 available = available.len(),
                 reserved = reserved.len(),
-                "the ledger's open grants disagree with the counters; the sets are left as they are"
+                "the ledger's open grants and the counters differ; the sets are not rebuilt"
             );
         }
         Ok(available.into_iter().next().map(|(sk, request)| Reserve {
@@ -561,22 +562,61 @@ impl Store {
         }))
     }
 
-    /// Writes the quota item's open-grant sets as the ledger has them, if its counters
-    /// are still `counters` (anything that changed them since changed the sets too; a
-    /// later claim repairs then). Failures are logged: the claim goes on without.
+    /// Writes the quota item's open-grant sets as the ledger has them — in one
+    /// transaction with a check that each grant read is still in the state read and
+    /// that the counters are still `counters`, so the sets written are the ledger's at
+    /// that instant (a grant added since would have moved a counter; one that moved on,
+    /// failed its check). Skipped when that is more than a transaction holds. Failures
+    /// are logged: the claim goes on without, and a later fallback repairs.
     async fn repair_open_sets(
         &self,
         pk: &str,
         template: &TemplateId,
         counters: &QuotaCounters,
-        available: &[RequestId],
-        reserved: &[RequestId],
+        available: &[(String, RequestId)],
+        reserved: &[(String, RequestId)],
     ) {
+        match self.open_sets_repair(pk, template, counters, available, reserved) {
+            Ok(Some(writes)) => match self.transact(writes).await {
+                Ok(TxOutcome::Committed) => tracing::warn!(
+                    available = available.len(),
+                    reserved = reserved.len(),
+                    "the quota item's open-grant sets were rebuilt from the ledger"
+                ),
+                Ok(_) => tracing::warn!("the open-grant sets changed meanwhile; not rebuilt"),
+                Err(e) => tracing::warn!(
+                    error = %crate::telemetry::error_chain(&e),
+                    "the open-grant sets were not rebuilt this time"
+                ),
+            },
+            Ok(None) => tracing::warn!(
+                open = available.len() + reserved.len(),
+                "too many open grants to rebuild their sets in one transaction"
+            ),
+            Err(e) => tracing::warn!(
+                error = %crate::telemetry::error_chain(&e),
+                "the open-grant sets' repair could not be built"
+            ),
+        }
+    }
+
+    /// The repair's writes (see [`Store::repair_open_sets`]), or `None` past a
+    /// transaction's 100 items.
+    fn open_sets_repair(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        counters: &QuotaCounters,
+        available: &[(String, RequestId)],
+        reserved: &[(String, RequestId)],
+    ) -> Result<Option<Vec<TransactWriteItem>>, StoreError> {
+        if available.len() + reserved.len() >= 100 {
+            return Ok(None);
+        }
+        let mut writes = Vec::with_capacity(available.len() + reserved.len() + 1);
         let mut set = Vec::new();
         let mut remove = Vec::new();
-        let mut update = self
-            .client
-            .update_item()
+        let mut update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
             .condition_expression(format!(
@@ -586,19 +626,30 @@ impl Store {
             ))
             .expression_attribute_values(":a", n(counters.available))
             .expression_attribute_values(":r", n(counters.reserved));
-        for (placeholder, name, ids) in [
-            ("available", OPEN_AVAILABLE, available),
-            ("reserved", OPEN_RESERVED, reserved),
+        for (placeholder, name, state, grants) in [
+            ("available", OPEN_AVAILABLE, "available", available),
+            ("reserved", OPEN_RESERVED, "reserved", reserved),
         ] {
             update = update.expression_attribute_names(format!("#{placeholder}"), name);
-            if ids.is_empty() {
+            if grants.is_empty() {
                 remove.push(format!("#{placeholder}"));
             } else {
                 set.push(format!("#{placeholder} = :{placeholder}"));
                 update = update.expression_attribute_values(
                     format!(":{placeholder}"),
-                    AttributeValue::Ss(ids.iter().map(ToString::to_string).collect()),
+                    AttributeValue::Ss(grants.iter().map(|(_, id)| id.to_string()).collect()),
                 );
+            }
+            for (sk, _) in grants {
+                let check = ConditionCheck::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(pk, sk)))
+                    .condition_expression("#s = :state")
+                    .expression_attribute_names("#s", "state")
+                    .expression_attribute_values(":state", s(state))
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                writes.push(TransactWriteItem::builder().condition_check(check).build());
             }
         }
         let mut expression = String::new();
@@ -608,17 +659,12 @@ impl Store {
         if !remove.is_empty() {
             expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
         }
-        match update.update_expression(expression.trim()).send().await {
-            Ok(_) => tracing::warn!(
-                available = available.len(),
-                reserved = reserved.len(),
-                "the quota item's open-grant sets were rebuilt from the ledger"
-            ),
-            Err(e) => tracing::warn!(
-                error = %crate::telemetry::error_chain(&e),
-                "the open-grant sets were not rebuilt this time"
-            ),
-        }
+        let update = update
+            .update_expression(expression.trim())
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        writes.push(TransactWriteItem::builder().update(update).build());
+        Ok(Some(writes))
     }
 }
 
