@@ -1051,7 +1051,10 @@ pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
         assert_eq!(n("invalid"), c("invalid"), "invalid for {key:?}");
         // The open-grant sets a claim and an invalidation trust: once they account for
         // the counters, they name exactly the ledger's open grants.
-        for (state, set) in [("available", "open_available"), ("reserved", "open_reserved")] {
+        for (state, set) in [
+            ("available", "open_available"),
+            ("reserved", "open_reserved"),
+        ] {
             let listed: std::collections::BTreeSet<String> = item
                 .get(set)
                 .and_then(|v| v.as_ss().ok())
