@@ -1135,6 +1135,52 @@ async fn history(app: &TestApp, user: &User, template: &str, n: usize) {
     }
 }
 
+/// WeChat's 43101 voids the grants the user held when the refused send was claimed,
+/// not one the user gave while it was in flight: the refusal says nothing of it.
+#[tokio::test]
+async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flight() {
+    let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "3000"), FAST[2]]).await;
+    let user = app.scheduled_user("alice", 2).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 43101})),
+    )
+    .await;
+    app.control("POST", "latency", Some(json!({"ms": 1200})))
+        .await;
+    app.make_due(&user, "water", Utc::now()).await;
+    let meanwhile = async {
+        app.until_sending(&user, "water").await;
+        app.accept(&user, WATER, "wr_meanwhile").await;
+    };
+    let (summary, ()) = tokio::join!(app.tick(60), meanwhile);
+    assert_eq!(summary.failed, 1, "{summary:?}");
+    let states: std::collections::BTreeMap<String, String> = app
+        .items_of(&user, "grant")
+        .await
+        .iter()
+        .map(|g| {
+            (
+                attr_s(g, "request_id").unwrap_or_default().to_string(),
+                attr_s(g, "state").unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("wr_alice_0".to_string(), "invalid".to_string()),
+            ("wr_alice_1".to_string(), "invalid".to_string()),
+            ("wr_meanwhile".to_string(), "available".to_string()),
+        ]
+        .into(),
+        "the two held at the claim are void, the one given since is not"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
 #[tokio::test]
 async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants_as_with_none() {
     let app = spawn_app_with(&FAST).await;

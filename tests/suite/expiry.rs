@@ -195,3 +195,68 @@ async fn retention_is_per_kind_from_config() {
     assert!(!app.items_of(&user, "outbox").await.is_empty());
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// Every kind's retention is its own setting: with six different ones, each pass of
+/// DynamoDB's TTL a day past one of them removes exactly the finished items of that
+/// kind (the audit trail's entries go with the grants), and the counters still hold.
+#[tokio::test]
+async fn each_kind_goes_after_its_own_retention_and_no_other() {
+    let app = onegrant_tests::spawn_app_with(&[
+        ("RETENTION_READ_NOTES_DAYS", "7"),
+        ("RETENTION_DELIVERIES_DAYS", "10"),
+        ("RETENTION_OUTBOX_DAYS", "13"),
+        ("RETENTION_ACTIONS_DAYS", "16"),
+        ("RETENTION_EVENTS_DAYS", "19"),
+        ("RETENTION_GRANTS_DAYS", "22"),
+    ])
+    .await;
+    let user = history(&app, "dave").await;
+    let quotas_before = quotas(&app, &user).await;
+    let finished_of = |items: &[Item], kinds: &[&str]| {
+        items
+            .iter()
+            .filter(|i| finished(i) && kinds.contains(&attr_s(i, "kind").unwrap_or_default()))
+            .count()
+    };
+    assert!(app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0);
+    assert!(
+        app.items_of(&user, "rate").await.is_empty(),
+        "report counters"
+    );
+    for (day, kinds) in [
+        (8, &["note"][..]),
+        (11, &["delivery"]),
+        (14, &["outbox"]),
+        (17, &["action"]),
+        (20, &["event"]),
+        (23, &["grant", "history"]),
+    ] {
+        let before = app.items().await;
+        let due = finished_of(&before, kinds);
+        assert!(due > 0, "day {day}: the history has finished {kinds:?}");
+        // A day short of it, nothing of these goes.
+        assert_eq!(
+            app.ttl_pass(Utc::now() + Duration::days(day - 2)).await,
+            0,
+            "day {}: nothing is due yet",
+            day - 2
+        );
+        assert_eq!(
+            app.ttl_pass(Utc::now() + Duration::days(day)).await,
+            due,
+            "day {day}: exactly the finished {kinds:?}"
+        );
+        assert_eq!(finished_of(&app.items().await, kinds), 0, "day {day}");
+    }
+    assert!(
+        app.items().await.iter().all(|i| !finished(i)),
+        "only open items are left"
+    );
+    assert_eq!(
+        quotas(&app, &user).await,
+        quotas_before,
+        "quotas keep the totals"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}

@@ -561,13 +561,17 @@ impl Store {
 
     /// Invalidates every available or reserved grant of the kind's template, in
     /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
-    /// `first` (the plan). Returns false if anything changed underneath (retry).
+    /// `first` (the plan). With `reported_before`, only grants recorded before that
+    /// instant: WeChat's 43101 answered a send claimed then, and says nothing of a
+    /// grant the user gave while it was in flight. Returns false if anything changed
+    /// underneath (retry).
     pub(super) async fn invalidate_grants(
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
         first: Option<TransactWriteItem>,
         include_reserved: bool,
+        reported_before: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let mut open: Vec<(String, GrantState)> = Vec::new();
@@ -617,6 +621,9 @@ impl Store {
                     open.push((grant.sk, state));
                 }
             }
+        }
+        if let Some(bound) = reported_before {
+            open = self.recorded_before(pk, open, bound).await?;
         }
         let mut first = first;
         // The first transaction stamps the quota item `voided_at`, even with nothing to
@@ -727,6 +734,33 @@ impl Store {
         Ok(true)
     }
 
+    /// Of `grants`, those whose ledger item was recorded before `bound` (one read per
+    /// 100; a grant whose item is gone or unreadable stays in, as it would without
+    /// the bound).
+    async fn recorded_before(
+        &self,
+        pk: &str,
+        grants: Vec<(String, GrantState)>,
+        bound: DateTime<Utc>,
+    ) -> Result<Vec<(String, GrantState)>, StoreError> {
+        let mut items = HashMap::new();
+        let sks: Vec<String> = grants.iter().map(|(sk, _)| sk.clone()).collect();
+        for chunk in sks.chunks(100) {
+            items.extend(self.read_items(pk, chunk).await?);
+        }
+        Ok(grants
+            .into_iter()
+            .filter(|(sk, _)| {
+                let recorded = items
+                    .get(sk)
+                    .and_then(|item| item.get("created_at"))
+                    .and_then(|v| v.as_s().ok())
+                    .and_then(|at| DateTime::parse_from_rfc3339(at).ok());
+                recorded.is_none_or(|at| at < bound)
+            })
+            .collect())
+    }
+
     /// `PUT /v1/reminders/{kind}`: applies new settings and enables or disables the plan.
     /// Disabling invalidates every unconsumed grant of the kind's template.
     pub async fn save_settings(
@@ -768,7 +802,7 @@ impl Store {
                 matches!(self.transact(items).await?, TxOutcome::Committed)
             } else {
                 let done = self
-                    .invalidate_grants(pk, &kind.template_id, Some(put), true, now)
+                    .invalidate_grants(pk, &kind.template_id, Some(put), true, None, now)
                     .await?;
                 if done {
                     counters.invalid += counters.available + counters.reserved;

@@ -292,7 +292,7 @@ impl Store {
                 // Reserved ones too, as a disable does: a send in flight then spends
                 // it if WeChat took the message, and can never give it back.
                 if self
-                    .invalidate_grants(pk, template, None, true, now)
+                    .invalidate_grants(pk, template, None, true, None, now)
                     .await?
                 {
                     Attempt::Done(())

@@ -387,7 +387,7 @@ impl Store {
     }
 
     /// 43101: WeChat holds no quota for this user and template, so none of the grants
-    /// we hold is real any more.
+    /// we held when the send was claimed is real any more (one reported since is).
     async fn after_settle(
         &self,
         pk: &str,
@@ -403,7 +403,14 @@ impl Store {
             self.limits.write_budget,
             || async move {
                 let done = self
-                    .invalidate_grants(pk, &claim.template_id, None, false, now)
+                    .invalidate_grants(
+                        pk,
+                        &claim.template_id,
+                        None,
+                        false,
+                        Some(claim.claimed_at),
+                        now,
+                    )
                     .await?;
                 Ok(if done {
                     Attempt::Done(())
