@@ -1136,7 +1136,8 @@ async fn history(app: &TestApp, user: &User, template: &str, n: usize) {
 }
 
 /// WeChat's 43101 voids the grants the user held when the refused send was claimed,
-/// not one the user gave while it was in flight: the refusal says nothing of it.
+/// not one the user gave while it was in flight: the refusal says nothing of it, and
+/// the plan goes on with that grant.
 #[tokio::test]
 async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flight() {
     let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "3000"), FAST[2]]).await;
@@ -1177,6 +1178,9 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         .into(),
         "the two held at the claim are void, the one given since is not"
     );
+    // The plan goes on with it, as the grant's report would have resumed it.
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 }
