@@ -23,13 +23,13 @@ use super::super::{Attempt, Store, StoreError, retry_contended};
 use super::{
     Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
 };
+use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{
     DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
 };
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::ReminderKind;
-use crate::domain::{GrantState, SubscribeResult};
 use crate::telemetry::error_chain;
 
 /// How a finalize ended.
@@ -419,15 +419,7 @@ impl Store {
                 })
             },
         )
-        .await?;
-        // A grant the user gave while the send was in flight survives, and the plan
-        // the refusal paused goes on with it, as the grant's report would have done
-        // had the plan not been sending (nothing changes without one).
-        if let ClaimSource::Plan { kind, .. } = &claim.source {
-            self.apply_grant_results(&claim.openid, kind, SubscribeResult::Accept, now)
-                .await?;
-        }
-        Ok(())
+        .await
     }
 
     /// A push's writes for a settlement: the outbox item (conditional on its version)
