@@ -51,6 +51,13 @@ struct Reserve {
     stale: Vec<(&'static str, Vec<String>)>,
 }
 
+/// A template's open grants as its ledger has them: (sort key, request id) each.
+#[derive(Default)]
+struct LedgerOpen {
+    available: Vec<(String, RequestId)>,
+    reserved: Vec<(String, RequestId)>,
+}
+
 /// A due item as read for its claim.
 enum Claimable {
     Plan {
@@ -530,90 +537,90 @@ impl Store {
             .into_paginator()
             .items()
             .send();
-        let (mut available, mut reserved) = (Vec::new(), Vec::new());
+        let mut ledger = LedgerOpen::default();
         while let Some(item) = pages.next().await {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
             let grant: GrantItem = parse("grant", item)?;
             match grant.state {
-                Some(GrantState::Available) => available.push((grant.sk, grant.request_id)),
-                Some(GrantState::Reserved) => reserved.push((grant.sk, grant.request_id)),
+                Some(GrantState::Available) => {
+                    ledger.available.push((grant.sk, grant.request_id));
+                }
+                Some(GrantState::Reserved) => ledger.reserved.push((grant.sk, grant.request_id)),
                 _ => {}
             }
         }
-        if available.len() as u64 == counters.available
-            && reserved.len() as u64 == counters.reserved
+        if ledger.available.len() as u64 == counters.available
+            && ledger.reserved.len() as u64 == counters.reserved
         {
-            self.repair_open_sets(pk, template, counters, &available, &reserved)
-                .await;
+            self.repair_open_sets(pk, template, counters, &ledger).await;
         } else {
             // A write between the reads (it will have changed the sets too), or a ledger
             // that disagrees with its counters: no repair this time.
             tracing::warn!(
-                available = available.len(),
-                reserved = reserved.len(),
+                available = ledger.available.len(),
+                reserved = ledger.reserved.len(),
                 "the ledger's open grants and the counters differ; the sets are not rebuilt"
             );
         }
-        Ok(available.into_iter().next().map(|(sk, request)| Reserve {
-            listed: open.available.contains(&request),
-            sk,
-            request,
-            stale: Default::default(),
-        }))
+        Ok(ledger
+            .available
+            .into_iter()
+            .next()
+            .map(|(sk, request)| Reserve {
+                listed: open.available.contains(&request),
+                sk,
+                request,
+                stale: Default::default(),
+            }))
     }
 
     /// Writes the quota item's open-grant sets as the ledger has them — in one
     /// transaction with a check that each grant read is still in the state read and
     /// that the counters are still `counters`, so the sets written are the ledger's at
     /// that instant (a grant added since would have moved a counter; one that moved on,
-    /// failed its check). Skipped when that is more than a transaction holds. Failures
-    /// are logged: the claim goes on without, and a later fallback repairs.
+    /// failed its check). Skipped when that is more than a transaction's 100 items.
+    /// Failures are logged: the claim goes on without, and a later fallback repairs.
     async fn repair_open_sets(
         &self,
         pk: &str,
         template: &TemplateId,
         counters: &QuotaCounters,
-        available: &[(String, RequestId)],
-        reserved: &[(String, RequestId)],
+        ledger: &LedgerOpen,
     ) {
-        match self.open_sets_repair(pk, template, counters, available, reserved) {
-            Ok(Some(writes)) => match self.transact(writes).await {
-                Ok(TxOutcome::Committed) => tracing::warn!(
-                    available = available.len(),
-                    reserved = reserved.len(),
-                    "the quota item's open-grant sets were rebuilt from the ledger"
-                ),
-                Ok(_) => tracing::warn!("the open-grant sets changed meanwhile; not rebuilt"),
-                Err(e) => tracing::warn!(
-                    error = %crate::telemetry::error_chain(&e),
-                    "the open-grant sets were not rebuilt this time"
-                ),
-            },
-            Ok(None) => tracing::warn!(
-                open = available.len() + reserved.len(),
+        let open = ledger.available.len() + ledger.reserved.len();
+        if open >= 100 {
+            tracing::warn!(
+                open,
                 "too many open grants to rebuild their sets in one transaction"
+            );
+            return;
+        }
+        let outcome = match self.open_sets_repair(pk, template, counters, ledger) {
+            Ok(writes) => self.transact(writes).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(TxOutcome::Committed) => tracing::warn!(
+                open,
+                "the quota item's open-grant sets were rebuilt from the ledger"
             ),
+            Ok(_) => tracing::warn!("the open-grant sets changed meanwhile; not rebuilt"),
             Err(e) => tracing::warn!(
                 error = %crate::telemetry::error_chain(&e),
-                "the open-grant sets' repair could not be built"
+                "the open-grant sets were not rebuilt this time"
             ),
         }
     }
 
-    /// The repair's writes (see [`Store::repair_open_sets`]), or `None` past a
-    /// transaction's 100 items.
+    /// The repair's writes (see [`Store::repair_open_sets`]).
     fn open_sets_repair(
         &self,
         pk: &str,
         template: &TemplateId,
         counters: &QuotaCounters,
-        available: &[(String, RequestId)],
-        reserved: &[(String, RequestId)],
-    ) -> Result<Option<Vec<TransactWriteItem>>, StoreError> {
-        if available.len() + reserved.len() >= 100 {
-            return Ok(None);
-        }
-        let mut writes = Vec::with_capacity(available.len() + reserved.len() + 1);
+        ledger: &LedgerOpen,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let mut writes = Vec::with_capacity(ledger.available.len() + ledger.reserved.len() + 1);
         let mut set = Vec::new();
         let mut remove = Vec::new();
         let mut update = Update::builder()
@@ -626,9 +633,9 @@ impl Store {
             ))
             .expression_attribute_values(":a", n(counters.available))
             .expression_attribute_values(":r", n(counters.reserved));
-        for (placeholder, name, state, grants) in [
-            ("available", OPEN_AVAILABLE, "available", available),
-            ("reserved", OPEN_RESERVED, "reserved", reserved),
+        for (placeholder, name, grants) in [
+            ("available", OPEN_AVAILABLE, &ledger.available),
+            ("reserved", OPEN_RESERVED, &ledger.reserved),
         ] {
             update = update.expression_attribute_names(format!("#{placeholder}"), name);
             if grants.is_empty() {
@@ -646,7 +653,7 @@ impl Store {
                     .set_key(Some(key(pk, sk)))
                     .condition_expression("#s = :state")
                     .expression_attribute_names("#s", "state")
-                    .expression_attribute_values(":state", s(state))
+                    .expression_attribute_values(":state", s(placeholder))
                     .build()
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
                 writes.push(TransactWriteItem::builder().condition_check(check).build());
@@ -664,7 +671,7 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         writes.push(TransactWriteItem::builder().update(update).build());
-        Ok(Some(writes))
+        Ok(writes)
     }
 }
 
