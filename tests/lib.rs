@@ -47,6 +47,9 @@ pub struct RoundTrips {
     writes: Arc<Mutex<Vec<ItemWrite>>>,
     requests: Arc<std::sync::atomic::AtomicU64>,
     actions: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    /// Calls made and not yet ended, and the most there were at once.
+    in_flight: Arc<std::sync::atomic::AtomicU64>,
+    most_in_flight: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The IAM actions (`dynamodb:` left off) a request needs: its operation, or for a
@@ -189,6 +192,13 @@ impl RoundTrips {
             / 2.0
     }
 
+    /// The most calls in flight at once since the last call; resets the record.
+    pub fn take_most_in_flight(&self) -> u64 {
+        let now = self.in_flight.load(std::sync::atomic::Ordering::SeqCst);
+        self.most_in_flight
+            .swap(now, std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// `client` with this counter attached.
     pub fn attach(&self, client: &aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
         let config = client
@@ -198,6 +208,25 @@ impl RoundTrips {
             .build();
         aws_sdk_dynamodb::Client::from_conf(config)
     }
+}
+
+/// Held in a call's state while the call lasts; counts it out when dropped.
+#[derive(Debug, Clone)]
+struct InFlight {
+    _guard: Arc<CallGuard>,
+}
+
+#[derive(Debug)]
+struct CallGuard(Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl aws_smithy_types::config_bag::Storable for InFlight {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
 }
 
 /// What a read asked for, kept from its request to its answer.
@@ -371,6 +400,27 @@ fn items_in_answer(body: &[u8]) -> u64 {
 impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
     fn name(&self) -> &'static str {
         "RoundTrips"
+    }
+
+    // A call is in flight from its start until its state is dropped: answered, failed,
+    // or cancelled with the future that made it (a drain that stops early).
+    fn read_before_execution(
+        &self,
+        _context: &aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextRef<
+            '_,
+        >,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let now = self
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        self.most_in_flight
+            .fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+        cfg.interceptor_state().store_put(InFlight {
+            _guard: Arc::new(CallGuard(self.in_flight.clone())),
+        });
+        Ok(())
     }
 
     fn read_before_transmit(

@@ -1078,7 +1078,54 @@ async fn the_shard_registry_assumes_the_default_when_new_and_everything_when_unr
     let later = now + onegrant::store::dispatch::shards::DRAIN_GRACE + Duration::minutes(1);
     assert!(!store.drain_shards(&widest, later).await.expect("drain"));
     let again = store.shard_span(now).await.expect("registry");
+    // However wide the span, a tick keeps a bounded number of queries in flight (all
+    // 512 at once was a burst past what one container or the emulator should take),
+    // yet still more than one.
+    let bound = onegrant::store::INDEX_QUERIES_IN_FLIGHT as u64;
+    app.round_trips.take();
+    app.round_trips.take_most_in_flight();
+    let summary = app.tick(30).await;
+    let queries = app.round_trips.take();
+    let most = app.round_trips.take_most_in_flight();
+    assert_eq!(
+        queries.iter().filter(|op| *op == "Query@index").count(),
+        2 * 256,
+        "{summary:?}"
+    );
+    assert!(most > 1 && most <= bound, "{most} in flight");
+    // A drain stops at the first partition still holding something (a plan due in a
+    // year on the first partition it checks), well short of all 504 checks.
+    let far = (now + Duration::days(365)).timestamp_millis().to_string();
+    put_raw(
+        &app,
+        vec![
+            ("pk", S("USER#far".into())),
+            ("sk", S("PLAN#far".into())),
+            ("due_pk", S(onegrant::store::keys::due_shard_pk(4))),
+            ("due_at", aws_sdk_dynamodb::types::AttributeValue::N(far)),
+        ],
+    )
+    .await;
+    assert!(!store.drain_shards(&again, later).await.expect("drain"));
+    let checks = app.round_trips.take();
+    let checked = checks.iter().filter(|op| *op == "Query@index").count();
+    assert!(
+        checked <= 2 * bound as usize,
+        "{checked} partitions checked"
+    );
+    app.table
+        .client
+        .delete_item()
+        .table_name(&app.table.name)
+        .key("pk", S("USER#far".into()))
+        .key("sk", S("PLAN#far".into()))
+        .send()
+        .await
+        .expect("deleted");
+    app.round_trips.take_most_in_flight();
     assert!(store.drain_shards(&again, later).await.expect("drain"));
+    let most = app.round_trips.take_most_in_flight();
+    assert!(most > 1 && most <= bound, "{most} in flight");
     assert_eq!(store.known_shards().await.expect("read"), 4);
 }
 

@@ -38,7 +38,18 @@ pub struct Store {
     /// Partitions of the due and lease indexes (DESIGN.md §6).
     shards: u32,
     limits: Limits,
+    /// Shared by every clone: caps the index queries a tick has in flight (see
+    /// [`INDEX_QUERIES_IN_FLIGHT`]).
+    index_queries: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// The most index queries one process has in flight at once. A tick queries the due
+/// and lease indexes once per partition, and after a change of `DUE_SHARDS` (or with
+/// the registry unreadable) that is up to 256 partitions each: all at once, that
+/// would be over 500 connections from one Lambda container, against its 1,024 file
+/// descriptors, and a burst no emulator's listen queue holds. At the default 16
+/// shards a tick's 32 queries still all go at once.
+pub const INDEX_QUERIES_IN_FLIGHT: usize = 32;
 
 /// The due and lease indexes' shard count when none is configured.
 pub const DEFAULT_SHARDS: u32 = 16;
@@ -158,7 +169,17 @@ impl Store {
             table: table.into(),
             shards: DEFAULT_SHARDS,
             limits: Limits::default(),
+            index_queries: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                INDEX_QUERIES_IN_FLIGHT,
+            )),
         }
+    }
+
+    /// A turn to query an index, held until dropped (see [`INDEX_QUERIES_IN_FLIGHT`]).
+    /// The semaphore is never closed; were it, the query would go unbounded rather
+    /// than not at all.
+    pub(crate) async fn index_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.index_queries.acquire().await.ok()
     }
 
     /// This store with `limits` (retention and guards) instead of the defaults.

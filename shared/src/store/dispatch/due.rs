@@ -50,6 +50,7 @@ impl Store {
         from: Option<DueCursor>,
         limit: usize,
     ) -> Result<DuePage, StoreError> {
+        let turn = self.index_turn().await;
         let out = self
             .client
             .query()
@@ -63,6 +64,7 @@ impl Store {
             .send()
             .await
             .map_err(|e| classify_sdk_error(e, |_| false))?;
+        drop(turn);
         let mut page = DuePage {
             next: out.last_evaluated_key().cloned().map(DueCursor),
             ..DuePage::default()

@@ -14,7 +14,10 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::super::item::{Item, key, n, number, s};
 use super::super::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
-use super::super::{DEFAULT_SHARDS, Store, StoreError, classify_sdk_error};
+use super::super::{
+    DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoreError, classify_sdk_error,
+};
+use futures::StreamExt;
 
 /// How long after a change of count the old partitions are first checked for empty.
 pub const DRAIN_GRACE: Duration = Duration::minutes(15);
@@ -22,6 +25,13 @@ pub const DRAIN_GRACE: Duration = Duration::minutes(15);
 /// The most partitions `DUE_SHARDS` allows: the span assumed when the registry is
 /// unreadable, so nothing is missed until it is repaired (and drained).
 pub const MAX_SHARDS: u32 = 256;
+
+/// The two sharded indexes.
+#[derive(Debug, Clone, Copy)]
+enum Index {
+    Due,
+    Lease,
+}
 
 /// The registry item as stored: (widest count, current count, since when).
 type Registry = (u32, u32, DateTime<Utc>);
@@ -144,26 +154,14 @@ impl Store {
         if now_stored.as_ref().and_then(registry) != Some((span.span, span.current, span.since)) {
             return Ok(false);
         }
-        let checks = (span.current..span.span).flat_map(|shard| {
-            [
-                ("due", "due_pk", due_shard_pk(shard)),
-                ("lease", "lease_pk", lease_shard_pk(shard)),
-            ]
-        });
-        let queries = checks.map(|(index, partition, pk)| async move {
-            self.client
-                .query()
-                .table_name(&self.table)
-                .index_name(index)
-                .key_condition_expression(format!("{partition} = :p"))
-                .expression_attribute_values(":p", s(pk))
-                .limit(1)
-                .send()
-                .await
-                .map(|out| out.count() == 0)
-                .map_err(|e| classify_sdk_error(e, |_| false))
-        });
-        for empty in futures::future::join_all(queries).await {
+        // A few at a time (see [`INDEX_QUERIES_IN_FLIGHT`]), stopping at the first
+        // partition that still holds anything: the rest need not be read this tick.
+        let checks = (span.current..span.span)
+            .flat_map(|shard| [(Index::Due, shard), (Index::Lease, shard)]);
+        let mut answers = futures::stream::iter(checks)
+            .map(|(index, shard)| self.partition_empty(index, shard))
+            .buffer_unordered(INDEX_QUERIES_IN_FLIGHT);
+        while let Some(empty) = answers.next().await {
             if !empty? {
                 return Ok(false);
             }
@@ -194,5 +192,25 @@ impl Store {
             }
             Err(e) => Err(classify_sdk_error(e, |_| false)),
         }
+    }
+
+    /// Whether `shard`'s partition of `index` holds nothing (one item read at most).
+    async fn partition_empty(&self, index: Index, shard: u32) -> Result<bool, StoreError> {
+        let (name, partition, pk) = match index {
+            Index::Due => ("due", "due_pk", due_shard_pk(shard)),
+            Index::Lease => ("lease", "lease_pk", lease_shard_pk(shard)),
+        };
+        let _turn = self.index_turn().await;
+        self.client
+            .query()
+            .table_name(&self.table)
+            .index_name(name)
+            .key_condition_expression(format!("{partition} = :p"))
+            .expression_attribute_values(":p", s(pk))
+            .limit(1)
+            .send()
+            .await
+            .map(|out| out.count() == 0)
+            .map_err(|e| classify_sdk_error(e, |_| false))
     }
 }

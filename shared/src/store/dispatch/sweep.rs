@@ -50,6 +50,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> SweepSummary {
         let queries = shards.into_iter().map(|shard| async move {
+            let _turn = self.index_turn().await;
             let out = self
                 .client
                 .query()
