@@ -1110,11 +1110,18 @@ pub async fn assert_ledger_agrees_with_counters(app: &TestApp) {
                 .and_then(|v| v.as_ss().ok())
                 .map(|ids| ids.iter().cloned().collect())
                 .unwrap_or_default();
+            let ledger = open
+                .get(&(key.0.clone(), key.1.clone(), state.to_string()))
+                .cloned()
+                .unwrap_or_default();
+            // Always true members only (every write moves a grant's id with it; the
+            // repair checks each id it adds): what makes a partial repair safe.
+            assert!(
+                listed.is_subset(&ledger),
+                "{set} names grants not {state} for {key:?}: {:?}",
+                listed.difference(&ledger).collect::<Vec<_>>()
+            );
             if listed.len() as i64 == n(state) {
-                let ledger = open
-                    .get(&(key.0.clone(), key.1.clone(), state.to_string()))
-                    .cloned()
-                    .unwrap_or_default();
                 assert_eq!(listed, ledger, "{set} names the {state} grants for {key:?}");
             }
         }
@@ -1344,6 +1351,85 @@ impl TestApp {
             .await
             .expect("get item")
             .item
+    }
+
+    /// `n` available grants of `template` as an older version left them: ledger items
+    /// and counters, but no open-grant sets. WeChat holds them too. Their request ids.
+    pub async fn legacy_grants(&self, user: &User, template: &str, n: usize) -> Vec<String> {
+        let ids: Vec<String> = (0..n).map(|i| format!("legacy_{i:03}")).collect();
+        self.write_ledger(user, template, &ids, Some("available"))
+            .await;
+        self.quota_update(user, template)
+            .update_expression(
+                "SET template_id = :t, kind = :k, accepted = :n, available = :n \
+                 REMOVE open_available, open_reserved",
+            )
+            .expression_attribute_values(":t", AttributeValue::S(template.into()))
+            .expression_attribute_values(":k", AttributeValue::S("quota".into()))
+            .expression_attribute_values(":n", AttributeValue::N(n.to_string()))
+            .send()
+            .await
+            .expect("counters written");
+        self.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": template, "count": n})),
+        )
+        .await;
+        ids
+    }
+
+    /// Ledger items of `template` written straight to the table, counters untouched:
+    /// grants in `state`, or refusals (no state) when `None`.
+    pub async fn write_ledger(
+        &self,
+        user: &User,
+        template: &str,
+        ids: &[String],
+        state: Option<&str>,
+    ) {
+        use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+        for chunk in ids.chunks(25) {
+            let writes = chunk
+                .iter()
+                .map(|id| {
+                    let mut item: HashMap<String, AttributeValue> = [
+                        ("pk", format!("USER#{}", user.openid)),
+                        ("sk", format!("GRANT#{template}#{id}")),
+                        ("kind", "grant".to_string()),
+                        ("template_id", template.to_string()),
+                        ("request_id", id.clone()),
+                        (
+                            "result",
+                            if state.is_some() { "accept" } else { "reject" }.to_string(),
+                        ),
+                        ("created_at", "2025-11-30T00:00:00Z".to_string()),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), AttributeValue::S(v)))
+                    .collect();
+                    item.insert("version".into(), AttributeValue::N("1".into()));
+                    if let Some(state) = state {
+                        item.insert("state".into(), AttributeValue::S(state.into()));
+                    }
+                    WriteRequest::builder()
+                        .put_request(
+                            PutRequest::builder()
+                                .set_item(Some(item))
+                                .build()
+                                .expect("put"),
+                        )
+                        .build()
+                })
+                .collect();
+            self.table
+                .client
+                .batch_write_item()
+                .request_items(&self.table.name, writes)
+                .send()
+                .await
+                .expect("ledger written");
+        }
     }
 
     /// An update of `user`'s counter item of `template` (to set up states a test needs).

@@ -524,15 +524,7 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
             started.elapsed()
         );
         let mut summaries = summaries;
-        // On a loaded machine a dispatcher may give a claim back unsent for want of time
-        // (its grant restored, the plan due again): a later tick sends it, still once.
-        for _ in 0..3 {
-            let sent: u32 = summaries.iter().map(|s| s.sent).sum();
-            if sent as usize >= PLANS {
-                break;
-            }
-            summaries.push(app.tick(120).await);
-        }
+        catch_up(&app, &mut summaries, PLANS, 120).await;
         let claimed: u32 = summaries.iter().map(|s| s.claimed).sum();
         let released: u32 = summaries.iter().map(|s| s.released).sum();
         let sent: u32 = summaries.iter().map(|s| s.sent).sum();
@@ -1129,6 +1121,45 @@ async fn the_shard_registry_assumes_the_default_when_new_and_everything_when_unr
     assert_eq!(store.known_shards().await.expect("read"), 4);
 }
 
+/// Up to three more ticks (of `seconds` each) until `summaries` have sent `want`: on a
+/// loaded machine a dispatcher may give a claim back unsent for want of time (its
+/// grant restored, the item due again), and a later tick sends it, still once.
+async fn catch_up(
+    app: &TestApp,
+    summaries: &mut Vec<dispatcher::Summary>,
+    want: usize,
+    seconds: u64,
+) {
+    for _ in 0..3 {
+        let sent: u32 = summaries.iter().map(|s| s.sent).sum();
+        if sent as usize >= want {
+            break;
+        }
+        summaries.push(app.tick(seconds).await);
+    }
+}
+
+/// The request ids `user`'s counter item of `template` lists as available, and the item.
+async fn open_available(
+    app: &TestApp,
+    user: &User,
+    template: &str,
+) -> (
+    Vec<String>,
+    HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+) {
+    let quota = app
+        .item(user, &format!("QUOTA#{template}"))
+        .await
+        .expect("quota");
+    let listed = quota
+        .get("open_available")
+        .and_then(|v| v.as_ss().ok())
+        .cloned()
+        .unwrap_or_default();
+    (listed, quota)
+}
+
 /// Per operation, how many requests a step sent.
 fn tally(ops: Vec<String>) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();
@@ -1141,45 +1172,8 @@ fn tally(ops: Vec<String>) -> std::collections::BTreeMap<String, usize> {
 /// `n` past results of `template` in `user`'s ledger, as years of taps leave them
 /// (refusals: they carry no grant state, so the counters need not change).
 async fn history(app: &TestApp, user: &User, template: &str, n: usize) {
-    use aws_sdk_dynamodb::types::{AttributeValue::S, PutRequest, WriteRequest};
-    for chunk in (0..n).collect::<Vec<_>>().chunks(25) {
-        let writes = chunk
-            .iter()
-            .map(|i| {
-                let item = [
-                    ("pk", format!("USER#{}", user.openid)),
-                    ("sk", format!("GRANT#{template}#old_{i}")),
-                    ("kind", "grant".to_string()),
-                    ("template_id", template.to_string()),
-                    ("request_id", format!("old_{i}")),
-                    ("result", "reject".to_string()),
-                    ("created_at", "2025-11-30T00:00:00Z".to_string()),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), S(v)))
-                .chain([(
-                    "version".to_string(),
-                    aws_sdk_dynamodb::types::AttributeValue::N("1".into()),
-                )])
-                .collect();
-                WriteRequest::builder()
-                    .put_request(
-                        PutRequest::builder()
-                            .set_item(Some(item))
-                            .build()
-                            .expect("put"),
-                    )
-                    .build()
-            })
-            .collect();
-        app.table
-            .client
-            .batch_write_item()
-            .request_items(&app.table.name, writes)
-            .send()
-            .await
-            .expect("history written");
-    }
+    let ids: Vec<String> = (0..n).map(|i| format!("old_{i}")).collect();
+    app.write_ledger(user, template, &ids, None).await;
 }
 
 /// WeChat's 43101 voids the grants the user held when the refused send was claimed,
@@ -1399,6 +1393,145 @@ async fn a_claim_that_finds_the_sets_incomplete_rebuilds_them_and_the_next_reads
         .await
         .expect("quota");
     assert_eq!(listed(quota).len(), 1, "one grant left, listed");
+}
+
+/// A quota item past a transaction's size to repair at once — 150 open grants an older
+/// version left unlisted, 40 of them listed, and one listed grant that does not exist —
+/// is repaired by the first claim that falls back, in transactions of at most 99
+/// grants each, and the next claim reads no history.
+#[tokio::test]
+async fn sets_too_large_for_one_transaction_are_repaired_in_chunks_by_one_claim() {
+    use aws_sdk_dynamodb::types::AttributeValue::Ss;
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("MAX_OPEN_GRANTS", "200")]).await;
+    let user = app.user("alice").await;
+    let ids = app.legacy_grants(&user, ORDER, 150).await;
+    let mut listed: Vec<String> = ids[..40].to_vec();
+    listed.push("ghost".into());
+    // The ghost wrongly in the reserved set too: two deletions for one grant item.
+    app.quota_update(&user, ORDER)
+        .update_expression("SET open_available = :listed, open_reserved = :ghost")
+        .expression_attribute_values(":listed", Ss(listed))
+        .expression_attribute_values(":ghost", Ss(vec!["ghost".into()]))
+        .send()
+        .await
+        .expect("partly listed");
+    app.tick(30).await; // registers the shard count
+    let mut runs = Vec::new();
+    for key in ["order-1", "order-2"] {
+        app.push(&user, key).await;
+        app.round_trips.take();
+        app.round_trips.take_items_read();
+        let summary = app.tick(30).await;
+        assert_eq!(summary.sent, 1, "{key}: {summary:?}");
+        runs.push((
+            tally(app.round_trips.take()),
+            app.round_trips.take_items_read(),
+        ));
+        assert_ledger_agrees_with_counters(&app).await;
+    }
+    let (first, read) = &runs[0];
+    assert!(
+        first.contains_key("Query") && *read >= 150,
+        "the first claim reads the ledger: {runs:?}"
+    );
+    // The claim and the finalize, and the repair: the ghost's two deletions (one per
+    // set, in transactions of their own), then the 110 unlisted grants as 99 + 11.
+    assert_eq!(first.get("TransactWriteItems"), Some(&6), "{runs:?}");
+    let (second, read) = &runs[1];
+    assert!(
+        !second.contains_key("Query") && *read < 20,
+        "the second claims from the repaired sets: {runs:?}"
+    );
+    let (listed, quota) = open_available(&app, &user, ORDER).await;
+    assert_eq!(
+        listed.len(),
+        148,
+        "every grant left is listed, the ghost is not"
+    );
+    assert!(!listed.contains(&"ghost".to_string()));
+    assert!(!quota.contains_key("open_reserved"), "{quota:?}");
+}
+
+/// Repairs racing claims from other containers (each with its own WeChat client, so
+/// claims for one user overlap) and new reports: whatever the interleaving, every push
+/// is sent once, and the sets only ever name grants truly in their state.
+#[tokio::test]
+async fn repairs_racing_claims_and_reports_keep_the_sets_true() {
+    const PUSHES: usize = 4;
+    const ROUNDS: usize = 3;
+    let app = spawn_app_with(&[
+        FAST[0],
+        FAST[1],
+        FAST[2],
+        ("MAX_OPEN_GRANTS", "300"),
+        ("REPORTS_PER_MINUTE", "100"),
+        // A push WeChat turned away as busy goes again within the catch-up ticks.
+        ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+    ])
+    .await;
+    let user = app.user("alice").await;
+    app.legacy_grants(&user, ORDER, 150).await;
+    app.tick(30).await; // registers the shard count
+    let containers: Vec<_> = (0..3)
+        .map(|_| {
+            onegrant_local::stack::deps((*app.deps.config).clone(), app.table.client.clone())
+                .expect("deps")
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        // Unlisted again each round, so each round's claims repair.
+        app.quota_update(&user, ORDER)
+            .update_expression("REMOVE open_available, open_reserved")
+            .send()
+            .await
+            .expect("sets removed");
+        for i in 0..PUSHES {
+            app.push(&user, &format!("r{round}_{i}")).await;
+        }
+        // Staggered, so that one container's repair overlaps another's claim.
+        let ticks = join_all(
+            std::iter::once(&app.deps)
+                .chain(containers.iter())
+                .enumerate()
+                .map(|(i, deps)| async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(40 * i as u64)).await;
+                    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+                    dispatcher::tick(deps, deadline).await.expect("tick")
+                }),
+        );
+        let reports = join_all((0..3).map(|i| {
+            let (app, user) = (&app, &user);
+            async move {
+                app.accept(user, ORDER, &format!("wr_{round}_{i}")).await;
+            }
+        }));
+        let (mut summaries, _) = tokio::join!(ticks, reports);
+        catch_up(&app, &mut summaries, PUSHES, 60).await;
+        let sent: u32 = summaries.iter().map(|s| s.sent).sum();
+        assert_eq!(sent as usize, PUSHES, "round {round}: {summaries:?}");
+        assert_ledger_agrees_with_counters(&app).await;
+        // A repair the race cut short is finished by the next claim: after one alone,
+        // the sets account for the counters (so, checked above, are the ledger's).
+        app.push(&user, &format!("r{round}_solo")).await;
+        assert_eq!(app.tick(60).await.sent, 1, "round {round}: the solo push");
+        let (listed, quota) = open_available(&app, &user, ORDER).await;
+        assert_eq!(
+            Some(listed.len() as i64),
+            attr_n(&quota, "available"),
+            "round {round}: the sets are complete"
+        );
+        assert_ledger_agrees_with_counters(&app).await;
+    }
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    for d in app.deliveries().await {
+        let key = d["data"]["character_string1"]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        *per_key.entry(key).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), (PUSHES + 1) * ROUNDS, "{per_key:?}");
+    assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
 }
 
 #[tokio::test]

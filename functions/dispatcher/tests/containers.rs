@@ -461,3 +461,48 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 }
+
+/// A repair works from a ledger read that may be out of date by the time it writes: a
+/// container frozen between the two, while another claims, sends and consumes one of
+/// the grants it read as available, must not list that grant again when it thaws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repair_from_a_ledger_read_outdated_by_another_container_lists_no_spent_grant() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    let ids = app.legacy_grants(&user, ORDER, 3).await;
+    app.tick(30).await; // registers the shard count
+    app.push(&user, "o-1").await;
+    let (child, pid) = frozen_dispatcher(&app, "before_repair", &[]).await;
+    // Meanwhile this container repairs, claims the ledger's first grant and sends.
+    assert_eq!(app.tick(30).await.sent, 1);
+    assert_eq!(
+        state_of(&app, &user, &format!("GRANT#{ORDER}#{}", ids[0]))
+            .await
+            .as_deref(),
+        Some("consumed")
+    );
+    signal(pid, "-CONT");
+    let (status, stdout) = wait(child).await;
+    assert!(status.success(), "{status}");
+    let summary = summary_of(&stdout);
+    assert_eq!(
+        summary["sent"], 0,
+        "the push was this container's: {summary}"
+    );
+    let quota = app
+        .item(&user, &format!("QUOTA#{ORDER}"))
+        .await
+        .expect("quota");
+    let listed: BTreeSet<String> = quota
+        .get("open_available")
+        .and_then(|v| v.as_ss().ok())
+        .map(|ids| ids.iter().cloned().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        listed,
+        ids[1..].iter().cloned().collect::<BTreeSet<_>>(),
+        "only the grants still available"
+    );
+    assert_eq!(order_numbers(&app.deliveries().await).len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}

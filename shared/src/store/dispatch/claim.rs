@@ -1,5 +1,7 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`].
 
+use std::collections::BTreeMap;
+
 use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
@@ -11,7 +13,7 @@ use super::super::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sor
 use super::super::plans::OpenGrants;
 use super::super::plans::TxOutcome;
 use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
-use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead};
+use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead, grant_state_name};
 use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{DeliveryState, OutboxState};
@@ -552,14 +554,14 @@ impl Store {
         if ledger.available.len() as u64 == counters.available
             && ledger.reserved.len() as u64 == counters.reserved
         {
-            self.repair_open_sets(pk, template, counters, &ledger).await;
+            self.repair_open_sets(pk, template, open, &ledger).await;
         } else {
             // A write between the reads (it will have changed the sets too), or a ledger
             // that disagrees with its counters: no repair this time.
             tracing::warn!(
                 available = ledger.available.len(),
                 reserved = ledger.reserved.len(),
-                "the ledger's open grants and the counters differ; the sets are not rebuilt"
+                "the ledger's open grants and the counters differ; the sets are not repaired"
             );
         }
         Ok(ledger
@@ -574,100 +576,130 @@ impl Store {
             }))
     }
 
-    /// Writes the quota item's open-grant sets as the ledger has them — in one
-    /// transaction with a check that each grant read is still in the state read and
-    /// that the counters are still `counters`, so the sets written are the ledger's at
-    /// that instant (a grant added since would have moved a counter; one that moved on,
-    /// failed its check). Skipped when that is more than a transaction's 100 items.
-    /// Failures are logged: the claim goes on without, and a later fallback repairs.
+    /// Brings the quota item's open-grant sets to the ledger's, as read: a member the
+    /// ledger does not have in that state is deleted, one it has is added, each in the
+    /// same transaction as a check that its grant is (or, for a deletion, is not) in
+    /// that state. Every write that moves a grant moves its request id between the
+    /// sets too, so a member checked in stays right whatever comes after, and sets
+    /// that account for the counters are then the ledger's; no check of the counters is
+    /// needed, so the work goes in transactions of up to [`REPAIR_CHUNK`] grants,
+    /// however many the user holds. (Wrong members left by data from before that held
+    /// are what the deletions are for; those a claim meets are cleaned up here.) A
+    /// transaction that does not commit (a grant moved since the read) ends the
+    /// repair; the next fallback goes on. Failures are logged: the claim goes on
+    /// without.
     async fn repair_open_sets(
         &self,
         pk: &str,
         template: &TemplateId,
-        counters: &QuotaCounters,
+        open: &OpenGrants,
         ledger: &LedgerOpen,
     ) {
-        let open = ledger.available.len() + ledger.reserved.len();
-        if open >= 100 {
-            tracing::warn!(
-                open,
-                "too many open grants to rebuild their sets in one transaction"
-            );
+        // A container frozen here holds a ledger read that others may outdate.
+        crate::failpoint::hit("before_repair");
+        let fixes = set_fixes(open, ledger);
+        let total = fixes.len();
+        if total == 0 {
             return;
         }
-        let outcome = match self.open_sets_repair(pk, template, counters, ledger) {
-            Ok(writes) => self.transact(writes).await,
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(TxOutcome::Committed) => tracing::warn!(
-                open,
-                "the quota item's open-grant sets were rebuilt from the ledger"
-            ),
-            Ok(_) => tracing::warn!("the open-grant sets changed meanwhile; not rebuilt"),
-            Err(e) => tracing::warn!(
-                error = %crate::telemetry::error_chain(&e),
-                "the open-grant sets were not rebuilt this time"
-            ),
+        // One set and one direction per transaction: one update cannot both add to and
+        // delete from an attribute, and an id wrongly in both sets must not be checked
+        // twice in one transaction (DynamoDB refuses two actions on one item).
+        let mut groups: BTreeMap<(bool, &'static str), Vec<SetFix>> = BTreeMap::new();
+        for fix in fixes {
+            groups
+                .entry((fix.add, grant_state_name(fix.state)))
+                .or_default()
+                .push(fix);
         }
+        for chunk in groups.values().flat_map(|group| group.chunks(REPAIR_CHUNK)) {
+            let outcome = match self.set_fix_writes(pk, template, chunk) {
+                Ok(writes) => self.transact(writes).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(TxOutcome::Committed) => {}
+                Ok(TxOutcome::Cancelled(_)) => {
+                    tracing::warn!(
+                        "a grant moved while its set was repaired; the next claim goes on"
+                    );
+                    return;
+                }
+                Ok(TxOutcome::Contended) => {
+                    tracing::warn!(
+                        "the open-grant sets' repair was contended; the next claim goes on"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %crate::telemetry::error_chain(&e),
+                        "the open-grant sets were not repaired this time"
+                    );
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            fixes = total,
+            "the quota item's open-grant sets were repaired from the ledger"
+        );
     }
 
-    /// The repair's writes (see [`Store::repair_open_sets`]).
-    fn open_sets_repair(
+    /// One repair transaction: a check per grant, and the quota item's set update.
+    fn set_fix_writes(
         &self,
         pk: &str,
         template: &TemplateId,
-        counters: &QuotaCounters,
-        ledger: &LedgerOpen,
+        fixes: &[SetFix],
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
-        let mut writes = Vec::with_capacity(ledger.available.len() + ledger.reserved.len() + 1);
-        let mut set = Vec::new();
-        let mut remove = Vec::new();
+        let mut writes = Vec::with_capacity(fixes.len() + 1);
+        let mut clauses = Vec::new();
         let mut update = Update::builder()
             .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression(format!(
-                "{} AND {}",
-                unchanged("available", ":a", counters.available),
-                unchanged("reserved", ":r", counters.reserved)
-            ))
-            .expression_attribute_values(":a", n(counters.available))
-            .expression_attribute_values(":r", n(counters.reserved));
-        for (placeholder, name, grants) in [
-            ("available", OPEN_AVAILABLE, &ledger.available),
-            ("reserved", OPEN_RESERVED, &ledger.reserved),
+            .set_key(Some(key(pk, &quota_sk(template))));
+        for (placeholder, name, state) in [
+            ("available", OPEN_AVAILABLE, GrantState::Available),
+            ("reserved", OPEN_RESERVED, GrantState::Reserved),
         ] {
-            update = update.expression_attribute_names(format!("#{placeholder}"), name);
-            if grants.is_empty() {
-                remove.push(format!("#{placeholder}"));
-            } else {
-                set.push(format!("#{placeholder} = :{placeholder}"));
-                update = update.expression_attribute_values(
+            let members: Vec<String> = fixes
+                .iter()
+                .filter(|fix| fix.state == state)
+                .map(|fix| fix.request.to_string())
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            clauses.push(format!("#{placeholder} :{placeholder}"));
+            update = update
+                .expression_attribute_names(format!("#{placeholder}"), name)
+                .expression_attribute_values(
                     format!(":{placeholder}"),
-                    AttributeValue::Ss(grants.iter().map(|(_, id)| id.to_string()).collect()),
+                    AttributeValue::Ss(members),
                 );
-            }
-            for (sk, _) in grants {
-                let check = ConditionCheck::builder()
-                    .table_name(&self.table)
-                    .set_key(Some(key(pk, sk)))
-                    .condition_expression("#s = :state")
-                    .expression_attribute_names("#s", "state")
-                    .expression_attribute_values(":state", s(placeholder))
-                    .build()
-                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-                writes.push(TransactWriteItem::builder().condition_check(check).build());
-            }
         }
-        let mut expression = String::new();
-        if !set.is_empty() {
-            expression.push_str(&format!("SET {}", set.join(", ")));
+        for fix in fixes {
+            let check = ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(pk, &grant_sk(template, &fix.request))))
+                .condition_expression(if fix.add {
+                    "#s = :state"
+                } else {
+                    "attribute_not_exists(pk) OR #s <> :state"
+                })
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":state", s(grant_state_name(fix.state)))
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            writes.push(TransactWriteItem::builder().condition_check(check).build());
         }
-        if !remove.is_empty() {
-            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
-        }
+        let verb = if fixes.first().is_some_and(|fix| fix.add) {
+            "ADD"
+        } else {
+            "DELETE"
+        };
         let update = update
-            .update_expression(expression.trim())
+            .update_expression(format!("{verb} {}", clauses.join(", ")))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         writes.push(TransactWriteItem::builder().update(update).build());
@@ -675,14 +707,51 @@ impl Store {
     }
 }
 
-/// A condition that the counter `name` still holds `value` (a counter never moved
-/// from 0 may be absent).
-fn unchanged(name: &str, placeholder: &str, value: u64) -> String {
-    if value == 0 {
-        format!("(attribute_not_exists({name}) OR {name} = {placeholder})")
-    } else {
-        format!("{name} = {placeholder}")
+/// The most grants one repair transaction checks: with the quota item's update, a
+/// transaction's 100 items.
+const REPAIR_CHUNK: usize = 99;
+
+/// One change the repair makes to an open-grant set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SetFix {
+    /// The set's state (`available` or `reserved`).
+    state: GrantState,
+    request: RequestId,
+    /// Added (the ledger has it in that state), else deleted (it has not).
+    add: bool,
+}
+
+/// What it takes to make the sets `open` lists the ledger's `ledger`.
+fn set_fixes(open: &OpenGrants, ledger: &LedgerOpen) -> Vec<SetFix> {
+    let mut fixes = Vec::new();
+    for (state, listed, held) in [
+        (GrantState::Available, &open.available, &ledger.available),
+        (GrantState::Reserved, &open.reserved, &ledger.reserved),
+    ] {
+        let held_ids: std::collections::HashSet<&RequestId> =
+            held.iter().map(|(_, id)| id).collect();
+        let listed_ids: std::collections::HashSet<&RequestId> = listed.iter().collect();
+        fixes.extend(
+            listed
+                .iter()
+                .filter(|id| !held_ids.contains(id))
+                .map(|id| SetFix {
+                    state,
+                    request: id.clone(),
+                    add: false,
+                }),
+        );
+        fixes.extend(
+            held.iter()
+                .filter(|(_, id)| !listed_ids.contains(id))
+                .map(|(_, id)| SetFix {
+                    state,
+                    request: id.clone(),
+                    add: true,
+                }),
+        );
     }
+    fixes
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of
