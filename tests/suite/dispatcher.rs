@@ -1340,6 +1340,38 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
     assert_ledger_agrees_with_counters(&app).await;
 }
 
+/// A list that names a grant not open, while its size still matches the counters (so
+/// it is trusted), must not stall a disable: the grant that refuses its void leaves
+/// the list, and the retry voids through the ledger.
+#[tokio::test]
+async fn a_disable_trusting_a_list_with_a_wrong_member_still_voids_every_grant() {
+    use aws_sdk_dynamodb::types::AttributeValue::Ss;
+    let app = spawn_app_with(&FAST).await;
+    let user = app.user("alice").await;
+    app.accept(&user, WATER, "wr_0").await;
+    app.accept(&user, WATER, "wr_1").await;
+    assert_eq!(app.enable(&user, "water").await.status, 200);
+    // wr_1 replaced on the list by a grant that does not exist.
+    app.quota_update(&user, WATER)
+        .update_expression("SET open_available = :listed")
+        .expression_attribute_values(":listed", Ss(vec!["wr_0".into(), "ghost".into()]))
+        .send()
+        .await
+        .expect("listed wrongly");
+    let off = app.disable(&user, "water").await;
+    assert_eq!(off.status, 200, "{}", off.body);
+    let states: Vec<_> = app
+        .items_of(&user, "grant")
+        .await
+        .iter()
+        .filter_map(|g| attr_s(g, "state").map(str::to_string))
+        .collect();
+    assert_eq!(states, ["invalid", "invalid"], "both voided");
+    let (listed, _) = open_available(&app, &user, WATER).await;
+    assert!(listed.is_empty(), "{listed:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
 /// The ledger fallback reads a user's whole history of the template: it must happen
 /// once. The claim that falls back rebuilds the quota item's sets from the ledger, and
 /// the next claim reads no history.

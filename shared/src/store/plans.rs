@@ -589,6 +589,7 @@ impl Store {
             }
             None => Some(OpenGrants::default()),
         };
+        let trusted = listed.is_some();
         if let Some(sets) = listed {
             open.extend(
                 sets.available
@@ -633,8 +634,11 @@ impl Store {
         let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
         for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
             let mut items = Vec::with_capacity(chunk.len() + 2);
+            // Which grant (and the state it was listed in) each item moves.
+            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
             if let Some(plan) = first.take() {
                 items.push(plan);
+                moves.push(None);
             } else if chunk.is_empty() && !stamp {
                 break;
             }
@@ -675,6 +679,7 @@ impl Store {
                     .build()
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
                 items.push(TransactWriteItem::builder().update(update).build());
+                moves.push(Some((sk.clone(), *state)));
             }
             if available + reserved > 0 || stamp {
                 // The voided grants leave the quota item's open-grant sets too.
@@ -728,10 +733,59 @@ impl Store {
             }
             match self.transact(items).await? {
                 TxOutcome::Committed => {}
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => return Ok(false),
+                TxOutcome::Cancelled(reasons) => {
+                    if trusted {
+                        let refused =
+                            reasons.iter().zip(&moves).filter_map(|((code, _), moved)| {
+                                moved.as_ref().filter(|_| code == "ConditionalCheckFailed")
+                            });
+                        for (sk, state) in refused {
+                            self.unlist_if_not(pk, template, sk, *state).await;
+                        }
+                    }
+                    return Ok(false);
+                }
+                TxOutcome::Contended => return Ok(false),
             }
         }
         Ok(true)
+    }
+
+    /// A grant the quota item listed in `state` was not in it when voided: usually a
+    /// move meanwhile (which took it off the list too), but a member wrongly listed
+    /// would refuse every retry of a disable that trusts the list. So it leaves the
+    /// list — in one transaction with a check that its grant is still not in `state`,
+    /// so a true member never does. Afterwards the list falls short of the counters
+    /// and the retry goes to the ledger. Failures are logged; the retry goes on.
+    async fn unlist_if_not(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        sk: &str,
+        state: GrantState,
+    ) {
+        let Some(request) = request_id_of_grant(sk) else {
+            return;
+        };
+        let fix = super::dispatch::claim::SetFix {
+            state,
+            request,
+            add: false,
+        };
+        let outcome = match self.set_fix_writes(pk, template, std::slice::from_ref(&fix)) {
+            Ok(writes) => self.transact(writes).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(TxOutcome::Committed) => {
+                tracing::error!("a grant listed as open was not; taken off the list")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %crate::telemetry::error_chain(&e),
+                "a wrongly listed grant was not taken off the list this time"
+            ),
+        }
     }
 
     /// Of `grants`, those whose ledger item was recorded before `bound` (one read per

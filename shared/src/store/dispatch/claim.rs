@@ -647,7 +647,7 @@ impl Store {
     }
 
     /// One repair transaction: a check per grant, and the quota item's set update.
-    fn set_fix_writes(
+    pub(in crate::store) fn set_fix_writes(
         &self,
         pk: &str,
         template: &TemplateId,
@@ -713,12 +713,12 @@ const REPAIR_CHUNK: usize = 99;
 
 /// One change the repair makes to an open-grant set.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SetFix {
+pub(in crate::store) struct SetFix {
     /// The set's state (`available` or `reserved`).
-    state: GrantState,
-    request: RequestId,
+    pub(in crate::store) state: GrantState,
+    pub(in crate::store) request: RequestId,
     /// Added (the ledger has it in that state), else deleted (it has not).
-    add: bool,
+    pub(in crate::store) add: bool,
 }
 
 /// What it takes to make the sets `open` lists the ledger's `ledger`.
