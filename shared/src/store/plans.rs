@@ -585,7 +585,10 @@ impl Store {
         {
             Some(quota) => {
                 let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
-                Some(OpenGrants::of(&quota)).filter(|sets| sets.complete(&counters))
+                // (An id in both sets is wrong, and would be voided twice in one
+                // transaction, which DynamoDB refuses: the ledger instead.)
+                Some(OpenGrants::of(&quota))
+                    .filter(|sets| sets.complete(&counters) && sets.disjoint())
             }
             None => Some(OpenGrants::default()),
         };
@@ -702,21 +705,15 @@ impl Store {
                         .expression_attribute_values(":t", s(template.as_str()))
                         .expression_attribute_values(":kind", s("quota"));
                 }
-                let mut deletes = Vec::new();
-                if !available_ids.is_empty() {
-                    deletes.push("#oa :oa");
+                // Off both sets: a voided grant is in neither state, and an id wrongly
+                // in the other set (which made the sets untrusted) goes with it.
+                let gone: Vec<String> = available_ids.into_iter().chain(reserved_ids).collect();
+                if !gone.is_empty() {
+                    expression.push_str(" DELETE #oa :gone, #or :gone");
                     update = update
                         .expression_attribute_names("#oa", OPEN_AVAILABLE)
-                        .expression_attribute_values(":oa", AttributeValue::Ss(available_ids));
-                }
-                if !reserved_ids.is_empty() {
-                    deletes.push("#or :or");
-                    update = update
                         .expression_attribute_names("#or", OPEN_RESERVED)
-                        .expression_attribute_values(":or", AttributeValue::Ss(reserved_ids));
-                }
-                if !deletes.is_empty() {
-                    expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
+                        .expression_attribute_values(":gone", AttributeValue::Ss(gone));
                 }
                 let update = update
                     .update_expression(expression)
@@ -735,13 +732,14 @@ impl Store {
                 TxOutcome::Committed => {}
                 TxOutcome::Cancelled(reasons) => {
                     if trusted {
-                        let refused =
-                            reasons.iter().zip(&moves).filter_map(|((code, _), moved)| {
-                                moved.as_ref().filter(|_| code == "ConditionalCheckFailed")
-                            });
-                        for (sk, state) in refused {
-                            self.unlist_if_not(pk, template, sk, *state).await;
-                        }
+                        let refused: Vec<(String, GrantState)> = reasons
+                            .iter()
+                            .zip(&moves)
+                            .filter_map(|((code, _), moved)| {
+                                moved.clone().filter(|_| code == "ConditionalCheckFailed")
+                            })
+                            .collect();
+                        self.unlist_if_not(pk, template, refused).await;
                     }
                     return Ok(false);
                 }
@@ -751,39 +749,66 @@ impl Store {
         Ok(true)
     }
 
-    /// A grant the quota item listed in `state` was not in it when voided: usually a
-    /// move meanwhile (which took it off the list too), but a member wrongly listed
-    /// would refuse every retry of a disable that trusts the list. So it leaves the
-    /// list — in one transaction with a check that its grant is still not in `state`,
-    /// so a true member never does. Afterwards the list falls short of the counters
-    /// and the retry goes to the ledger. Failures are logged; the retry goes on.
+    /// Grants the quota item listed (each in its state) that were not in it when
+    /// voided. Usually a write meanwhile moved them, and took them off the list too;
+    /// but a member wrongly listed would refuse every retry of a void that trusts the
+    /// list. So those still listed (one read of the quota item) leave it, in one
+    /// transaction with a check on each that its grant is still not in that state, so
+    /// a true member never does. The list then falls short of the counters and the
+    /// retry goes to the ledger. Failures are logged; the retry goes on.
     async fn unlist_if_not(
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
-        sk: &str,
-        state: GrantState,
+        refused: Vec<(String, GrantState)>,
     ) {
-        let Some(request) = request_id_of_grant(sk) else {
+        if refused.is_empty() {
             return;
+        }
+        let quota_key = quota_sk(template);
+        let listed = match self.read_items(pk, std::slice::from_ref(&quota_key)).await {
+            Ok(mut items) => items
+                .remove(&quota_key)
+                .map(|quota| OpenGrants::of(&quota))
+                .unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "the open-grant list was not checked this time");
+                return;
+            }
         };
-        let fix = super::dispatch::claim::SetFix {
-            state,
-            request,
-            add: false,
-        };
-        let outcome = match self.set_fix_writes(pk, template, std::slice::from_ref(&fix)) {
+        let fixes: Vec<super::dispatch::claim::SetFix> = refused
+            .into_iter()
+            .filter_map(|(sk, state)| {
+                let request = request_id_of_grant(&sk)?;
+                let still = match state {
+                    GrantState::Available => listed.available.contains(&request),
+                    GrantState::Reserved => listed.reserved.contains(&request),
+                    GrantState::Consumed | GrantState::Invalid => false,
+                };
+                still.then_some(super::dispatch::claim::SetFix {
+                    state,
+                    request,
+                    add: false,
+                })
+            })
+            .collect();
+        if fixes.is_empty() {
+            // The ordinary case: a write meanwhile moved them, and the list with them.
+            return;
+        }
+        let outcome = match self.set_fix_writes(pk, template, &fixes) {
             Ok(writes) => self.transact(writes).await,
             Err(e) => Err(e),
         };
         match outcome {
-            Ok(TxOutcome::Committed) => {
-                tracing::error!("a grant listed as open was not; taken off the list")
-            }
+            Ok(TxOutcome::Committed) => tracing::error!(
+                grants = fixes.len(),
+                "grants listed as open were not; taken off the list"
+            ),
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 error = %crate::telemetry::error_chain(&e),
-                "a wrongly listed grant was not taken off the list this time"
+                "wrongly listed grants were not taken off the list this time"
             ),
         }
     }
@@ -1270,6 +1295,11 @@ impl OpenGrants {
     pub(super) fn complete(&self, counters: &QuotaCounters) -> bool {
         self.available.len() as u64 == counters.available
             && self.reserved.len() as u64 == counters.reserved
+    }
+
+    /// Whether no id is in both sets (a grant has one state).
+    pub(super) fn disjoint(&self) -> bool {
+        !self.available.iter().any(|id| self.reserved.contains(id))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The sweep: what a vanished or stalled dispatcher left behind (I4, I5).
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 
 use super::super::item::{Item, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
@@ -39,6 +40,11 @@ pub struct SweepSummary {
     pub skipped: u32,
 }
 
+/// The most lease-index queries a sweep has in flight: a share of the store's
+/// [`INDEX_QUERIES_IN_FLIGHT`](super::super::INDEX_QUERIES_IN_FLIGHT), so that at the
+/// default 16 shards it still reads them all in two rounds.
+const SWEEP_QUERIES_IN_FLIGHT: usize = 8;
+
 impl Store {
     /// Settles what is past its lease (see the module docs of [`dispatch`](super)):
     /// one query page per shard of the lease index, never a scan.
@@ -67,7 +73,14 @@ impl Store {
         });
         let mut summary = SweepSummary::default();
         let mut stale: Vec<Item> = Vec::new();
-        for shard in futures::future::join_all(queries).await {
+        // A few at a time: the tick's due-index reads share the store's index queries
+        // (see [`INDEX_QUERIES_IN_FLIGHT`](super::super::INDEX_QUERIES_IN_FLIGHT)),
+        // and the sweep must not take every turn ahead of them.
+        let answers: Vec<_> = futures::stream::iter(queries)
+            .buffer_unordered(SWEEP_QUERIES_IN_FLIGHT)
+            .collect()
+            .await;
+        for shard in answers {
             match shard {
                 Ok(items) => stale.extend(items),
                 Err(e) => {
