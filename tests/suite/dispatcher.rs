@@ -1168,6 +1168,15 @@ async fn grant_states(app: &TestApp, user: &User) -> Vec<String> {
         .collect()
 }
 
+/// A fresh app whose user alice holds grants `wr_0` and `wr_1` of `template`.
+async fn alice_with_two_grants(template: &str) -> (TestApp, User) {
+    let app = spawn_app_with(&FAST).await;
+    let user = app.user("alice").await;
+    app.accept(&user, template, "wr_0").await;
+    app.accept(&user, template, "wr_1").await;
+    (app, user)
+}
+
 /// Per operation, how many requests a step sent.
 fn tally(ops: Vec<String>) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();
@@ -1349,10 +1358,7 @@ async fn grants_recorded_before_the_quota_item_listed_them_are_still_claimed_and
 #[tokio::test]
 async fn a_disable_trusting_a_list_with_a_wrong_member_still_voids_every_grant() {
     use aws_sdk_dynamodb::types::AttributeValue::Ss;
-    let app = spawn_app_with(&FAST).await;
-    let user = app.user("alice").await;
-    app.accept(&user, WATER, "wr_0").await;
-    app.accept(&user, WATER, "wr_1").await;
+    let (app, user) = alice_with_two_grants(WATER).await;
     assert_eq!(app.enable(&user, "water").await.status, 200);
     // wr_1 replaced on the list by a grant that does not exist.
     app.quota_update(&user, WATER)
@@ -1619,10 +1625,7 @@ async fn repairs_racing_claims_and_reports_keep_the_sets_true() {
 #[tokio::test]
 async fn a_listed_grant_found_through_the_ledger_leaves_the_list_when_claimed() {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let app = spawn_app_with(&FAST).await;
-    let user = app.user("alice").await;
-    app.accept(&user, ORDER, "wr_0").await;
-    app.accept(&user, ORDER, "wr_1").await;
+    let (app, user) = alice_with_two_grants(ORDER).await;
     // wr_1 as an older version left it: not listed. The list no longer accounts for
     // every grant, so claims go through the ledger — whose first grant, wr_0, is listed.
     app.quota_update(&user, ORDER)
