@@ -234,7 +234,7 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
             "failed",
             "invalid",
             "paused",
-            Some("needs_grant"),
+            Some("refused"),
         ),
         row(
             "40003",
@@ -1238,6 +1238,36 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         .into(),
         "the two held at the claim are void, the one given since is not"
     );
+    // WeChat's refusal holds until the user accepts again: the spared grant does not
+    // resume the plan, nor does a plain check-in; the plan asks for a grant.
+    let plain = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "wc_plain", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(
+        (
+            plain.body["state"].as_str(),
+            plain.body["pause_reason"].as_str(),
+            plain.body["needs_grant"].as_bool()
+        ),
+        (Some("paused"), Some("refused"), Some(true)),
+        "{}",
+        plain.body
+    );
+    let accepted = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "wc_new", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 2, "daily_goal": 8,
+                    "grant_request_id": "wr_new", "subscription_status": "accept"}),
+        )
+        .await;
+    assert_eq!(accepted.body["state"], "scheduled", "{}", accepted.body);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 }

@@ -466,13 +466,13 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     );
     let store = &app.deps.store;
     let first = store
-        .record_grants(&openid, &report, Utc::now())
+        .record_grants(&openid, &report, &app.deps.config.reminders, Utc::now())
         .await
         .expect("recorded");
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 3);
     assert_eq!(first.written, 1, "{first:?}");
     let again = store
-        .record_grants(&openid, &report, Utc::now())
+        .record_grants(&openid, &report, &app.deps.config.reminders, Utc::now())
         .await
         .expect("replayed");
     assert_eq!(again.written, 0, "{again:?}");

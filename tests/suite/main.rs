@@ -5,6 +5,7 @@
 
 mod audit;
 mod callback;
+mod consent;
 mod contract;
 mod dispatcher;
 mod emulator;

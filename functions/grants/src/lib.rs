@@ -53,17 +53,11 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let now = Utc::now();
     let cause = format!("report {}", report.request_id);
     let recorded = attributed(cause.clone(), async {
-        let recorded = deps.store.record_grants(&openid, &report, now).await?;
-        // Plans that need a reported template: a grant resumes them, a refusal pauses
-        // them. Replays run this again, so a report whose plan update failed converges.
-        for (template, result) in &report.results {
-            for kind in deps.config.reminders.using_template(template) {
-                deps.store
-                    .apply_grant_results(&openid, kind, *result, now)
-                    .await?;
-            }
-        }
-        Ok::<_, onegrant::store::StoreError>(recorded)
+        // The plans that use a reported template move with the report's first
+        // application (a grant resumes them, a refusal pauses them); a replay moves none.
+        deps.store
+            .record_grants(&openid, &report, &deps.config.reminders, now)
+            .await
     })
     .await?;
     // New grants only: a replay wrote nothing.

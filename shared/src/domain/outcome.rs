@@ -267,7 +267,7 @@ pub fn settle(
             DeliveryState::Failed,
             GrantState::Invalid,
             attempts,
-            FollowUp::Stop(PauseReason::NeedsGrant),
+            FollowUp::Stop(PauseReason::Refused),
         ),
         OutcomeClass::User => row(
             DeliveryState::Failed,
@@ -310,7 +310,8 @@ impl Settlement {
                 | PauseReason::Rejected
                 | PauseReason::Banned
                 | PauseReason::ConfigError
-                | PauseReason::SendFailed,
+                | PauseReason::SendFailed
+                | PauseReason::Refused,
             ) => OutboxState::Failed,
         }
     }
@@ -415,7 +416,7 @@ mod settle_tests {
                 OutcomeClass::Refused,
                 DeliveryState::Failed,
                 GrantState::Invalid,
-                Stop(PauseReason::NeedsGrant),
+                Stop(PauseReason::Refused),
                 true,
             ),
             (

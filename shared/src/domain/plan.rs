@@ -9,6 +9,7 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::grant::SubscribeResult;
 use super::ids::TemplateId;
 use super::outcome::{FollowUp, Settlement};
 use super::reminder::{KindName, ReminderKind, Settings};
@@ -29,6 +30,9 @@ pub enum PauseReason {
     ConfigError,
     /// A send failed for good (user frozen, openid invalid, retries exhausted).
     SendFailed,
+    /// WeChat refused a send as not subscribed (43101): the user's refusal, as WeChat
+    /// holds it.
+    Refused,
 }
 
 impl PauseReason {
@@ -40,6 +44,17 @@ impl PauseReason {
             Self::Uncertain => "uncertain",
             Self::ConfigError => "config_error",
             Self::SendFailed => "send_failed",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// Whether the pause is a refusal, which holds until the user accepts the template
+    /// again: only a grant accepted after it resumes the plan — never a grant recorded
+    /// before it, a plain check-in, a settings save or a replay.
+    pub fn holds_until_accept(self) -> bool {
+        match self {
+            Self::Rejected | Self::Banned | Self::Refused => true,
+            Self::NeedsGrant | Self::Uncertain | Self::ConfigError | Self::SendFailed => false,
         }
     }
 
@@ -51,6 +66,7 @@ impl PauseReason {
             "uncertain" => Self::Uncertain,
             "config_error" => Self::ConfigError,
             "send_failed" => Self::SendFailed,
+            "refused" => Self::Refused,
             _ => return None,
         })
     }
@@ -61,6 +77,51 @@ impl PauseReason {
 pub enum Refusal {
     Reject,
     Ban,
+}
+
+impl Refusal {
+    /// The refusal a subscription result makes, if any.
+    pub fn of(result: SubscribeResult) -> Option<Self> {
+        match result {
+            SubscribeResult::Reject => Some(Self::Reject),
+            SubscribeResult::Ban => Some(Self::Ban),
+            SubscribeResult::Accept
+            | SubscribeResult::AcceptWithAudio
+            | SubscribeResult::AcceptWithAlert
+            | SubscribeResult::Filter => None,
+        }
+    }
+}
+
+/// The grants an event that may schedule a plan finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantOnHand {
+    /// None available.
+    None,
+    /// Available, every one recorded before the event.
+    Held,
+    /// The event itself brings a grant the user just accepted (the first application
+    /// of a report or of a check-in that carries one): the only kind that lifts a
+    /// refusal.
+    New,
+}
+
+impl GrantOnHand {
+    /// From whether the event brings a new accept and whether any grant is available.
+    pub fn of(new_accept: bool, available: bool) -> Self {
+        match (new_accept, available) {
+            (true, _) => Self::New,
+            (false, true) => Self::Held,
+            (false, false) => Self::None,
+        }
+    }
+
+    pub fn any(self) -> bool {
+        match self {
+            Self::None => false,
+            Self::Held | Self::New => true,
+        }
+    }
 }
 
 /// Where a plan is, with the data that state needs.
@@ -82,15 +143,19 @@ pub enum PlanStatus {
 /// their caller computed with the next-due rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanEvent {
-    /// The user turns the plan on; `grant` says whether a grant is available.
+    /// The user turns the plan on (or saves its settings while on); `grant` says
+    /// whether a grant is available. Never lifts a refusal.
     Enable { grant: bool, due: DateTime<Utc> },
     /// Settings changed while enabled.
     Reschedule { due: DateTime<Utc> },
     /// The user turns the plan off.
     Disable,
-    /// The user checked in; `grant` says whether a grant is available afterwards.
-    CheckIn { grant: bool, due: DateTime<Utc> },
-    /// A grant report brought a grant for the kind's template.
+    /// The user checked in; `grant` says which grants are there afterwards.
+    CheckIn {
+        grant: GrantOnHand,
+        due: DateTime<Utc>,
+    },
+    /// A grant report's first application brought a new grant for the kind's template.
     GrantAdded { due: DateTime<Utc> },
     /// The user rejected or banned the template.
     Refused(Refusal),
@@ -164,7 +229,9 @@ impl PlanStatus {
                 // pausing it when its grant is gone: a schedule needs a grant)…
                 Scheduled { .. } => Ok(scheduled_or_waiting(grant, due)),
                 Sending | AwaitingCheckin => Ok(self),
-                // …and lets a paused plan resume if a grant is there.
+                // …and lets a paused plan resume if a grant is there — unless the user
+                // refused: a settings save is not an accept.
+                Paused { reason } if reason.holds_until_accept() => Ok(self),
                 Paused { .. } if grant => Ok(Scheduled { due }),
                 Paused { .. } => Ok(self),
             },
@@ -180,15 +247,19 @@ impl PlanStatus {
             PlanEvent::CheckIn { grant, due } => match self {
                 // Recorded, but a disabled plan stays off and an in-flight send is left alone.
                 Disabled | Sending => Ok(self),
-                Scheduled { .. } | AwaitingCheckin => Ok(scheduled_or_waiting(grant, due)),
-                Paused { .. } if grant => Ok(Scheduled { due }),
-                Paused {
-                    reason: PauseReason::NeedsGrant,
-                } => Ok(self),
-                // A refusal or failure stays visible until a grant arrives.
+                Scheduled { .. } | AwaitingCheckin => Ok(scheduled_or_waiting(grant.any(), due)),
+                // A refusal holds until the user accepts again: a check-in resumes it
+                // only with the new accept it carries.
+                Paused { reason } if reason.holds_until_accept() => match grant {
+                    GrantOnHand::New => Ok(Scheduled { due }),
+                    GrantOnHand::Held | GrantOnHand::None => Ok(self),
+                },
+                Paused { .. } if grant.any() => Ok(Scheduled { due }),
+                // A failure stays visible until a grant arrives.
                 Paused { .. } => Ok(self),
             },
             PlanEvent::GrantAdded { due } => match self {
+                // A new accept: it lifts a refusal too.
                 Paused { .. } => Ok(Scheduled { due }),
                 // A sent reminder waits for the check-in (§3): only a check-in brings
                 // the next one, whatever grants arrive meanwhile.
@@ -313,18 +384,102 @@ impl Plan {
     }
 
     /// The user rejected or banned the template: the plan pauses — or, while a send is
-    /// in flight, pauses as soon as that send ends.
+    /// in flight, pauses as soon as that send ends; while it is off, it is remembered,
+    /// so turning it on again finds it paused (until a new accept lifts it).
     pub fn refuse(&mut self, refusal: Refusal) -> Result<(), IllegalTransition> {
         match self.status {
-            PlanStatus::Sending => self.pending_refusal = Some(refusal),
-            PlanStatus::Disabled
-            | PlanStatus::Scheduled { .. }
+            PlanStatus::Sending | PlanStatus::Disabled => self.pending_refusal = Some(refusal),
+            PlanStatus::Scheduled { .. }
             | PlanStatus::AwaitingCheckin
             | PlanStatus::Paused { .. } => {
                 self.status = self.status.apply(PlanEvent::Refused(refusal))?;
             }
         }
         Ok(())
+    }
+
+    /// The user turns the plan on, or saves its settings while it is on; `grant` says
+    /// whether a grant is available. Never lifts a refusal, whatever grants are held.
+    pub fn enable(&mut self, grant: bool, due: DateTime<Utc>) -> Result<(), IllegalTransition> {
+        let before = self.status;
+        self.status = before.apply(PlanEvent::Enable { grant, due })?;
+        if before == PlanStatus::Disabled
+            && let Some(refusal) = self.pending_refusal.take()
+        {
+            self.status = self.status.apply(PlanEvent::Refused(refusal))?;
+        }
+        self.resumed_from(before);
+        Ok(())
+    }
+
+    /// The user turns the plan off: every unconsumed grant of its template is voided
+    /// with it, so a refusal before it needs no remembering (any grant after it is a
+    /// new accept).
+    pub fn disable(&mut self) -> Result<(), IllegalTransition> {
+        self.status = self.status.apply(PlanEvent::Disable)?;
+        self.pending_refusal = None;
+        Ok(())
+    }
+
+    /// The first application of a report that brings a grant the user just accepted:
+    /// a paused plan resumes (a refusal included), and a refusal waiting for a send to
+    /// end, or for the plan to be turned on, is lifted — the accept came after it.
+    pub fn accepted(&mut self, due: DateTime<Utc>) -> Result<(), IllegalTransition> {
+        self.pending_refusal = None;
+        let before = self.status;
+        self.status = before.apply(PlanEvent::GrantAdded { due })?;
+        self.resumed_from(before);
+        Ok(())
+    }
+
+    /// The first application of a report's `result` for the plan's template: an accept
+    /// resumes it (due by the next-due rule from the last check-in, or now), a
+    /// refusal pauses it, a filter changes nothing. Replays never come here (I3).
+    pub fn reported(
+        &mut self,
+        result: SubscribeResult,
+        now: DateTime<Utc>,
+    ) -> Result<(), IllegalTransition> {
+        if result.grants() {
+            let anchor = self.last_checkin_at.unwrap_or(now);
+            return self.accepted(self.next_due(anchor, self.settings.daily_goal, now));
+        }
+        match Refusal::of(result) {
+            Some(refusal) => self.refuse(refusal),
+            None => Ok(()),
+        }
+    }
+
+    /// The user checked in, with `grant` on hand afterwards (see [`GrantOnHand`]); while
+    /// a send is in flight it counts when the send ends.
+    pub fn check_in(
+        &mut self,
+        grant: GrantOnHand,
+        due: DateTime<Utc>,
+    ) -> Result<(), IllegalTransition> {
+        if grant == GrantOnHand::New {
+            self.pending_refusal = None;
+        }
+        if self.status == PlanStatus::Sending {
+            self.checked_in_while_sending = true;
+        }
+        let before = self.status;
+        self.status = before.apply(PlanEvent::CheckIn { grant, due })?;
+        self.resumed_from(before);
+        Ok(())
+    }
+
+    /// Whether the user has to accept the template again before the plan can send: no
+    /// grant is available, or a refusal holds.
+    pub fn needs_grant(&self, available_grants: u64) -> bool {
+        let refused = match self.status {
+            PlanStatus::Paused { reason } => reason.holds_until_accept(),
+            PlanStatus::Disabled => self.pending_refusal.is_some(),
+            PlanStatus::Scheduled { .. } | PlanStatus::Sending | PlanStatus::AwaitingCheckin => {
+                false
+            }
+        };
+        available_grants == 0 || refused
     }
 
     /// After a user's check-in or enable moved the plan from `before`: one that resumes
@@ -365,8 +520,10 @@ impl Plan {
         let after_send = status;
         let checked_in = self.checked_in_while_sending && self.last_checkin_at.is_some();
         if checked_in && let Some(at) = self.last_checkin_at {
+            // Counted as a grant held: a refusal the send ends in (43101) holds until
+            // the user's next accept.
             status = status.apply(PlanEvent::CheckIn {
-                grant: grant_available,
+                grant: GrantOnHand::of(false, grant_available),
                 due: self.next_due(at, self.settings.daily_goal, now),
             })?;
         }
@@ -450,7 +607,7 @@ impl Plan {
         PlanView {
             kind: self.kind.to_string(),
             state: self.status.name(),
-            needs_grant: available_grants == 0,
+            needs_grant: self.needs_grant(available_grants),
             next_due_at: self.status.due().map(|due| schedule.local_rfc3339(due)),
             pause_reason: self.status.pause_reason().map(PauseReason::as_str),
             template_id: self.template_id.to_string(),
@@ -515,12 +672,15 @@ mod tests {
             PauseReason::Uncertain,
             PauseReason::ConfigError,
             PauseReason::SendFailed,
+            PauseReason::Refused,
         ]);
+        let grant =
+            prop::sample::select(vec![GrantOnHand::None, GrantOnHand::Held, GrantOnHand::New]);
         prop_oneof![
             (any::<bool>(), due.clone()).prop_map(|(grant, due)| PlanEvent::Enable { grant, due }),
             due.clone().prop_map(|due| PlanEvent::Reschedule { due }),
             Just(PlanEvent::Disable),
-            (any::<bool>(), due.clone()).prop_map(|(grant, due)| PlanEvent::CheckIn { grant, due }),
+            (grant, due.clone()).prop_map(|(grant, due)| PlanEvent::CheckIn { grant, due }),
             due.clone().prop_map(|due| PlanEvent::GrantAdded { due }),
             Just(PlanEvent::Refused(Refusal::Reject)),
             Just(PlanEvent::Refused(Refusal::Ban)),
@@ -547,8 +707,14 @@ mod tests {
                             (PlanStatus::Disabled, e, n) if !matches!(e, PlanEvent::Enable { .. }) => {
                                 prop_assert_eq!(n, PlanStatus::Disabled, "only enabling leaves disabled")
                             }
-                            (_, PlanEvent::Enable { grant: false, .. } | PlanEvent::CheckIn { grant: false, .. }, PlanStatus::Scheduled { .. }) => {
+                            (_, PlanEvent::Enable { grant: false, .. } | PlanEvent::CheckIn { grant: GrantOnHand::None, .. }, PlanStatus::Scheduled { .. }) => {
                                 prop_assert!(matches!(status, PlanStatus::Scheduled { .. }), "scheduled without a grant")
+                            }
+                            (PlanStatus::Paused { reason }, e, PlanStatus::Scheduled { .. }) if reason.holds_until_accept() => {
+                                prop_assert!(
+                                    matches!(e, PlanEvent::GrantAdded { .. } | PlanEvent::CheckIn { grant: GrantOnHand::New, .. }),
+                                    "a refusal lifted by {:?}, not a new accept", e
+                                )
                             }
                             (prev, _, PlanStatus::Sending) => prop_assert!(
                                 matches!(prev, PlanStatus::Sending) || event == PlanEvent::Claimed,
@@ -580,14 +746,14 @@ mod tests {
         let next = at(2000);
         assert_eq!(
             s.apply(PlanEvent::CheckIn {
-                grant: true,
+                grant: GrantOnHand::Held,
                 due: next
             }),
             Ok(PlanStatus::Scheduled { due: next })
         );
         assert_eq!(
             s.apply(PlanEvent::CheckIn {
-                grant: false,
+                grant: GrantOnHand::None,
                 due: next
             }),
             Ok(PlanStatus::Paused {
@@ -652,7 +818,7 @@ mod tests {
             (plan.status, plan.attempts)
         };
         let check_in = PlanEvent::CheckIn {
-            grant: true,
+            grant: GrantOnHand::Held,
             due: at(9),
         };
         assert_eq!(
@@ -669,7 +835,7 @@ mod tests {
         );
         // Without a grant it stays paused, and the count stands; other pauses keep it.
         let no_grant = PlanEvent::CheckIn {
-            grant: false,
+            grant: GrantOnHand::None,
             due: at(9),
         };
         assert_eq!(resume(failing, no_grant).1, 3);
@@ -815,5 +981,114 @@ mod tests {
         );
         let resumed = s.and_then(|s| s.apply(PlanEvent::GrantAdded { due: at(9) }));
         assert_eq!(resumed, Ok(PlanStatus::Scheduled { due: at(9) }));
+    }
+
+    /// A refusal (reject, ban, WeChat's 43101) holds until the user accepts again:
+    /// grants held from before it, a check-in without a new accept and a settings save
+    /// leave the plan paused, and its view asks for a grant.
+    #[test]
+    fn a_refusal_holds_until_a_new_accept() {
+        for reason in [
+            PauseReason::Rejected,
+            PauseReason::Banned,
+            PauseReason::Refused,
+        ] {
+            let mut plan = sending_plan();
+            plan.status = PlanStatus::Paused { reason };
+            plan.delivery_id = None;
+            plan.lease_until = None;
+            plan.enable(true, at(9)).expect("legal");
+            assert_eq!(
+                plan.status,
+                PlanStatus::Paused { reason },
+                "a settings save"
+            );
+            plan.check_in(GrantOnHand::Held, at(9)).expect("legal");
+            assert_eq!(
+                plan.status,
+                PlanStatus::Paused { reason },
+                "a plain check-in"
+            );
+            assert!(
+                plan.view(2, at(5)).needs_grant,
+                "asks though grants are held"
+            );
+            plan.check_in(GrantOnHand::New, at(9)).expect("legal");
+            assert_eq!(plan.status, PlanStatus::Scheduled { due: at(9) });
+            assert!(!plan.view(2, at(5)).needs_grant);
+
+            let mut reported = sending_plan();
+            reported.status = PlanStatus::Paused { reason };
+            reported.accepted(at(7)).expect("legal");
+            assert_eq!(reported.status, PlanStatus::Scheduled { due: at(7) });
+        }
+        // Other pauses resume with a grant held, as before.
+        let mut plan = sending_plan();
+        plan.status = PlanStatus::Paused {
+            reason: PauseReason::Uncertain,
+        };
+        plan.check_in(GrantOnHand::Held, at(9)).expect("legal");
+        assert_eq!(plan.status, PlanStatus::Scheduled { due: at(9) });
+    }
+
+    /// A refusal while the plan is off is remembered: turning it on with grants from
+    /// before finds it paused; a new accept in between lifts it; a disable forgets it.
+    #[test]
+    fn a_refusal_while_off_holds_when_the_plan_is_turned_on() {
+        let off = || {
+            let mut plan = sending_plan();
+            plan.status = PlanStatus::Disabled;
+            plan.delivery_id = None;
+            plan.lease_until = None;
+            plan.refuse(Refusal::Reject).expect("legal");
+            assert_eq!(plan.status, PlanStatus::Disabled);
+            assert!(plan.view(1, at(5)).needs_grant);
+            plan
+        };
+        let mut plan = off();
+        plan.enable(true, at(9)).expect("legal");
+        assert_eq!(
+            plan.status,
+            PlanStatus::Paused {
+                reason: PauseReason::Rejected
+            }
+        );
+        let mut plan = off();
+        plan.accepted(at(8)).expect("legal");
+        plan.enable(true, at(9)).expect("legal");
+        assert_eq!(plan.status, PlanStatus::Scheduled { due: at(9) });
+        let mut plan = off();
+        plan.disable().expect("legal");
+        plan.enable(true, at(9)).expect("legal");
+        assert_eq!(plan.status, PlanStatus::Scheduled { due: at(9) });
+    }
+
+    /// A refusal and a new accept during one send: the later one wins when it ends.
+    #[test]
+    fn during_a_send_the_later_of_a_refusal_and_a_new_accept_wins() {
+        let mut plan = sending_plan();
+        plan.refuse(Refusal::Reject).expect("legal");
+        plan.last_checkin_at = Some(at(40));
+        plan.check_in(GrantOnHand::New, at(90)).expect("legal");
+        plan.finish_send(FollowUp::Delivered, 0, true, at(50))
+            .expect("legal");
+        assert!(
+            matches!(plan.status, PlanStatus::Scheduled { .. }),
+            "{:?}",
+            plan.status
+        );
+
+        let mut plan = sending_plan();
+        plan.last_checkin_at = Some(at(40));
+        plan.check_in(GrantOnHand::New, at(90)).expect("legal");
+        plan.refuse(Refusal::Ban).expect("legal");
+        plan.finish_send(FollowUp::Delivered, 0, true, at(50))
+            .expect("legal");
+        assert_eq!(
+            plan.status,
+            PlanStatus::Paused {
+                reason: PauseReason::Banned
+            }
+        );
     }
 }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::item::{key, n, s};
 use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, report_rate_sk, user_pk};
 use super::{Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt};
+use crate::domain::reminder::ReminderKinds;
 use crate::domain::{
     GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
     TemplateId,
@@ -119,6 +120,7 @@ impl Store {
         &self,
         openid: &OpenId,
         report: &GrantReport,
+        kinds: &ReminderKinds,
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
@@ -165,6 +167,12 @@ impl Store {
                     items.push(update);
                 }
             }
+            // The plans of the kinds that use a template recorded now move in the same
+            // transaction, conditional on the version read: only a report's first
+            // application moves a plan, never a replay (I3).
+            let plan_writes = self.report_plans(&pk, &pending, kinds, now).await?;
+            let plan_index = items.len()..items.len() + plan_writes.len();
+            items.extend(plan_writes);
             // Last, so a replay's ledger conditions are the ones an emulator reports.
             let rate_index = items.len();
             let (rate, retry_after) = self.report_rate(&pk, now)?;
@@ -226,6 +234,10 @@ impl Store {
                         }
                         if quota_index.contains(&index) {
                             limited = limited.or(Some(Limit::OpenGrants));
+                            continue;
+                        }
+                        if plan_index.contains(&index) {
+                            // A plan moved since it was read: read it again.
                             continue;
                         }
                         let Some(template) = ledger_index.get(&index) else {

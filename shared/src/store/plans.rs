@@ -12,7 +12,7 @@
 //! and — when the check-in carries a new grant — the ledger item and counters, exactly
 //! as a grant report writes them. Replays are answered from the action record.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
@@ -35,11 +35,11 @@ use super::{
     Attempt, Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt,
     retry_contended,
 };
-use crate::domain::plan::{PauseReason, Plan, PlanEvent, PlanStatus, Refusal};
+use crate::domain::plan::{GrantOnHand, PauseReason, Plan, PlanStatus, Refusal};
 use crate::domain::reconcile::Mark;
-use crate::domain::reminder::{CheckIn, ReminderKind, Settings, SettingsUpdate};
+use crate::domain::reminder::{CheckIn, ReminderKind, ReminderKinds, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
-use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult};
+use crate::domain::{GrantState, OpenId, QuotaCounters, RequestId, SubscribeResult, TemplateId};
 
 /// Most grants one transaction invalidates (100 items per transaction, less the plan,
 /// the counters and the history entry).
@@ -159,10 +159,13 @@ impl PlanItem {
             lease_pk: lease
                 .map(|_| lease_pk(plan.delivery_id.as_deref().unwrap_or_default(), shards)),
             lease_until: lease,
+            // Kept while a send is in flight (applied when it ends) and while the plan
+            // is off (applied when it is turned on).
             pending_refusal: match plan.status {
-                PlanStatus::Sending => plan.pending_refusal.map(|r| refusal_name(r).to_string()),
-                PlanStatus::Disabled
-                | PlanStatus::Scheduled { .. }
+                PlanStatus::Sending | PlanStatus::Disabled => {
+                    plan.pending_refusal.map(|r| refusal_name(r).to_string())
+                }
+                PlanStatus::Scheduled { .. }
                 | PlanStatus::AwaitingCheckin
                 | PlanStatus::Paused { .. } => None,
             },
@@ -858,20 +861,14 @@ impl Store {
             };
             let mut counters = read.counters;
             plan.settings = update.settings;
-            let event = if update.enabled {
+            let moved = if update.enabled {
                 let anchor = plan.last_checkin_at.unwrap_or(now);
-                PlanEvent::Enable {
-                    grant: counters.available > 0,
-                    due: plan.next_due(anchor, plan.settings.daily_goal, now),
-                }
+                let due = plan.next_due(anchor, plan.settings.daily_goal, now);
+                plan.enable(counters.available > 0, due)
             } else {
-                PlanEvent::Disable
+                plan.disable()
             };
-            let before = plan.status;
-            plan.status = before
-                .apply(event)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            plan.resumed_from(before);
+            moved.map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let put = self.plan_put(&plan, pk, now)?;
             let committed = if update.enabled {
                 let mut items = vec![put];
@@ -933,7 +930,6 @@ impl Store {
                     None => write_ledger = Some((request_id.clone(), *result)),
                 }
             }
-            let carried = checkin.grant.as_ref().filter(|_| !grant_conflict);
             let new_grant = write_ledger.as_ref().is_some_and(|(_, r)| r.grants());
             let mut counters = read.counters;
             if new_grant {
@@ -959,31 +955,15 @@ impl Store {
                     last.max(checkin.scheduling_instant(now))
                 });
             let due = plan.next_due(anchor, checkin.daily_goal, now);
-            if plan.status == PlanStatus::Sending {
-                // The send in flight decides; the check-in counts when it ends.
-                plan.checked_in_while_sending = true;
-            }
-            let before = plan.status;
-            plan.status = before
-                .apply(PlanEvent::CheckIn {
-                    grant: counters.available > 0,
-                    due,
-                })
+            // The send in flight decides; the check-in counts when it ends. Only a
+            // grant this check-in newly records lifts a refusal, and only a refusal it
+            // newly records pauses: one the ledger holds already took effect when it
+            // was first recorded (a replay changes nothing, I3).
+            plan.check_in(GrantOnHand::of(new_grant, counters.available > 0), due)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            plan.resumed_from(before);
-            if let Some((_, result)) = carried {
-                let refusal = match result {
-                    SubscribeResult::Reject => Some(Refusal::Reject),
-                    SubscribeResult::Ban => Some(Refusal::Ban),
-                    SubscribeResult::Accept
-                    | SubscribeResult::AcceptWithAudio
-                    | SubscribeResult::AcceptWithAlert
-                    | SubscribeResult::Filter => None,
-                };
-                if let Some(refusal) = refusal {
-                    plan.refuse(refusal)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                }
+            if let Some(refusal) = write_ledger.as_ref().and_then(|(_, r)| Refusal::of(*r)) {
+                plan.refuse(refusal)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             }
             plan.last_checkin_at = Some(anchor.max(plan.last_checkin_at.unwrap_or(anchor)));
 
@@ -1076,55 +1056,78 @@ impl Store {
         Ok(outcome)
     }
 
-    /// After a grant report: a grant for a kind's template resumes a plan that waits
-    /// for one; a refusal pauses it. Plans never stored are left alone. Idempotent, so
-    /// a replayed report converges to the same plan.
-    pub async fn apply_grant_results(
+    /// The plan writes a report's first application makes: for each template it
+    /// records, the stored plans of the kinds that use it, moved by the domain's
+    /// [`Plan::reported`]. Plans never stored are left alone; unchanged plans are not
+    /// written. One read of the plans (none when no kind uses the templates).
+    pub(super) async fn report_plans(
+        &self,
+        pk: &str,
+        pending: &BTreeMap<TemplateId, SubscribeResult>,
+        kinds: &ReminderKinds,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let touched: Vec<(&ReminderKind, SubscribeResult)> = pending
+            .iter()
+            .filter(|(_, result)| result.grants() || result.refuses())
+            .flat_map(|(template, result)| {
+                kinds
+                    .using_template(template)
+                    .map(move |kind| (kind, *result))
+            })
+            .collect();
+        if touched.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sks: Vec<String> = touched.iter().map(|(k, _)| plan_sk(&k.name)).collect();
+        let mut stored = self.read_items(pk, &sks).await?;
+        let mut writes = Vec::new();
+        for (kind, result) in touched {
+            let Some(item) = stored.remove(&plan_sk(&kind.name)) else {
+                continue;
+            };
+            let item: PlanItem = parse("plan", item)?;
+            let mut plan = item.into_plan(kind)?;
+            let before = plan.clone();
+            plan.reported(result, now)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if plan != before {
+                writes.push(self.plan_put(&plan, pk, now)?);
+            }
+        }
+        Ok(writes)
+    }
+
+    /// WeChat told of a refusal of the kind's template (a popup reject, a change
+    /// event): the plan pauses, as a refusal in a grant report does. Plans never stored
+    /// are left alone. Applied once per event (the event's record says so), and a
+    /// refusal applied twice changes nothing.
+    pub async fn refuse_plan(
         &self,
         openid: &OpenId,
         kind: &ReminderKind,
-        result: SubscribeResult,
+        refusal: Refusal,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let pk = &user_pk(openid);
-        retry_contended("plan update", self.limits.write_budget, || async move {
+        retry_contended("plan refusal", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
             let Some(item) = read.plan else {
                 return Ok(Attempt::Done(()));
             };
             let mut plan = item.into_plan(kind)?;
             let before = plan.clone();
-            let illegal =
-                |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
-            match result {
-                SubscribeResult::Reject => plan.refuse(Refusal::Reject).map_err(illegal)?,
-                SubscribeResult::Ban => plan.refuse(Refusal::Ban).map_err(illegal)?,
-                SubscribeResult::Filter => return Ok(Attempt::Done(())),
-                SubscribeResult::Accept
-                | SubscribeResult::AcceptWithAudio
-                | SubscribeResult::AcceptWithAlert => {
-                    if read.counters.available == 0 {
-                        return Ok(Attempt::Done(()));
-                    }
-                    let anchor = plan.last_checkin_at.unwrap_or(now);
-                    let due = plan.next_due(anchor, plan.settings.daily_goal, now);
-                    plan.status = plan
-                        .status
-                        .apply(PlanEvent::GrantAdded { due })
-                        .map_err(illegal)?;
-                }
-            }
+            plan.refuse(refusal)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             if plan == before {
                 return Ok(Attempt::Done(()));
             }
-            let mut items = vec![self.plan_put(&plan, pk, now)?];
-            if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                items.push(self.grant_check(pk, kind)?);
-            }
-            Ok(match self.transact(items).await? {
-                TxOutcome::Committed => Attempt::Done(()),
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-            })
+            Ok(
+                match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
+                    TxOutcome::Committed => Attempt::Done(()),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                },
+            )
         })
         .await
     }

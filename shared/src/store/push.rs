@@ -15,9 +15,10 @@ use super::item::{key as key_of, text};
 use super::keys::user_pk;
 use super::plans::{TxOutcome, condition_failed};
 use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use crate::domain::plan::Refusal;
 use crate::domain::push_event::{Choice, PushEvent, PushMessage};
 use crate::domain::reminder::ReminderKinds;
-use crate::domain::{OpenId, SubscribeResult, TemplateId};
+use crate::domain::{OpenId, TemplateId};
 
 /// How long a nonce is remembered: past the timestamp window on either side.
 pub const NONCE_MEMORY: Duration = Duration::minutes(15);
@@ -275,8 +276,7 @@ impl Store {
             self.void_available(pk, template, now).await?;
         }
         for kind in kinds.using_template(template) {
-            self.apply_grant_results(openid, kind, SubscribeResult::Reject, now)
-                .await?;
+            self.refuse_plan(openid, kind, Refusal::Reject, now).await?;
         }
         Ok(())
     }

@@ -1,0 +1,195 @@
+//! Consent is final: a user's refusal holds until a new accept, and a replay changes
+//! nothing — through the HTTP API, WeChat's push callback and the stand-in.
+
+use onegrant_tests::{
+    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, spawn_app,
+    spawn_pushing_app,
+};
+use serde_json::{Value, json};
+
+const PLAN: &str = "/v1/reminders/water";
+const CHECKINS: &str = "/v1/reminders/water/checkins";
+
+/// `POST /v1/grants` with one water result; the answer's body.
+async fn report(app: &TestApp, user: &User, request_id: &str, result: &str) -> Value {
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": request_id, "results": {WATER: result}}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// `POST …/checkins`, carrying `grant` (request id, result) if given; the plan answered.
+async fn check_in(
+    app: &TestApp,
+    user: &User,
+    action_id: &str,
+    grant: Option<(&str, &str)>,
+) -> Value {
+    let mut body = json!({
+        "action_id": action_id,
+        "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "current_count": 1,
+        "daily_goal": 8,
+    });
+    if let Some((request_id, result)) = grant {
+        body["grant_request_id"] = json!(request_id);
+        body["subscription_status"] = json!(result);
+    }
+    let answer = app.post(CHECKINS, Some(&user.token), &body).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// The plan as `GET /v1/reminders/water` shows it: (state, pause reason, needs_grant).
+async fn plan(app: &TestApp, user: &User) -> (String, Option<String>, bool) {
+    let answer = app.get(PLAN, Some(&user.token)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    view(&answer.body)
+}
+
+fn view(plan: &Value) -> (String, Option<String>, bool) {
+    (
+        plan["state"].as_str().unwrap_or_default().to_string(),
+        plan["pause_reason"].as_str().map(str::to_string),
+        plan["needs_grant"].as_bool().unwrap_or(false),
+    )
+}
+
+fn paused(reason: &str) -> (String, Option<String>, bool) {
+    ("paused".to_string(), Some(reason.to_string()), true)
+}
+
+/// A tick finds nothing to send for the user, and the stand-in delivered nothing.
+async fn nothing_goes_out(app: &TestApp) {
+    let summary = app.tick(3).await;
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    assert!(app.deliveries().await.is_empty(), "nothing delivered");
+}
+
+async fn invariants(app: &TestApp) {
+    assert_ledger_agrees_with_counters(app).await;
+    assert_plans_consistent(app).await;
+}
+
+/// The replay that used to undo a refusal: the client re-sends an earlier queued
+/// accept report (same request id, same body) after the user's reject. It answers as
+/// before and moves no plan, though two older grants are still held.
+#[tokio::test]
+async fn a_replayed_accept_report_never_undoes_a_reject() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("alice", 2).await;
+    report(&app, &user, "wr_no", "reject").await;
+    assert_eq!(plan(&app, &user).await, paused("rejected"));
+
+    let again = report(&app, &user, "wr_alice_0", "accept").await;
+    assert_eq!(
+        again["grants"],
+        json!([{"template_id": WATER, "request_id": "wr_alice_0", "result": "accept", "status": "available"}]),
+        "answered as the first time"
+    );
+    assert_eq!(
+        plan(&app, &user).await,
+        paused("rejected"),
+        "after the replay"
+    );
+    // Time passing changes nothing: the plan is on no due index.
+    nothing_goes_out(&app).await;
+    invariants(&app).await;
+}
+
+/// The same through WeChat's popup event: a reject pushed to the callback holds
+/// against a replayed accept report.
+#[tokio::test]
+async fn a_popup_reject_holds_against_a_replayed_accept_report() {
+    let app = spawn_pushing_app(1).await;
+    let user = app.scheduled_user("bob", 2).await;
+    let answer = app
+        .push_event(
+            json!({"event": "popup", "openid": user.openid, "template_id": WATER,
+                           "status": "reject", "create_time": chrono::Utc::now().timestamp()}),
+        )
+        .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    assert_eq!(plan(&app, &user).await, paused("rejected"));
+
+    report(&app, &user, "wr_bob_1", "accept").await;
+    assert_eq!(
+        plan(&app, &user).await,
+        paused("rejected"),
+        "after the replay"
+    );
+    nothing_goes_out(&app).await;
+    invariants(&app).await;
+}
+
+/// After a reject, neither a plain check-in nor a settings save resumes the plan,
+/// whatever grants are still held: it stays paused and asks for a grant. A check-in
+/// carrying a new accept resumes it.
+#[tokio::test]
+async fn only_a_new_accept_lifts_a_reject() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("carol", 2).await;
+    check_in(&app, &user, "wc_1", Some(("wr_no", "reject"))).await;
+    assert_eq!(plan(&app, &user).await, paused("rejected"));
+
+    let answered = check_in(&app, &user, "wc_2", None).await;
+    assert_eq!(view(&answered), paused("rejected"), "a plain check-in");
+    let saved = app.enable(&user, "water").await;
+    assert_eq!(saved.status, 200, "{}", saved.body);
+    assert_eq!(view(&saved.body), paused("rejected"), "a settings save");
+    // Nor a check-in carrying an older grant again (a replay of its report).
+    check_in(&app, &user, "wc_3", Some(("wr_carol_0", "accept"))).await;
+    assert_eq!(
+        plan(&app, &user).await,
+        paused("rejected"),
+        "an older grant"
+    );
+    nothing_goes_out(&app).await;
+
+    let resumed = check_in(&app, &user, "wc_4", Some(("wr_new", "accept"))).await;
+    assert_eq!(
+        (resumed["state"].as_str(), resumed["needs_grant"].as_bool()),
+        (Some("scheduled"), Some(false)),
+        "{resumed}"
+    );
+    invariants(&app).await;
+}
+
+/// A new accept report resumes a plan a ban paused; the ban's own replay afterwards
+/// moves nothing either way.
+#[tokio::test]
+async fn a_new_accept_report_lifts_a_ban_and_the_ban_replayed_changes_nothing() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("dan", 1).await;
+    report(&app, &user, "wr_ban", "ban").await;
+    assert_eq!(plan(&app, &user).await, paused("banned"));
+    report(&app, &user, "wr_again", "accept").await;
+    assert_eq!(plan(&app, &user).await.0, "scheduled");
+    report(&app, &user, "wr_ban", "ban").await;
+    assert_eq!(plan(&app, &user).await.0, "scheduled", "a replayed ban");
+    invariants(&app).await;
+}
+
+/// A reject while the reminder is off holds when the user turns it on again with
+/// grants from before the reject; an accept after it would have lifted it.
+#[tokio::test]
+async fn a_reject_while_the_reminder_is_off_holds_when_it_is_turned_on() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("erin", 1).await;
+    assert_eq!(app.disable(&user, "water").await.status, 200);
+    report(&app, &user, "wr_after_off", "accept").await;
+    report(&app, &user, "wr_no", "reject").await;
+    let (_, _, asks) = plan(&app, &user).await;
+    assert!(asks, "an off plan with a refusal asks for a grant");
+    let on = app.enable(&user, "water").await;
+    assert_eq!(view(&on.body), paused("rejected"), "{}", on.body);
+
+    report(&app, &user, "wr_yes", "accept").await;
+    assert_eq!(plan(&app, &user).await.0, "scheduled");
+    invariants(&app).await;
+}
