@@ -312,6 +312,82 @@ async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_n
     }
 }
 
+/// Every operation the API and the callback send to DynamoDB.
+const EVERY_OPERATION: [&str; 7] = [
+    "GetItem",
+    "BatchGetItem",
+    "Query",
+    "TransactWriteItems",
+    "UpdateItem",
+    "PutItem",
+    "DeleteItem",
+];
+
+/// When DynamoDB keeps answering throttles, or keeps answering 500s, past the SDK's
+/// retries — reads as well as writes — every route answers 503 with `Retry-After`,
+/// never `500 internal`, and nothing is stored.
+#[tokio::test]
+async fn every_route_meeting_throttles_or_500s_on_reads_and_writes_answers_503_and_stores_nothing()
+{
+    for fault in [Fault::Throttle, Fault::ServerError] {
+        let (app, proxy) = onegrant_tests::spawn_faulty_pushing_app(1).await;
+        let (user, ids) = setup(&app).await;
+        let before = app.items().await;
+        for operation in EVERY_OPERATION {
+            proxy.inject(operation, None, fault, 0);
+        }
+        let mut answers = Vec::new();
+        for path in PATHS {
+            if matches!(path, Path::NotifyIngest) {
+                // Not an HTTP route: a failed event is for EventBridge to retry.
+                continue;
+            }
+            let (status, body, retry_after) =
+                act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
+            answers.push((format!("{path:?}"), status, body, retry_after));
+        }
+        for route in [
+            "/v1/grants",
+            "/v1/reminders/water",
+            "/v1/notifications",
+            "/v1/notifications/unread-count",
+        ] {
+            let answer = app.get(route, Some(&user.token)).await;
+            let retry_after = answer
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            answers.push((route.to_string(), answer.status, answer.body, retry_after));
+        }
+        for (route, status, body, retry_after) in &answers {
+            assert_eq!(*status, 503, "{fault:?} {route}: {body}");
+            assert_eq!(body["error"]["code"], "unavailable", "{fault:?} {route}");
+            assert!(
+                retry_after.is_some_and(|s| s >= 1),
+                "{fault:?} {route}: Retry-After {retry_after:?}"
+            );
+        }
+        // WeChat's push: answered 503 too, so WeChat retries it.
+        let pushed = app
+            .push_event(serde_json::json!({"event": "popup", "openid": user.openid,
+                "template_id": "tmpl_water_reminder", "status": "reject",
+                "create_time": Utc::now().timestamp()}))
+            .await;
+        assert_eq!(
+            pushed["answers"],
+            serde_json::json!([503]),
+            "{fault:?}: {pushed}"
+        );
+        assert!(
+            injected(&proxy, fault) >= answers.len(),
+            "{fault:?}: the fault was met"
+        );
+        proxy.clear();
+        assert_eq!(before, app.items().await, "{fault:?}: nothing partial");
+    }
+}
+
 #[tokio::test]
 async fn the_dispatchers_claim_and_finalize_meeting_each_fault_once_send_once_on_time() {
     // The claim's transaction reserves a grant; the finalize's records `finished_at`.

@@ -28,9 +28,15 @@ pub const MAX_PUSH_BYTES: usize = 64 * 1024;
 /// How far a push's timestamp may be from server time, either way.
 pub const TIMESTAMP_WINDOW_SECONDS: i64 = 300;
 
+/// How long WeChat waits for a push's answer before it drops the connection (and
+/// retries, three times in all), less a margin: a push the database cannot take in
+/// time is answered 503 within it, never left to time out.
+pub const WECHAT_PUSH_WINDOW: std::time::Duration = std::time::Duration::from_millis(4500);
+
 /// The handler as `onegrant::http::run` and the local stack take it.
 pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
-    let budget = onegrant::http::budget(&req, deps.config.limits.handler_budget);
+    let budget =
+        onegrant::http::budget(&req, deps.config.limits.handler_budget).min(WECHAT_PUSH_WINDOW);
     let route = onegrant::http::route(&req);
     Box::pin(onegrant::http::within(budget, route, handle(deps, req)))
 }

@@ -315,23 +315,48 @@ fn request_token() -> String {
 
 /// Sorts an SDK failure into "try later" or "our fault". `service_unavailable` says
 /// whether the operation's own error is a throttle or conflict.
-fn classify_sdk_error<E, R>(
-    err: SdkError<E, R>,
+fn classify_sdk_error<E>(
+    err: SdkError<E, aws_smithy_runtime_api::http::Response>,
     service_unavailable: impl Fn(&E) -> bool,
 ) -> StoreError
 where
-    E: std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
+    E: std::error::Error + aws_sdk_dynamodb::error::ProvideErrorMetadata + Send + Sync + 'static,
 {
     match err {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             StoreError::Unavailable(Box::new(err))
         }
-        SdkError::ServiceError(ref service) if service_unavailable(service.err()) => {
+        SdkError::ServiceError(ref service)
+            if service_unavailable(service.err())
+                || transient(service.err().code(), service.raw().status().as_u16()) =>
+        {
             StoreError::Unavailable(Box::new(err))
         }
         other => StoreError::Sdk(Box::new(other)),
     }
+}
+
+/// Whether DynamoDB's answer means "not now" for any operation, reads included: a
+/// throttle, a conflict, a request still in progress, or a server error (500, and the
+/// 503s its front end may answer unmodelled) that outlasted the SDK's retries. The
+/// caller answers 503 with `Retry-After` (API.md), never 500.
+fn transient(code: Option<&str>, status: u16) -> bool {
+    (500..600).contains(&status)
+        || matches!(
+            code,
+            Some(
+                "ThrottlingException"
+                    | "Throttling"
+                    | "ProvisionedThroughputExceededException"
+                    | "RequestLimitExceeded"
+                    | "LimitExceededException"
+                    | "TooManyRequestsException"
+                    | "InternalServerError"
+                    | "ServiceUnavailable"
+                    | "TransactionInProgressException"
+                    | "TransactionConflictException"
+            )
+        )
 }
 
 fn corrupt(what: &str, err: impl std::fmt::Display) -> StoreError {
