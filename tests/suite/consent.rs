@@ -193,3 +193,54 @@ async fn a_reject_while_the_reminder_is_off_holds_when_it_is_turned_on() {
     assert_eq!(plan(&app, &user).await.0, "scheduled");
     invariants(&app).await;
 }
+
+/// Pushes one popup or change event of the water template for `user`, made by WeChat
+/// `offset` seconds from now; the callback's answers.
+async fn choice_event(app: &TestApp, user: &User, event: &str, status: &str, offset: i64) -> Value {
+    app.push_event(
+        json!({"event": event, "openid": user.openid, "template_id": WATER,
+                          "status": status,
+                          "create_time": chrono::Utc::now().timestamp() + offset}),
+    )
+    .await
+}
+
+/// WeChat's order, not arrival order: a popup reject WeChat retried after the user's
+/// later accept, or an older change event, changes nothing; a newer reject applies.
+#[tokio::test]
+async fn a_refusal_older_than_an_accept_already_applied_changes_nothing() {
+    let app = spawn_pushing_app(1).await;
+    let user = app.scheduled_user("fay", 2).await;
+    let accepted = choice_event(&app, &user, "popup", "accept", 0).await;
+    assert_eq!(accepted["answers"], json!([200]), "{accepted}");
+
+    let late = choice_event(&app, &user, "popup", "reject", -30).await;
+    assert_eq!(late["answers"], json!([200]), "acknowledged: {late}");
+    assert_eq!(
+        plan(&app, &user).await.0,
+        "scheduled",
+        "an older popup reject"
+    );
+    let late = choice_event(&app, &user, "change", "reject", -20).await;
+    assert_eq!(late["answers"], json!([200]), "{late}");
+    assert_eq!(
+        plan(&app, &user).await.0,
+        "scheduled",
+        "an older change event"
+    );
+    let grants = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(
+        onegrant_tests::quota(&grants.body, WATER)["available"],
+        2,
+        "no grant voided"
+    );
+
+    let newer = choice_event(&app, &user, "popup", "reject", 1).await;
+    assert_eq!(newer["answers"], json!([200]), "{newer}");
+    assert_eq!(
+        plan(&app, &user).await,
+        paused("rejected"),
+        "a newer reject"
+    );
+    invariants(&app).await;
+}

@@ -264,25 +264,42 @@ async fn apply(
     // Turned off in WeChat's settings: sends now fail with 43101, so the grants go
     // too. A popup reject is one tap's answer, as a reject in a grant report: the
     // plans pause, earlier grants stay.
-    let (refused, void_grants): (Vec<&onegrant::domain::TemplateId>, bool) = match &message.event {
-        PushEvent::Change(items) => (
-            items
-                .iter()
-                .filter(|i| i.choice == Choice::Reject)
-                .map(|i| &i.template_id)
-                .collect(),
-            true,
-        ),
-        PushEvent::Popup(items) => (
-            items
-                .iter()
-                .filter(|i| i.choice == Choice::Reject)
-                .map(|i| &i.template_id)
-                .collect(),
-            false,
-        ),
-        PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
-    };
+    let (choices, void_grants): (Vec<(&onegrant::domain::TemplateId, Choice)>, bool) =
+        match &message.event {
+            PushEvent::Change(items) => (
+                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
+                true,
+            ),
+            PushEvent::Popup(items) => (
+                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
+                false,
+            ),
+            PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
+        };
+    // In WeChat's order: a choice older (by CreateTime) than one already applied for
+    // the template — a reject WeChat retried after the user's later accept — changes
+    // nothing.
+    let mut refused = Vec::new();
+    for (template, choice) in choices {
+        if !deps.config.templates.contains(template) {
+            continue;
+        }
+        let in_order = deps
+            .store
+            .order_choice(&message.openid, template, message.create_time, now)
+            .await?;
+        if !in_order {
+            tracing::warn!(
+                template = %template,
+                create_time = message.create_time,
+                "a choice older than one already applied: changes nothing"
+            );
+            continue;
+        }
+        if choice == Choice::Reject {
+            refused.push(template);
+        }
+    }
     if let PushEvent::Sent(items) = &message.event {
         let policy = deps.config.dispatch.retry_policy();
         for item in items {
@@ -308,9 +325,6 @@ async fn apply(
         tracing::info!(confirmed, "popup accept applied");
     }
     for template in refused {
-        if !deps.config.templates.contains(template) {
-            continue;
-        }
         deps.store
             .refuse_template(
                 &message.openid,

@@ -427,6 +427,10 @@ pub(super) const OPEN_RESERVED: &str = "open_reserved";
 /// 43101), epoch ms: a grant the sweep voided for a send claimed before that is never
 /// given back by the send's late answer.
 pub(super) const VOIDED_AT: &str = "voided_at";
+/// WeChat's time (`CreateTime`, epoch seconds) of the newest popup or change event
+/// applied for the template: an event older than it changes nothing (WeChat's order,
+/// not arrival order, decides).
+pub(super) const CHOICE_AT: &str = "choice_at";
 /// The quota item's marks of sends whose outcome is unknown, for WeChat's sent event
 /// to settle ([`Mark`](crate::domain::reconcile::Mark): claim time, delivery id).
 pub(super) const OPEN_UNKNOWN: &str = "open_unknown";

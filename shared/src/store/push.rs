@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::grants::rfc3339;
 use super::item::to_item;
 use super::item::{key as key_of, text};
-use super::keys::user_pk;
+use super::keys::{quota_sk, user_pk};
 use super::plans::{TxOutcome, condition_failed};
 use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use crate::domain::plan::Refusal;
@@ -256,6 +256,47 @@ impl Store {
             .await
             .map_err(|e| classify_sdk_error(e, |_| false))?;
         Ok(())
+    }
+
+    /// Puts WeChat's choice for `template`, made at `create_time` (a popup or change
+    /// event's item), in WeChat's order: recorded on the template's quota item unless
+    /// one made later was applied already. False when it is out of order — a retried
+    /// reject arriving after the user's later accept — and then it changes nothing.
+    /// The same time again is in order (a retry of the event itself, or a reject and
+    /// an accept in one second, where the refusal wins).
+    pub async fn order_choice(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        create_time: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_of(&user_pk(openid), &quota_sk(template))))
+            // Names the quota item it may create, so it reads as one.
+            .update_expression("SET template_id = :t, kind = :kind, #at = :c, updated_at = :now")
+            .condition_expression("attribute_not_exists(#at) OR #at <= :c")
+            .expression_attribute_names("#at", super::grants::CHOICE_AT)
+            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
+            .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
+            .expression_attribute_values(":c", AttributeValue::N(create_time.to_string()))
+            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
     }
 
     /// The user refused `template`: the plans of the kinds that use it pause, as a
