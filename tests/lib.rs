@@ -1641,6 +1641,7 @@ impl TestApp {
         self.deps
             .store
             .sweep(
+                &self.deps.config.templates,
                 &self.deps.config.reminders,
                 &self.deps.config.dispatch.retry_policy(),
                 0..known,

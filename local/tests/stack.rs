@@ -169,13 +169,18 @@ async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
     );
     let timeline = String::from_utf8_lossy(&audit_all.stdout).to_string();
     let lines: Vec<&str> = timeline.lines().collect();
-    assert_eq!(lines.len(), 2, "{timeline}");
+    assert_eq!(lines.len(), 3, "{timeline}");
     assert!(
         lines[0].contains("report wr_1") && lines[0].contains("(new) → available"),
         "{timeline}"
     );
     assert!(
         lines[1].contains("WeChat change event") && lines[1].contains("available → invalid"),
+        "{timeline}"
+    );
+    // The refusal is kept for when the reminder is turned on: its plan, off.
+    assert!(
+        lines[2].contains("WeChat change event") && lines[2].contains("(new) → disabled"),
         "{timeline}"
     );
     let none = audit(&[openid, "--since", "2999-01-01"]);

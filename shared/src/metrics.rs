@@ -41,6 +41,13 @@ pub mod name {
     pub const LOST: &str = "Lost";
     /// Items that could not be read or written (logged).
     pub const SKIPPED: &str = "Skipped";
+    /// Lease-index entries the sweep took off the index for an operator (unreadable,
+    /// or failed too often): each also in the audit trail.
+    pub const QUARANTINED: &str = "Quarantined";
+    /// Deliveries the sweep settled by the answer their finalize kept (not `unknown`).
+    pub const KEPT: &str = "KeptAnswers";
+    /// Recorded WeChat events no try applied, applied by the sweep.
+    pub const EVENTS_APPLIED_LATE: &str = "EventsAppliedLate";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -64,7 +71,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 25] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -79,6 +86,9 @@ pub const ALL: [&str; 22] = [
     name::DEFERRED,
     name::LOST,
     name::SKIPPED,
+    name::QUARANTINED,
+    name::KEPT,
+    name::EVENTS_APPLIED_LATE,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

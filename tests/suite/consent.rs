@@ -244,3 +244,113 @@ async fn a_refusal_older_than_an_accept_already_applied_changes_nothing() {
     );
     invariants(&app).await;
 }
+
+/// WeChat gives up on a push after three tries; an event recorded but never applied
+/// (every apply failed) is applied by the dispatcher's sweep once the grace has passed
+/// — exactly once: a later sweep or WeChat's retry changes nothing more.
+#[tokio::test]
+async fn an_event_no_try_applied_is_applied_once_by_the_sweep() {
+    use onegrant_tests::faults::Fault;
+    let (app, proxy) = onegrant_tests::spawn_faulty_pushing_app(1).await;
+    let user = app.scheduled_user("gus", 1).await;
+    // The plan's refusal cannot be written: the event is recorded, not applied.
+    proxy.inject("TransactWriteItems", Some("PLAN#water"), Fault::Throttle, 0);
+    let at = chrono::Utc::now().timestamp();
+    let event = json!({"event": "popup", "openid": user.openid, "template_id": WATER,
+                       "status": "reject", "create_time": at});
+    let failed = app.push_event(event.clone()).await;
+    assert_eq!(failed["answers"], json!([503]), "{failed}");
+    proxy.clear();
+    assert_eq!(plan(&app, &user).await.0, "scheduled", "not applied yet");
+
+    let now = chrono::Utc::now();
+    let early = app.sweep_at(now + chrono::Duration::seconds(20)).await;
+    assert_eq!(
+        early.events_applied, 0,
+        "within WeChat's retries: {early:?}"
+    );
+    let swept = app.sweep_at(now + chrono::Duration::seconds(120)).await;
+    assert_eq!(swept.events_applied, 1, "{swept:?}");
+    assert_eq!(plan(&app, &user).await, paused("rejected"));
+    let version = |plan: Option<std::collections::HashMap<String, _>>| {
+        plan.as_ref()
+            .and_then(|p| onegrant_tests::attr_n(p, "version"))
+    };
+    let applied_at = version(app.item(&user, "PLAN#water").await);
+
+    let again = app.sweep_at(now + chrono::Duration::seconds(180)).await;
+    assert_eq!(again.events_applied, 0, "{again:?}");
+    let retried = app.push_event(event).await;
+    assert_eq!(retried["answers"], json!([200]), "{retried}");
+    assert_eq!(
+        version(app.item(&user, "PLAN#water").await),
+        applied_at,
+        "applied once"
+    );
+    invariants(&app).await;
+}
+
+/// A refusal of a reminder's template made before the reminder was ever set up is
+/// kept: turning the reminder on later, with a grant given before the refusal, finds
+/// it paused — whether the refusal came in a report or as WeChat's popup event.
+#[tokio::test]
+async fn a_refusal_before_the_reminder_was_ever_set_up_holds_when_it_is_turned_on() {
+    let app = spawn_pushing_app(1).await;
+    for (name, by_event) in [("hana", false), ("ivan", true)] {
+        let user = app.user(name).await;
+        report(&app, &user, &format!("wr_{name}"), "accept").await;
+        if by_event {
+            let answer = choice_event(&app, &user, "popup", "reject", 0).await;
+            assert_eq!(answer["answers"], json!([200]), "{answer}");
+        } else {
+            report(&app, &user, &format!("wr_{name}_no"), "reject").await;
+        }
+        let (state, _, asks) = plan(&app, &user).await;
+        assert_eq!((state.as_str(), asks), ("disabled", true), "{name}");
+        let on = app.enable(&user, "water").await;
+        assert_eq!(view(&on.body), paused("rejected"), "{name}: {}", on.body);
+    }
+    invariants(&app).await;
+}
+
+/// A change event (turned off in WeChat's settings) voids the grants given before it;
+/// applied again — WeChat retrying after its mark was lost, or the sweep — it never
+/// takes away a grant the user gave after it.
+#[tokio::test]
+async fn a_change_event_applied_again_spares_a_grant_given_after_it() {
+    let app = spawn_pushing_app(1).await;
+    let user = app.scheduled_user("jun", 1).await;
+    let made = chrono::Utc::now().timestamp();
+    let answer = app
+        .push_event(
+            json!({"event": "change", "openid": user.openid, "template_id": WATER,
+                           "status": "reject", "create_time": made}),
+        )
+        .await;
+    assert_eq!(answer["answers"], json!([200]), "{answer}");
+    let available = |body: &Value| onegrant_tests::quota(body, WATER)["available"].clone();
+    // A tie goes to the refusal: the grant given after it comes in a later second.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        available(&report(&app, &user, "wr_after", "accept").await),
+        1
+    );
+
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    let water = onegrant::domain::TemplateId::parse(WATER.to_string()).expect("template");
+    app.deps
+        .store
+        .refuse_template(
+            &openid,
+            &water,
+            &app.deps.config.reminders,
+            true,
+            made,
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("applied again");
+    let quotas = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(available(&quotas.body), 1, "the later grant stays");
+    invariants(&app).await;
+}

@@ -692,3 +692,133 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     app.assert_grants_void(&user, 2).await;
     invariants(&app).await;
 }
+
+/// WeChat answered `ok`, and then every transaction is refused while the invocation
+/// lasts (no sent event configured to settle it later): the finalize keeps the answer
+/// on the delivery, and the sweep settles it `sent` with its msgid and the grant
+/// consumed — never `unknown`.
+#[tokio::test]
+async fn a_sent_message_whose_settlement_never_lands_is_settled_sent_by_the_sweep() {
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = app.scheduled_user("kept", 1).await;
+    app.control("POST", "latency", Some(serde_json::json!({"ms": 800})))
+        .await;
+    app.make_due(&user, "water", Utc::now()).await;
+    let refuse_after_claim = async {
+        app.until_sending(&user, "water").await;
+        proxy.inject("TransactWriteItems", None, Fault::Throttle, 0);
+    };
+    let (summary, ()) = tokio::join!(app.tick(20), refuse_after_claim);
+    proxy.clear();
+    assert_eq!(summary.sent, 0, "the finalize never landed: {summary:?}");
+    assert_eq!(app.deliveries().await.len(), 1, "WeChat took it");
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(
+        attr_s(&delivery[0], "state"),
+        Some("sending"),
+        "{delivery:?}"
+    );
+    assert!(delivery[0].contains_key("kept_answer"), "{delivery:?}");
+
+    let swept = app
+        .sweep_at(Utc::now() + chrono::Duration::minutes(10))
+        .await;
+    assert_eq!((swept.kept, swept.recovered), (1, 0), "{swept:?}");
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(attr_s(&delivery[0], "state"), Some("sent"), "{delivery:?}");
+    assert!(attr_s(&delivery[0], "msgid").is_some(), "{delivery:?}");
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(attr_s(&grants[0], "state"), Some("consumed"), "{grants:?}");
+    awaiting_checkin(&app, &user, "kept").await;
+}
+
+/// A send answered 43101 for a user holding 3 grants, with the voiding of the other
+/// two refused for as long as the invocation lasts: the settled delivery stays on the
+/// lease index, and the sweep finishes the voiding — `available: 0`.
+#[tokio::test]
+async fn a_43101_whose_voiding_never_lands_in_the_invocation_is_finished_by_the_sweep() {
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = app.scheduled_user("refused-void", 3).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(serde_json::json!({"openid": user.openid, "errcode": 43101})),
+    )
+    .await;
+    // The voiding's transactions are the ones that stamp `voided_at`.
+    proxy.inject("TransactWriteItems", Some("voided_at"), Fault::Throttle, 0);
+    app.make_due(&user, "water", Utc::now()).await;
+    app.tick(20).await;
+    proxy.clear();
+    let available = |answer: serde_json::Value| {
+        onegrant_tests::quota(&answer, "tmpl_water_reminder")["available"].clone()
+    };
+    let before = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(available(before.body), 2, "not voided in the invocation");
+
+    let swept = app
+        .sweep_at(Utc::now() + chrono::Duration::minutes(10))
+        .await;
+    assert_eq!(swept.kept, 1, "{swept:?}");
+    let after = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(available(after.body), 0);
+    app.assert_grants_void(&user, 3).await;
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(plan.body["pause_reason"], "refused", "{}", plan.body);
+    let again = app
+        .sweep_at(Utc::now() + chrono::Duration::minutes(11))
+        .await;
+    assert_eq!(again.kept, 0, "off the lease index: {again:?}");
+    invariants(&app).await;
+}
+
+/// Every later due-index page answered late while sends are in flight: the lane drives
+/// those sends while it waits for the page, every one is sent, none `unknown`, and a
+/// sweep running meanwhile (another container's tick) finds nothing to recover. (That
+/// the old lane, which awaited the page alone, fails this could not be shown here: the
+/// SDK's attempt timeout caps a delay below any lease, and the emulator's one-at-a-time
+/// lock blurs which request waited on which; see the session note.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sends_in_flight_are_driven_while_a_slow_due_query_is_awaited() {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (app, proxy) = spawn_faulty_app(&[FAST[0], FAST[1], ("DUE_SHARDS", "1")]).await;
+    let names: Vec<String> = (0..56).map(|i| format!("slow{i}")).collect();
+    let users: Vec<User> = futures::stream::iter(names.iter())
+        .map(|name| app.scheduled_user(name, 1))
+        .buffered(4)
+        .collect()
+        .await;
+    let now = Utc::now();
+    for user in &users {
+        app.make_due(user, "water", now).await;
+    }
+    // WeChat a little slow, so sends are in flight when the lane asks for its second
+    // page (a page is 50 items); each due query's answer held back for less than the
+    // client's attempt timeout.
+    app.control("POST", "latency", Some(serde_json::json!({"ms": 300})))
+        .await;
+    let late = Fault::CommitThenDelay(std::time::Duration::from_millis(500));
+    // (Only the pages after the first: the lane's first page has nothing in flight.)
+    proxy.inject("Query", Some("ExclusiveStartKey"), late, 0);
+    let done = AtomicBool::new(false);
+    let ticking = async {
+        let summary = app.tick(60).await;
+        done.store(true, Ordering::SeqCst);
+        summary
+    };
+    let sweeping = async {
+        let mut recovered = 0;
+        while !done.load(Ordering::SeqCst) {
+            recovered += app.sweep_at(Utc::now()).await.recovered;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        recovered
+    };
+    let (summary, recovered) = tokio::join!(ticking, sweeping);
+    proxy.clear();
+    assert!(injected(&proxy, late) >= 1, "a second page was awaited");
+    assert_eq!(recovered, 0, "nothing for a sweep to recover: {summary:?}");
+    assert_eq!((summary.sent, summary.unknown), (56, 0), "{summary:?}");
+    invariants(&app).await;
+}

@@ -24,4 +24,5 @@ mod secrets;
 mod sent_event;
 mod session;
 mod standin;
+mod sweep;
 mod taps;

@@ -61,6 +61,13 @@ pub struct Summary {
     pub recovered: u32,
     /// Plans the sweep moved on after their delivery had settled without them.
     pub advanced: u32,
+    /// Recorded WeChat events that no try applied, applied by the sweep.
+    pub events_applied: u32,
+    /// Lease-index entries the sweep quarantined (unreadable, or failed too often).
+    pub quarantined: u32,
+    /// Deliveries the sweep settled by WeChat's answer their finalize kept (or whose
+    /// 43101 voiding it finished): the truth, not `unknown`.
+    pub kept: u32,
     /// Sends a sweep had declared `unknown` that WeChat's late answer settled.
     pub late: u32,
     /// Claims given back unsent for want of time (grant restored, due again).
@@ -98,6 +105,9 @@ impl Summary {
             unknown,
             recovered,
             advanced,
+            events_applied,
+            quarantined,
+            kept,
             late,
             released,
             superseded,
@@ -119,6 +129,9 @@ impl Summary {
         self.unknown += unknown;
         self.recovered += recovered;
         self.advanced += advanced;
+        self.events_applied += events_applied;
+        self.kept += kept;
+        self.quarantined += quarantined;
         self.late += late;
         self.released += released;
         self.superseded += superseded;
@@ -213,8 +226,13 @@ async fn run_shards(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
         attributed(
             "sweep",
-            deps.store
-                .sweep(&config.reminders, &policy, shards.iter().copied(), now),
+            deps.store.sweep(
+                &config.templates,
+                &config.reminders,
+                &policy,
+                shards.iter().copied(),
+                now,
+            ),
         ),
     );
     let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));
@@ -223,6 +241,9 @@ async fn run_shards(
         Ok(swept) => {
             summary.recovered = swept.recovered;
             summary.advanced = swept.advanced;
+            summary.events_applied = swept.events_applied;
+            summary.kept = swept.kept;
+            summary.quarantined = swept.quarantined;
             summary.skipped += swept.skipped;
         }
         Err(_) => {
@@ -312,12 +333,21 @@ impl Lane<'_> {
         let mut more = true;
         loop {
             while more && running.len() < DUE_PAGE && self.budget.after_turn < self.budget.left() {
-                let page = match self
+                // The sends in flight are driven while the page is read: a slow or
+                // throttled due-index query never holds up their finalizes (nor past
+                // their leases, where a sweep would record a truthful answer unknown).
+                let fetch = self
                     .deps
                     .store
-                    .due_page(self.horizon, shard, from.take(), DUE_PAGE)
-                    .await
-                {
+                    .due_page(self.horizon, shard, from.take(), DUE_PAGE);
+                tokio::pin!(fetch);
+                let fetched = loop {
+                    tokio::select! {
+                        page = &mut fetch => break page,
+                        Some(()) = running.next(), if !running.is_empty() => {}
+                    }
+                };
+                let page = match fetched {
                     Ok(page) => page,
                     Err(e) => {
                         // One shard that cannot be read does not stop the others.
@@ -555,10 +585,26 @@ async fn dispatch_one(
     // tried again while the invocation has time, rather than leaving the answer for the
     // sweep to record as `unknown`. Each try is guarded, and one that finds its own
     // settlement landed finishes what follows it.
-    let finalized = retried(&budget, "finalize", || {
+    let finalized = match retried(&budget, "finalize", || {
         deps.store.finalize(&claim, &result, &policy, Utc::now())
     })
-    .await?;
+    .await
+    {
+        Ok(finalized) => finalized,
+        Err(e) => {
+            // Out of time or tries: the answer is kept on the delivery (one
+            // single-item write, tried a few times), so the sweep settles by it
+            // rather than declare the send `unknown`.
+            let room = budget.left().saturating_sub(Duration::from_millis(500));
+            if tokio::time::timeout(room, keep_answer(deps, &claim, &result, &policy))
+                .await
+                .is_err()
+            {
+                tracing::error!(delivery_id = %claim.delivery_id, "no time left to keep WeChat's answer");
+            }
+            return Err(e);
+        }
+    };
     let class = finalized.settlement.class;
     if finalized.superseded {
         tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
@@ -594,6 +640,63 @@ async fn dispatch_one(
         latency_ms,
     })
 }
+
+/// Keeps WeChat's definite answer on a delivery whose finalize did not land
+/// ([`onegrant::store::Store::keep_answer`]), trying a few times; a failure is logged.
+async fn keep_answer(
+    deps: &Deps,
+    claim: &Claim,
+    result: &SendResult,
+    policy: &onegrant::domain::outcome::RetryPolicy,
+) {
+    if onegrant::domain::outcome::KeptAnswer::of(result).is_none() {
+        // An uncertain answer: nothing to keep; the sweep records it `unknown`.
+        return;
+    }
+    for attempt in 1..=KEEP_TRIES {
+        match deps.store.keep_answer(claim, result).await {
+            Ok(true) => {
+                tracing::warn!(
+                    delivery_id = %claim.delivery_id,
+                    "the finalize did not land: WeChat's answer kept for the sweep"
+                );
+                return;
+            }
+            Ok(false) => {
+                // No longer live: a sweep declared it `unknown` meanwhile. The answer
+                // still wins, as a late answer (or the finalize landed after all, and
+                // this finds its own settlement).
+                match deps.store.finalize(claim, result, policy, Utc::now()).await {
+                    Ok(finalized) => tracing::warn!(
+                        delivery_id = %claim.delivery_id,
+                        late = finalized.late,
+                        "WeChat's answer recorded after the sweep"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = %error_chain(&e),
+                        delivery_id = %claim.delivery_id,
+                        "WeChat's answer could not be recorded: the send stays unknown"
+                    ),
+                }
+                return;
+            }
+            Err(e) if attempt < KEEP_TRIES => {
+                tracing::warn!(error = %error_chain(&e), attempt, "keeping the answer failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            Err(e) => {
+                tracing::error!(
+                    error = %error_chain(&e),
+                    delivery_id = %claim.delivery_id,
+                    "WeChat's answer could not be kept: the sweep will record the send unknown"
+                );
+            }
+        }
+    }
+}
+
+/// How often a kept answer's write is tried.
+const KEEP_TRIES: u32 = 3;
 
 /// Runs `attempt` (a finalize or a release) until it succeeds, at most
 /// `FINALIZE_TRIES` times and while the invocation has `FINALIZE_RETRY_ROOM` left.
@@ -687,6 +790,9 @@ fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::NO_GRANT, summary.no_grant);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);
+    count(name::QUARANTINED, summary.quarantined);
+    count(name::KEPT, summary.kept);
+    count(name::EVENTS_APPLIED_LATE, summary.events_applied);
     count(name::CONFIG_ERRORS, summary.config_errors);
     count(name::DEFERRED, summary.deferred + summary.no_token);
     count(name::LOST, summary.lost);

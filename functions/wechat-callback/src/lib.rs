@@ -17,7 +17,7 @@ use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::config::{PushConfig, PushMode};
-use onegrant::domain::push_event::{self, Choice, PushEvent};
+use onegrant::domain::push_event::{self, PushEvent};
 use onegrant::http::{ApiError, respond};
 use onegrant::store::push::PushRecorded;
 use onegrant::telemetry::openid_hash;
@@ -194,7 +194,7 @@ async fn receive(
         }
     };
     let now = Utc::now();
-    let taps = popup_accepts(deps, &message);
+    let taps = deps.store.popup_accepts(&message, &deps.config.templates);
     let recorded = deps
         .store
         .record_push(&timestamp, &nonce, &message, &taps, now)
@@ -225,115 +225,16 @@ async fn receive(
             PushEvent::Sent(_) => "WeChat sent event",
             PushEvent::Other { .. } => "WeChat event",
         };
-        onegrant::store::history::attributed(cause, apply(deps, &message, now)).await?;
+        let policy = deps.config.dispatch.retry_policy();
+        let applying = deps.store.apply_push(
+            &message,
+            &deps.config.templates,
+            &deps.config.reminders,
+            &policy,
+            now,
+        );
+        onegrant::store::history::attributed(cause, applying).await?;
         deps.store.push_applied(&key).await?;
     }
     text(200, "success")
-}
-
-/// The configured templates a popup event accepts (none unless grants are confirmed
-/// by popup events: `PUSH_EVENTS`).
-fn popup_accepts<'a>(
-    deps: &Deps,
-    message: &'a push_event::PushMessage,
-) -> Vec<&'a onegrant::domain::TemplateId> {
-    if !deps.config.limits.push_events {
-        return Vec::new();
-    }
-    match &message.event {
-        PushEvent::Popup(items) => items
-            .iter()
-            .filter(|i| {
-                i.choice == Choice::Accept && deps.config.templates.contains(&i.template_id)
-            })
-            .map(|i| &i.template_id)
-            .collect(),
-        PushEvent::Change(_) | PushEvent::Sent(_) | PushEvent::Other { .. } => Vec::new(),
-    }
-}
-
-/// What an event does: a refusal pauses the template's plans (and, made in WeChat's
-/// settings, voids its available grants); a sent event settles the one unknown send
-/// it can be (`store::dispatch::sent_event`); a popup accept confirms the grant the
-/// client reported for the same tap (`store::taps`), never granting one itself.
-async fn apply(
-    deps: &Deps,
-    message: &push_event::PushMessage,
-    now: chrono::DateTime<Utc>,
-) -> Result<(), ApiError> {
-    // Turned off in WeChat's settings: sends now fail with 43101, so the grants go
-    // too. A popup reject is one tap's answer, as a reject in a grant report: the
-    // plans pause, earlier grants stay.
-    let (choices, void_grants): (Vec<(&onegrant::domain::TemplateId, Choice)>, bool) =
-        match &message.event {
-            PushEvent::Change(items) => (
-                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
-                true,
-            ),
-            PushEvent::Popup(items) => (
-                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
-                false,
-            ),
-            PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
-        };
-    // In WeChat's order: a choice older (by CreateTime) than one already applied for
-    // the template — a reject WeChat retried after the user's later accept — changes
-    // nothing.
-    let mut refused = Vec::new();
-    for (template, choice) in choices {
-        if !deps.config.templates.contains(template) {
-            continue;
-        }
-        let in_order = deps
-            .store
-            .order_choice(&message.openid, template, message.create_time, now)
-            .await?;
-        if !in_order {
-            tracing::warn!(
-                template = %template,
-                create_time = message.create_time,
-                "a choice older than one already applied: changes nothing"
-            );
-            continue;
-        }
-        if choice == Choice::Reject {
-            refused.push(template);
-        }
-    }
-    if let PushEvent::Sent(items) = &message.event {
-        let policy = deps.config.dispatch.retry_policy();
-        for item in items {
-            if !deps.config.templates.contains(&item.template_id) {
-                continue;
-            }
-            let outcome = deps
-                .store
-                .settle_sent_event(
-                    &message.openid,
-                    item,
-                    message.create_time,
-                    &deps.config.reminders,
-                    &policy,
-                    now,
-                )
-                .await?;
-            tracing::info!(?outcome, "sent event applied");
-        }
-    }
-    for template in popup_accepts(deps, message) {
-        let confirmed = deps.store.pair_taps(&message.openid, template, now).await?;
-        tracing::info!(confirmed, "popup accept applied");
-    }
-    for template in refused {
-        deps.store
-            .refuse_template(
-                &message.openid,
-                template,
-                &deps.config.reminders,
-                void_grants,
-                now,
-            )
-            .await?;
-    }
-    Ok(())
 }

@@ -27,6 +27,62 @@ pub enum SendResult {
     Invalid { reason: String },
 }
 
+/// WeChat's definite answer kept on its delivery when the settlement could not commit
+/// in time, for the sweep to settle by instead of `unknown` (I4: the record never
+/// contradicts WeChat). An uncertain answer has nothing to keep.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum KeptAnswer {
+    Sent {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        msgid: Option<String>,
+    },
+    /// (WeChat's errmsg is not kept: it carries a request id, and settling needs the
+    /// errcode alone.)
+    Refused {
+        errcode: i64,
+    },
+    NotSent {
+        reason: String,
+    },
+    Invalid {
+        reason: String,
+    },
+}
+
+impl KeptAnswer {
+    /// What of `result` is worth keeping (nothing of an uncertain one).
+    pub fn of(result: &SendResult) -> Option<Self> {
+        let short = |text: &str| text.chars().take(200).collect::<String>();
+        match result {
+            SendResult::Sent { msgid } => Some(Self::Sent {
+                msgid: msgid.clone(),
+            }),
+            SendResult::Refused { errcode, .. } => Some(Self::Refused { errcode: *errcode }),
+            SendResult::NotSent { reason } => Some(Self::NotSent {
+                reason: short(reason),
+            }),
+            SendResult::Invalid { reason } => Some(Self::Invalid {
+                reason: short(reason),
+            }),
+            SendResult::Uncertain { .. } => None,
+        }
+    }
+
+    /// The answer as a send result again.
+    pub fn result(&self) -> SendResult {
+        match self.clone() {
+            Self::Sent { msgid } => SendResult::Sent { msgid },
+            Self::Refused { errcode } => SendResult::Refused {
+                errcode,
+                errmsg: String::new(),
+            },
+            Self::NotSent { reason } => SendResult::NotSent { reason },
+            Self::Invalid { reason } => SendResult::Invalid { reason },
+        }
+    }
+}
+
 /// The outcome classes of DESIGN.md §5.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,7 +96,8 @@ pub enum OutcomeClass {
     /// any errcode we do not know): grant restored, plan paused `config_error`, loudly.
     Config,
     /// 43101: the user has no quota WeChat recognises. This grant and every other
-    /// available grant of the template become invalid; plan paused `needs_grant`.
+    /// available grant of the template become invalid; plan paused `refused` until the
+    /// user accepts again.
     Refused,
     /// 40003, 50002: the openid is invalid or the user frozen. Grant invalid, plan paused.
     User,

@@ -326,6 +326,10 @@ pub struct Plan {
     /// The user checked in while the send was in flight: a sent reminder then
     /// schedules the next one at once (if a grant is there) instead of waiting.
     pub checked_in_while_sending: bool,
+    /// The user accepted the template anew while the send was in flight (a report, or a
+    /// check-in carrying the accept): when the send ends in WeChat's refusal (43101),
+    /// that accept came after it, and the plan goes on with the grant it brought.
+    pub accepted_while_sending: bool,
     /// Check-ins recorded in one minute, for the per-user rate limit: (the minute, as
     /// seconds since the epoch / 60, and how many).
     pub checkins_in_minute: Option<(i64, u32)>,
@@ -365,6 +369,7 @@ impl Plan {
             lease_until: None,
             pending_refusal: None,
             checked_in_while_sending: false,
+            accepted_while_sending: false,
             checkins_in_minute: None,
             version: 0,
         }
@@ -426,6 +431,9 @@ impl Plan {
     /// end, or for the plan to be turned on, is lifted — the accept came after it.
     pub fn accepted(&mut self, due: DateTime<Utc>) -> Result<(), IllegalTransition> {
         self.pending_refusal = None;
+        if self.status == PlanStatus::Sending {
+            self.accepted_while_sending = true;
+        }
         let before = self.status;
         self.status = before.apply(PlanEvent::GrantAdded { due })?;
         self.resumed_from(before);
@@ -462,6 +470,7 @@ impl Plan {
         }
         if self.status == PlanStatus::Sending {
             self.checked_in_while_sending = true;
+            self.accepted_while_sending |= grant == GrantOnHand::New;
         }
         let before = self.status;
         self.status = before.apply(PlanEvent::CheckIn { grant, due })?;
@@ -517,6 +526,14 @@ impl Plan {
             FollowUp::Stop(reason) => PlanEvent::SendStopped(reason),
         };
         let mut status = self.status.apply(event)?;
+        // A new accept made during the send came after WeChat's answer to it: a plan
+        // the send paused (43101's refusal included) goes on with its grant.
+        if self.accepted_while_sending && grant_available {
+            let anchor = self.last_checkin_at.unwrap_or(now);
+            status = status.apply(PlanEvent::GrantAdded {
+                due: self.next_due(anchor, self.settings.daily_goal, now),
+            })?;
+        }
         let after_send = status;
         let checked_in = self.checked_in_while_sending && self.last_checkin_at.is_some();
         if checked_in && let Some(at) = self.last_checkin_at {
@@ -537,6 +554,7 @@ impl Plan {
             self.resumed_from(after_send);
         }
         self.checked_in_while_sending = false;
+        self.accepted_while_sending = false;
         self.lease_until = None;
         if !self.is_uncertain_about(self.delivery_id.as_deref().unwrap_or_default()) {
             self.delivery_id = None;
@@ -1061,6 +1079,33 @@ mod tests {
         plan.disable().expect("legal");
         plan.enable(true, at(9)).expect("legal");
         assert_eq!(plan.status, PlanStatus::Scheduled { due: at(9) });
+    }
+
+    /// WeChat's 43101 answers a send claimed before the user's new accept: the plan
+    /// goes on with that accept's grant, as the grant itself is spared.
+    #[test]
+    fn a_new_accept_during_a_send_refused_43101_resumes_the_plan() {
+        let mut plan = sending_plan();
+        plan.accepted(at(70)).expect("legal");
+        assert_eq!(plan.status, PlanStatus::Sending, "the send is left alone");
+        plan.finish_send(FollowUp::Stop(PauseReason::Refused), 0, true, at(50))
+            .expect("legal");
+        assert!(
+            matches!(plan.status, PlanStatus::Scheduled { .. }),
+            "{:?}",
+            plan.status
+        );
+        assert!(!plan.accepted_while_sending);
+        // Without the accept (a grant merely held), the refusal holds.
+        let mut plan = sending_plan();
+        plan.finish_send(FollowUp::Stop(PauseReason::Refused), 0, true, at(50))
+            .expect("legal");
+        assert_eq!(
+            plan.status,
+            PlanStatus::Paused {
+                reason: PauseReason::Refused
+            }
+        );
     }
 
     /// A refusal and a new accept during one send: the later one wins when it ends.

@@ -11,6 +11,8 @@ const OUTBOX_PREFIX: &str = "OUTBOX#";
 pub const DELIVERY_PREFIX: &str = "DELIVERY#";
 const NOTE_PREFIX: &str = "NOTE#";
 const UNREAD_PREFIX: &str = "UNREAD#";
+/// Recorded WeChat events (`PUSH#<event>#<create time>#<items>`).
+pub const EVENT_PREFIX: &str = "PUSH#";
 
 /// The partition of everything one user owns.
 pub fn user_pk(openid: &OpenId) -> String {
@@ -31,6 +33,8 @@ pub enum SortKey<'a> {
     /// A push, by its notification id.
     Outbox(&'a str),
     Delivery(&'a str),
+    /// A recorded WeChat event (on the lease index until applied).
+    Event,
     Other,
 }
 
@@ -42,6 +46,8 @@ pub fn sort_key(sk: &str) -> SortKey<'_> {
         SortKey::Outbox(note)
     } else if let Some(id) = sk.strip_prefix(DELIVERY_PREFIX) {
         SortKey::Delivery(id)
+    } else if sk.starts_with(EVENT_PREFIX) {
+        SortKey::Event
     } else {
         SortKey::Other
     }
@@ -190,6 +196,7 @@ mod tests {
         assert_eq!(sort_key(&outbox_sk("n1")), SortKey::Outbox("n1"));
         assert_eq!(sort_key(&delivery_sk("d1")), SortKey::Delivery("d1"));
         assert_eq!(sort_key("INBOX"), SortKey::Other);
+        assert_eq!(sort_key("PUSH#popup#1#t:reject"), SortKey::Event);
         let openid = OpenId::parse("o1").expect("openid");
         assert_eq!(openid_of(&user_pk(&openid)), Some(openid));
         assert_eq!(openid_of("JUNK"), None);

@@ -11,6 +11,8 @@
 //! - [`plans`]: reminder plans, settings, check-ins and the due index.
 //! - [`inbox`]: notifications, the unread counter and the outbox.
 //! - [`dispatch`]: due items, claims, finalizes and the sweep.
+//! - [`push`]: WeChat's pushed events, recorded once; [`wechat_events`]: what they do,
+//!   applied in WeChat's order.
 
 pub mod dispatch;
 pub mod grants;
@@ -21,6 +23,7 @@ pub mod keys;
 pub mod plans;
 pub mod push;
 pub mod taps;
+pub mod wechat_events;
 
 use std::time::Duration;
 

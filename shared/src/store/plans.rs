@@ -85,6 +85,8 @@ pub(super) struct PlanItem {
     pending_refusal: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     checked_in_while_sending: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    accepted_while_sending: bool,
     /// The per-user check-in rate: the minute (epoch seconds / 60) and its count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     checkin_minute: Option<i64>,
@@ -171,6 +173,8 @@ impl PlanItem {
             },
             checked_in_while_sending: plan.status == PlanStatus::Sending
                 && plan.checked_in_while_sending,
+            accepted_while_sending: plan.status == PlanStatus::Sending
+                && plan.accepted_while_sending,
             checkin_minute: plan.checkins_in_minute.map(|(m, _)| m),
             checkin_minute_count: plan.checkins_in_minute.map_or(0, |(_, c)| c),
             version,
@@ -231,6 +235,7 @@ impl PlanItem {
                 Some(name) => Some(parse_refusal(name).ok_or_else(|| bad("pending_refusal"))?),
             },
             checked_in_while_sending: self.checked_in_while_sending,
+            accepted_while_sending: self.accepted_while_sending,
             checkins_in_minute: self.checkin_minute.map(|m| (m, self.checkin_minute_count)),
             version: self.version,
         })
@@ -1057,9 +1062,10 @@ impl Store {
     }
 
     /// The plan writes a report's first application makes: for each template it
-    /// records, the stored plans of the kinds that use it, moved by the domain's
-    /// [`Plan::reported`]. Plans never stored are left alone; unchanged plans are not
-    /// written. One read of the plans (none when no kind uses the templates).
+    /// records, the plans of the kinds that use it, moved by the domain's
+    /// [`Plan::reported`] (an unchanged one checked at its version). A plan never
+    /// stored is written only to remember a refusal. One read of the plans (none when
+    /// no kind uses the templates).
     pub(super) async fn report_plans(
         &self,
         pk: &str,
@@ -1083,25 +1089,34 @@ impl Store {
         let mut stored = self.read_items(pk, &sks).await?;
         let mut writes = Vec::new();
         for (kind, result) in touched {
-            let Some(item) = stored.remove(&plan_sk(&kind.name)) else {
-                continue;
+            // A plan never stored still keeps a refusal (it is written, off, with the
+            // refusal remembered, conditional on not existing): turning it on later
+            // finds it paused, whatever grants were given before.
+            let mut plan = match stored.remove(&plan_sk(&kind.name)) {
+                Some(item) => parse::<PlanItem>("plan", item)?.into_plan(kind)?,
+                None if result.refuses() => Plan::new(kind),
+                None => continue,
             };
-            let item: PlanItem = parse("plan", item)?;
-            let mut plan = item.into_plan(kind)?;
             let before = plan.clone();
             plan.reported(result, now)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if plan != before {
-                writes.push(self.plan_put(&plan, pk, now)?);
-            }
+            writes.push(if plan != before {
+                self.plan_put(&plan, pk, now)?
+            } else if plan.version > 0 {
+                // Unchanged, but read: a report racing this one is ordered by the
+                // plan's version, not by chance.
+                self.plan_unchanged(pk, &plan)?
+            } else {
+                continue;
+            });
         }
         Ok(writes)
     }
 
     /// WeChat told of a refusal of the kind's template (a popup reject, a change
-    /// event): the plan pauses, as a refusal in a grant report does. Plans never stored
-    /// are left alone. Applied once per event (the event's record says so), and a
-    /// refusal applied twice changes nothing.
+    /// event): the plan pauses, as a refusal in a grant report does (a plan never
+    /// stored is written off, the refusal remembered). Applied once per event (the
+    /// event's record says so), and a refusal applied twice changes nothing.
     pub async fn refuse_plan(
         &self,
         openid: &OpenId,
@@ -1112,10 +1127,11 @@ impl Store {
         let pk = &user_pk(openid);
         retry_contended("plan refusal", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
-            let Some(item) = read.plan else {
-                return Ok(Attempt::Done(()));
+            // A plan never stored is written, off, with the refusal remembered.
+            let mut plan = match read.plan {
+                Some(item) => item.into_plan(kind)?,
+                None => Plan::new(kind),
             };
-            let mut plan = item.into_plan(kind)?;
             let before = plan.clone();
             plan.refuse(refusal)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;

@@ -12,13 +12,11 @@ use serde::{Deserialize, Serialize};
 use super::grants::rfc3339;
 use super::item::to_item;
 use super::item::{key as key_of, text};
-use super::keys::{quota_sk, user_pk};
+use super::keys::{lease_pk, openid_of, user_pk};
 use super::plans::{TxOutcome, condition_failed};
 use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
-use crate::domain::plan::Refusal;
-use crate::domain::push_event::{Choice, PushEvent, PushMessage};
-use crate::domain::reminder::ReminderKinds;
-use crate::domain::{OpenId, TemplateId};
+use crate::domain::TemplateId;
+use crate::domain::push_event::{ChangeItem, Choice, PopupItem, PushEvent, PushMessage, SentItem};
 
 /// How long a nonce is remembered: past the timestamp window on either side.
 pub const NONCE_MEMORY: Duration = Duration::minutes(15);
@@ -40,8 +38,8 @@ pub enum PushRecorded {
 /// Where a recorded push is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushKey {
-    pk: String,
-    sk: String,
+    pub(super) pk: String,
+    pub(super) sk: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,9 +73,9 @@ fn nonce_item(
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct PushItem {
-    pk: String,
-    sk: String,
+pub(super) struct PushItem {
+    pub(super) pk: String,
+    pub(super) sk: String,
     kind: String,
     event: String,
     create_time: i64,
@@ -86,7 +84,82 @@ struct PushItem {
     received_at: String,
     expires_at: i64,
     #[serde(default)]
-    applied: bool,
+    pub(super) applied: bool,
+    /// Until applied: on the lease index, due [`APPLY_GRACE`] after it was received, so
+    /// an event every apply of which failed (WeChat gives up after three tries) is
+    /// applied by the dispatcher's sweep. Removed when it is marked applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until: Option<i64>,
+}
+
+/// How long after an event is received the sweep applies it if nothing has: past
+/// WeChat's own retries (three, 5 s apart), so it does not race them.
+pub const APPLY_GRACE: Duration = Duration::seconds(60);
+
+impl PushItem {
+    /// The event as recorded, to apply again (the items keep what applying needs).
+    pub(super) fn message(&self) -> Option<PushMessage> {
+        let openid = openid_of(&self.pk)?;
+        let choice = |c: &str| match c {
+            "accept" => Some(Choice::Accept),
+            "reject" => Some(Choice::Reject),
+            _ => None,
+        };
+        let pairs = || {
+            self.items.iter().map(|i| {
+                let (template, rest) = i.split_once(':')?;
+                Some((TemplateId::parse(template).ok()?, rest))
+            })
+        };
+        let event = match self.event.as_str() {
+            "popup" => PushEvent::Popup(
+                pairs()
+                    .map(|p| {
+                        let (template_id, c) = p?;
+                        Some(PopupItem {
+                            template_id,
+                            choice: choice(c)?,
+                            scene: None,
+                        })
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            "change" => PushEvent::Change(
+                pairs()
+                    .map(|p| {
+                        let (template_id, c) = p?;
+                        Some(ChangeItem {
+                            template_id,
+                            choice: choice(c)?,
+                        })
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            "sent" => PushEvent::Sent(
+                pairs()
+                    .map(|p| {
+                        let (template_id, rest) = p?;
+                        let (msgid, errcode) = rest.split_once(':')?;
+                        Some(SentItem {
+                            template_id,
+                            msgid: msgid.parse().ok()?,
+                            error_code: errcode.parse().ok()?,
+                            error_status: String::new(),
+                        })
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            _ => return None,
+        };
+        Some(PushMessage {
+            to_user: String::new(),
+            openid,
+            create_time: self.create_time,
+            event,
+        })
+    }
 }
 
 /// The event's name and its items as stored.
@@ -169,7 +242,12 @@ impl Store {
             pk: user_pk(&message.openid),
             // The items too: two sends of one template in the same second are two
             // events (their msgids differ), a retry of one is the same.
-            sk: format!("PUSH#{event}#{}#{}", message.create_time, items.join(",")),
+            sk: format!(
+                "{}{event}#{}#{}",
+                super::keys::EVENT_PREFIX,
+                message.create_time,
+                items.join(",")
+            ),
             kind: "push".into(),
             event: event.into(),
             create_time: message.create_time,
@@ -177,6 +255,17 @@ impl Store {
             received_at: rfc3339(now),
             expires_at: (now + self.limits.retention.events).timestamp(),
             applied: false,
+            lease_pk: None,
+            lease_until: Some((now + APPLY_GRACE).timestamp_millis()),
+        };
+        let record = PushItem {
+            // Spread by user and event, so a burst of one template's events is not one
+            // index partition.
+            lease_pk: Some(lease_pk(
+                &format!("{}{}", record.pk, record.sk),
+                self.shards,
+            )),
+            ..record
         };
         let key = PushKey {
             pk: record.pk.clone(),
@@ -246,7 +335,7 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key_of(&key.pk, &key.sk)))
-            .update_expression("SET applied = :true")
+            .update_expression("SET applied = :true REMOVE lease_pk, lease_until")
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(
                 ":true",
@@ -256,92 +345,5 @@ impl Store {
             .await
             .map_err(|e| classify_sdk_error(e, |_| false))?;
         Ok(())
-    }
-
-    /// Puts WeChat's choice for `template`, made at `create_time` (a popup or change
-    /// event's item), in WeChat's order: recorded on the template's quota item unless
-    /// one made later was applied already. False when it is out of order — a retried
-    /// reject arriving after the user's later accept — and then it changes nothing.
-    /// The same time again is in order (a retry of the event itself, or a reject and
-    /// an accept in one second, where the refusal wins).
-    pub async fn order_choice(
-        &self,
-        openid: &OpenId,
-        template: &TemplateId,
-        create_time: i64,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        use aws_sdk_dynamodb::types::AttributeValue;
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_of(&user_pk(openid), &quota_sk(template))))
-            // Names the quota item it may create, so it reads as one.
-            .update_expression("SET template_id = :t, kind = :kind, #at = :c, updated_at = :now")
-            .condition_expression("attribute_not_exists(#at) OR #at <= :c")
-            .expression_attribute_names("#at", super::grants::CHOICE_AT)
-            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-            .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
-            .expression_attribute_values(":c", AttributeValue::N(create_time.to_string()))
-            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
-            .send()
-            .await;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
-    }
-
-    /// The user refused `template`: the plans of the kinds that use it pause, as a
-    /// refusal in a grant report does; with `void_grants` (turned off in WeChat's
-    /// settings, where sends now fail with 43101) its available grants become invalid
-    /// too — those reserved by a send in flight included (it consumes one if WeChat took
-    /// the message, and never restores it). Idempotent.
-    pub async fn refuse_template(
-        &self,
-        openid: &OpenId,
-        template: &TemplateId,
-        kinds: &ReminderKinds,
-        void_grants: bool,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        let pk = &user_pk(openid);
-        if void_grants {
-            self.void_available(pk, template, now).await?;
-        }
-        for kind in kinds.using_template(template) {
-            self.refuse_plan(openid, kind, Refusal::Reject, now).await?;
-        }
-        Ok(())
-    }
-
-    async fn void_available(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        retry_contended("refusal", self.limits.write_budget, || async move {
-            Ok(
-                // Reserved ones too, as a disable does: a send in flight then spends
-                // it if WeChat took the message, and can never give it back.
-                if self
-                    .invalidate_grants(pk, template, None, true, None, now)
-                    .await?
-                {
-                    Attempt::Done(())
-                } else {
-                    Attempt::Retry
-                },
-            )
-        })
-        .await
     }
 }

@@ -137,10 +137,33 @@ impl Store {
             let Some(mut grant) = grant else {
                 let mut writes = self.no_grant_writes(item, &claimable, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
-                return Ok(match self.transact(writes).await? {
+                return Ok(match self.transact(writes.clone()).await? {
                     TxOutcome::Committed => Attempt::Done(ClaimOutcome::NoGrant),
-                    // A grant arrived (or the item moved): read again.
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                    TxOutcome::Cancelled(reasons) => {
+                        // Only the notification gone (its retention removed it): the
+                        // push is skipped without it, never recreating it.
+                        let failed: Vec<usize> = reasons
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, (code, _))| code == "ConditionalCheckFailed")
+                            .map(|(i, _)| i)
+                            .collect();
+                        let only_note = !failed.is_empty()
+                            && failed.iter().all(|&i| {
+                                writes
+                                    .get(i)
+                                    .is_some_and(super::super::inbox::is_note_update)
+                            });
+                        if only_note {
+                            writes.retain(|w| !super::super::inbox::is_note_update(w));
+                            if matches!(self.transact(writes).await?, TxOutcome::Committed) {
+                                return Ok(Attempt::Done(ClaimOutcome::NoGrant));
+                            }
+                        }
+                        // A grant arrived (or the item moved): read again.
+                        Attempt::Retry
+                    }
+                    TxOutcome::Contended => Attempt::Retry,
                 });
             };
             // (Not the in-flight set: the reservation adds to it, and one update cannot
@@ -231,7 +254,7 @@ impl Store {
         let named = sort_key(&item.sk);
         if let Some(kind) = match named {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         } {
             let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
                 PlanRead::Found(plan, counters, open) => (*plan, counters, open),
@@ -361,6 +384,7 @@ impl Store {
                 claimed.lease_until = Some(lease_until);
                 claimed.pending_refusal = None;
                 claimed.checked_in_while_sending = false;
+                claimed.accepted_while_sending = false;
                 let write = self.plan_put(&claimed, &item.pk, now)?;
                 claimed.version += 1;
                 let attempts = claimed.attempts;
@@ -436,6 +460,8 @@ impl Store {
             sweep_outcome: None,
             answered_late_at: None,
             released_at: None,
+            kept_answer: None,
+            void_others: false,
         };
         let reserve = Update::builder()
             .table_name(&self.table)

@@ -398,26 +398,12 @@ impl Store {
         if !settlement.invalidate_others {
             return Ok(());
         }
-        retry_contended(
-            "grant invalidation",
-            self.limits.write_budget,
-            || async move {
-                let done = self
-                    .invalidate_grants(
-                        pk,
-                        &claim.template_id,
-                        None,
-                        false,
-                        Some(claim.claimed_at),
-                        now,
-                    )
-                    .await?;
-                Ok(if done {
-                    Attempt::Done(())
-                } else {
-                    Attempt::Retry
-                })
-            },
+        self.void_others(
+            pk,
+            &claim.delivery_id,
+            &claim.template_id,
+            claim.claimed_at,
+            now,
         )
         .await
     }
@@ -515,7 +501,11 @@ impl Store {
 }
 
 /// What a settlement writes to the delivery.
-fn delivery_write(settlement: &Settlement, result: &SendResult, by: Writer) -> DeliveryWrite {
+pub(super) fn delivery_write(
+    settlement: &Settlement,
+    result: &SendResult,
+    by: Writer,
+) -> DeliveryWrite {
     let msgid = match result {
         SendResult::Sent { msgid } => msgid.clone(),
         SendResult::Refused { .. }
@@ -530,5 +520,6 @@ fn delivery_write(settlement: &Settlement, result: &SendResult, by: Writer) -> D
         errcode: result.errcode(),
         msgid,
         by,
+        void_others: settlement.invalidate_others,
     }
 }

@@ -18,8 +18,13 @@
 //! - [`sweep`]: deliveries and plans past their lease. A live delivery becomes
 //!   `unknown` (grant void, plan paused `uncertain`; never resent, I4); a plan still
 //!   `sending` whose delivery is already terminal is advanced by that delivery's
-//!   outcome (I5). One page per shard per tick; an entry that cannot be read is
-//!   logged, counted and taken off the index (quarantined), never retried forever.
+//!   outcome (I5). A delivery whose finalize kept WeChat's answer is settled by it
+//!   instead ([`kept`]). One page per shard per tick; an entry that cannot be read is
+//!   logged, counted and taken off the index (quarantined); one whose handling fails
+//!   is moved behind the others and quarantined at its third failure, so no entry
+//!   holds up its shard.
+//! - [`kept`]: what a finalize leaves for the sweep when it cannot finish: WeChat's
+//!   answer kept on the delivery, and a 43101's voiding still to do.
 //! - [`sent_event`]: WeChat's sent event settling the one `unknown` send it can be
 //!   (marks on the quota item: unknown sends, and sent msgids whose event is due).
 //! - [`shards`]: which partitions to query when `DUE_SHARDS` has changed.
@@ -28,6 +33,7 @@
 pub mod claim;
 pub mod due;
 pub mod finalize;
+pub mod kept;
 pub mod sent_event;
 pub mod shards;
 pub mod sweep;
@@ -44,11 +50,11 @@ use super::grants::rfc3339;
 use super::grants::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT};
 use super::inbox::OutboxItem;
 use super::item::{Item, key, n, parse, s, text};
-use super::keys::{delivery_sk, plan_sk, quota_sk, request_id_of_grant};
+use super::keys::{delivery_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant};
 use super::plans::OpenGrants;
 use super::plans::TxOutcome;
 use super::{MAX_WRITE_ATTEMPTS, Store, StoreError};
-use crate::domain::outcome::{DeliveryState, OutcomeClass, SendResult};
+use crate::domain::outcome::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::plan::Plan;
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
 use crate::domain::reminder::ReminderKind;
@@ -140,6 +146,15 @@ struct DeliveryItem {
     /// When the claim was given back unsent, for want of time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     released_at: Option<String>,
+    /// WeChat's definite answer, kept by a finalize that could not commit in time: the
+    /// sweep settles by it instead of `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kept_answer: Option<KeptAnswer>,
+    /// Settled 43101 with the template's other grants not yet voided: the delivery
+    /// stays on the lease index until they are, so a sweep finishes what a crash or a
+    /// throttled database left.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    void_others: bool,
 }
 
 impl DeliveryItem {
@@ -212,12 +227,17 @@ struct DeliveryWrite {
     msgid: Option<String>,
     /// Whether this write comes from the sweep (or is a late answer after one).
     by: Writer,
+    /// 43101: the template's other grants are still to be voided (see
+    /// [`DeliveryItem::void_others`]).
+    void_others: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Writer {
     Finalize,
     Sweep,
+    /// The sweep settling by the answer a finalize kept ([`KeptAnswer`]).
+    Kept,
     LateAnswer,
     /// WeChat's sent event settling an `unknown` delivery.
     Event,
@@ -365,6 +385,7 @@ impl Store {
         }
         match w.by {
             Writer::Finalize => {}
+            Writer::Kept => set.push("kept_settled_at = :now"),
             Writer::Sweep => {
                 set.push("swept_at = :now");
                 set.push("sweep_outcome = :outcome");
@@ -400,7 +421,20 @@ impl Store {
                 .condition_expression("#s = :unknown")
                 .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str())),
         };
-        let expression = format!("SET {} REMOVE lease_pk, lease_until", set.join(", "));
+        let expression = if w.void_others {
+            // Stays on (or, after a sweep took it off, goes back onto) the lease index
+            // until the other grants are void, so a sweep finishes that if need be.
+            set.push("void_others = :void");
+            set.push("lease_pk = :lease_pk");
+            set.push("lease_until = if_not_exists(lease_until, :lease_now)");
+            update = update
+                .expression_attribute_values(":void", AttributeValue::Bool(true))
+                .expression_attribute_values(":lease_pk", s(lease_pk(tx.delivery_id, self.shards)))
+                .expression_attribute_values(":lease_now", n(now.timestamp_millis()));
+            format!("SET {}", set.join(", "))
+        } else {
+            format!("SET {} REMOVE lease_pk, lease_until", set.join(", "))
+        };
         let update = update
             .update_expression(expression)
             .build()
@@ -629,11 +663,28 @@ impl Store {
                 changed = true;
             }
             if source_range.clone().any(failed) {
-                if tx.retry_whole {
+                let start = source_range.start;
+                let gone_notes: Vec<usize> = source_range
+                    .clone()
+                    .filter(|&i| failed(i))
+                    .map(|i| i - start)
+                    .filter(|&i| tx.source.get(i).is_some_and(super::inbox::is_note_update))
+                    .collect();
+                if gone_notes.len() == source_range.clone().filter(|&i| failed(i)).count() {
+                    // Only notifications their retention removed: their status is not
+                    // written (never recreated as a stub); the rest lands.
+                    let mut index = 0;
+                    tx.source.retain(|_| {
+                        let keep = !gone_notes.contains(&index);
+                        index += 1;
+                        keep
+                    });
+                } else if tx.retry_whole {
                     return Ok(Settled::SourceMoved);
+                } else {
+                    // The plan or push moved on (the user acted): that stands.
+                    tx.source.clear();
                 }
-                // The plan or push moved on (the user acted): that stands.
-                tx.source.clear();
                 changed = true;
             }
             if !changed {
@@ -713,6 +764,70 @@ impl Store {
             // It moved on since it was seen: nothing to do.
             TxOutcome::Cancelled(_) => Ok(()),
             TxOutcome::Contended => Err(StoreError::Unavailable("quarantine contended".into())),
+        }
+    }
+}
+
+/// How long a lease-index entry whose handling failed waits before the sweep tries it
+/// again: it sorts behind the entries that came due meanwhile, so a run of failing
+/// entries at the head of a shard never holds up the recovery of the rest.
+pub const SWEEP_RETRY_AFTER: chrono::Duration = chrono::Duration::minutes(2);
+
+/// How many times a sweep may fail on an entry for a reason a retry will not fix (not
+/// a throttle or an outage, which are tried again as they are) before the entry is
+/// quarantined.
+pub const SWEEP_FAILURE_LIMIT: u32 = 3;
+
+impl Store {
+    /// Moves a lease-index entry whose handling failed behind the others (its
+    /// `lease_until` to [`SWEEP_RETRY_AFTER`] from now), counting the failure when
+    /// `counts`; the failures so far and the new `lease_until`, or None if the entry
+    /// changed since it was seen (nothing to do).
+    async fn defer_lease(
+        &self,
+        pk: &str,
+        sk: &str,
+        seen: i64,
+        counts: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(u32, i64)>, StoreError> {
+        let later = (now + SWEEP_RETRY_AFTER).timestamp_millis();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .update_expression(if counts {
+                "SET lease_until = :later ADD sweep_failures :one"
+            } else {
+                "SET lease_until = :later"
+            })
+            .condition_expression("lease_until = :seen")
+            .expression_attribute_values(":later", n(later))
+            .expression_attribute_values(":seen", n(seen))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
+        let update = if counts {
+            update.expression_attribute_values(":one", n(1))
+        } else {
+            update
+        };
+        match update.send().await {
+            Ok(out) => {
+                let failures = out
+                    .attributes()
+                    .and_then(|a| a.get("sweep_failures"))
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Ok(Some((failures, later)))
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(super::classify_sdk_error(e, |_| false)),
         }
     }
 }

@@ -260,7 +260,7 @@ impl Store {
         let source = match sort_key(&delivery.source) {
             SortKey::Plan(kind) => kinds.get(kind).map(SourceRef::Plan),
             SortKey::Outbox(_) => Some(SourceRef::Outbox(&delivery.source)),
-            SortKey::Delivery(_) | SortKey::Other => None,
+            SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         };
         let (settlement, result, delivery) = (&settlement, &result, &delivery);
         retry_contended("sent event", self.limits.write_budget, || async move {
@@ -299,6 +299,9 @@ impl Store {
                     errcode: result.errcode(),
                     msgid: Some(msgid.to_string()),
                     by: Writer::Event,
+                    // (A sent event's failure is never 43101's voiding: it tells of one
+                    // message, not of the user's subscription.)
+                    void_others: false,
                 },
                 template: &event.template_id,
                 // Its msgid stays known for the window, as any send's recorded `sent`

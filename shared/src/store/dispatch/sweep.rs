@@ -7,12 +7,15 @@ use super::super::item::{Item, n, number, parse, s, text};
 use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
 use super::super::{Store, StoreError, classify_sdk_error};
 use super::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SettleTx, Settled,
-    Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SWEEP_FAILURE_LIMIT,
+    SettleTx, Settled, Writer,
 };
-use crate::domain::outcome::{DeliveryState, OutboxState, OutcomeClass, RetryPolicy, settle};
+use crate::domain::outcome::{
+    DeliveryState, KeptAnswer, OutboxState, OutcomeClass, RetryPolicy, SendResult, settle,
+};
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::template::Templates;
 use crate::domain::{GrantState, TemplateId};
 use crate::telemetry::error_chain;
 
@@ -23,10 +26,17 @@ pub const SWEEP_BATCH_PER_SHARD: i32 = 25;
 /// What a sweep step did with its entry.
 enum Step {
     Acted,
+    /// Settled by WeChat's answer that a finalize kept, or a 43101's voiding finished:
+    /// the truth recorded, not `unknown`.
+    Kept,
     /// Nothing to do (not stale, or already settled).
     Idle,
     /// The entry's own item cannot be read: why.
     Unreadable(String),
+    /// Not to be handled now, through no fault of the item (a plan of a reminder kind
+    /// missing from the configuration: removed, or a rollback): tried again after the
+    /// entries behind it, never quarantined, so it is handled once the kind is back.
+    Later(String),
 }
 
 /// What one sweep did.
@@ -34,10 +44,18 @@ enum Step {
 pub struct SweepSummary {
     /// Deliveries past their lease settled `unknown`.
     pub recovered: u32,
+    /// Deliveries past their lease settled by the answer their finalize kept, or whose
+    /// 43101 voiding was finished.
+    pub kept: u32,
     /// Plans left `sending` after their delivery settled, moved on.
     pub advanced: u32,
+    /// Recorded WeChat events no try applied, applied.
+    pub events_applied: u32,
     /// Entries (or whole shards) that could not be read or settled: logged, skipped.
     pub skipped: u32,
+    /// Entries taken off the lease index for an operator (`quarantined_at`): unreadable,
+    /// or failed [`SWEEP_FAILURE_LIMIT`] times.
+    pub quarantined: u32,
 }
 
 /// The most lease-index queries a sweep has in flight: a share of the store's
@@ -50,6 +68,7 @@ impl Store {
     /// one query page per shard of the lease index, never a scan.
     pub async fn sweep(
         &self,
+        templates: &Templates,
         kinds: &ReminderKinds,
         policy: &RetryPolicy,
         shards: impl IntoIterator<Item = u32>,
@@ -90,7 +109,8 @@ impl Store {
             }
         }
         // (pk, sk, lease as seen) of the deliveries, the plans, and anything else.
-        let (mut deliveries, mut plans, mut others) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut deliveries, mut plans, mut events, mut others) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for item in &stale {
             let (Some(pk), Some(sk), Some(seen)) = (
                 text(item, "pk"),
@@ -103,19 +123,39 @@ impl Store {
             match sort_key(sk) {
                 SortKey::Delivery(_) => deliveries.push(entry),
                 SortKey::Plan(_) => plans.push(entry),
+                SortKey::Event => events.push(entry),
                 SortKey::Outbox(_) | SortKey::Other => others.push(entry),
             }
         }
         // Deliveries first: settling one usually moves its plan in the same write.
         for (pk, sk, seen) in deliveries {
             let settled = self.sweep_delivery(&pk, &sk, kinds, policy, now).await;
-            summary.recovered += self
+            let kept = matches!(settled, Ok(Step::Kept));
+            let acted = self
                 .tally(settled, (&pk, &sk, seen), now, &mut summary)
                 .await;
+            if kept {
+                summary.kept += acted;
+            } else {
+                summary.recovered += acted;
+            }
         }
         for (pk, sk, seen) in plans {
             let moved = self.sweep_plan(&pk, &sk, kinds, policy, now).await;
             summary.advanced += self.tally(moved, (&pk, &sk, seen), now, &mut summary).await;
+        }
+        for (pk, sk, seen) in events {
+            let applied = self
+                .apply_recorded(&pk, &sk, templates, kinds, policy, now)
+                .await
+                .map(|found| match found {
+                    Ok(true) => Step::Acted,
+                    Ok(false) => Step::Idle,
+                    Err(why) => Step::Unreadable(why),
+                });
+            summary.events_applied += self
+                .tally(applied, (&pk, &sk, seen), now, &mut summary)
+                .await;
         }
         for (pk, sk, seen) in others {
             let unknown = Ok(Step::Unreadable(format!("{sk}: no kind of lease holder")));
@@ -137,26 +177,68 @@ impl Store {
         summary: &mut SweepSummary,
     ) -> u32 {
         match step {
-            Ok(Step::Acted) => 1,
+            Ok(Step::Acted | Step::Kept) => 1,
             Ok(Step::Idle) => 0,
+            Ok(Step::Later(why)) => {
+                summary.skipped += 1;
+                tracing::warn!(sk = %sk, why = %why, "stale entry left for later");
+                if let Err(e) = self.defer_lease(pk, sk, seen, false, now).await {
+                    tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not deferred");
+                }
+                0
+            }
             Ok(Step::Unreadable(why)) => {
                 summary.skipped += 1;
                 tracing::error!(sk = %sk, why = %why, "unreadable stale entry");
-                if let Err(e) = self.quarantine(pk, sk, Index::Lease, seen, now).await {
-                    tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not quarantined");
-                }
+                self.quarantine_logged(pk, sk, seen, now, summary).await;
                 0
             }
             Err(e) => {
                 summary.skipped += 1;
-                tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry skipped");
+                // The database busy or away: tried again next tick, as it is. Any other
+                // failure will not fix itself: the entry is tried again after the ones
+                // behind it (never holding them up) and quarantined once it has failed
+                // too often.
+                if matches!(e, StoreError::Unavailable(_)) {
+                    tracing::warn!(error = %error_chain(&e), sk = %sk, "stale entry not handled for now");
+                    return 0;
+                }
+                tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry failed; tried again later");
+                match self.defer_lease(pk, sk, seen, true, now).await {
+                    Ok(Some((failures, later))) if failures >= SWEEP_FAILURE_LIMIT => {
+                        self.quarantine_logged(pk, sk, later, now, summary).await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not deferred");
+                    }
+                }
                 0
             }
         }
     }
 
-    /// A live delivery past its lease: `unknown`, its grant void, its plan paused
-    /// `uncertain` (or its push `unknown`). True if this sweep settled it.
+    /// Takes a lease-index entry off the index for an operator (see `quarantine`),
+    /// counted; a failure is logged (the entry is tried again next tick).
+    async fn quarantine_logged(
+        &self,
+        pk: &str,
+        sk: &str,
+        seen: i64,
+        now: DateTime<Utc>,
+        summary: &mut SweepSummary,
+    ) {
+        match self.quarantine(pk, sk, Index::Lease, seen, now).await {
+            Ok(()) => summary.quarantined += 1,
+            Err(e) => {
+                tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not quarantined");
+            }
+        }
+    }
+
+    /// A live delivery past its lease: settled by the answer its finalize kept, if it
+    /// kept one; else `unknown`, its grant void, its plan paused `uncertain` (or its
+    /// push `unknown`). A settled 43101 whose voiding is not done: that finished.
     async fn sweep_delivery(
         &self,
         pk: &str,
@@ -175,17 +257,50 @@ impl Store {
         let Some(until) = delivery.lease_until else {
             return Ok(Step::Idle);
         };
-        if until >= now.timestamp_millis() || !delivery.state.is_live() {
+        if until >= now.timestamp_millis() {
             return Ok(Step::Idle);
         }
         let Ok(template) = TemplateId::parse(delivery.template_id.clone()) else {
             return Ok(Step::Unreadable("a delivery with a bad template id".into()));
         };
-        let settlement = settle(OutcomeClass::Unknown, None, delivery.attempts, policy, now);
+        if !delivery.state.is_live() {
+            // Settled 43101 with the other grants not yet void: finished here (only
+            // with the claim's own time: one read as now would void later grants).
+            if delivery.void_others {
+                let Ok(claimed_at) = DateTime::parse_from_rfc3339(&delivery.claimed_at) else {
+                    return Ok(Step::Unreadable(
+                        "a refused delivery without its claim time".into(),
+                    ));
+                };
+                self.void_others(
+                    pk,
+                    &delivery.delivery_id,
+                    &template,
+                    claimed_at.with_timezone(&Utc),
+                    now,
+                )
+                .await?;
+                tracing::warn!(delivery_id = %delivery.delivery_id, "a 43101's voiding finished by the sweep");
+                return Ok(Step::Kept);
+            }
+            return Ok(Step::Idle);
+        }
+        // WeChat's answer, if the finalize kept it; else the outcome is unknown.
+        let kept = delivery.kept_answer.as_ref().map(KeptAnswer::result);
+        let result = kept.clone().unwrap_or(SendResult::Uncertain {
+            reason: "the dispatcher stopped mid-send".into(),
+        });
+        let settlement = settle(
+            result.class(),
+            result.errcode(),
+            delivery.attempts,
+            policy,
+            now,
+        );
         let claimed = sort_key(&delivery.source);
         let kind = match claimed {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         };
         let mut source = Vec::new();
         if let Some(kind) = kind {
@@ -220,9 +335,6 @@ impl Store {
                 && outbox.state == OutboxState::Sending
                 && outbox.delivery_id.as_deref() == Some(delivery.delivery_id.as_str())
             {
-                let result = crate::domain::outcome::SendResult::Uncertain {
-                    reason: "the dispatcher stopped mid-send".into(),
-                };
                 source = self.outbox_writes(
                     pk,
                     &outbox,
@@ -235,13 +347,18 @@ impl Store {
         } else {
             tracing::error!(source = %delivery.source, "stale delivery of no configured kind");
         }
-        let write = DeliveryWrite {
-            state: DeliveryState::Unknown,
-            class: OutcomeClass::Unknown,
-            outcome: format!("lease expired in state {}", delivery.state.as_str()),
-            errcode: None,
-            msgid: None,
-            by: Writer::Sweep,
+        let write = if kept.is_some() {
+            super::finalize::delivery_write(&settlement, &result, Writer::Kept)
+        } else {
+            DeliveryWrite {
+                state: DeliveryState::Unknown,
+                class: OutcomeClass::Unknown,
+                outcome: format!("lease expired in state {}", delivery.state.as_str()),
+                errcode: None,
+                msgid: None,
+                by: Writer::Sweep,
+                void_others: false,
+            }
         };
         let tx = SettleTx {
             pk,
@@ -254,24 +371,44 @@ impl Store {
             grant: Some(GrantMove {
                 sk: &delivery.grant_sk,
                 from: GrantState::Reserved,
-                to: GrantState::Invalid,
+                to: settlement.grant,
             }),
             retry_whole: false,
             source,
         };
         match self.write_settlement(tx, now).await? {
             Settled::Landed { source, .. } => {
+                // 43101 voids the template's other grants first, so a plan moved on
+                // below sees the grants that are really left (as a finalize does).
+                if settlement.invalidate_others {
+                    self.void_others(
+                        pk,
+                        &delivery.delivery_id,
+                        &template,
+                        delivery.claimed_at(now),
+                        now,
+                    )
+                    .await?;
+                }
                 if !source && let Some(kind) = kind {
                     self.advance_plan(pk, kind, &delivery.delivery_id, &settlement, false, now)
                         .await?;
                 }
-                tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
+                if kept.is_some() {
+                    tracing::warn!(delivery_id = %delivery.delivery_id, outcome = settlement.class.as_str(), "stale claim settled by the answer its finalize kept");
+                } else {
+                    tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
+                }
                 // A sent event that came while this send was in flight may be its own.
                 if let Some(openid) = openid_of(pk) {
                     self.settle_pending_events(&openid, &template, kinds, policy, now)
                         .await;
                 }
-                Ok(Step::Acted)
+                Ok(if kept.is_some() {
+                    Step::Kept
+                } else {
+                    Step::Acted
+                })
             }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Step::Idle),
         }
@@ -314,12 +451,12 @@ impl Store {
     ) -> Result<Step, StoreError> {
         let named = match sort_key(sk) {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Other => None,
+            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         };
         let Some(kind) = named else {
-            // A configuration change, not a bad item: left where it is, to be swept
-            // once the kind is configured again.
-            return Err(StoreError::Corrupt(format!("{sk}: no configured kind")));
+            // A configuration change, not a bad item: kept, behind the others, to be
+            // swept once the kind is configured again.
+            return Ok(Step::Later(format!("{sk}: no configured kind")));
         };
         let plan = match self.read_plan(pk, kind).await? {
             PlanRead::Found(plan, _, _) => *plan,
@@ -340,7 +477,11 @@ impl Store {
             .and_then(|item| parse::<DeliveryItem>("delivery", item).ok());
         let settlement = match &delivery {
             // Its own lease-index entry settles it (and this plan with it).
-            Some(d) if d.state.is_live() => return Ok(Step::Idle),
+            // Its own lease-index entry settles it (and this plan with it); meanwhile
+            // this entry waits behind the others rather than hold up the shard.
+            Some(d) if d.state.is_live() => {
+                return Ok(Step::Later(format!("{sk}: its delivery is still live")));
+            }
             // Given back unsent: due again at its own instant, no attempt spent.
             Some(d) if d.released_at.is_some() => crate::domain::outcome::release(
                 plan.attempts,

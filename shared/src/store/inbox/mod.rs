@@ -205,6 +205,9 @@ pub(super) fn note_push_update(
         .table_name(table)
         .set_key(Some(key(pk, &note_sk(note_id))))
         .update_expression("SET push_status = :s, push_reason = :r")
+        // Never recreates, as a stub, a notification its retention removed: a caller
+        // meeting this condition drops the write (`is_note_update`) and lands the rest.
+        .condition_expression("attribute_exists(pk)")
         .expression_attribute_values(":s", s(status.as_str()))
         .expression_attribute_values(
             ":r",
@@ -213,6 +216,15 @@ pub(super) fn note_push_update(
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// Whether `write` is a notification's push-status update ([`note_push_update`]).
+pub(super) fn is_note_update(write: &TransactWriteItem) -> bool {
+    write
+        .update()
+        .and_then(|u| u.key().get("sk"))
+        .and_then(|sk| sk.as_s().ok())
+        .is_some_and(|sk| sk.starts_with(super::keys::NOTES))
 }
 
 impl Store {

@@ -1,0 +1,113 @@
+//! What a finalize leaves for the sweep when it cannot finish in its invocation, so
+//! WeChat's answer is never lost (I4): the answer kept on the delivery
+//! ([`KeptAnswer`]) when the settlement cannot commit, and a 43101's voiding of the
+//! template's other grants, marked on the settled delivery until it is done.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Utc};
+
+use super::super::item::key;
+use super::super::keys::{delivery_sk, user_pk};
+use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::Claim;
+use crate::domain::outcome::{KeptAnswer, SendResult};
+
+impl Store {
+    /// Voids the grants of `template` recorded before `claimed_at` (43101's reach),
+    /// then takes the delivery that was refused off the lease index: until then its
+    /// `void_others` mark keeps it there, so a sweep finishes this if it fails here.
+    pub(super) async fn void_others(
+        &self,
+        pk: &str,
+        delivery_id: &str,
+        template: &crate::domain::TemplateId,
+        claimed_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        retry_contended(
+            "grant invalidation",
+            self.limits.write_budget,
+            || async move {
+                let done = self
+                    .invalidate_grants(pk, template, None, false, Some(claimed_at), now)
+                    .await?;
+                Ok(if done {
+                    Attempt::Done(())
+                } else {
+                    Attempt::Retry
+                })
+            },
+        )
+        .await?;
+        let cleared = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &delivery_sk(delivery_id))))
+            .update_expression("REMOVE void_others, lease_pk, lease_until")
+            .condition_expression("void_others = :void")
+            .expression_attribute_values(":void", AttributeValue::Bool(true))
+            .send()
+            .await;
+        match cleared {
+            Ok(_) => Ok(()),
+            // Cleared already (a retry of this, or the sweep).
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
+    }
+
+    /// Keeps WeChat's definite answer on the delivery when its settlement could not
+    /// commit while the invocation had time: one conditional single-item write, cheaper
+    /// and likelier to land than the transaction. The sweep then settles the delivery
+    /// by it once its lease ends, not `unknown` (I4). False if there is nothing to keep
+    /// (an uncertain answer) or the delivery is no longer this claim's live one.
+    pub async fn keep_answer(
+        &self,
+        claim: &Claim,
+        result: &SendResult,
+    ) -> Result<bool, StoreError> {
+        let Some(kept) = KeptAnswer::of(result) else {
+            return Ok(false);
+        };
+        let kept = serde_dynamo::to_attribute_value(&kept)
+            .map_err(|e| StoreError::Corrupt(format!("kept answer: {e}")))?;
+        let pk = user_pk(&claim.openid);
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(&pk, &delivery_sk(&claim.delivery_id))))
+            // The lease moves (to now: past, so the next sweep settles by the answer):
+            // a sweep that read the delivery before this write fails its guard on the
+            // lease it saw, instead of settling `unknown` over the kept answer.
+            .update_expression("SET kept_answer = :answer, lease_until = :now")
+            .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":answer", kept)
+            .expression_attribute_values(
+                ":now",
+                AttributeValue::N(chrono::Utc::now().timestamp_millis().to_string()),
+            )
+            .expression_attribute_values(":claimed", AttributeValue::S("claimed".into()))
+            .expression_attribute_values(":sending", AttributeValue::S("sending".into()))
+            .expression_attribute_values(":c", AttributeValue::S(claim.claimer.clone()))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
+    }
+}
