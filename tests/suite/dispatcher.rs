@@ -1793,6 +1793,65 @@ async fn swept_push(app: &TestApp, name: &str) -> (User, onegrant::store::dispat
     (user, claim)
 }
 
+/// A late answer for a push whose notification its retention removed meanwhile (read,
+/// then expired) settles the push, and never recreates the notification as a stub
+/// holding only a push status.
+#[tokio::test]
+async fn a_late_answer_never_recreates_a_notification_its_retention_removed() {
+    let app = spawn_app_with(&[
+        FAST[0],
+        FAST[1],
+        FAST[2],
+        ("RETENTION_READ_NOTES_DAYS", "7"),
+        ("RETENTION_OUTBOX_DAYS", "30"),
+        ("RETENTION_DELIVERIES_DAYS", "30"),
+    ])
+    .await;
+    let user = app.user("expired-note").await;
+    app.accept(&user, ORDER, "wr_expired").await;
+    let pushed = app.push(&user, "expired-note").await;
+    let note_id = pushed["note_id"].as_str().expect("note id").to_string();
+    let claim = app.claim_and_sweep(Utc::now()).await;
+    let read = app
+        .call(
+            "POST",
+            &format!("/v1/notifications/{note_id}/read"),
+            Some(&user.token),
+            None,
+        )
+        .await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    // A read note is kept 7 days; the push and its delivery 30.
+    assert!(app.ttl_pass(Utc::now() + Duration::days(8)).await >= 1);
+    // Any item under the note's key, whatever it holds (a stub has no `kind`).
+    let notes = || async {
+        let pk = format!("USER#{}", user.openid);
+        app.items()
+            .await
+            .into_iter()
+            .filter(|i| {
+                attr_s(i, "pk") == Some(pk.as_str())
+                    && attr_s(i, "sk").is_some_and(|sk| sk.starts_with("NOTE#"))
+            })
+            .count()
+    };
+    assert_eq!(notes().await, 0, "the note expired");
+
+    let finalized = app
+        .finalize_as(
+            &claim,
+            onegrant::domain::outcome::SendResult::Sent {
+                msgid: Some("3141592653589793238".into()),
+            },
+        )
+        .await;
+    assert!(finalized.late && !finalized.superseded, "{finalized:?}");
+    assert_eq!(notes().await, 0, "no stub");
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(attr_s(&outbox[0], "state"), Some("sent"), "{outbox:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
 /// WeChat's -1: busy, not sent.
 fn busy() -> onegrant::domain::outcome::SendResult {
     onegrant::domain::outcome::SendResult::Refused {

@@ -709,7 +709,23 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<onegrant::store::dispatch::Finalized, StoreError>>,
 {
-    let mut outcome = attempt().await;
+    // Each try ends in time to keep WeChat's answer should it fail (`KEEP_ROOM`): a
+    // try cut short may have landed unseen, which the next try, or keeping the
+    // answer, finds.
+    let bounded = |attempt: Fut| async move {
+        let room = budget
+            .left()
+            .saturating_sub(KEEP_ROOM)
+            .max(Duration::from_secs(1));
+        tokio::time::timeout(room, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    format!("{what}: out of time").into(),
+                ))
+            })
+    };
+    let mut outcome = bounded(attempt()).await;
     let mut tries = 1;
     while let Err(e) = &outcome {
         if tries >= FINALIZE_TRIES || budget.left() < FINALIZE_RETRY_ROOM {
@@ -718,10 +734,13 @@ where
         tracing::warn!(error = %error_chain(e), tries, what, "failed; trying again");
         tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
         tries += 1;
-        outcome = attempt().await;
+        outcome = bounded(attempt()).await;
     }
     outcome
 }
+
+/// The time a finalize's tries leave for keeping WeChat's answer on the delivery.
+const KEEP_ROOM: Duration = Duration::from_secs(3);
 
 /// With the message push configured: the sent events of the claim's template kept
 /// pending while it was in flight, matched again now that it is not.
