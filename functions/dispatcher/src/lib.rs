@@ -596,7 +596,7 @@ async fn dispatch_one(
             // single-item write, tried a few times), so the sweep settles by it
             // rather than declare the send `unknown`.
             let room = budget.left().saturating_sub(Duration::from_millis(500));
-            if tokio::time::timeout(room, keep_answer(deps, &claim, &result, &policy))
+            if tokio::time::timeout(room, Box::pin(keep_answer(deps, &claim, &result, &policy)))
                 .await
                 .is_err()
             {
@@ -717,7 +717,9 @@ where
             .left()
             .saturating_sub(KEEP_ROOM)
             .max(Duration::from_secs(1));
-        tokio::time::timeout(room, attempt)
+        // Boxed: the finalize's future is large, and a debug build's test thread has
+        // a 2 MB stack.
+        tokio::time::timeout(room, Box::pin(attempt))
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::Unavailable(

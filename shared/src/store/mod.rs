@@ -294,13 +294,21 @@ impl Store {
 fn unless_gone<T>(
     sent: Result<T, SdkError<UpdateItemError, aws_smithy_runtime_api::http::Response>>,
 ) -> Result<(), StoreError> {
+    applied(sent).map(|_| ())
+}
+
+/// A conditional single-item update whose failed condition is an answer, not an
+/// error: its output if it applied, None if its condition failed.
+fn applied<T>(
+    sent: Result<T, SdkError<UpdateItemError, aws_smithy_runtime_api::http::Response>>,
+) -> Result<Option<T>, StoreError> {
     match sent {
-        Ok(_) => Ok(()),
+        Ok(out) => Ok(Some(out)),
         Err(e)
             if e.as_service_error()
                 .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
         {
-            Ok(())
+            Ok(None)
         }
         Err(e) => Err(classify_sdk_error(e, |_| false)),
     }

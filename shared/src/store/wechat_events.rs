@@ -9,7 +9,7 @@ use super::grants::rfc3339;
 use super::item::key as key_of;
 use super::keys::{quota_sk, user_pk};
 use super::push::{PushItem, PushKey};
-use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::{Attempt, Store, StoreError, retry_contended};
 use crate::domain::outcome::RetryPolicy;
 use crate::domain::plan::Refusal;
 use crate::domain::push_event::{Choice, PushEvent, PushMessage};
@@ -197,16 +197,7 @@ impl Store {
             .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
             .send()
             .await;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
+        Ok(super::applied(sent)?.is_some())
     }
 
     /// The user refused `template`: the plans of the kinds that use it pause, as a

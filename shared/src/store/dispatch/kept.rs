@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::super::item::key;
 use super::super::keys::{delivery_sk, user_pk};
-use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use super::super::{Attempt, Store, StoreError, retry_contended};
 use super::Claim;
 use crate::domain::outcome::{KeptAnswer, SendResult};
 
@@ -49,17 +49,8 @@ impl Store {
             .expression_attribute_values(":void", AttributeValue::Bool(true))
             .send()
             .await;
-        match cleared {
-            Ok(_) => Ok(()),
-            // Cleared already (a retry of this, or the sweep).
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
+        // (Its condition failing means cleared already: a retry of this, or the sweep.)
+        super::super::applied(cleared).map(|_| ())
     }
 
     /// Keeps WeChat's definite answer on the delivery when its settlement could not
@@ -99,15 +90,6 @@ impl Store {
             .expression_attribute_values(":c", AttributeValue::S(claim.claimer.clone()))
             .send()
             .await;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
-        }
+        Ok(super::super::applied(sent)?.is_some())
     }
 }

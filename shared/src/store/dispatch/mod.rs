@@ -811,24 +811,15 @@ impl Store {
         } else {
             update
         };
-        match update.send().await {
-            Ok(out) => {
-                let failures = out
-                    .attributes()
-                    .and_then(|a| a.get("sweep_failures"))
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                Ok(Some((failures, later)))
-            }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(super::classify_sdk_error(e, |_| false)),
-        }
+        Ok(super::applied(update.send().await)?.map(|out| {
+            let failures = out
+                .attributes()
+                .and_then(|a| a.get("sweep_failures"))
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (failures, later)
+        }))
     }
 }
 
