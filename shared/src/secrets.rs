@@ -8,6 +8,7 @@
 //! AWS SDK. The endpoint is `AWS_ENDPOINT_URL_SECRETS_MANAGER` when set (the tests'
 //! emulator), else the region's.
 
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use aws_credential_types::Credentials;
@@ -16,7 +17,26 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use serde_json::{Value, json};
 
-use crate::config::Secret;
+/// A secret string: usable, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
 
 /// Why a secret could not be read. Names the secret's variable, never its value.
 #[derive(Debug, thiserror::Error)]

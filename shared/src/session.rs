@@ -128,7 +128,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
+    use crate::secrets::Secret;
 
     fn sessions(secret: &str) -> Sessions {
         rotated(secret, None)

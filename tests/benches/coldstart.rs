@@ -21,7 +21,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use onegrant::config::Secret;
+use onegrant::secrets::Secret;
 use onegrant::wechat::push::PushCrypto;
 use onegrant_local::stack::{LOCAL_APPID, LOCAL_PUSH};
 use onegrant_tests::{TestApp, spawn_app_isolated};

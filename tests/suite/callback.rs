@@ -1,7 +1,7 @@
 //! `/wechat/callback`: WeChat's message push, verified before anything is read.
 
 use chrono::Utc;
-use onegrant::config::Secret;
+use onegrant::secrets::Secret;
 use onegrant::wechat::push::PushCrypto;
 use onegrant_local::stack::LOCAL_APPID;
 use onegrant_tests::{TestApp, attr_s, spawn_app_with};

@@ -183,7 +183,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
 
     // wechat-callback: the user turns the template off in WeChat's settings.
     let crypto = onegrant::wechat::push::PushCrypto::new(
-        onegrant::config::Secret::new("AAAAA"),
+        onegrant::secrets::Secret::new("AAAAA"),
         &key,
         onegrant_local::stack::LOCAL_APPID,
     )

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use onegrant::config::Secret;
+use onegrant::secrets::Secret;
 use onegrant::wechat::push::PushCrypto;
 use serde::{Deserialize, Serialize};
 use serde_json::json;

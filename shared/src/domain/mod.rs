@@ -3,6 +3,7 @@
 //! Values from outside (request bodies, config, stored items) become these types at the
 //! edge, through `parse`/`TryFrom`, so the rest of the code never re-checks them.
 
+pub mod consent;
 pub mod grant;
 pub mod ids;
 pub mod inbox;

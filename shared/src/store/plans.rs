@@ -35,7 +35,8 @@ use super::{
     Attempt, Limit, MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt,
     retry_contended,
 };
-use crate::domain::plan::{GrantOnHand, PauseReason, Plan, PlanStatus, Refusal};
+use crate::domain::consent::{GrantOnHand, PauseReason, Refusal};
+use crate::domain::plan::{Plan, PlanStatus};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminder::{CheckIn, ReminderKind, ReminderKinds, Settings, SettingsUpdate};
 use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::{Secret, WechatConfig};
+use crate::config::WechatConfig;
 use crate::domain::OpenId;
 use crate::domain::outcome::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
+use crate::secrets::Secret;
 
 /// Login codes WeChat refused: invalid or expired (40029), already used (40163),
 /// blocked as high-risk (40226). The client must get a new code from `wx.login`.

@@ -17,7 +17,7 @@ use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::No
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
-use crate::config::Secret;
+use crate::secrets::Secret;
 
 type Decryptor = cbc::Decryptor<aes::Aes256>;
 type Encryptor = cbc::Encryptor<aes::Aes256>;

@@ -1,0 +1,120 @@
+//! Consent: a user's refusal of a template and what may lift it (docs/design.md §3).
+//!
+//! A refusal — `reject` or `ban` in a report or check-in, a popup event, or WeChat's
+//! 43101 on a send — pauses the plans of the template's kinds and holds until a grant
+//! the user accepts after it ([`GrantOnHand::New`]). Both the plan state machine and
+//! the outcome table use these types; neither is imported by this module.
+
+use serde::{Deserialize, Serialize};
+
+use super::grant::SubscribeResult;
+
+/// Why a plan is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReason {
+    /// No grant is available for the kind's template.
+    NeedsGrant,
+    /// The user rejected the template.
+    Rejected,
+    /// The user banned the template (or WeChat banned it for the user).
+    Banned,
+    /// A send's outcome is unknown; never resent automatically (I4).
+    Uncertain,
+    /// WeChat refused the template or content (47003, 40037, …): needs an operator.
+    ConfigError,
+    /// A send failed for good (user frozen, openid invalid, retries exhausted).
+    SendFailed,
+    /// WeChat refused a send as not subscribed (43101): the user's refusal, as WeChat
+    /// holds it.
+    Refused,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NeedsGrant => "needs_grant",
+            Self::Rejected => "rejected",
+            Self::Banned => "banned",
+            Self::Uncertain => "uncertain",
+            Self::ConfigError => "config_error",
+            Self::SendFailed => "send_failed",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// Whether the pause is a refusal, which holds until the user accepts the template
+    /// again: only a grant accepted after it resumes the plan — never a grant recorded
+    /// before it, a plain check-in, a settings save or a replay.
+    pub fn holds_until_accept(self) -> bool {
+        match self {
+            Self::Rejected | Self::Banned | Self::Refused => true,
+            Self::NeedsGrant | Self::Uncertain | Self::ConfigError | Self::SendFailed => false,
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "needs_grant" => Self::NeedsGrant,
+            "rejected" => Self::Rejected,
+            "banned" => Self::Banned,
+            "uncertain" => Self::Uncertain,
+            "config_error" => Self::ConfigError,
+            "send_failed" => Self::SendFailed,
+            "refused" => Self::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// A user's refusal of a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Reject,
+    Ban,
+}
+
+impl Refusal {
+    /// The refusal a subscription result makes, if any.
+    pub fn of(result: SubscribeResult) -> Option<Self> {
+        match result {
+            SubscribeResult::Reject => Some(Self::Reject),
+            SubscribeResult::Ban => Some(Self::Ban),
+            SubscribeResult::Accept
+            | SubscribeResult::AcceptWithAudio
+            | SubscribeResult::AcceptWithAlert
+            | SubscribeResult::Filter => None,
+        }
+    }
+}
+
+/// The grants an event that may schedule a plan finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantOnHand {
+    /// None available.
+    None,
+    /// Available, every one recorded before the event.
+    Held,
+    /// The event itself brings a grant the user just accepted (the first application
+    /// of a report or of a check-in that carries one): the only kind that lifts a
+    /// refusal.
+    New,
+}
+
+impl GrantOnHand {
+    /// From whether the event brings a new accept and whether any grant is available.
+    pub fn of(new_accept: bool, available: bool) -> Self {
+        match (new_accept, available) {
+            (true, _) => Self::New,
+            (false, true) => Self::Held,
+            (false, false) => Self::None,
+        }
+    }
+
+    pub fn any(self) -> bool {
+        match self {
+            Self::None => false,
+            Self::Held | Self::New => true,
+        }
+    }
+}
