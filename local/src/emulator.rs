@@ -1,6 +1,6 @@
 //! Starts the embedded DynamoDB emulator: moto, pinned in `.venv` by `scripts/setup`,
 //! behind `scripts/moto_serial.py`, which applies requests one at a time (moto's own
-//! threaded server is not atomic; DESIGN.md §7).
+//! threaded server is not atomic; docs/design.md §7).
 //!
 //! The child watches its standard input and exits when it closes, so it dies with its
 //! parent even on SIGKILL: no emulator outlives a test run or a local stack.

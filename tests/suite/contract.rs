@@ -96,7 +96,7 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     onegrant_tests::openapi::assert_conforms("POST", "/v1/grants", 200, &body);
     assert_eq!(onegrant_tests::quota(&body, WATER)["accepted"], 1);
 
-    // The sample notification, from the publisher the README's deploy example allows.
+    // The sample notification, from the publisher docs/deployment.md's example allows.
     let answer = invoke(
         &app,
         "NotifyFunction",

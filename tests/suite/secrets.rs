@@ -44,7 +44,7 @@ async fn operate(target: &str, body: Value) -> Value {
     answer.json().await.expect("JSON")
 }
 
-/// The README's rotation: the new value staged AWSPENDING, then made AWSCURRENT (the old
+/// The rotation of docs/deployment.md: the new value staged AWSPENDING, then made AWSCURRENT (the old
 /// one becomes AWSPREVIOUS). Between the two, `between` runs.
 async fn rotate<F: std::future::Future<Output = ()>>(arn: &str, value: &str, between: F) {
     let staged = operate(

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// How long finished items are kept, and the guards against a runaway client.
-/// The defaults are what the README documents.
+/// The defaults are what docs/configuration.md documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub retention: Retention,

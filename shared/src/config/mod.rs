@@ -24,7 +24,7 @@
 //! | `NOTIFY_SOURCES` | comma-separated EventBridge `source`s `notify` accepts (the stack sets its `NotifyPublishers`' sources); unset: any | any |
 //! | `CHECKINS_PER_MINUTE` | most new check-ins of one reminder kind per user and minute (1–600); past it 429 | 60 |
 //! | `HANDLER_BUDGET_MS` | how long an HTTP handler works before answering 503 with `Retry-After` (1000–900000): under the function's timeout (10 s in `template.yaml`) | 9000 |
-//! | `AUDIT_TRAIL` | `true`: every change of a grant, delivery or plan also writes a history entry in its transaction (README, "Audit trail"); `false` saves those writes | `true` |
+//! | `AUDIT_TRAIL` | `true`: every change of a grant, delivery or plan also writes a history entry in its transaction (docs/operations.md, "Audit trail"); `false` saves those writes | `true` |
 //! | `PUSH_EVENTS` | `true` where WeChat's message push is configured: grant reports and check-ins leave marks for popup events to confirm their grants (one more read per accepted template), and every settled send looks for a sent event kept pending for it (one more read per send) | `true` when `WECHAT_PUSH_TOKEN` is set, else `false` |
 //!
 //! Secrets are held in [`Secret`], whose `Debug` prints `***`, so a logged config never
@@ -100,7 +100,7 @@ pub struct Config {
     pub session: SessionConfig,
     pub templates: Templates,
     pub reminders: ReminderKinds,
-    /// How many partitions the due and lease indexes are spread over (DESIGN.md §6).
+    /// How many partitions the due and lease indexes are spread over (docs/design.md §6).
     pub due_shards: u32,
     pub dispatch: DispatchConfig,
     /// Retention of finished items and the guards against runaway clients.

@@ -1,5 +1,5 @@
 //! What a WeChat send's answer means for the delivery, the grant and the plan
-//! (DESIGN.md §5). Pure: the WeChat client classifies an answer ([`SendResult::class`]),
+//! (docs/design.md §5). Pure: the WeChat client classifies an answer ([`SendResult::class`]),
 //! [`settle`] turns the class into what happens to the delivery, the grant and the
 //! claimed item, and the store only writes that down.
 
@@ -83,7 +83,7 @@ impl KeptAnswer {
     }
 }
 
-/// The outcome classes of DESIGN.md §5.
+/// The outcome classes of docs/design.md §5.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeClass {
@@ -165,7 +165,7 @@ impl SendResult {
     }
 }
 
-/// Where a delivery stands (DESIGN.md §3): `claimed → sending → sent | failed |
+/// Where a delivery stands (docs/design.md §3): `claimed → sending → sent | failed |
 /// unknown`. Claims are written `sending` directly, once the per-openid turn and the
 /// access token are in hand; `claimed` remains readable for items older than that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,7 +260,7 @@ pub enum FollowUp {
 }
 
 /// What a send's outcome does to the delivery, its grant and the claimed item: one row
-/// of DESIGN.md §5, with the attempt count and retry time filled in.
+/// of docs/design.md §5, with the attempt count and retry time filled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {
     pub class: OutcomeClass,
@@ -274,7 +274,7 @@ pub struct Settlement {
     pub follow_up: FollowUp,
 }
 
-/// The outcome table (DESIGN.md §5) as a function: a send of `class` (WeChat's
+/// The outcome table (docs/design.md §5) as a function: a send of `class` (WeChat's
 /// `errcode`, if it answered one) on an item that had failed `attempts` times in a row.
 pub fn settle(
     class: OutcomeClass,

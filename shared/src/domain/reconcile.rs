@@ -1,5 +1,5 @@
 //! Reconciling WeChat's `subscribe_msg_sent_event` with sends whose outcome is unknown
-//! (DESIGN.md §5, I4).
+//! (docs/design.md §5, I4).
 //!
 //! WeChat pushes one sent event per message it took, naming the user, the template and
 //! the msgid (the same id its send answer carries). A send recorded `unknown` has no

@@ -1,4 +1,4 @@
-//! The next-due rule (DESIGN.md §4): when the next reminder is due after a check-in.
+//! The next-due rule (docs/design.md §4): when the next reminder is due after a check-in.
 //!
 //! Pure: it takes the check-in instant and the settings and returns an instant (UTC).
 //! Rules, in the user's zone: next = check-in + interval; before wake → that day's
@@ -217,7 +217,7 @@ impl Schedule {
         at
     }
 
-    /// DESIGN.md §4: the next reminder after a check-in at `checkin`.
+    /// docs/design.md §4: the next reminder after a check-in at `checkin`.
     pub fn next_due(&self, checkin: DateTime<Utc>, goal_reached: bool) -> DateTime<Utc> {
         if goal_reached {
             let today = self.waking_day(checkin);

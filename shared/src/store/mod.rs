@@ -1,7 +1,7 @@
 //! The DynamoDB single-table store.
 //!
 //! All user-owned items share `pk = USER#<openid>`, so one query answers any screen
-//! (DESIGN.md §6). Every state change is a conditional write or a single
+//! (docs/design.md §6). Every state change is a conditional write or a single
 //! `TransactWriteItems`; replays are answered from `ReturnValuesOnConditionCheckFailure =
 //! ALL_OLD` without a second read. Item mapping (serde_dynamo) stays inside this module.
 //!
@@ -38,7 +38,7 @@ pub use grants::{GrantEntry, GrantsRecorded};
 pub struct Store {
     client: aws_sdk_dynamodb::Client,
     table: String,
-    /// Partitions of the due and lease indexes (DESIGN.md §6).
+    /// Partitions of the due and lease indexes (docs/design.md §6).
     shards: u32,
     limits: Limits,
     /// Shared by every clone: caps the index queries a tick has in flight (see

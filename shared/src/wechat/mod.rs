@@ -449,7 +449,7 @@ impl WechatClient {
         };
         let errcode = match answer.get("errcode") {
             // WeChat always answers an errcode; without one the answer is unreadable
-            // and the message may have gone (DESIGN.md §5).
+            // and the message may have gone (docs/design.md §5).
             None => {
                 return SendResult::Uncertain {
                     reason: "answer without errcode".into(),

@@ -92,7 +92,7 @@ impl Plan {
     }
 
     /// The next due instant counting from `anchor` (a check-in, or now): the next-due
-    /// rule with the goal judged on `anchor`'s waking day (DESIGN.md §4).
+    /// rule with the goal judged on `anchor`'s waking day (docs/design.md §4).
     pub fn next_due(
         &self,
         anchor: DateTime<Utc>,

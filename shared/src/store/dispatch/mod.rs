@@ -1,4 +1,4 @@
-//! Deliveries: the dispatcher's writes, split by step (DESIGN.md §2 I1, I4–I6, §5).
+//! Deliveries: the dispatcher's writes, split by step (docs/design.md §2 I1, I4–I6, §5).
 //!
 //! - [`due`]: the due index, every shard queried in parallel.
 //! - [`claim`]: one transaction takes a due plan or push (`scheduled`/`pending` →
