@@ -1,9 +1,11 @@
 'use strict';
 // The real local stack for the integration tests: `onegrant-local` (built by cargo; its
-// path in ONEGRANT_LOCAL_BIN or target/debug) on free ports with its own DynamoDB
+// path in ONEGRANT_LOCAL_BIN, else $CARGO_TARGET_DIR/debug or target/debug) on free
+// ports with its own DynamoDB
 // emulator and WeChat stand-in, and wx adapters that reach it over real HTTP.
 
 const { spawn } = require('node:child_process');
+const fs = require('node:fs');
 const net = require('node:net');
 const path = require('node:path');
 
@@ -20,7 +22,12 @@ function freePort() {
 
 async function startStack() {
   const root = path.resolve(__dirname, '..', '..');
-  const binary = process.env.ONEGRANT_LOCAL_BIN || path.join(root, 'target', 'debug', 'onegrant-local');
+  const target = process.env.CARGO_TARGET_DIR ? path.resolve(root, process.env.CARGO_TARGET_DIR) : path.join(root, 'target');
+  const binary = process.env.ONEGRANT_LOCAL_BIN || path.join(target, 'debug', 'onegrant-local');
+  if (!fs.existsSync(binary)) {
+    throw new Error(`${binary} is missing: build it first with \`cargo build --bin onegrant-local\` `
+      + '(or run scripts/test, which builds it), or set ONEGRANT_LOCAL_BIN to its path');
+  }
   const [api, invoke, standin] = [await freePort(), await freePort(), await freePort()];
   const env = Object.assign({}, process.env, {
     ONEGRANT_API_PORT: String(api),
@@ -35,6 +42,7 @@ async function startStack() {
     let seen = '';
     const timer = setTimeout(() => reject(new Error('the local stack did not start in 120 s')), 120000);
     child.on('exit', (code) => reject(new Error(`onegrant-local exited with ${code}`)));
+    child.on('error', (err) => { clearTimeout(timer); reject(new Error(`${binary} could not start: ${err.message}`)); });
     child.stdout.on('data', (chunk) => {
       seen += chunk.toString();
       if (seen.includes('Ctrl-C stops everything')) {
