@@ -105,8 +105,11 @@ async fn malformed_events_are_refused_and_store_nothing() {
     let mut long_title = event(&user, "k", false);
     long_title["title"] = json!("长".repeat(101));
     for detail in [no_key, bad_openid, long_title, json!("not an object")] {
+        app.round_trips.take();
         let answer = app.notify(detail.clone()).await;
         assert_eq!(answer["status"], "invalid", "{detail}: {answer}");
+        // Refused on the event alone: the database is never asked.
+        assert_eq!(app.round_trips.take(), Vec::<String>::new(), "{detail}");
     }
     let no_detail = app
         .invoke(

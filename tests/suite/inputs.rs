@@ -226,6 +226,7 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
         ),
     ];
     for (name, auth, body, status, code) in cases {
+        app.round_trips.take();
         let mut request = app
             .http
             .post(format!("{}/v1/grants", app.base_url))
@@ -245,6 +246,7 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
             (status, Some(code)),
             "{name}: {got}"
         );
+        assert_eq!(app.round_trips.take(), Vec::<String>::new(), "{name}");
     }
     for (name, header) in [
         ("no token", None),
@@ -541,6 +543,7 @@ async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_st
     ];
     for (name, method, path, body, status, code) in cases {
         let body = (!body.is_empty()).then(|| body.into_bytes());
+        app.round_trips.take();
         let answer = app.call(method, path, Some(&token), body).await;
         assert_eq!(
             (answer.status, answer.body["error"]["code"].as_str()),
@@ -548,6 +551,8 @@ async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_st
             "{name}: {}",
             answer.body
         );
+        // Refused on the body alone: the database is never asked.
+        assert_eq!(app.round_trips.take(), Vec::<String>::new(), "{name}");
     }
     let unauthenticated = app.call("GET", "/v1/reminders/water", None, None).await;
     assert_eq!(unauthenticated.status, 401);

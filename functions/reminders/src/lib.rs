@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
-use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsUpdate};
+use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsPatch};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::history::attributed;
 use onegrant::store::plans::CheckInOutcome;
@@ -57,8 +57,10 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = Utc::now();
+    // Every field is checked before the plan is read; only the merged whole needs it.
+    let patch = SettingsPatch::from_json(&body)?;
     let current = deps.store.plan(&openid, kind).await?;
-    let update = SettingsUpdate::from_json(&body, &current.plan.settings)?;
+    let update = patch.apply(&current.plan.settings)?;
     let saved = attributed(
         "settings",
         deps.store.save_settings(&openid, kind, &update, now),

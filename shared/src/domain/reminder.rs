@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use super::grant::SubscribeResult;
 use super::ids::{IdError, RequestId, TemplateId};
-use super::schedule::{Schedule, ScheduleError, TimeOfDay, Timezone};
+use super::schedule::{
+    MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES, Schedule, ScheduleError, TimeOfDay, Timezone,
+};
 use super::template::Templates;
 
 /// Daily goals onegrant accepts.
@@ -277,9 +279,21 @@ fn str_field<'a>(
     }
 }
 
-impl SettingsUpdate {
-    /// Validates a body against the current settings: absent fields keep their value.
-    pub fn from_json(body: &Value, current: &Settings) -> Result<Self, SettingsError> {
+/// A settings body, every field it gives checked on its own: what can be refused
+/// before anything is read. [`SettingsPatch::apply`] completes it with the current
+/// settings (absent fields keep their value) and checks the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettingsPatch {
+    enabled: bool,
+    interval_minutes: Option<u32>,
+    wake_time: Option<TimeOfDay>,
+    sleep_time: Option<TimeOfDay>,
+    timezone: Option<Timezone>,
+    daily_goal: Option<u32>,
+}
+
+impl SettingsPatch {
+    pub fn from_json(body: &Value) -> Result<Self, SettingsError> {
         let object = body
             .as_object()
             .ok_or_else(|| SettingsError::Shape("the body must be a JSON object".into()))?;
@@ -293,41 +307,69 @@ impl SettingsUpdate {
         let sleep = str_field(object, "sleep_time").map_err(SettingsError::Shape)?;
         let zone = str_field(object, "timezone").map_err(SettingsError::Shape)?;
         let goal = u32_field(object, "daily_goal").map_err(SettingsError::Shape)?;
-        let s = &current.schedule;
-        let interval = match interval {
-            None => s.interval_minutes(),
-            Some(i) => {
-                u32::try_from(i).map_err(|_| SettingsError::Schedule(ScheduleError::Interval))?
-            }
+        let interval_minutes = interval
+            .map(|i| {
+                u32::try_from(i)
+                    .ok()
+                    .filter(|i| (MIN_INTERVAL_MINUTES..=MAX_INTERVAL_MINUTES).contains(i))
+                    .ok_or(SettingsError::Schedule(ScheduleError::Interval))
+            })
+            .transpose()?;
+        let time = |value: Option<&str>, name| {
+            value
+                .map(|v| TimeOfDay::parse(v, name).map_err(SettingsError::Schedule))
+                .transpose()
         };
-        let wake = match wake {
-            None => s.wake_time(),
-            Some(w) => TimeOfDay::parse(w, "wake_time").map_err(SettingsError::Schedule)?,
-        };
-        let sleep = match sleep {
-            None => s.sleep_time(),
-            Some(w) => TimeOfDay::parse(w, "sleep_time").map_err(SettingsError::Schedule)?,
-        };
-        let timezone = match zone {
-            None => s.timezone(),
-            Some(z) => Timezone::parse(z).map_err(SettingsError::Schedule)?,
-        };
-        let daily_goal = match goal {
-            None => current.daily_goal,
-            Some(g) => u32::try_from(g)
-                .ok()
-                .filter(|g| (1..=MAX_DAILY_GOAL).contains(g))
-                .ok_or(SettingsError::DailyGoal)?,
-        };
-        let schedule =
-            Schedule::new(interval, wake, sleep, timezone).map_err(SettingsError::Schedule)?;
+        let wake_time = time(wake, "wake_time")?;
+        let sleep_time = time(sleep, "sleep_time")?;
+        let timezone = zone
+            .map(|z| Timezone::parse(z).map_err(SettingsError::Schedule))
+            .transpose()?;
+        if wake_time.is_some() && wake_time == sleep_time {
+            return Err(SettingsError::Schedule(ScheduleError::EmptyDay));
+        }
+        let daily_goal = goal
+            .map(|g| {
+                u32::try_from(g)
+                    .ok()
+                    .filter(|g| (1..=MAX_DAILY_GOAL).contains(g))
+                    .ok_or(SettingsError::DailyGoal)
+            })
+            .transpose()?;
         Ok(Self {
             enabled,
+            interval_minutes,
+            wake_time,
+            sleep_time,
+            timezone,
+            daily_goal,
+        })
+    }
+
+    /// The update this patch makes to `current`.
+    pub fn apply(&self, current: &Settings) -> Result<SettingsUpdate, SettingsError> {
+        let s = &current.schedule;
+        let schedule = Schedule::new(
+            self.interval_minutes.unwrap_or(s.interval_minutes()),
+            self.wake_time.unwrap_or(s.wake_time()),
+            self.sleep_time.unwrap_or(s.sleep_time()),
+            self.timezone.unwrap_or(s.timezone()),
+        )
+        .map_err(SettingsError::Schedule)?;
+        Ok(SettingsUpdate {
+            enabled: self.enabled,
             settings: Settings {
                 schedule,
-                daily_goal,
+                daily_goal: self.daily_goal.unwrap_or(current.daily_goal),
             },
         })
+    }
+}
+
+impl SettingsUpdate {
+    /// Validates a body against the current settings: absent fields keep their value.
+    pub fn from_json(body: &Value, current: &Settings) -> Result<Self, SettingsError> {
+        SettingsPatch::from_json(body)?.apply(current)
     }
 }
 
