@@ -12,7 +12,7 @@ use onegrant::Deps;
 use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsPatch};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::history::attributed;
-use onegrant::store::plans::CheckInOutcome;
+use onegrant::store::reminders::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
 
 /// The handler as `onegrant::http::run` and the local stack take it.

@@ -7,7 +7,7 @@
 //! body is decrypted or parsed. A timestamp outside ±5 minutes, a body over 64 KiB, or
 //! any failed check answers 401 (413) and changes nothing. A push that verifies but
 //! cannot be read is answered `success` (WeChat's retries would not make it readable)
-//! and logged; one that reads is recorded once (`store::push`), applied once (a
+//! and logged; one that reads is recorded once (`store::callback`), applied once (a
 //! refusal voids the template's available grants and pauses its plans) and answered
 //! `success`.
 
@@ -19,7 +19,7 @@ use onegrant::Deps;
 use onegrant::config::{PushConfig, PushMode};
 use onegrant::domain::push_event::{self, PushEvent};
 use onegrant::http::{ApiError, respond};
-use onegrant::store::push::PushRecorded;
+use onegrant::store::callback::PushRecorded;
 use onegrant::telemetry::openid_hash;
 use onegrant::wechat::push::PushCrypto;
 

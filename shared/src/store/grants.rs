@@ -16,16 +16,18 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
-use chrono::{DateTime, SecondsFormat, Utc};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::item::{key, n, s};
-use super::keys::{QUOTA_PREFIX, grant_sk, quota_sk, report_rate_sk, user_pk};
-use super::{Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt};
 use crate::domain::reminder::ReminderKinds;
+use crate::store::items::grant::GrantItem;
+use crate::store::items::quota::quota_update_item;
+use crate::store::items::{key, n, rfc3339, s};
+use crate::store::keys::{QUOTA_PREFIX, report_rate_sk, user_pk};
+use crate::store::tx::{is_condition_failed, transact_unavailable};
+use crate::store::{Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt};
+
 use crate::domain::{
     GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
     TemplateId,
@@ -48,70 +50,11 @@ pub struct GrantsRecorded {
     pub written: usize,
 }
 
-/// The ledger item: a grant when `result` accepts, a recorded refusal otherwise.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct GrantItem {
-    pub(super) pk: String,
-    pub(super) sk: String,
-    kind: String,
-    pub(super) template_id: TemplateId,
-    pub(super) request_id: RequestId,
-    pub(super) result: SubscribeResult,
-    /// Present only on grants (accepted results).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) state: Option<GrantState>,
-    created_at: String,
-    version: u64,
-    /// Set once the item is final (a refusal at once, a grant when consumed or
-    /// invalid): DynamoDB's TTL removes it after the grants retention.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expires_at: Option<i64>,
-}
-
-impl GrantItem {
-    /// A new ledger item: `available` when the result grants; a refusal is final from
-    /// the start and expires after `retention`.
-    pub(super) fn new(
-        pk: &str,
-        template: &TemplateId,
-        request_id: &RequestId,
-        result: SubscribeResult,
-        now: DateTime<Utc>,
-        retention: chrono::Duration,
-    ) -> Self {
-        Self {
-            pk: pk.to_string(),
-            sk: grant_sk(template, request_id),
-            kind: "grant".into(),
-            template_id: template.clone(),
-            request_id: request_id.clone(),
-            result,
-            state: result.grants().then_some(GrantState::Available),
-            created_at: rfc3339(now),
-            version: 0,
-            expires_at: (!result.grants()).then(|| (now + retention).timestamp()),
-        }
-    }
-
-    fn entry(&self) -> GrantEntry {
-        GrantEntry {
-            template_id: self.template_id.clone(),
-            request_id: self.request_id.clone(),
-            result: self.result,
-            status: self.state.into(),
-        }
-    }
-}
-
 #[derive(Debug, Deserialize)]
 struct QuotaItem {
     template_id: TemplateId,
     #[serde(flatten)]
     counters: QuotaCounters,
-}
-
-pub(super) fn rfc3339(now: DateTime<Utc>) -> String {
-    now.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 impl Store {
@@ -178,7 +121,7 @@ impl Store {
             let (rate, retry_after) = self.report_rate(&pk, now)?;
             items.push(rate);
             if self.limits.audit {
-                items = super::history::with_history(
+                items = crate::store::history::with_history(
                     items,
                     &self.table,
                     now,
@@ -189,7 +132,7 @@ impl Store {
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(items))
-                .client_request_token(super::request_token())
+                .client_request_token(crate::store::request_token())
                 .send()
                 .await;
             match sent {
@@ -217,7 +160,7 @@ impl Store {
                     else {
                         let error = classify_sdk_error(err, transact_unavailable);
                         if matches!(error, StoreError::Unavailable(_)) {
-                            super::contended_pause("grant report", attempt).await;
+                            crate::store::contended_pause("grant report", attempt).await;
                             continue;
                         }
                         return Err(error);
@@ -225,7 +168,7 @@ impl Store {
                     let mut replays = 0;
                     let mut limited = None;
                     for (index, reason) in cancelled.cancellation_reasons().iter().enumerate() {
-                        if reason.code() != Some("ConditionalCheckFailed") {
+                        if !reason.code().is_some_and(is_condition_failed) {
                             continue;
                         }
                         if index == rate_index {
@@ -271,7 +214,7 @@ impl Store {
                         _ if replays > 0 => {}
                         Some(limit) => return Err(StoreError::Limited(limit)),
                         // Cancelled by a conflicting transaction or a throttle: back off.
-                        None => super::contended_pause("grant report", attempt).await,
+                        None => crate::store::contended_pause("grant report", attempt).await,
                     }
                 }
             }
@@ -343,115 +286,4 @@ impl Store {
             retry_after,
         ))
     }
-
-    pub(super) fn put_new(
-        &self,
-        item: HashMap<String, AttributeValue>,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(pk)")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().put(put).build())
-    }
-}
-
-/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant
-/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]) while fewer
-/// than `cap` are available, the refusal recorded for reject/ban, nothing for filter.
-pub(super) fn quota_update_item(
-    table: &str,
-    pk: &str,
-    template: &TemplateId,
-    request_id: &RequestId,
-    result: SubscribeResult,
-    now: DateTime<Utc>,
-    limits: &crate::config::Limits,
-) -> Result<Option<TransactWriteItem>, StoreError> {
-    if !(result.grants() || result.refuses()) {
-        return Ok(None);
-    }
-    let update = Update::builder()
-        .table_name(table)
-        .key("pk", AttributeValue::S(pk.to_string()))
-        .key("sk", AttributeValue::S(quota_sk(template)))
-        .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-        .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
-        .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
-    let update = if result.grants() {
-        let update = if limits.push_events {
-            // The tap's mark, for a popup accept of it to confirm (store::taps).
-            let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
-            update
-                .update_expression(
-                    "SET template_id = :t, kind = :kind, updated_at = :now \
-                     ADD accepted :one, available :one, #open :id, #taps :tap",
-                )
-                .expression_attribute_names("#taps", super::taps::TAPS_REPORTED)
-                .expression_attribute_values(":tap", AttributeValue::Ss(vec![tap]))
-        } else {
-            update.update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now \
-                 ADD accepted :one, available :one, #open :id",
-            )
-        };
-        update
-            .condition_expression("attribute_not_exists(available) OR available < :cap")
-            .expression_attribute_names("#open", OPEN_AVAILABLE)
-            .expression_attribute_values(
-                ":cap",
-                AttributeValue::N(limits.max_open_grants.to_string()),
-            )
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
-    } else {
-        update
-            .update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
-            )
-            .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
-    };
-    let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(Some(TransactWriteItem::builder().update(update).build()))
-}
-
-/// The quota item's set of the request ids of its `available` grants: a claim picks
-/// one from it and invalidation reads it, so neither touches the grant history.
-pub(super) const OPEN_AVAILABLE: &str = "open_available";
-/// The quota item's set of the request ids of its `reserved` grants.
-pub(super) const OPEN_RESERVED: &str = "open_reserved";
-/// When the template's grants were last voided on purpose (a disable, a refusal,
-/// 43101), epoch ms: a grant the sweep voided for a send claimed before that is never
-/// given back by the send's late answer.
-pub(super) const VOIDED_AT: &str = "voided_at";
-/// WeChat's time (`CreateTime`, epoch seconds) of the newest popup or change event
-/// applied for the template: an event older than it changes nothing (WeChat's order,
-/// not arrival order, decides).
-pub(super) const CHOICE_AT: &str = "choice_at";
-/// The quota item's marks of sends whose outcome is unknown, for WeChat's sent event
-/// to settle ([`Mark`](crate::domain::reconcile::Mark): claim time, delivery id).
-pub(super) const OPEN_UNKNOWN: &str = "open_unknown";
-/// The quota item's marks of sends recorded `sent` whose sent event has not come yet
-/// (record time, msgid), so that event is never taken for an unknown send's.
-pub(super) const SENT_MARKS: &str = "sent_marks";
-/// The quota item's marks of sends in flight (claim time, delivery id): a sent event
-/// arriving meanwhile may be theirs.
-pub(super) const INFLIGHT: &str = "inflight";
-/// The quota item's sent events kept for when a send in flight settles (create time,
-/// `<msgid>:<errcode>`).
-pub(super) const PENDING_EVENTS: &str = "pending_events";
-
-/// Transaction errors that mean "try again later".
-pub(super) fn transact_unavailable(err: &TransactWriteItemsError) -> bool {
-    matches!(
-        err,
-        TransactWriteItemsError::TransactionInProgressException(_)
-            | TransactWriteItemsError::ProvisionedThroughputExceededException(_)
-            | TransactWriteItemsError::RequestLimitExceeded(_)
-            | TransactWriteItemsError::ThrottlingException(_)
-            | TransactWriteItemsError::InternalServerError(_)
-    )
 }

@@ -17,8 +17,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::keys::{DELIVERY_PREFIX, GRANT_PREFIX, PLAN_PREFIX};
-use super::{StoreError, corrupt};
+use crate::store::keys::{DELIVERY_PREFIX, GRANT_PREFIX, PLAN_PREFIX};
+use crate::store::{StoreError, corrupt};
 
 tokio::task_local! {
     static CAUSE: String;

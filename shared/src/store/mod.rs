@@ -5,25 +5,37 @@
 //! `TransactWriteItems`; replays are answered from `ReturnValuesOnConditionCheckFailure =
 //! ALL_OLD` without a second read. Item mapping (serde_dynamo) stays inside this module.
 //!
+//! Plumbing, which every feature uses and which uses no feature:
 //! - [`keys`]: the key formats, in one place.
-//! - [`item`]: attribute values, keys and typed items in and out.
+//! - `items`: the typed items (plan, grant, quota, outbox, recorded event) in and out,
+//!   and the writes that move them; attribute names and state strings live there.
+//! - `tx`: the transaction engine (one token per transaction, the answer sorted).
+//! - `snapshot`: loading a plan with its quota item in one round trip.
+//! - `open_grants`: voiding a template's open grants, repairing their lists.
+//! - `consent`: plans moved by a user's choice (a report, a refusal).
+//! - `taps`: pairing reported taps with WeChat's popup events.
+//! - [`history`]: the audit trail written with every change, and its reader.
+//!
+//! Features, one per handler, each depending only on the plumbing and the domain:
 //! - [`grants`]: grant reports and quota counters.
-//! - [`plans`]: reminder plans, settings, check-ins and the due index.
+//! - [`reminders`]: plans, settings and check-ins.
 //! - [`inbox`]: notifications, the unread counter and the outbox.
 //! - [`dispatch`]: due items, claims, finalizes and the sweep.
-//! - [`push`]: WeChat's pushed events, recorded once; [`wechat_events`]: what they do,
-//!   applied in WeChat's order.
+//! - [`callback`]: WeChat's pushed events, recorded once and applied in WeChat's order.
 
+pub mod callback;
+mod consent;
 pub mod dispatch;
 pub mod grants;
 pub mod history;
 pub mod inbox;
-mod item;
+mod items;
 pub mod keys;
-pub mod plans;
-pub mod push;
-pub mod taps;
-pub mod wechat_events;
+mod open_grants;
+pub mod reminders;
+mod snapshot;
+mod taps;
+mod tx;
 
 use std::time::Duration;
 
@@ -214,12 +226,12 @@ impl Store {
     }
 
     /// One item, strongly consistent.
-    pub(crate) async fn get(&self, pk: &str, sk: &str) -> Result<Option<item::Item>, StoreError> {
+    pub(crate) async fn get(&self, pk: &str, sk: &str) -> Result<Option<items::Item>, StoreError> {
         Ok(self
             .client
             .get_item()
             .table_name(&self.table)
-            .set_key(Some(item::key(pk, sk)))
+            .set_key(Some(items::key(pk, sk)))
             .consistent_read(true)
             .send()
             .await
@@ -239,7 +251,7 @@ impl Store {
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(item::key(pk, sk)))
+            .set_key(Some(items::key(pk, sk)))
             .update_expression("ADD #set :member")
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_names("#set", name)
@@ -265,7 +277,7 @@ impl Store {
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(item::key(pk, sk)))
+            .set_key(Some(items::key(pk, sk)))
             .condition_expression("attribute_exists(pk)");
         for (i, (name, members)) in sets.iter().enumerate() {
             if members.is_empty() {

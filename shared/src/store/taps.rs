@@ -14,22 +14,17 @@
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use super::grants::rfc3339;
-use super::item::{key, n, s};
-use super::keys::{grant_sk, quota_sk, user_pk};
-use super::plans::{TxOutcome, condition_failed};
-use super::{Attempt, Store, StoreError, retry_contended};
 use crate::domain::reconcile::{Mark, pair_taps, tap_is_stale};
 use crate::domain::{OpenId, RequestId, TemplateId};
-
-/// The quota item's marks of client-reported grants not yet confirmed.
-pub(super) const TAPS_REPORTED: &str = "taps_reported";
-/// The quota item's marks of popup accepts not yet paired with a reported grant.
-pub(super) const TAPS_POPUP: &str = "taps_popup";
+use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED};
+use crate::store::items::{key, n, rfc3339, s};
+use crate::store::keys::{grant_sk, quota_sk, user_pk};
+use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// The set members of `name` on an item, as marks (members that are not marks are
 /// left out).
-fn marks(item: &super::item::Item, name: &str) -> Vec<Mark> {
+fn marks(item: &crate::store::items::Item, name: &str) -> Vec<Mark> {
     item.get(name)
         .and_then(|v| v.as_ss().ok())
         .map(|members| members.iter().filter_map(|m| Mark::parse(m)).collect())
@@ -39,7 +34,7 @@ fn marks(item: &super::item::Item, name: &str) -> Vec<Mark> {
 impl Store {
     /// The write that leaves a popup accept's mark on the quota item of `template`
     /// (creating the item if the user has reported nothing yet).
-    pub(super) fn popup_tap(
+    pub(crate) fn popup_tap(
         &self,
         pk: &str,
         template: &TemplateId,
@@ -123,7 +118,7 @@ impl Store {
 
     /// [`Store::pair_taps`] after a write that already landed: a failure is logged,
     /// not returned.
-    pub(super) async fn pair_taps_logged(
+    pub(crate) async fn pair_taps_logged(
         &self,
         openid: &OpenId,
         template: &TemplateId,

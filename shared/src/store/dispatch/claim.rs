@@ -6,20 +6,23 @@ use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Duration, Utc};
 
-use super::super::grants::{GrantItem, INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, rfc3339};
-use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
-use super::super::item::{key, n, parse, s, to_item};
-use super::super::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sort_key};
-use super::super::plans::OpenGrants;
-use super::super::plans::TxOutcome;
-use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
-use super::{Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead, grant_state_name};
-use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::outcome::{DeliveryState, OutboxState};
 use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
-use crate::domain::{QuotaCounters, RequestId, TemplateId};
+use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
+use crate::store::items::grant::GrantItem;
+use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants};
+use crate::store::items::{key, n, parse, rfc3339, s, to_item};
+use crate::store::keys::{SortKey, delivery_sk, grant_sk, lease_pk, quota_sk, sort_key};
+use crate::store::open_grants::{REPAIR_CHUNK, SetFix};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+
+use crate::store::dispatch::{
+    Claim, ClaimSource, DeliveryItem, DueItem, OutboxClaim, PlanRead, grant_state_name,
+};
 
 /// How a claim attempt ended.
 #[derive(Debug, Clone)]
@@ -145,17 +148,17 @@ impl Store {
                         let failed: Vec<usize> = reasons
                             .iter()
                             .enumerate()
-                            .filter(|(_, (code, _))| code == "ConditionalCheckFailed")
+                            .filter(|(_, (code, _))| is_condition_failed(code))
                             .map(|(i, _)| i)
                             .collect();
                         let only_note = !failed.is_empty()
                             && failed.iter().all(|&i| {
                                 writes
                                     .get(i)
-                                    .is_some_and(super::super::inbox::is_note_update)
+                                    .is_some_and(crate::store::items::outbox::is_note_update)
                             });
                         if only_note {
-                            writes.retain(|w| !super::super::inbox::is_note_update(w));
+                            writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
                             if matches!(self.transact(writes).await?, TxOutcome::Committed) {
                                 return Ok(Attempt::Done(ClaimOutcome::NoGrant));
                             }
@@ -209,7 +212,7 @@ impl Store {
                 TxOutcome::Cancelled(reasons)
                     if reasons
                         .first()
-                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed") =>
+                        .is_some_and(|(code, _)| is_condition_failed(code)) =>
                 {
                     // The item moved on: another dispatcher claimed it, or the user acted.
                     return Ok(Attempt::Done(ClaimOutcome::Lost));
@@ -218,10 +221,10 @@ impl Store {
                 TxOutcome::Cancelled(reasons) => {
                     let grant_refused = reasons
                         .get(1)
-                        .is_some_and(|(code, _)| code == "ConditionalCheckFailed");
+                        .is_some_and(|(code, _)| is_condition_failed(code));
                     let counters_agreed = reasons
                         .get(2)
-                        .is_some_and(|(code, _)| code != "ConditionalCheckFailed");
+                        .is_some_and(|(code, _)| !is_condition_failed(code));
                     if grant.listed && grant_refused && counters_agreed {
                         // Listed as available but not: the list is wrong for this one.
                         tracing::error!(
@@ -671,80 +674,6 @@ impl Store {
             "the quota item's open-grant sets were repaired from the ledger"
         );
     }
-
-    /// One repair transaction: a check per grant, and the quota item's set update.
-    pub(in crate::store) fn set_fix_writes(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-        fixes: &[SetFix],
-    ) -> Result<Vec<TransactWriteItem>, StoreError> {
-        let mut writes = Vec::with_capacity(fixes.len() + 1);
-        let mut clauses = Vec::new();
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))));
-        for (placeholder, name, state) in [
-            ("available", OPEN_AVAILABLE, GrantState::Available),
-            ("reserved", OPEN_RESERVED, GrantState::Reserved),
-        ] {
-            let members: Vec<String> = fixes
-                .iter()
-                .filter(|fix| fix.state == state)
-                .map(|fix| fix.request.to_string())
-                .collect();
-            if members.is_empty() {
-                continue;
-            }
-            clauses.push(format!("#{placeholder} :{placeholder}"));
-            update = update
-                .expression_attribute_names(format!("#{placeholder}"), name)
-                .expression_attribute_values(
-                    format!(":{placeholder}"),
-                    AttributeValue::Ss(members),
-                );
-        }
-        for fix in fixes {
-            let check = ConditionCheck::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(pk, &grant_sk(template, &fix.request))))
-                .condition_expression(if fix.add {
-                    "#s = :state"
-                } else {
-                    "attribute_not_exists(pk) OR #s <> :state"
-                })
-                .expression_attribute_names("#s", "state")
-                .expression_attribute_values(":state", s(grant_state_name(fix.state)))
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            writes.push(TransactWriteItem::builder().condition_check(check).build());
-        }
-        let verb = if fixes.first().is_some_and(|fix| fix.add) {
-            "ADD"
-        } else {
-            "DELETE"
-        };
-        let update = update
-            .update_expression(format!("{verb} {}", clauses.join(", ")))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        writes.push(TransactWriteItem::builder().update(update).build());
-        Ok(writes)
-    }
-}
-
-/// The most grants one repair transaction checks: with the quota item's update, a
-/// transaction's 100 items.
-const REPAIR_CHUNK: usize = 99;
-
-/// One change the repair makes to an open-grant set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::store) struct SetFix {
-    /// The set's state (`available` or `reserved`).
-    pub(in crate::store) state: GrantState,
-    pub(in crate::store) request: RequestId,
-    /// Added (the ledger has it in that state), else deleted (it has not).
-    pub(in crate::store) add: bool,
 }
 
 /// What it takes to make the sets `open` lists the ledger's `ledger`.

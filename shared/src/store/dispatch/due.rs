@@ -2,18 +2,18 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::item::{n, number, s, text};
-use super::super::keys::{due_shard_pk, openid_of};
-use super::super::{Store, StoreError, classify_sdk_error};
-use super::{Index, ShardSpan};
 use crate::domain::OpenId;
+use crate::store::dispatch::{Index, ShardSpan};
+use crate::store::items::{n, number, s, text};
+use crate::store::keys::{due_shard_pk, openid_of};
+use crate::store::{Store, StoreError, classify_sdk_error};
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
 /// claim).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueItem {
-    pub(super) pk: String,
-    pub(super) sk: String,
+    pub(crate) pk: String,
+    pub(crate) sk: String,
     pub due_at: DateTime<Utc>,
 }
 
@@ -37,7 +37,7 @@ pub struct DuePage {
 
 /// A position in one shard of the due index (opaque).
 #[derive(Debug, Clone)]
-pub struct DueCursor(super::super::item::Item);
+pub struct DueCursor(crate::store::items::Item);
 
 impl Store {
     /// Up to `limit` items of due-index partition `shard` due by `horizon`, earliest

@@ -11,26 +11,27 @@
 //! move with the grant in the same transaction, so I2 holds throughout. A late answer
 //! that is itself uncertain changes nothing.
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
-use aws_sdk_dynamodb::types::TransactWriteItem;
-
-use super::super::inbox::{OutboxItem, note_push_update, versioned_put};
-use super::super::item::{parse, to_item};
-use super::super::keys::user_pk;
-use super::super::plans::TxOutcome;
-use super::super::{Attempt, Store, StoreError, retry_contended};
-use super::{
-    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
-};
 use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::plan::PlanStatus;
+use crate::domain::reminder::ReminderKind;
+use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::{parse, to_item};
+use crate::store::keys::user_pk;
+use crate::store::tx::TxOutcome;
+use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::telemetry::error_chain;
+
+use crate::store::dispatch::{
+    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
+};
+
 use crate::domain::outcome::{
     DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
 };
-use crate::domain::plan::PlanStatus;
-use crate::domain::reminder::ReminderKind;
-use crate::telemetry::error_chain;
 
 /// How a finalize ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +48,7 @@ pub struct Finalized {
 
 /// The item a delivery was claimed for.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum SourceRef<'a> {
+pub(crate) enum SourceRef<'a> {
     Plan(&'a ReminderKind),
     /// The outbox item's sort key.
     Outbox(&'a str),
@@ -337,7 +338,7 @@ impl Store {
     /// grant may go back to `available` — not if the user disabled the plan, whose
     /// disable voided it for good.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn late_source(
+    pub(crate) async fn late_source(
         &self,
         pk: &str,
         delivery_id: &str,
@@ -410,7 +411,7 @@ impl Store {
 
     /// A push's writes for a settlement: the outbox item (conditional on its version)
     /// and the notification's push status.
-    pub(super) fn outbox_writes(
+    pub(crate) fn outbox_writes(
         &self,
         pk: &str,
         outbox: &OutboxItem,
@@ -438,7 +439,7 @@ impl Store {
         ])
     }
 
-    pub(super) async fn current_outbox(
+    pub(crate) async fn current_outbox(
         &self,
         pk: &str,
         sk: &str,
@@ -452,7 +453,7 @@ impl Store {
     /// Moves a plan out of `sending` for `delivery_id` by `settlement` — or, `late`,
     /// out of `paused uncertain` for it — re-reading it for each attempt. Nothing
     /// happens (false) if the plan has moved on (disabled, or another delivery's).
-    pub(super) async fn advance_plan(
+    pub(crate) async fn advance_plan(
         &self,
         pk: &str,
         kind: &ReminderKind,

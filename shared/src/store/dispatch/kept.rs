@@ -6,17 +6,17 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use super::super::item::key;
-use super::super::keys::{delivery_sk, user_pk};
-use super::super::{Attempt, Store, StoreError, retry_contended};
-use super::Claim;
 use crate::domain::outcome::{KeptAnswer, SendResult};
+use crate::store::dispatch::Claim;
+use crate::store::items::key;
+use crate::store::keys::{delivery_sk, user_pk};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 impl Store {
     /// Voids the grants of `template` recorded before `claimed_at` (43101's reach),
     /// then takes the delivery that was refused off the lease index: until then its
     /// `void_others` mark keeps it there, so a sweep finishes this if it fails here.
-    pub(super) async fn void_others(
+    pub(crate) async fn void_others(
         &self,
         pk: &str,
         delivery_id: &str,
@@ -50,7 +50,7 @@ impl Store {
             .send()
             .await;
         // (Its condition failing means cleared already: a retry of this, or the sweep.)
-        super::super::applied(cleared).map(|_| ())
+        crate::store::applied(cleared).map(|_| ())
     }
 
     /// Keeps WeChat's definite answer on the delivery when its settlement could not
@@ -90,6 +90,6 @@ impl Store {
             .expression_attribute_values(":c", AttributeValue::S(claim.claimer.clone()))
             .send()
             .await;
-        Ok(super::super::applied(sent)?.is_some())
+        Ok(crate::store::applied(sent)?.is_some())
     }
 }

@@ -40,25 +40,28 @@ pub mod sweep;
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::grants::rfc3339;
-use super::grants::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT};
-use super::inbox::OutboxItem;
-use super::item::{Item, key, n, parse, s, text};
-use super::keys::{delivery_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant};
-use super::plans::OpenGrants;
-use super::plans::TxOutcome;
-use super::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 use crate::domain::outcome::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::plan::Plan;
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
 use crate::domain::reminder::ReminderKind;
 use crate::domain::{GrantState, OpenId, TemplateId};
+use crate::store::items::grant::grant_state_name;
+use crate::store::items::outbox::OutboxItem;
+use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
+use crate::store::keys::{delivery_sk, lease_pk, plan_sk, quota_sk, request_id_of_grant};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
+
+use crate::store::items::quota::{
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, OpenGrants, SENT_MARKS, VOIDED_AT,
+};
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 
 pub use claim::ClaimOutcome;
 pub use due::{DueCursor, DueItem, DuePage};
@@ -332,15 +335,6 @@ enum Settled {
     DeliveryMoved(Option<Box<DeliveryItem>>),
     /// With `retry_whole`: the claimed item moved on; nothing was written.
     SourceMoved,
-}
-
-fn grant_state_name(state: GrantState) -> &'static str {
-    match state {
-        GrantState::Available => "available",
-        GrantState::Reserved => "reserved",
-        GrantState::Consumed => "consumed",
-        GrantState::Invalid => "invalid",
-    }
 }
 
 impl Store {
@@ -629,7 +623,7 @@ impl Store {
                     });
                 }
                 TxOutcome::Contended => {
-                    super::contended_pause("settle", attempt).await;
+                    crate::store::contended_pause("settle", attempt).await;
                     continue;
                 }
                 TxOutcome::Cancelled(reasons) => reasons,
@@ -637,7 +631,7 @@ impl Store {
             let failed = |i: usize| {
                 reasons
                     .get(i)
-                    .is_some_and(|(code, _)| code == "ConditionalCheckFailed")
+                    .is_some_and(|(code, _)| is_condition_failed(code))
             };
             let old = |i: usize| reasons.get(i).and_then(|(_, item)| item.clone());
             if failed(0) {
@@ -668,7 +662,11 @@ impl Store {
                     .clone()
                     .filter(|&i| failed(i))
                     .map(|i| i - start)
-                    .filter(|&i| tx.source.get(i).is_some_and(super::inbox::is_note_update))
+                    .filter(|&i| {
+                        tx.source
+                            .get(i)
+                            .is_some_and(crate::store::items::outbox::is_note_update)
+                    })
                     .collect();
                 if gone_notes.len() == source_range.clone().filter(|&i| failed(i)).count() {
                     // Only notifications their retention removed: their status is not
@@ -688,7 +686,7 @@ impl Store {
                 changed = true;
             }
             if !changed {
-                super::contended_pause("settle", attempt).await;
+                crate::store::contended_pause("settle", attempt).await;
             }
         }
         Err(StoreError::Unavailable(
@@ -739,8 +737,8 @@ impl Store {
         let mut items = vec![TransactWriteItem::builder().update(update).build()];
         // It stops there for good (until an operator acts): the audit trail says so.
         if self.limits.audit {
-            let change = super::history::Change {
-                entity: super::history::entity_name(sk).to_string(),
+            let change = crate::store::history::Change {
+                entity: crate::store::history::entity_name(sk).to_string(),
                 sk: sk.to_string(),
                 to: "quarantined".into(),
                 template_id: None,
@@ -748,7 +746,7 @@ impl Store {
                 errcode: None,
                 reason: Some(format!("{index:?} index")),
             };
-            items.push(super::history::entry(
+            items.push(crate::store::history::entry(
                 pk.to_string(),
                 vec![change],
                 &self.table,
@@ -811,7 +809,7 @@ impl Store {
         } else {
             update
         };
-        Ok(super::applied(update.send().await)?.map(|out| {
+        Ok(crate::store::applied(update.send().await)?.map(|out| {
             let failures = out
                 .attributes()
                 .and_then(|a| a.get("sweep_failures"))
@@ -842,7 +840,7 @@ impl Store {
                 let Some(item) = self.get(pk, &plan_sk(&kind.name)).await? else {
                     return Err(e);
                 };
-                return match parse::<super::plans::PlanItem>("plan", item)
+                return match parse::<crate::store::items::plan::PlanItem>("plan", item)
                     .and_then(|plan| plan.into_plan(kind))
                 {
                     Ok(_) => Err(e),

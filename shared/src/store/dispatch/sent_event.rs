@@ -18,21 +18,24 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Utc};
 
-use super::super::grants::{OPEN_UNKNOWN, PENDING_EVENTS};
-use super::super::item::parse;
-use super::super::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
-use super::super::plans::OpenGrants;
-use super::super::{Attempt, Store, StoreError, retry_contended};
-use super::finalize::SourceRef;
-use super::{DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
 use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
 use crate::domain::push_event::SentItem;
+use crate::domain::reminder::ReminderKinds;
+use crate::domain::{GrantState, OpenId, TemplateId};
+use crate::store::dispatch::finalize::SourceRef;
+use crate::store::items::parse;
+use crate::store::items::quota::{OPEN_UNKNOWN, OpenGrants, PENDING_EVENTS};
+use crate::store::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::telemetry::error_chain;
+
+use crate::store::dispatch::{
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer,
+};
+
 use crate::domain::reconcile::{
     CLOCK_SKEW, EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,
 };
-use crate::domain::reminder::ReminderKinds;
-use crate::domain::{GrantState, OpenId, TemplateId};
-use crate::telemetry::error_chain;
 
 /// How often, and how many times, an event waits for a send in flight to be answered:
 /// 1 s at most, so the callback answers well within WeChat's 5 s (after which it pushes
@@ -141,7 +144,7 @@ impl Store {
                 error_status: String::new(),
             };
             // Settled by WeChat's event, whoever runs the match.
-            let outcome = super::super::history::attributed(
+            let outcome = crate::store::history::attributed(
                 "WeChat sent event (kept pending)",
                 self.match_sent_event(&pk, &event, mark.at, kinds, policy, now),
             )

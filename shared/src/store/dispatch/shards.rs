@@ -11,13 +11,14 @@
 //! finished — the remembered count comes down and the extra queries stop.
 
 use chrono::{DateTime, Duration, Utc};
+use futures::StreamExt;
 
-use super::super::item::{Item, key, n, number, s};
-use super::super::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
-use super::super::{
+use crate::store::items::{Item, key, n, number, s};
+use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
+
+use crate::store::{
     DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoreError, classify_sdk_error,
 };
-use futures::StreamExt;
 
 /// How long after a change of count the old partitions are first checked for empty.
 pub const DRAIN_GRACE: Duration = Duration::minutes(15);

@@ -3,21 +3,23 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use super::super::item::{Item, n, number, parse, s, text};
-use super::super::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
-use super::super::{Store, StoreError, classify_sdk_error};
-use super::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SWEEP_FAILURE_LIMIT,
-    SettleTx, Settled, Writer,
-};
-use crate::domain::outcome::{
-    DeliveryState, KeptAnswer, OutboxState, OutcomeClass, RetryPolicy, SendResult, settle,
-};
 use crate::domain::plan::PlanStatus;
 use crate::domain::reminder::{ReminderKind, ReminderKinds};
 use crate::domain::template::Templates;
 use crate::domain::{GrantState, TemplateId};
+use crate::store::items::{Item, n, number, parse, s, text};
+use crate::store::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
+use crate::store::{Store, StoreError, classify_sdk_error};
 use crate::telemetry::error_chain;
+
+use crate::store::dispatch::{
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SWEEP_FAILURE_LIMIT,
+    SettleTx, Settled, Writer,
+};
+
+use crate::domain::outcome::{
+    DeliveryState, KeptAnswer, OutboxState, OutcomeClass, RetryPolicy, SendResult, settle,
+};
 
 /// At most this many lease-index entries per shard are handled in one sweep; the rest
 /// wait for the next tick (a sweep's work is bounded whatever the backlog).
@@ -59,7 +61,7 @@ pub struct SweepSummary {
 }
 
 /// The most lease-index queries a sweep has in flight: a share of the store's
-/// [`INDEX_QUERIES_IN_FLIGHT`](super::super::INDEX_QUERIES_IN_FLIGHT), so that at the
+/// [`INDEX_QUERIES_IN_FLIGHT`](crate::store::INDEX_QUERIES_IN_FLIGHT), so that at the
 /// default 16 shards it still reads them all in two rounds.
 const SWEEP_QUERIES_IN_FLIGHT: usize = 8;
 
@@ -93,7 +95,7 @@ impl Store {
         let mut summary = SweepSummary::default();
         let mut stale: Vec<Item> = Vec::new();
         // A few at a time: the tick's due-index reads share the store's index queries
-        // (see [`INDEX_QUERIES_IN_FLIGHT`](super::super::INDEX_QUERIES_IN_FLIGHT)),
+        // (see [`INDEX_QUERIES_IN_FLIGHT`](crate::store::INDEX_QUERIES_IN_FLIGHT)),
         // and the sweep must not take every turn ahead of them.
         let answers: Vec<_> = futures::stream::iter(queries)
             .buffer_unordered(SWEEP_QUERIES_IN_FLIGHT)
@@ -348,7 +350,7 @@ impl Store {
             tracing::error!(source = %delivery.source, "stale delivery of no configured kind");
         }
         let write = if kept.is_some() {
-            super::finalize::delivery_write(&settlement, &result, Writer::Kept)
+            crate::store::dispatch::finalize::delivery_write(&settlement, &result, Writer::Kept)
         } else {
             DeliveryWrite {
                 state: DeliveryState::Unknown,

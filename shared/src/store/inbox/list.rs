@@ -8,12 +8,12 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::super::item::{Item, key, number, parse, s, text};
-use super::super::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use super::super::{Store, StoreError, classify_sdk_error};
-use super::{ListFilter, NoteItem, Page};
 use crate::domain::OpenId;
 use crate::domain::inbox::{NotificationView, encode_cursor};
+use crate::store::inbox::{ListFilter, NoteItem, Page};
+use crate::store::items::{Item, key, number, parse, s, text};
+use crate::store::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
+use crate::store::{Store, StoreError, classify_sdk_error};
 
 /// Most items one listing call reads (notifications or unread markers).
 pub const LIST_BUDGET: usize = 200;

@@ -10,26 +10,28 @@
 //! - [`list`]: pages (bounded reads per call, whatever the filter) and the counter.
 //! - [`read`]: marking one or all read, in bounded steps.
 
-use std::collections::{BTreeMap, HashMap};
-
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-    Update,
-};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::grants::rfc3339;
-use super::item::{key, parse, s};
-use super::keys::{due_pk, event_key, legacy_event_sk, note_sk, outbox_sk, unread_sk, user_pk};
-use super::plans::TxOutcome;
-use super::{Attempt, Store, StoreError, corrupt, retry_contended};
+use crate::domain::outcome::OutboxState;
+use crate::domain::text::{clean_line, clean_lines};
+use crate::store::items::outbox::OutboxItem;
+use crate::store::items::{key, parse, rfc3339, s};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Attempt, Store, StoreError, corrupt, retry_contended};
+
+use crate::store::keys::{
+    due_pk, event_key, legacy_event_sk, note_sk, outbox_sk, unread_sk, user_pk,
+};
+
+use aws_sdk_dynamodb::types::{
+    ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
+
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
 };
-use crate::domain::outcome::OutboxState;
-use crate::domain::text::{clean_line, clean_lines};
 
 mod list;
 mod read;
@@ -38,9 +40,9 @@ pub use list::LIST_BUDGET;
 pub use read::ReadAll;
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct NoteItem {
-    pub(super) pk: String,
-    pub(super) sk: String,
+pub(crate) struct NoteItem {
+    pub(crate) pk: String,
+    pub(crate) sk: String,
     kind: String,
     id: String,
     note_type: String,
@@ -76,57 +78,6 @@ impl NoteItem {
                     reason: self.push_reason.as_deref().and_then(PushReason::parse),
                 }),
         }
-    }
-}
-
-/// The outbox item of a push: what to send, and where it stands.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct OutboxItem {
-    pub(super) pk: String,
-    pub(super) sk: String,
-    pub(super) kind: String,
-    pub(super) note_id: String,
-    pub(super) template_id: String,
-    pub(super) data: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) page: Option<String>,
-    pub(super) state: OutboxState,
-    #[serde(default)]
-    pub(super) attempts: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) due_pk: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) due_at: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) delivery_id: Option<String>,
-    pub(super) version: u64,
-    pub(super) updated_at: String,
-    /// Set once the push is final: TTL removes it after the outbox retention.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) expires_at: Option<i64>,
-}
-
-impl OutboxItem {
-    /// This item, pending again at `due` (on the due index) or in `state`; a final
-    /// state expires after `retention`.
-    pub(super) fn moved(
-        &self,
-        state: OutboxState,
-        due: Option<DateTime<Utc>>,
-        shards: u32,
-        now: DateTime<Utc>,
-        retention: chrono::Duration,
-    ) -> Self {
-        let mut next = self.clone();
-        let open = matches!(state, OutboxState::Pending | OutboxState::Sending);
-        next.expires_at = (!open).then(|| (now + retention).timestamp());
-        next.state = state;
-        next.due_at = due.map(|d| d.timestamp_millis());
-        next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
-        next.delivery_id = None;
-        next.version = self.version + 1;
-        next.updated_at = rfc3339(now);
-        next
     }
 }
 
@@ -175,56 +126,6 @@ pub struct Page {
 pub struct ListFilter {
     pub read: Option<bool>,
     pub kind: Option<String>,
-}
-
-/// The conditional Put of a whole item, versioned.
-pub(super) fn versioned_put(
-    table: &str,
-    item: HashMap<String, AttributeValue>,
-    version: u64,
-) -> Result<TransactWriteItem, StoreError> {
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(item))
-        .condition_expression("version = :v")
-        .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().put(put).build())
-}
-
-/// Sets a notification's push status (part of a transaction).
-pub(super) fn note_push_update(
-    table: &str,
-    pk: &str,
-    note_id: &str,
-    status: PushStatus,
-    reason: Option<PushReason>,
-) -> Result<TransactWriteItem, StoreError> {
-    let update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, &note_sk(note_id))))
-        .update_expression("SET push_status = :s, push_reason = :r")
-        // Never recreates, as a stub, a notification its retention removed: a caller
-        // meeting this condition drops the write (`is_note_update`) and lands the rest.
-        .condition_expression("attribute_exists(pk)")
-        .expression_attribute_values(":s", s(status.as_str()))
-        .expression_attribute_values(
-            ":r",
-            reason.map_or(AttributeValue::Null(true), |r| s(r.as_str())),
-        )
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().update(update).build())
-}
-
-/// Whether `write` is a notification's push-status update ([`note_push_update`]).
-pub(super) fn is_note_update(write: &TransactWriteItem) -> bool {
-    write
-        .update()
-        .and_then(|u| u.key().get("sk"))
-        .and_then(|sk| sk.as_s().ok())
-        .is_some_and(|sk| sk.starts_with(super::keys::NOTES))
 }
 
 impl Store {
@@ -347,7 +248,7 @@ impl Store {
                     // The event's record (index 0) or a legacy one (index 1), whose
                     // fingerprint is the canonical text itself rather than its hash.
                     let found = reasons.iter().take(2).find_map(|(code, old)| {
-                        (code == "ConditionalCheckFailed")
+                        (is_condition_failed(code))
                             .then_some(old.as_ref())
                             .flatten()
                     });

@@ -10,14 +10,13 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 
-use super::super::grants::rfc3339;
-use super::super::item::{Item, key, n, parse, s, text};
-use super::super::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use super::super::plans::TxOutcome;
-use super::super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
-use super::NoteItem;
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
+use crate::store::inbox::NoteItem;
+use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
+use crate::store::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 
 /// Most notifications one read-all step flips: two items each (the note and its
 /// marker) plus the counter, within a transaction's 100.
@@ -66,7 +65,7 @@ impl Store {
                         .map(Attempt::Done);
                 }
                 TxOutcome::Cancelled(reasons) => match reasons.first() {
-                    Some((code, old)) if code == "ConditionalCheckFailed" => {
+                    Some((code, old)) if is_condition_failed(code) => {
                         // Absent: not the caller's. Present: already read.
                         return old
                             .clone()
@@ -115,7 +114,7 @@ impl Store {
                         // its count.
                         for (i, id) in ids.iter().enumerate() {
                             if let Some((code, old)) = reasons.get(2 * i)
-                                && code == "ConditionalCheckFailed"
+                                && is_condition_failed(code)
                                 && old.as_ref().is_none_or(|n| {
                                     n.get("read").and_then(|v| v.as_bool().ok()) != Some(&false)
                                 })
@@ -221,7 +220,7 @@ impl Store {
     }
 
     /// `ADD unread by` on the counter (part of a transaction).
-    pub(super) fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {
+    pub(crate) fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, INBOX_SK)))

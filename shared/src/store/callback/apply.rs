@@ -1,21 +1,23 @@
 //! WeChat's events applied: what a recorded popup, change or sent event does to
 //! grants, plans and deliveries, in WeChat's order (`CreateTime`), by the callback or,
 //! when every try of it failed, by the dispatcher's sweep. Recording an event once is
-//! [`push`](super::push)'s.
+//! [`push`](crate::store::push)'s.
 
 use chrono::{DateTime, Utc};
 
-use super::grants::rfc3339;
-use super::item::key as key_of;
-use super::keys::{quota_sk, user_pk};
-use super::push::{PushItem, PushKey};
-use super::{Attempt, Store, StoreError, retry_contended};
 use crate::domain::consent::Refusal;
 use crate::domain::outcome::RetryPolicy;
 use crate::domain::push_event::{Choice, PushEvent, PushMessage};
 use crate::domain::reminder::ReminderKinds;
 use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
+use crate::store::callback::record::PushKey;
+use crate::store::items::event::PushItem;
+use crate::store::items::rfc3339;
+use crate::store::keys::{quota_sk, user_pk};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
+
+use crate::store::items::key as key_of;
 
 impl Store {
     /// The configured templates a popup event accepts (none unless grants are
@@ -128,7 +130,7 @@ impl Store {
     /// A recorded event past [`APPLY_GRACE`] on the lease index: applied now if no try
     /// of WeChat's did, then marked applied (which takes it off the index). False if
     /// there was nothing to do.
-    pub(super) async fn apply_recorded(
+    pub(crate) async fn apply_recorded(
         &self,
         pk: &str,
         sk: &str,
@@ -140,7 +142,7 @@ impl Store {
         let Some(item) = self.get(pk, sk).await? else {
             return Ok(Ok(false));
         };
-        let record: PushItem = match super::item::parse("push", item) {
+        let record: PushItem = match crate::store::items::parse("push", item) {
             Ok(record) => record,
             Err(e) => return Ok(Err(e.to_string())),
         };
@@ -158,7 +160,7 @@ impl Store {
                 "{sk}: a recorded event that does not read back"
             )));
         };
-        super::history::attributed(
+        crate::store::history::attributed(
             "WeChat event, applied by the sweep",
             self.apply_push(&message, templates, kinds, policy, now),
         )
@@ -190,14 +192,14 @@ impl Store {
             // Names the quota item it may create, so it reads as one.
             .update_expression("SET template_id = :t, kind = :kind, #at = :c, updated_at = :now")
             .condition_expression("attribute_not_exists(#at) OR #at <= :c")
-            .expression_attribute_names("#at", super::grants::CHOICE_AT)
+            .expression_attribute_names("#at", crate::store::items::quota::CHOICE_AT)
             .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
             .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
             .expression_attribute_values(":c", AttributeValue::N(create_time.to_string()))
             .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
             .send()
             .await;
-        Ok(super::applied(sent)?.is_some())
+        Ok(crate::store::applied(sent)?.is_some())
     }
 
     /// The user refused `template`: the plans of the kinds that use it pause, as a

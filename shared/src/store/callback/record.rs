@@ -9,14 +9,15 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::grants::rfc3339;
-use super::item::to_item;
-use super::item::{key as key_of, text};
-use super::keys::{lease_pk, openid_of, user_pk};
-use super::plans::{TxOutcome, condition_failed};
-use super::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 use crate::domain::TemplateId;
-use crate::domain::push_event::{ChangeItem, Choice, PopupItem, PushEvent, PushMessage, SentItem};
+use crate::domain::push_event::PushMessage;
+use crate::store::items::event::{PushItem, describe};
+use crate::store::items::{rfc3339, text, to_item};
+use crate::store::keys::{lease_pk, user_pk};
+use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+
+use crate::store::items::key as key_of;
 
 /// How long a nonce is remembered: past the timestamp window on either side.
 pub const NONCE_MEMORY: Duration = Duration::minutes(15);
@@ -38,8 +39,8 @@ pub enum PushRecorded {
 /// Where a recorded push is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushKey {
-    pub(super) pk: String,
-    pub(super) sk: String,
+    pub(crate) pk: String,
+    pub(crate) sk: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -72,127 +73,9 @@ fn nonce_item(
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct PushItem {
-    pub(super) pk: String,
-    pub(super) sk: String,
-    kind: String,
-    event: String,
-    create_time: i64,
-    /// `template:choice` or `template:msgid:errcode` per item.
-    items: Vec<String>,
-    received_at: String,
-    expires_at: i64,
-    #[serde(default)]
-    pub(super) applied: bool,
-    /// Until applied: on the lease index, due [`APPLY_GRACE`] after it was received, so
-    /// an event every apply of which failed (WeChat gives up after three tries) is
-    /// applied by the dispatcher's sweep. Removed when it is marked applied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    lease_pk: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    lease_until: Option<i64>,
-}
-
 /// How long after an event is received the sweep applies it if nothing has: past
 /// WeChat's own retries (three, 5 s apart), so it does not race them.
 pub const APPLY_GRACE: Duration = Duration::seconds(60);
-
-impl PushItem {
-    /// The event as recorded, to apply again (the items keep what applying needs).
-    pub(super) fn message(&self) -> Option<PushMessage> {
-        let openid = openid_of(&self.pk)?;
-        let choice = |c: &str| match c {
-            "accept" => Some(Choice::Accept),
-            "reject" => Some(Choice::Reject),
-            _ => None,
-        };
-        let pairs = || {
-            self.items.iter().map(|i| {
-                let (template, rest) = i.split_once(':')?;
-                Some((TemplateId::parse(template).ok()?, rest))
-            })
-        };
-        let event = match self.event.as_str() {
-            "popup" => PushEvent::Popup(
-                pairs()
-                    .map(|p| {
-                        let (template_id, c) = p?;
-                        Some(PopupItem {
-                            template_id,
-                            choice: choice(c)?,
-                            scene: None,
-                        })
-                    })
-                    .collect::<Option<_>>()?,
-            ),
-            "change" => PushEvent::Change(
-                pairs()
-                    .map(|p| {
-                        let (template_id, c) = p?;
-                        Some(ChangeItem {
-                            template_id,
-                            choice: choice(c)?,
-                        })
-                    })
-                    .collect::<Option<_>>()?,
-            ),
-            "sent" => PushEvent::Sent(
-                pairs()
-                    .map(|p| {
-                        let (template_id, rest) = p?;
-                        let (msgid, errcode) = rest.split_once(':')?;
-                        Some(SentItem {
-                            template_id,
-                            msgid: msgid.parse().ok()?,
-                            error_code: errcode.parse().ok()?,
-                            error_status: String::new(),
-                        })
-                    })
-                    .collect::<Option<_>>()?,
-            ),
-            _ => return None,
-        };
-        Some(PushMessage {
-            to_user: String::new(),
-            openid,
-            create_time: self.create_time,
-            event,
-        })
-    }
-}
-
-/// The event's name and its items as stored.
-fn describe(event: &PushEvent) -> Option<(&'static str, Vec<String>)> {
-    let choice = |c: &Choice| match c {
-        Choice::Accept => "accept",
-        Choice::Reject => "reject",
-    };
-    match event {
-        PushEvent::Popup(items) => Some((
-            "popup",
-            items
-                .iter()
-                .map(|i| format!("{}:{}", i.template_id, choice(&i.choice)))
-                .collect(),
-        )),
-        PushEvent::Change(items) => Some((
-            "change",
-            items
-                .iter()
-                .map(|i| format!("{}:{}", i.template_id, choice(&i.choice)))
-                .collect(),
-        )),
-        PushEvent::Sent(items) => Some((
-            "sent",
-            items
-                .iter()
-                .map(|i| format!("{}:{}:{}", i.template_id, i.msgid, i.error_code))
-                .collect(),
-        )),
-        PushEvent::Other { .. } => None,
-    }
-}
 
 impl Store {
     /// Remembers a verified request's nonce (URL verifications, pushes that are not
@@ -221,7 +104,7 @@ impl Store {
     /// Records a verified push (see the module docs); `timestamp` and `nonce` are the
     /// request's. Pushes that are not subscription events only have their nonce kept.
     /// A popup's accepts of `taps` (the configured templates among them) leave their
-    /// marks for confirming grants ([`taps`](super::taps)) in the same transaction, so
+    /// marks for confirming grants ([`taps`](crate::store::taps)) in the same transaction, so
     /// once however often WeChat retries.
     pub async fn record_push(
         &self,
@@ -244,7 +127,7 @@ impl Store {
             // events (their msgids differ), a retry of one is the same.
             sk: format!(
                 "{}{event}#{}#{}",
-                super::keys::EVENT_PREFIX,
+                crate::store::keys::EVENT_PREFIX,
                 message.create_time,
                 items.join(",")
             ),

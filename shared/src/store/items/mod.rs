@@ -1,0 +1,84 @@
+//! Item helpers: attribute values in and out, keys, and typed items from raw maps.
+//! Every store module builds and reads items through these, so the mapping lives in
+//! one place (serde_dynamo for whole items, these for expressions and projections).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use crate::store::{Store, StoreError, corrupt};
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
+
+pub(crate) mod event;
+pub(crate) mod grant;
+pub(crate) mod outbox;
+pub(crate) mod plan;
+pub(crate) mod quota;
+
+/// A raw DynamoDB item.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// A string attribute value.
+pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+/// A number attribute value.
+pub(crate) fn n(value: impl std::fmt::Display) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// The primary key of an item.
+pub(crate) fn key(pk: &str, sk: &str) -> Item {
+    HashMap::from([("pk".to_string(), s(pk)), ("sk".to_string(), s(sk))])
+}
+
+/// A typed item from a raw one; `what` names it in the error.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(
+    what: &str,
+    item: Item,
+) -> Result<T, StoreError> {
+    serde_dynamo::from_item(item).map_err(|e| corrupt(what, e))
+}
+
+/// A raw item from a typed one.
+pub(crate) fn to_item<T: serde::Serialize>(what: &str, value: &T) -> Result<Item, StoreError> {
+    serde_dynamo::to_item(value).map_err(|e| corrupt(what, e))
+}
+
+/// The string attribute `name`, if present and a string.
+pub(crate) fn text<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    item.get(name)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+}
+
+/// The number attribute `name`, if present and an integer.
+pub(crate) fn number(item: &Item, name: &str) -> Option<i64> {
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+pub(crate) fn rfc3339(now: DateTime<Utc>) -> String {
+    now.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+impl Store {
+    pub(crate) fn put_new(
+        &self,
+        item: HashMap<String, AttributeValue>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+}

@@ -1,0 +1,115 @@
+//! The outbox item (a notification's WeChat send) and the writes that move it and
+//! its note's push status.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::outcome::OutboxState;
+use crate::store::StoreError;
+use crate::store::items::{key, rfc3339, s};
+use crate::store::keys::{due_pk, note_sk};
+
+/// The outbox item of a push: what to send, and where it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct OutboxItem {
+    pub(crate) pk: String,
+    pub(crate) sk: String,
+    pub(crate) kind: String,
+    pub(crate) note_id: String,
+    pub(crate) template_id: String,
+    pub(crate) data: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) page: Option<String>,
+    pub(crate) state: OutboxState,
+    #[serde(default)]
+    pub(crate) attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) due_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) due_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) delivery_id: Option<String>,
+    pub(crate) version: u64,
+    pub(crate) updated_at: String,
+    /// Set once the push is final: TTL removes it after the outbox retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) expires_at: Option<i64>,
+}
+
+impl OutboxItem {
+    /// This item, pending again at `due` (on the due index) or in `state`; a final
+    /// state expires after `retention`.
+    pub(crate) fn moved(
+        &self,
+        state: OutboxState,
+        due: Option<DateTime<Utc>>,
+        shards: u32,
+        now: DateTime<Utc>,
+        retention: chrono::Duration,
+    ) -> Self {
+        let mut next = self.clone();
+        let open = matches!(state, OutboxState::Pending | OutboxState::Sending);
+        next.expires_at = (!open).then(|| (now + retention).timestamp());
+        next.state = state;
+        next.due_at = due.map(|d| d.timestamp_millis());
+        next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
+        next.delivery_id = None;
+        next.version = self.version + 1;
+        next.updated_at = rfc3339(now);
+        next
+    }
+}
+
+/// The conditional Put of a whole item, versioned.
+pub(crate) fn versioned_put(
+    table: &str,
+    item: HashMap<String, AttributeValue>,
+    version: u64,
+) -> Result<TransactWriteItem, StoreError> {
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(item))
+        .condition_expression("version = :v")
+        .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// Sets a notification's push status (part of a transaction).
+pub(crate) fn note_push_update(
+    table: &str,
+    pk: &str,
+    note_id: &str,
+    status: PushStatus,
+    reason: Option<PushReason>,
+) -> Result<TransactWriteItem, StoreError> {
+    let update = Update::builder()
+        .table_name(table)
+        .set_key(Some(key(pk, &note_sk(note_id))))
+        .update_expression("SET push_status = :s, push_reason = :r")
+        // Never recreates, as a stub, a notification its retention removed: a caller
+        // meeting this condition drops the write (`is_note_update`) and lands the rest.
+        .condition_expression("attribute_exists(pk)")
+        .expression_attribute_values(":s", s(status.as_str()))
+        .expression_attribute_values(
+            ":r",
+            reason.map_or(AttributeValue::Null(true), |r| s(r.as_str())),
+        )
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// Whether `write` is a notification's push-status update ([`note_push_update`]).
+pub(crate) fn is_note_update(write: &TransactWriteItem) -> bool {
+    write
+        .update()
+        .and_then(|u| u.key().get("sk"))
+        .and_then(|sk| sk.as_s().ok())
+        .is_some_and(|sk| sk.starts_with(crate::store::keys::NOTES))
+}

@@ -1,0 +1,214 @@
+//! The quota item (`QUOTA#<template>`): its counters, its lists of open grants and
+//! of marks, and the writes that move them.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use crate::domain::reconcile::Mark;
+use crate::domain::reminder::ReminderKind;
+use crate::domain::{QuotaCounters, RequestId, SubscribeResult, TemplateId};
+use crate::store::items::{key, rfc3339};
+use crate::store::keys::quota_sk;
+use crate::store::{Store, StoreError};
+
+/// The quota item's set of the request ids of its `available` grants: a claim picks
+/// one from it and invalidation reads it, so neither touches the grant history.
+pub(crate) const OPEN_AVAILABLE: &str = "open_available";
+/// The quota item's set of the request ids of its `reserved` grants.
+pub(crate) const OPEN_RESERVED: &str = "open_reserved";
+/// When the template's grants were last voided on purpose (a disable, a refusal,
+/// 43101), epoch ms: a grant the sweep voided for a send claimed before that is never
+/// given back by the send's late answer.
+pub(crate) const VOIDED_AT: &str = "voided_at";
+/// WeChat's time (`CreateTime`, epoch seconds) of the newest popup or change event
+/// applied for the template: an event older than it changes nothing (WeChat's order,
+/// not arrival order, decides).
+pub(crate) const CHOICE_AT: &str = "choice_at";
+/// The quota item's marks of sends whose outcome is unknown, for WeChat's sent event
+/// to settle ([`Mark`](crate::domain::reconcile::Mark): claim time, delivery id).
+pub(crate) const OPEN_UNKNOWN: &str = "open_unknown";
+/// The quota item's marks of sends recorded `sent` whose sent event has not come yet
+/// (record time, msgid), so that event is never taken for an unknown send's.
+pub(crate) const SENT_MARKS: &str = "sent_marks";
+/// The quota item's marks of sends in flight (claim time, delivery id): a sent event
+/// arriving meanwhile may be theirs.
+pub(crate) const INFLIGHT: &str = "inflight";
+/// The quota item's sent events kept for when a send in flight settles (create time,
+/// `<msgid>:<errcode>`).
+pub(crate) const PENDING_EVENTS: &str = "pending_events";
+
+/// The quota item's marks of client-reported grants not yet confirmed.
+pub(crate) const TAPS_REPORTED: &str = "taps_reported";
+
+/// The quota item's marks of popup accepts not yet paired with a reported grant.
+pub(crate) const TAPS_POPUP: &str = "taps_popup";
+
+/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant
+/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]) while fewer
+/// than `cap` are available, the refusal recorded for reject/ban, nothing for filter.
+pub(crate) fn quota_update_item(
+    table: &str,
+    pk: &str,
+    template: &TemplateId,
+    request_id: &RequestId,
+    result: SubscribeResult,
+    now: DateTime<Utc>,
+    limits: &crate::config::Limits,
+) -> Result<Option<TransactWriteItem>, StoreError> {
+    if !(result.grants() || result.refuses()) {
+        return Ok(None);
+    }
+    let update = Update::builder()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.to_string()))
+        .key("sk", AttributeValue::S(quota_sk(template)))
+        .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
+        .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
+        .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
+    let update = if result.grants() {
+        let update = if limits.push_events {
+            // The tap's mark, for a popup accept of it to confirm (store::taps).
+            let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
+            update
+                .update_expression(
+                    "SET template_id = :t, kind = :kind, updated_at = :now \
+                     ADD accepted :one, available :one, #open :id, #taps :tap",
+                )
+                .expression_attribute_names("#taps", crate::store::items::quota::TAPS_REPORTED)
+                .expression_attribute_values(":tap", AttributeValue::Ss(vec![tap]))
+        } else {
+            update.update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now \
+                 ADD accepted :one, available :one, #open :id",
+            )
+        };
+        update
+            .condition_expression("attribute_not_exists(available) OR available < :cap")
+            .expression_attribute_names("#open", OPEN_AVAILABLE)
+            .expression_attribute_values(
+                ":cap",
+                AttributeValue::N(limits.max_open_grants.to_string()),
+            )
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
+    } else {
+        update
+            .update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
+            )
+            .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
+    };
+    let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(Some(TransactWriteItem::builder().update(update).build()))
+}
+
+/// A template's open grants as its quota item lists them (request ids).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct OpenGrants {
+    pub(crate) available: Vec<RequestId>,
+    pub(crate) reserved: Vec<RequestId>,
+    /// The marks of sends recorded `sent` (set members as stored).
+    pub(crate) sent_marks: Vec<String>,
+    /// The marks of sends whose outcome is unknown (set members as stored).
+    pub(crate) unknown_marks: Vec<String>,
+    /// The marks of sends in flight.
+    pub(crate) inflight_marks: Vec<String>,
+    /// Sent events kept pending.
+    pub(crate) pending_marks: Vec<String>,
+}
+
+impl OpenGrants {
+    pub(crate) fn of(quota: &HashMap<String, AttributeValue>) -> Self {
+        let set = |name: &str| -> Vec<RequestId> {
+            quota
+                .get(name)
+                .and_then(|v| v.as_ss().ok())
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|id| RequestId::parse(id.clone()).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let members = |name: &str| -> Vec<String> {
+            quota
+                .get(name)
+                .and_then(|v| v.as_ss().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+        Self {
+            available: set(OPEN_AVAILABLE),
+            reserved: set(OPEN_RESERVED),
+            sent_marks: members(SENT_MARKS),
+            unknown_marks: members(OPEN_UNKNOWN),
+            inflight_marks: members(INFLIGHT),
+            pending_marks: members(PENDING_EVENTS),
+        }
+    }
+
+    /// The marks no event can match any more, by attribute, for a write that touches
+    /// the quota item anyway to drop.
+    pub(crate) fn stale_marks(&self, now: DateTime<Utc>) -> Vec<(&'static str, Vec<String>)> {
+        let stale = |members: &[String]| -> Vec<String> {
+            members
+                .iter()
+                .filter(|m| Mark::parse(m).is_some_and(|mark| mark.is_stale(now)))
+                .cloned()
+                .collect()
+        };
+        vec![
+            (SENT_MARKS, stale(&self.sent_marks)),
+            (OPEN_UNKNOWN, stale(&self.unknown_marks)),
+            (INFLIGHT, stale(&self.inflight_marks)),
+            (PENDING_EVENTS, stale(&self.pending_marks)),
+        ]
+    }
+
+    /// Live (not stale) marks of `members`.
+    pub(crate) fn live(members: &[String], now: DateTime<Utc>) -> Vec<Mark> {
+        members
+            .iter()
+            .filter_map(|m| Mark::parse(m))
+            .filter(|m| !m.is_stale(now))
+            .collect()
+    }
+
+    /// Whether the sets account for the counters. Grants recorded before the sets
+    /// existed are not in them: then the caller falls back to the ledger query.
+    pub(crate) fn complete(&self, counters: &QuotaCounters) -> bool {
+        self.available.len() as u64 == counters.available
+            && self.reserved.len() as u64 == counters.reserved
+    }
+
+    /// Whether no id is in both sets (a grant has one state).
+    pub(crate) fn disjoint(&self) -> bool {
+        !self.available.iter().any(|id| self.reserved.contains(id))
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct QuotaItemCounters {
+    #[serde(flatten)]
+    pub(crate) counters: QuotaCounters,
+}
+
+impl Store {
+    pub(crate) fn grant_check(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
+            .condition_expression("available > :zero")
+            .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+}

@@ -1,0 +1,402 @@
+//! The open grants of a template, as its quota item lists them: voiding them (a
+//! disable, a refusal, 43101) and repairing the lists against the ledger.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+use crate::domain::{GrantState, RequestId, TemplateId};
+use crate::store::items::grant::{GrantItem, grant_state_name};
+use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
+use crate::store::items::{key, n, parse, rfc3339, s};
+use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Store, StoreError, classify_sdk_error, corrupt};
+
+/// Most grants one transaction invalidates (100 items per transaction, less the plan,
+/// the counters and the history entry).
+const INVALIDATE_CHUNK: usize = 97;
+
+/// The most grants one repair transaction checks: with the quota item's update, a
+/// transaction's 100 items.
+pub(crate) const REPAIR_CHUNK: usize = 99;
+
+/// One change the repair makes to an open-grant set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::store) struct SetFix {
+    /// The set's state (`available` or `reserved`).
+    pub(in crate::store) state: GrantState,
+    pub(in crate::store) request: RequestId,
+    /// Added (the ledger has it in that state), else deleted (it has not).
+    pub(in crate::store) add: bool,
+}
+
+impl Store {
+    /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
+    /// (one or two state names).
+    pub(crate) fn grants_query(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        states: &[&str],
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        let first = states.first().copied().unwrap_or("available");
+        let second = states.get(1).copied().unwrap_or(first);
+        self.client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .filter_expression("#s IN (:first, :second)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
+            .expression_attribute_values(":first", s(first))
+            .expression_attribute_values(":second", s(second))
+    }
+
+    /// Invalidates every available or reserved grant of the kind's template, in
+    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
+    /// `first` (the plan). With `reported_before`, only grants recorded before that
+    /// instant: WeChat's 43101 answered a send claimed then, and says nothing of a
+    /// grant the user gave while it was in flight. Returns false if anything changed
+    /// underneath (retry).
+    pub(crate) async fn invalidate_grants(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        first: Option<TransactWriteItem>,
+        include_reserved: bool,
+        reported_before: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut open: Vec<(String, GrantState)> = Vec::new();
+        // "Open" grants: available, and reserved too when a plan is disabled. The quota
+        // item lists them; only grants recorded before it did need the ledger query.
+        let quota_key = quota_sk(template);
+        let listed = match self
+            .read_items(pk, std::slice::from_ref(&quota_key))
+            .await?
+            .remove(&quota_key)
+        {
+            Some(quota) => {
+                let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
+                // (An id in both sets is wrong, and would be voided twice in one
+                // transaction, which DynamoDB refuses: the ledger instead.)
+                Some(OpenGrants::of(&quota))
+                    .filter(|sets| sets.complete(&counters) && sets.disjoint())
+            }
+            None => Some(OpenGrants::default()),
+        };
+        let trusted = listed.is_some();
+        if let Some(sets) = listed {
+            open.extend(
+                sets.available
+                    .iter()
+                    .map(|id| (grant_sk(template, id), GrantState::Available)),
+            );
+            if include_reserved {
+                open.extend(
+                    sets.reserved
+                        .iter()
+                        .map(|id| (grant_sk(template, id), GrantState::Reserved)),
+                );
+            }
+        } else {
+            let states: &[&str] = if include_reserved {
+                &["available", "reserved"]
+            } else {
+                &["available"]
+            };
+            let mut pages = self
+                .grants_query(pk, template, states)
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(item) = pages.next().await {
+                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+                let grant: GrantItem =
+                    serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
+                if let Some(state) = grant.state {
+                    open.push((grant.sk, state));
+                }
+            }
+        }
+        if let Some(bound) = reported_before {
+            open = self.recorded_before(pk, open, bound).await?;
+        }
+        let mut first = first;
+        // The first transaction stamps the quota item `voided_at`, even with nothing to
+        // void: a send in flight whose grant the sweep already voided must not get it
+        // back by a late answer (see `VOIDED_AT`).
+        let mut stamp = true;
+        let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
+        for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
+            let mut items = Vec::with_capacity(chunk.len() + 2);
+            // Which grant (and the state it was listed in) each item moves.
+            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
+            if let Some(plan) = first.take() {
+                items.push(plan);
+                moves.push(None);
+            } else if chunk.is_empty() && !stamp {
+                break;
+            }
+            let (mut available, mut reserved) = (0i64, 0i64);
+            let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
+            for (sk, state) in &chunk {
+                let id = request_id_of_grant(sk).map(|r| r.to_string());
+                let from = match state {
+                    GrantState::Available => {
+                        available += 1;
+                        available_ids.extend(id);
+                        "available"
+                    }
+                    GrantState::Reserved => {
+                        reserved += 1;
+                        reserved_ids.extend(id);
+                        "reserved"
+                    }
+                    GrantState::Consumed | GrantState::Invalid => continue,
+                };
+                let update = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(pk, sk)))
+                    .update_expression(
+                        "SET #s = :invalid, updated_at = :now, version = version + :one, \
+                         expires_at = :expires",
+                    )
+                    .condition_expression("#s = :from")
+                    .expression_attribute_names("#s", "state")
+                    .expression_attribute_values(":invalid", s("invalid"))
+                    .expression_attribute_values(
+                        ":expires",
+                        n((now + self.limits.retention.grants).timestamp()),
+                    )
+                    .expression_attribute_values(":from", s(from))
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                items.push(TransactWriteItem::builder().update(update).build());
+                moves.push(Some((sk.clone(), *state)));
+            }
+            if available + reserved > 0 || stamp {
+                // The voided grants leave the quota item's open-grant sets too.
+                let mut expression =
+                    "SET updated_at = :now ADD available :a, reserved :r, invalid :n".to_string();
+                let mut update = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(pk, &quota_sk(template))));
+                if std::mem::take(&mut stamp) {
+                    // (Named like every quota item, should this one create it: a user
+                    // who never reported the template still reads as a quota.)
+                    expression = expression.replacen(
+                        "SET updated_at = :now",
+                        "SET updated_at = :now, #voided = :voided, template_id = :t, kind = :kind",
+                        1,
+                    );
+                    update = update
+                        .expression_attribute_names(
+                            "#voided",
+                            crate::store::items::quota::VOIDED_AT,
+                        )
+                        .expression_attribute_values(":voided", n(now.timestamp_millis()))
+                        .expression_attribute_values(":t", s(template.as_str()))
+                        .expression_attribute_values(":kind", s("quota"));
+                }
+                // Off both sets: a voided grant is in neither state, and an id wrongly
+                // in the other set (which made the sets untrusted) goes with it.
+                let gone: Vec<String> = available_ids.into_iter().chain(reserved_ids).collect();
+                if !gone.is_empty() {
+                    expression.push_str(" DELETE #oa :gone, #or :gone");
+                    update = update
+                        .expression_attribute_names("#oa", OPEN_AVAILABLE)
+                        .expression_attribute_names("#or", OPEN_RESERVED)
+                        .expression_attribute_values(":gone", AttributeValue::Ss(gone));
+                }
+                let update = update
+                    .update_expression(expression)
+                    .expression_attribute_values(":now", s(rfc3339(now)))
+                    .expression_attribute_values(":a", AttributeValue::N((-available).to_string()))
+                    .expression_attribute_values(":r", AttributeValue::N((-reserved).to_string()))
+                    .expression_attribute_values(
+                        ":n",
+                        AttributeValue::N((available + reserved).to_string()),
+                    )
+                    .build()
+                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                items.push(TransactWriteItem::builder().update(update).build());
+            }
+            match self.transact(items).await? {
+                TxOutcome::Committed => {}
+                TxOutcome::Cancelled(reasons) => {
+                    if trusted {
+                        let refused: Vec<(String, GrantState)> = reasons
+                            .iter()
+                            .zip(&moves)
+                            .filter_map(|((code, _), moved)| {
+                                moved.clone().filter(|_| is_condition_failed(code))
+                            })
+                            .collect();
+                        self.unlist_if_not(pk, template, refused).await;
+                    }
+                    return Ok(false);
+                }
+                TxOutcome::Contended => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Grants the quota item listed (each in its state) that were not in it when
+    /// voided. Usually a write meanwhile moved them, and took them off the list too;
+    /// but a member wrongly listed would refuse every retry of a void that trusts the
+    /// list. So those still listed (one read of the quota item) leave it, in one
+    /// transaction with a check on each that its grant is still not in that state, so
+    /// a true member never does. The list then falls short of the counters and the
+    /// retry goes to the ledger. Failures are logged; the retry goes on.
+    pub(crate) async fn unlist_if_not(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        refused: Vec<(String, GrantState)>,
+    ) {
+        if refused.is_empty() {
+            return;
+        }
+        let quota_key = quota_sk(template);
+        let listed = match self.read_items(pk, std::slice::from_ref(&quota_key)).await {
+            Ok(mut items) => items
+                .remove(&quota_key)
+                .map(|quota| OpenGrants::of(&quota))
+                .unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "the open-grant list was not checked this time");
+                return;
+            }
+        };
+        let fixes: Vec<SetFix> = refused
+            .into_iter()
+            .filter_map(|(sk, state)| {
+                let request = request_id_of_grant(&sk)?;
+                let still = match state {
+                    GrantState::Available => listed.available.contains(&request),
+                    GrantState::Reserved => listed.reserved.contains(&request),
+                    GrantState::Consumed | GrantState::Invalid => false,
+                };
+                still.then_some(SetFix {
+                    state,
+                    request,
+                    add: false,
+                })
+            })
+            .collect();
+        if fixes.is_empty() {
+            // The ordinary case: a write meanwhile moved them, and the list with them.
+            return;
+        }
+        let outcome = match self.set_fix_writes(pk, template, &fixes) {
+            Ok(writes) => self.transact(writes).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(TxOutcome::Committed) => tracing::error!(
+                grants = fixes.len(),
+                "grants listed as open were not; taken off the list"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %crate::telemetry::error_chain(&e),
+                "wrongly listed grants were not taken off the list this time"
+            ),
+        }
+    }
+
+    /// Of `grants`, those whose ledger item was recorded before `bound` (one read per
+    /// 100; a grant whose item is gone or unreadable stays in, as it would without
+    /// the bound).
+    pub(crate) async fn recorded_before(
+        &self,
+        pk: &str,
+        grants: Vec<(String, GrantState)>,
+        bound: DateTime<Utc>,
+    ) -> Result<Vec<(String, GrantState)>, StoreError> {
+        let mut items = HashMap::new();
+        let sks: Vec<String> = grants.iter().map(|(sk, _)| sk.clone()).collect();
+        for chunk in sks.chunks(100) {
+            items.extend(self.read_items(pk, chunk).await?);
+        }
+        Ok(grants
+            .into_iter()
+            .filter(|(sk, _)| {
+                let recorded = items
+                    .get(sk)
+                    .and_then(|item| item.get("created_at"))
+                    .and_then(|v| v.as_s().ok())
+                    .and_then(|at| DateTime::parse_from_rfc3339(at).ok());
+                recorded.is_none_or(|at| at < bound)
+            })
+            .collect())
+    }
+
+    /// One repair transaction: a check per grant, and the quota item's set update.
+    pub(in crate::store) fn set_fix_writes(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        fixes: &[SetFix],
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let mut writes = Vec::with_capacity(fixes.len() + 1);
+        let mut clauses = Vec::new();
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))));
+        for (placeholder, name, state) in [
+            ("available", OPEN_AVAILABLE, GrantState::Available),
+            ("reserved", OPEN_RESERVED, GrantState::Reserved),
+        ] {
+            let members: Vec<String> = fixes
+                .iter()
+                .filter(|fix| fix.state == state)
+                .map(|fix| fix.request.to_string())
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            clauses.push(format!("#{placeholder} :{placeholder}"));
+            update = update
+                .expression_attribute_names(format!("#{placeholder}"), name)
+                .expression_attribute_values(
+                    format!(":{placeholder}"),
+                    AttributeValue::Ss(members),
+                );
+        }
+        for fix in fixes {
+            let check = ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(pk, &grant_sk(template, &fix.request))))
+                .condition_expression(if fix.add {
+                    "#s = :state"
+                } else {
+                    "attribute_not_exists(pk) OR #s <> :state"
+                })
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":state", s(grant_state_name(fix.state)))
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            writes.push(TransactWriteItem::builder().condition_check(check).build());
+        }
+        let verb = if fixes.first().is_some_and(|fix| fix.add) {
+            "ADD"
+        } else {
+            "DELETE"
+        };
+        let update = update
+            .update_expression(format!("{verb} {}", clauses.join(", ")))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        writes.push(TransactWriteItem::builder().update(update).build());
+        Ok(writes)
+    }
+}

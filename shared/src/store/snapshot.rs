@@ -1,0 +1,110 @@
+//! Loading: a plan, its quota item and (for a check-in) its action record and
+//! carried grant, in one strongly consistent round trip.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+
+use crate::domain::QuotaCounters;
+use crate::domain::reminder::{CheckIn, ReminderKind};
+use crate::store::items::grant::GrantItem;
+use crate::store::items::plan::{ActionItem, PlanItem};
+use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
+use crate::store::items::{key, parse};
+use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
+use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error};
+
+pub(crate) struct Read {
+    pub(crate) plan: Option<PlanItem>,
+    pub(crate) counters: QuotaCounters,
+    /// The template's open grants, from the quota item's sets.
+    pub(crate) open: OpenGrants,
+    pub(crate) action: Option<ActionItem>,
+    pub(crate) ledger: Option<GrantItem>,
+}
+
+impl Store {
+    /// Reads the given items of one user in one strongly consistent round trip.
+    pub(crate) async fn read_items(
+        &self,
+        pk: &str,
+        sks: &[String],
+    ) -> Result<HashMap<String, HashMap<String, AttributeValue>>, StoreError> {
+        let mut found = HashMap::new();
+        let mut pending: Vec<HashMap<String, AttributeValue>> =
+            sks.iter().map(|sk| key(pk, sk)).collect();
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            if pending.is_empty() {
+                break;
+            }
+            let keys = KeysAndAttributes::builder()
+                .set_keys(Some(std::mem::take(&mut pending)))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, keys)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
+                if let Some(AttributeValue::S(sk)) = item.get("sk") {
+                    found.insert(sk.clone(), item.clone());
+                }
+            }
+            if let Some(left) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
+                pending = left.keys().to_vec();
+                crate::store::contended_pause("read", attempt).await;
+            }
+        }
+        Ok(found)
+    }
+
+    pub(crate) async fn read(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        action: Option<&CheckIn>,
+    ) -> Result<Read, StoreError> {
+        let plan_key = plan_sk(&kind.name);
+        let quota_key = quota_sk(&kind.template_id);
+        let mut sks = vec![plan_key.clone(), quota_key.clone()];
+        let action_key = action.map(|c| action_sk(&c.action_id));
+        let ledger_key = action
+            .and_then(|c| c.grant.as_ref())
+            .map(|(rid, _)| grant_sk(&kind.template_id, rid));
+        sks.extend(action_key.iter().cloned());
+        sks.extend(ledger_key.iter().cloned());
+        let mut items = self.read_items(pk, &sks).await?;
+        let (counters, open) = match items.remove(&quota_key) {
+            Some(item) => (
+                parse("quota", item.clone()).map(|q: QuotaItemCounters| q.counters)?,
+                OpenGrants::of(&item),
+            ),
+            None => (QuotaCounters::default(), OpenGrants::default()),
+        };
+        Ok(Read {
+            open,
+            plan: items
+                .remove(&plan_key)
+                .map(|i| parse("plan", i))
+                .transpose()?,
+            counters,
+            action: action_key
+                .and_then(|k| items.remove(&k))
+                .map(|i| parse("action", i))
+                .transpose()?,
+            ledger: ledger_key
+                .and_then(|k| items.remove(&k))
+                .map(|i| parse("grant", i))
+                .transpose()?,
+        })
+    }
+}
