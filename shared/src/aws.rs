@@ -7,6 +7,7 @@
 
 #[cfg(feature = "store")]
 use aws_config::{BehaviorVersion, SdkConfig};
+
 #[cfg(feature = "store")]
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 

@@ -15,6 +15,7 @@ use crate::domain::grant::ReportError;
 use crate::domain::reminder::{CheckInError, SettingsError};
 use crate::domain::schedule::ScheduleError;
 use crate::session::Sessions;
+
 #[cfg(feature = "store")]
 use crate::store::{Limit, StoreError};
 use crate::wechat::WechatError;

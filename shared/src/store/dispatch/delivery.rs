@@ -1,0 +1,149 @@
+//! The delivery item as stored, and the reads and rules the settling steps share:
+//! its plan as read, and whether a void may give a grant back.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::outcome::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
+use crate::domain::plan::Plan;
+use crate::domain::reminder::ReminderKind;
+use crate::store::items::parse;
+use crate::store::items::quota::OpenGrants;
+use crate::store::keys::plan_sk;
+use crate::store::{Store, StoreError};
+
+/// The stored delivery: one send attempt and everything known about it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DeliveryItem {
+    pub(crate) pk: String,
+    pub(crate) sk: String,
+    pub(crate) kind: String,
+    pub(crate) delivery_id: String,
+    pub(crate) state: DeliveryState,
+    /// The sort key of what was claimed: `PLAN#<kind>` or `OUTBOX#<note id>`.
+    pub(crate) source: String,
+    pub(crate) template_id: String,
+    pub(crate) grant_sk: String,
+    pub(crate) claimer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lease_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lease_until: Option<i64>,
+    pub(crate) due_at: i64,
+    pub(crate) claimed_at: String,
+    /// The claimed item's retryable failures in a row before this send.
+    #[serde(default)]
+    pub(crate) attempts: u32,
+    /// The outcome class, once settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) errcode: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) msgid: Option<String>,
+    /// When a sweep declared the send `unknown` (kept when a late answer settles it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) swept_at: Option<String>,
+    /// What the sweep decided, in a few words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sweep_outcome: Option<String>,
+    /// When WeChat's answer arrived after the sweep and settled the delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) answered_late_at: Option<String>,
+    /// When the claim was given back unsent, for want of time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) released_at: Option<String>,
+    /// WeChat's definite answer, kept by a finalize that could not commit in time: the
+    /// sweep settles by it instead of `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kept_answer: Option<KeptAnswer>,
+    /// Settled 43101 with the template's other grants not yet voided: the delivery
+    /// stays on the lease index until they are, so a sweep finishes what a crash or a
+    /// throttled database left.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) void_others: bool,
+}
+
+impl DeliveryItem {
+    /// When it was claimed (`fallback` for an item whose time cannot be read).
+    pub(crate) fn claimed_at(&self, fallback: DateTime<Utc>) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(&self.claimed_at)
+            .map(|at| at.with_timezone(&Utc))
+            .unwrap_or(fallback)
+    }
+
+    /// The class it was settled with (older items: from the state alone).
+    pub(crate) fn settled_class(&self) -> Option<OutcomeClass> {
+        if let Some(class) = self.class.as_deref().and_then(OutcomeClass::parse) {
+            return Some(class);
+        }
+        match self.state {
+            DeliveryState::Claimed | DeliveryState::Sending => None,
+            DeliveryState::Sent => Some(OutcomeClass::Sent),
+            DeliveryState::Unknown => Some(OutcomeClass::Unknown),
+            DeliveryState::Failed => Some(match self.errcode {
+                Some(errcode) => SendResult::Refused {
+                    errcode,
+                    errmsg: String::new(),
+                }
+                .class(),
+                None => OutcomeClass::Retryable,
+            }),
+        }
+    }
+}
+
+/// A send result in a few words, for the delivery and the notification. Never
+/// WeChat's errmsg (it carries a request id) nor an HTTP client's error text.
+pub(crate) fn describe(result: &SendResult) -> String {
+    match result {
+        SendResult::Sent { .. } => "sent".to_string(),
+        SendResult::Refused { errcode, .. } => format!("errcode {errcode}"),
+        SendResult::Uncertain { reason } => format!("uncertain: {reason}"),
+        SendResult::NotSent { reason } => format!("not sent: {reason}"),
+        SendResult::Invalid { reason } => format!("invalid content: {reason}"),
+    }
+}
+
+/// A plan as the dispatcher reads it.
+pub(crate) enum PlanRead {
+    Found(Box<Plan>, crate::domain::QuotaCounters, OpenGrants),
+    Missing,
+    /// The plan item itself cannot be read: why.
+    Unreadable(String),
+}
+
+impl Store {
+    /// The user's plan of `kind` and its template's counters (one read), telling a
+    /// plan item that is itself unreadable apart from a failure of anything else.
+    pub(crate) async fn read_plan(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+    ) -> Result<PlanRead, StoreError> {
+        let read = match self.read(pk, kind, None).await {
+            Ok(read) => read,
+            Err(e) => {
+                // Is it the plan item, or a neighbour in the read (or the database)?
+                let Some(item) = self.get(pk, &plan_sk(&kind.name)).await? else {
+                    return Err(e);
+                };
+                return match parse::<crate::store::items::plan::PlanItem>("plan", item)
+                    .and_then(|plan| plan.into_plan(kind))
+                {
+                    Ok(_) => Err(e),
+                    Err(why) => Ok(PlanRead::Unreadable(why.to_string())),
+                };
+            }
+        };
+        let Some(item) = read.plan else {
+            return Ok(PlanRead::Missing);
+        };
+        Ok(match item.into_plan(kind) {
+            Ok(plan) => PlanRead::Found(Box::new(plan), read.counters, read.open),
+            Err(why) => PlanRead::Unreadable(why.to_string()),
+        })
+    }
+}

@@ -1,0 +1,135 @@
+//! The lease index's entries the sweep cannot handle: deferred behind the others,
+//! then quarantined for an operator.
+
+use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+use crate::store::items::{key, n, rfc3339, s};
+use crate::store::tx::TxOutcome;
+use crate::store::{Store, StoreError};
+
+/// The sparse indexes an item can be taken off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Index {
+    Due,
+    Lease,
+}
+
+impl Store {
+    /// Takes an item that cannot be read or acted on off `index` (it stays in the
+    /// table, marked `quarantined_at`, for an operator to look at), so one bad item
+    /// is skipped once, not every tick.
+    pub(crate) async fn quarantine(
+        &self,
+        pk: &str,
+        sk: &str,
+        index: Index,
+        seen: i64,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        // Only the entry as it was seen: one the item got since is left alone.
+        let (expression, condition) = match index {
+            Index::Due => (
+                "REMOVE due_pk, due_at SET quarantined_at = :now",
+                "due_at = :seen",
+            ),
+            Index::Lease => (
+                "REMOVE lease_pk, lease_until SET quarantined_at = :now",
+                "lease_until = :seen",
+            ),
+        };
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .update_expression(expression)
+            .condition_expression(condition)
+            .expression_attribute_values(":seen", n(seen))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let mut items = vec![TransactWriteItem::builder().update(update).build()];
+        // It stops there for good (until an operator acts): the audit trail says so.
+        if self.limits.audit {
+            let change = crate::store::history::Change {
+                entity: crate::store::history::entity_name(sk).to_string(),
+                sk: sk.to_string(),
+                to: "quarantined".into(),
+                template_id: None,
+                msgid: None,
+                errcode: None,
+                reason: Some(format!("{index:?} index")),
+            };
+            items.push(crate::store::history::entry(
+                pk.to_string(),
+                vec![change],
+                &self.table,
+                now,
+                self.limits.retention.grants,
+            )?);
+        }
+        match self.transact(items).await? {
+            TxOutcome::Committed => {
+                tracing::error!(sk = %sk, ?index, "unreadable item taken off the index (quarantined_at)");
+                Ok(())
+            }
+            // It moved on since it was seen: nothing to do.
+            TxOutcome::Cancelled(_) => Ok(()),
+            TxOutcome::Contended => Err(StoreError::Unavailable("quarantine contended".into())),
+        }
+    }
+}
+
+/// How long a lease-index entry whose handling failed waits before the sweep tries it
+/// again: it sorts behind the entries that came due meanwhile, so a run of failing
+/// entries at the head of a shard never holds up the recovery of the rest.
+pub const SWEEP_RETRY_AFTER: chrono::Duration = chrono::Duration::minutes(2);
+
+/// How many times a sweep may fail on an entry for a reason a retry will not fix (not
+/// a throttle or an outage, which are tried again as they are) before the entry is
+/// quarantined.
+pub const SWEEP_FAILURE_LIMIT: u32 = 3;
+
+impl Store {
+    /// Moves a lease-index entry whose handling failed behind the others (its
+    /// `lease_until` to [`SWEEP_RETRY_AFTER`] from now), counting the failure when
+    /// `counts`; the failures so far and the new `lease_until`, or None if the entry
+    /// changed since it was seen (nothing to do).
+    pub(crate) async fn defer_lease(
+        &self,
+        pk: &str,
+        sk: &str,
+        seen: i64,
+        counts: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(u32, i64)>, StoreError> {
+        let later = (now + SWEEP_RETRY_AFTER).timestamp_millis();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .update_expression(if counts {
+                "SET lease_until = :later ADD sweep_failures :one"
+            } else {
+                "SET lease_until = :later"
+            })
+            .condition_expression("lease_until = :seen")
+            .expression_attribute_values(":later", n(later))
+            .expression_attribute_values(":seen", n(seen))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
+        let update = if counts {
+            update.expression_attribute_values(":one", n(1))
+        } else {
+            update
+        };
+        Ok(crate::store::applied(update.send().await)?.map(|out| {
+            let failures = out
+                .attributes()
+                .and_then(|a| a.get("sweep_failures"))
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (failures, later)
+        }))
+    }
+}

@@ -1,0 +1,346 @@
+//! The grant a claim reserves: picked from the quota item's list of open grants, or,
+//! when the list falls short of the counters, from the ledger, whose read also
+//! repairs the list.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_dynamodb::types::builders::UpdateBuilder;
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+use crate::domain::outcome::DeliveryState;
+use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
+use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::items::grant::GrantItem;
+use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants};
+use crate::store::items::{key, n, parse, rfc3339, s, to_item};
+use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
+use crate::store::open_grants::{REPAIR_CHUNK, SetFix};
+use crate::store::tx::TxOutcome;
+use crate::store::{Store, StoreError, classify_sdk_error};
+
+impl Store {
+    /// The claim's shared writes: one grant `available → reserved` naming the delivery,
+    /// the counters, and the delivery itself, `sending` on the lease index.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reservation(
+        &self,
+        item: &DueItem,
+        template: &TemplateId,
+        grant: &Reserve,
+        delivery_id: &str,
+        claimer: &str,
+        attempts: u32,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let delivery = DeliveryItem {
+            pk: item.pk.clone(),
+            sk: delivery_sk(delivery_id),
+            kind: "delivery".into(),
+            delivery_id: delivery_id.to_string(),
+            state: DeliveryState::Sending,
+            source: item.sk.clone(),
+            template_id: template.to_string(),
+            grant_sk: grant.sk.clone(),
+            claimer: claimer.to_string(),
+            lease_pk: Some(lease_pk(delivery_id, self.shards)),
+            lease_until: Some(lease_until.timestamp_millis()),
+            due_at: item.due_at.timestamp_millis(),
+            claimed_at: rfc3339(now),
+            attempts,
+            class: None,
+            outcome: None,
+            errcode: None,
+            msgid: None,
+            swept_at: None,
+            sweep_outcome: None,
+            answered_late_at: None,
+            released_at: None,
+            kept_answer: None,
+            void_others: false,
+        };
+        let reserve = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &grant.sk)))
+            .update_expression(
+                "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
+            )
+            .condition_expression("#s = :available")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":reserved", s("reserved"))
+            .expression_attribute_values(":available", s("available"))
+            .expression_attribute_values(":d", s(delivery_id))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        // The grant moves from the quota item's available set to its reserved set.
+        let mut counters = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &quota_sk(template))))
+            .expression_attribute_names("#reserved", OPEN_RESERVED)
+            .expression_attribute_values(
+                ":id",
+                AttributeValue::Ss(vec![grant.request.to_string()]),
+            );
+        // The send is in flight until it settles: a sent event meanwhile waits for it.
+        let flight = crate::domain::reconcile::Mark::new(now, delivery_id).encode();
+        counters = counters
+            .expression_attribute_names("#inflight", INFLIGHT)
+            .expression_attribute_values(":flight", AttributeValue::Ss(vec![flight]));
+        counters = if grant.listed {
+            counters
+                .update_expression(
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
+                     #inflight :flight DELETE #available :id",
+                )
+                .condition_expression("available > :zero AND contains(#available, :idv)")
+                .expression_attribute_names("#available", OPEN_AVAILABLE)
+                .expression_attribute_values(":idv", s(grant.request.as_str()))
+        } else {
+            // Found through the ledger: out of the available set too, should it be there
+            // (deleting an absent member changes nothing).
+            counters
+                .update_expression(
+                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
+                     #inflight :flight DELETE #available :id",
+                )
+                .condition_expression("available > :zero")
+                .expression_attribute_names("#available", OPEN_AVAILABLE)
+        };
+        let counters = drop_marks(counters, &grant.stale)
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":minus", n(-1))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let delivery_put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(to_item("delivery", &delivery)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(vec![
+            TransactWriteItem::builder().update(reserve).build(),
+            TransactWriteItem::builder().update(counters).build(),
+            TransactWriteItem::builder().put(delivery_put).build(),
+        ])
+    }
+
+    /// A grant to reserve: one the quota item lists as available — or, when its sets
+    /// do not account for every available grant (grants recorded before the sets
+    /// existed), the first from the ledger. Either way a claim reads a bounded number
+    /// of items once the ledger's old grants are settled.
+    pub(crate) async fn pick_grant(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        counters: &QuotaCounters,
+        open: &OpenGrants,
+        ledger_only: bool,
+    ) -> Result<Option<Reserve>, StoreError> {
+        if counters.available == 0 {
+            return Ok(None);
+        }
+        if !ledger_only
+            && open.complete(counters)
+            && let Some(request) = open.available.first()
+        {
+            return Ok(Some(Reserve {
+                sk: grant_sk(template, request),
+                request: request.clone(),
+                listed: true,
+                stale: Default::default(),
+            }));
+        }
+        // The sets do not account for the counters: read the open grants from the
+        // ledger (once: the repair below makes the next claims read the sets again).
+        let mut pages = self
+            .grants_query(pk, template, &["available", "reserved"])
+            .into_paginator()
+            .items()
+            .send();
+        let mut ledger = LedgerOpen::default();
+        while let Some(item) = pages.next().await {
+            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let grant: GrantItem = parse("grant", item)?;
+            match grant.state {
+                Some(GrantState::Available) => {
+                    ledger.available.push((grant.sk, grant.request_id));
+                }
+                Some(GrantState::Reserved) => ledger.reserved.push((grant.sk, grant.request_id)),
+                _ => {}
+            }
+        }
+        if ledger.available.len() as u64 == counters.available
+            && ledger.reserved.len() as u64 == counters.reserved
+        {
+            self.repair_open_sets(pk, template, open, &ledger).await;
+        } else {
+            // A write between the reads (it will have changed the sets too), or a ledger
+            // that disagrees with its counters: no repair this time.
+            tracing::warn!(
+                available = ledger.available.len(),
+                reserved = ledger.reserved.len(),
+                "the ledger's open grants and the counters differ; the sets are not repaired"
+            );
+        }
+        Ok(ledger
+            .available
+            .into_iter()
+            .next()
+            .map(|(sk, request)| Reserve {
+                listed: open.available.contains(&request),
+                sk,
+                request,
+                stale: Default::default(),
+            }))
+    }
+
+    /// Brings the quota item's open-grant sets to the ledger's, as read: a member the
+    /// ledger does not have in that state is deleted, one it has is added, each in the
+    /// same transaction as a check that its grant is (or, for a deletion, is not) in
+    /// that state. Every write that moves a grant moves its request id between the
+    /// sets too, so a member checked in stays right whatever comes after, and sets
+    /// that account for the counters are then the ledger's; no check of the counters is
+    /// needed, so the work goes in transactions of up to [`REPAIR_CHUNK`] grants,
+    /// however many the user holds. (Wrong members left by data from before that held
+    /// are what the deletions are for; those a claim meets are cleaned up here.) A
+    /// transaction that does not commit (a grant moved since the read) ends the
+    /// repair; the next fallback goes on. Failures are logged: the claim goes on
+    /// without.
+    pub(crate) async fn repair_open_sets(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        open: &OpenGrants,
+        ledger: &LedgerOpen,
+    ) {
+        // A container frozen here holds a ledger read that others may outdate.
+        crate::failpoint::hit("before_repair");
+        let fixes = set_fixes(open, ledger);
+        let total = fixes.len();
+        if total == 0 {
+            return;
+        }
+        // One set and one direction per transaction: one update cannot both add to and
+        // delete from an attribute, and an id wrongly in both sets must not be checked
+        // twice in one transaction (DynamoDB refuses two actions on one item).
+        let mut groups: BTreeMap<(bool, &'static str), Vec<SetFix>> = BTreeMap::new();
+        for fix in fixes {
+            groups
+                .entry((fix.add, grant_state_name(fix.state)))
+                .or_default()
+                .push(fix);
+        }
+        for chunk in groups.values().flat_map(|group| group.chunks(REPAIR_CHUNK)) {
+            let outcome = match self.set_fix_writes(pk, template, chunk) {
+                Ok(writes) => self.transact(writes).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(TxOutcome::Committed) => {}
+                Ok(TxOutcome::Cancelled(_)) => {
+                    tracing::warn!(
+                        "a grant moved while its set was repaired; the next claim goes on"
+                    );
+                    return;
+                }
+                Ok(TxOutcome::Contended) => {
+                    tracing::warn!(
+                        "the open-grant sets' repair was contended; the next claim goes on"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %crate::telemetry::error_chain(&e),
+                        "the open-grant sets were not repaired this time"
+                    );
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            fixes = total,
+            "the quota item's open-grant sets were repaired from the ledger"
+        );
+    }
+}
+
+/// The grant a claim reserves.
+pub(crate) struct Reserve {
+    pub(crate) sk: String,
+    pub(crate) request: RequestId,
+    /// Listed in the quota item's set of available grants (else an older grant).
+    pub(crate) listed: bool,
+    /// Marks on the quota item that no event can match any more, by attribute: the
+    /// reservation drops them, as it writes the quota item anyway.
+    pub(crate) stale: Vec<(&'static str, Vec<String>)>,
+}
+
+/// A template's open grants as its ledger has them: (sort key, request id) each.
+#[derive(Default)]
+pub(crate) struct LedgerOpen {
+    pub(crate) available: Vec<(String, RequestId)>,
+    pub(crate) reserved: Vec<(String, RequestId)>,
+}
+
+/// What it takes to make the sets `open` lists the ledger's `ledger`.
+pub(crate) fn set_fixes(open: &OpenGrants, ledger: &LedgerOpen) -> Vec<SetFix> {
+    let mut fixes = Vec::new();
+    for (state, listed, held) in [
+        (GrantState::Available, &open.available, &ledger.available),
+        (GrantState::Reserved, &open.reserved, &ledger.reserved),
+    ] {
+        let held_ids: std::collections::HashSet<&RequestId> =
+            held.iter().map(|(_, id)| id).collect();
+        let listed_ids: std::collections::HashSet<&RequestId> = listed.iter().collect();
+        fixes.extend(
+            listed
+                .iter()
+                .filter(|id| !held_ids.contains(id))
+                .map(|id| SetFix {
+                    state,
+                    request: id.clone(),
+                    add: false,
+                }),
+        );
+        fixes.extend(
+            held.iter()
+                .filter(|(_, id)| !listed_ids.contains(id))
+                .map(|(_, id)| SetFix {
+                    state,
+                    request: id.clone(),
+                    add: true,
+                }),
+        );
+    }
+    fixes
+}
+
+/// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of
+/// stale marks, by attribute.
+pub(crate) fn drop_marks(
+    update: UpdateBuilder,
+    stale: &[(&'static str, Vec<String>)],
+) -> UpdateBuilder {
+    let mut update = update;
+    let mut clauses = String::new();
+    for (i, (name, members)) in stale.iter().enumerate() {
+        if members.is_empty() {
+            continue;
+        }
+        clauses.push_str(&format!(", #stale{i} :stale{i}"));
+        update = update
+            .expression_attribute_names(format!("#stale{i}"), *name)
+            .expression_attribute_values(format!(":stale{i}"), AttributeValue::Ss(members.clone()));
+    }
+    if clauses.is_empty() {
+        return update;
+    }
+    let expression = update.get_update_expression().clone().unwrap_or_default() + &clauses;
+    update.update_expression(expression)
+}

@@ -1,0 +1,545 @@
+//! One settlement transaction: the delivery, its grant, the quota item's lists and
+//! marks, the plan or outbox, each guarded by what the settler read.
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use chrono::{DateTime, Utc};
+
+use crate::domain::outcome::{DeliveryState, OutcomeClass};
+use crate::domain::reconcile::{Mark, anonymous_sent_id};
+use crate::domain::{GrantState, TemplateId};
+use crate::store::dispatch::delivery::DeliveryItem;
+use crate::store::items::grant::grant_state_name;
+use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
+use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
+
+use crate::store::items::quota::{
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT,
+};
+/// Which delivery a settle may move.
+pub(crate) enum Guard<'a> {
+    /// Still live and this claimer's (a finalize).
+    Claimer(&'a str),
+    /// Still live with this expired lease (the sweep).
+    ExpiredLease(i64),
+    /// Declared `unknown` by a sweep, claimed by this claimer, not yet answered late.
+    Swept(&'a str),
+    /// `unknown`, however it got there (WeChat's sent event settling it).
+    Unknown,
+}
+
+/// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GrantMove<'a> {
+    pub(crate) sk: &'a str,
+    pub(crate) from: GrantState,
+    pub(crate) to: GrantState,
+}
+
+/// What a settle writes to the delivery.
+pub(crate) struct DeliveryWrite {
+    pub(crate) state: DeliveryState,
+    pub(crate) class: OutcomeClass,
+    pub(crate) outcome: String,
+    pub(crate) errcode: Option<i64>,
+    pub(crate) msgid: Option<String>,
+    /// Whether this write comes from the sweep (or is a late answer after one).
+    pub(crate) by: Writer,
+    /// 43101: the template's other grants are still to be voided (see
+    /// [`DeliveryItem::void_others`]).
+    pub(crate) void_others: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writer {
+    Finalize,
+    Sweep,
+    /// The sweep settling by the answer a finalize kept ([`KeptAnswer`]).
+    Kept,
+    LateAnswer,
+    /// WeChat's sent event settling an `unknown` delivery.
+    Event,
+    /// A finalize (or late answer) giving the claim back unsent.
+    Release {
+        late: bool,
+    },
+}
+
+/// What a settle changes in the quota item's marks (see
+/// [`reconcile`](crate::domain::reconcile)), as encoded set members.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Marks {
+    /// The send's outcome became unknown: it joins the open-unknown set.
+    pub(crate) open_unknown: Option<String>,
+    /// A send that was unknown settled: it leaves the open-unknown set.
+    pub(crate) close_unknown: Option<String>,
+    /// Recorded `sent`: its msgid (or, without one, an anonymous mark) joins the sent
+    /// set for the event window.
+    pub(crate) sent: Option<String>,
+    /// The send was in flight (a finalize, a release or the sweep): it leaves the
+    /// in-flight set.
+    pub(crate) close_inflight: Option<String>,
+}
+
+impl Marks {
+    /// The marks of a settlement written by `by` for a send claimed at `claimed_at`.
+    pub(crate) fn of(
+        write: &DeliveryWrite,
+        delivery_id: &str,
+        claimed_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let claimed = Mark::new(claimed_at, delivery_id).encode();
+        let was_unknown = matches!(
+            write.by,
+            Writer::LateAnswer | Writer::Event | Writer::Release { late: true }
+        );
+        // Kept for the whole window, so every copy of the send's event is known as its
+        // own (an event settling it included: WeChat may deliver that event again).
+        let sent = match (&write.msgid, write.state) {
+            (Some(msgid), _) => Some(Mark::new(now, msgid.clone()).encode()),
+            (None, DeliveryState::Sent) => {
+                Some(Mark::new(now, anonymous_sent_id(delivery_id)).encode())
+            }
+            (None, _) => None,
+        };
+        Self {
+            open_unknown: (write.state == DeliveryState::Unknown && !was_unknown)
+                .then(|| claimed.clone()),
+            close_unknown: was_unknown.then(|| claimed.clone()),
+            sent,
+            close_inflight: (!was_unknown).then_some(claimed),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.open_unknown.is_none()
+            && self.close_unknown.is_none()
+            && self.sent.is_none()
+            && self.close_inflight.is_none()
+    }
+}
+
+/// One settle transaction: the delivery, its grant, and the claimed item's writes.
+pub(crate) struct SettleTx<'a> {
+    pub(crate) pk: &'a str,
+    pub(crate) delivery_id: &'a str,
+    /// When the send was claimed: a grant voided since (a disable, a refusal, 43101)
+    /// is never given back by it.
+    pub(crate) claimed_at: DateTime<Utc>,
+    pub(crate) guard: Guard<'a>,
+    pub(crate) write: DeliveryWrite,
+    /// The template whose quota item holds the grant's counters and the marks.
+    pub(crate) template: &'a TemplateId,
+    pub(crate) marks: Marks,
+    pub(crate) grant: Option<GrantMove<'a>>,
+    /// If the claimed item moved on, give up (the caller reads it again) instead of
+    /// landing the rest without it.
+    pub(crate) retry_whole: bool,
+    /// The claimed item's writes (conditional on it being as expected); dropped
+    /// together if it moved on.
+    pub(crate) source: Vec<TransactWriteItem>,
+}
+
+/// Which parts of a settle landed.
+#[derive(Debug)]
+pub(crate) enum Settled {
+    /// The delivery moved; the grant and the claimed item's writes too, if true.
+    Landed { grant: bool, source: bool },
+    /// The delivery was not in the guarded state: as it is now (ALL_OLD), if it exists.
+    DeliveryMoved(Option<Box<DeliveryItem>>),
+    /// With `retry_whole`: the claimed item moved on; nothing was written.
+    SourceMoved,
+}
+
+impl Store {
+    pub(crate) fn delivery_update(
+        &self,
+        tx: &SettleTx<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let w = &tx.write;
+        let mut set = vec![
+            "#s = :final",
+            // CLASS is a reserved word: the name goes through a placeholder.
+            "#class = :class",
+            "outcome = :outcome",
+            "finished_at = :now",
+            "expires_at = :expires",
+        ];
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(tx.pk, &delivery_sk(tx.delivery_id))))
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_names("#class", "class")
+            .expression_attribute_values(":final", s(w.state.as_str()))
+            .expression_attribute_values(":class", s(w.class.as_str()))
+            .expression_attribute_values(
+                ":outcome",
+                s(w.outcome.chars().take(300).collect::<String>()),
+            )
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(
+                ":expires",
+                n((now + self.limits.retention.deliveries).timestamp()),
+            )
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(code) = w.errcode {
+            set.push("errcode = :errcode");
+            update = update.expression_attribute_values(":errcode", n(code));
+        }
+        if let Some(msgid) = &w.msgid {
+            set.push("msgid = :msgid");
+            update = update.expression_attribute_values(":msgid", s(msgid));
+        }
+        match w.by {
+            Writer::Finalize => {}
+            Writer::Kept => set.push("kept_settled_at = :now"),
+            Writer::Sweep => {
+                set.push("swept_at = :now");
+                set.push("sweep_outcome = :outcome");
+            }
+            Writer::LateAnswer => set.push("answered_late_at = :now"),
+            Writer::Event => set.push("event_settled_at = :now"),
+            Writer::Release { late } => {
+                set.push("released_at = :now");
+                if late {
+                    set.push("answered_late_at = :now");
+                }
+            }
+        }
+        update = match tx.guard {
+            Guard::Claimer(claimer) => update
+                .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
+                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
+                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
+                .expression_attribute_values(":c", s(claimer)),
+            Guard::ExpiredLease(until) => update
+                .condition_expression("#s IN (:claimed, :sending) AND lease_until = :l")
+                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
+                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
+                .expression_attribute_values(":l", n(until)),
+            Guard::Swept(claimer) => update
+                .condition_expression(
+                    "#s = :unknown AND claimer = :c AND attribute_exists(swept_at) \
+                     AND attribute_not_exists(answered_late_at)",
+                )
+                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str()))
+                .expression_attribute_values(":c", s(claimer)),
+            Guard::Unknown => update
+                .condition_expression("#s = :unknown")
+                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str())),
+        };
+        let expression = if w.void_others {
+            // Stays on (or, after a sweep took it off, goes back onto) the lease index
+            // until the other grants are void, so a sweep finishes that if need be.
+            set.push("void_others = :void");
+            set.push("lease_pk = :lease_pk");
+            set.push("lease_until = if_not_exists(lease_until, :lease_now)");
+            update = update
+                .expression_attribute_values(":void", AttributeValue::Bool(true))
+                .expression_attribute_values(":lease_pk", s(lease_pk(tx.delivery_id, self.shards)))
+                .expression_attribute_values(":lease_now", n(now.timestamp_millis()));
+            format!("SET {}", set.join(", "))
+        } else {
+            format!("SET {} REMOVE lease_pk, lease_until", set.join(", "))
+        };
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// The grant's move, fenced on the delivery that reserved it.
+    pub(crate) fn grant_move(
+        &self,
+        pk: &str,
+        delivery_id: &str,
+        grant: GrantMove<'_>,
+        by: Writer,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mut expression =
+            "SET #s = :to, updated_at = :now, version = version + :one".to_string();
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, grant.sk)))
+            // Fenced: only the delivery that reserved the grant moves it.
+            .condition_expression("#s = :from AND delivery_id = :d")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":to", s(grant_state_name(grant.to)))
+            .expression_attribute_values(":from", s(grant_state_name(grant.from)))
+            .expression_attribute_values(":d", s(delivery_id))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
+            // Undoing a void: only the sweep's guess, never the user's disable.
+            update = update
+                .condition_expression("#s = :from AND delivery_id = :d AND void_reason = :sweep")
+                .expression_attribute_values(":sweep", s(SWEEP_VOID));
+        }
+        let expires = || n((now + self.limits.retention.grants).timestamp());
+        match grant.to {
+            // A restore: free again for any later claim.
+            GrantState::Available => {
+                expression.push_str(" REMOVE delivery_id, void_reason, expires_at");
+            }
+            GrantState::Consumed => {
+                expression.push_str(", expires_at = :expires");
+                update = update.expression_attribute_values(":expires", expires());
+            }
+            GrantState::Invalid => {
+                expression.push_str(", void_reason = :why, expires_at = :expires");
+                update = update.expression_attribute_values(":expires", expires());
+                let why = if by == Writer::Sweep {
+                    SWEEP_VOID
+                } else {
+                    "send"
+                };
+                update = update.expression_attribute_values(":why", s(why));
+            }
+            GrantState::Reserved => {}
+        }
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// The quota item's part of a settle: the counters and open-grant sets following
+    /// the grant (out of `reserved`, into `available` on a restore), and the marks.
+    /// None if neither changes.
+    pub(crate) fn quota_update(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        grant: Option<GrantMove<'_>>,
+        marks: &Marks,
+        claimed_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TransactWriteItem>, StoreError> {
+        if grant.is_none() && marks.is_empty() {
+            return Ok(None);
+        }
+        let (mut adds, mut deletes) = (Vec::new(), Vec::new());
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .expression_attribute_values(":now", s(rfc3339(now)));
+        if let Some(grant) = grant {
+            let request = request_id_of_grant(grant.sk)
+                .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
+            // Counter names go through placeholders: CONSUMED is a reserved word.
+            adds.extend(["#from :minus", "#to :one"]);
+            update = update
+                .expression_attribute_names("#from", grant_state_name(grant.from))
+                .expression_attribute_names("#to", grant_state_name(grant.to))
+                .expression_attribute_values(":minus", n(-1))
+                .expression_attribute_values(":one", n(1));
+            if grant.from == GrantState::Reserved {
+                deletes.push("#open_reserved :id");
+                update = update.expression_attribute_names("#open_reserved", OPEN_RESERVED);
+            }
+            if grant.to == GrantState::Available {
+                adds.push("#open_available :id");
+                update = update.expression_attribute_names("#open_available", OPEN_AVAILABLE);
+            }
+            if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
+                // Bound only when a set clause uses it: DynamoDB refuses unused values.
+                update = update.expression_attribute_values(
+                    ":id",
+                    AttributeValue::Ss(vec![request.to_string()]),
+                );
+            }
+            if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
+                // A void grant comes back only if nothing voided the template's grants
+                // on purpose since the send was claimed.
+                update = update
+                    .condition_expression("attribute_not_exists(#voided) OR #voided < :claimed")
+                    .expression_attribute_names("#voided", VOIDED_AT)
+                    .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()));
+            }
+        }
+        let one = |member: &String| AttributeValue::Ss(vec![member.clone()]);
+        if let Some(mark) = &marks.open_unknown {
+            adds.push("#open_unknown :open_unknown");
+            update = update.expression_attribute_values(":open_unknown", one(mark));
+        }
+        if let Some(mark) = &marks.close_unknown {
+            deletes.push("#open_unknown :close_unknown");
+            update = update.expression_attribute_values(":close_unknown", one(mark));
+        }
+        if marks.open_unknown.is_some() || marks.close_unknown.is_some() {
+            update = update.expression_attribute_names("#open_unknown", OPEN_UNKNOWN);
+        }
+        if let Some(mark) = &marks.sent {
+            adds.push("#sent_marks :sent");
+            update = update
+                .expression_attribute_names("#sent_marks", SENT_MARKS)
+                .expression_attribute_values(":sent", one(mark));
+        }
+        if let Some(mark) = &marks.close_inflight {
+            deletes.push("#inflight :inflight");
+            update = update
+                .expression_attribute_names("#inflight", INFLIGHT)
+                .expression_attribute_values(":inflight", one(mark));
+        }
+        let mut expression = "SET updated_at = :now".to_string();
+        if !adds.is_empty() {
+            expression.push_str(&format!(" ADD {}", adds.join(", ")));
+        }
+        if !deletes.is_empty() {
+            expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
+        }
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(Some(TransactWriteItem::builder().update(update).build()))
+    }
+
+    /// Runs a settle transaction (see the module docs), dropping the parts that no
+    /// longer apply: a grant that is not this delivery's to move any more, a claimed
+    /// item that moved on. A grant already voided for this delivery is still moved to
+    /// `consumed` when WeChat took the message (the truth wins), and back to
+    /// `available` only if the sweep voided it.
+    pub(crate) async fn write_settlement(
+        &self,
+        mut tx: SettleTx<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Settled, StoreError> {
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let mut items = vec![self.delivery_update(&tx, now)?];
+            let grant_index = items.len();
+            let grant = tx.grant.filter(|g| g.from != g.to);
+            if let Some(grant) = grant {
+                items.push(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
+            }
+            let quota_index = items.len();
+            items.extend(self.quota_update(
+                tx.pk,
+                tx.template,
+                grant,
+                &tx.marks,
+                tx.claimed_at,
+                now,
+            )?);
+            let source_range = items.len()..items.len() + tx.source.len();
+            items.extend(tx.source.iter().cloned());
+            let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
+            let reasons = match self.transact(items).await? {
+                TxOutcome::Committed => {
+                    return Ok(Settled::Landed {
+                        grant: with_grant,
+                        source: !tx.source.is_empty(),
+                    });
+                }
+                TxOutcome::Contended => {
+                    crate::store::contended_pause("settle", attempt).await;
+                    continue;
+                }
+                TxOutcome::Cancelled(reasons) => reasons,
+            };
+            let failed = |i: usize| {
+                reasons
+                    .get(i)
+                    .is_some_and(|(code, _)| is_condition_failed(code))
+            };
+            let old = |i: usize| reasons.get(i).and_then(|(_, item)| item.clone());
+            if failed(0) {
+                let now_item = match old(0) {
+                    Some(item) => Some(Box::new(parse::<DeliveryItem>("delivery", item)?)),
+                    None => None,
+                };
+                return Ok(Settled::DeliveryMoved(now_item));
+            }
+            let mut changed = false;
+            if grant.is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
+                && failed(quota_index)
+            {
+                // The template's grants were voided after this send was claimed (a
+                // disable, a refusal): the grant stays void; the rest still lands.
+                tx.grant = None;
+                changed = true;
+            }
+            if with_grant && failed(grant_index) {
+                tx.grant = tx
+                    .grant
+                    .and_then(|g| regrant(g, tx.delivery_id, old(grant_index)));
+                changed = true;
+            }
+            if source_range.clone().any(failed) {
+                let start = source_range.start;
+                let gone_notes: Vec<usize> = source_range
+                    .clone()
+                    .filter(|&i| failed(i))
+                    .map(|i| i - start)
+                    .filter(|&i| {
+                        tx.source
+                            .get(i)
+                            .is_some_and(crate::store::items::outbox::is_note_update)
+                    })
+                    .collect();
+                if gone_notes.len() == source_range.clone().filter(|&i| failed(i)).count() {
+                    // Only notifications their retention removed: their status is not
+                    // written (never recreated as a stub); the rest lands.
+                    let mut index = 0;
+                    tx.source.retain(|_| {
+                        let keep = !gone_notes.contains(&index);
+                        index += 1;
+                        keep
+                    });
+                } else if tx.retry_whole {
+                    return Ok(Settled::SourceMoved);
+                } else {
+                    // The plan or push moved on (the user acted): that stands.
+                    tx.source.clear();
+                }
+                changed = true;
+            }
+            if !changed {
+                crate::store::contended_pause("settle", attempt).await;
+            }
+        }
+        Err(StoreError::Unavailable(
+            "settle contended past the retry limit".into(),
+        ))
+    }
+}
+
+/// `void_reason` of a grant the sweep voided (its send's outcome unknown).
+pub(crate) const SWEEP_VOID: &str = "sweep";
+
+/// The grant move to try again after the grant's condition failed, given the grant as
+/// it is: none if it is no longer this delivery's to move.
+pub(crate) fn regrant<'a>(
+    wanted: GrantMove<'a>,
+    delivery_id: &str,
+    now: Option<Item>,
+) -> Option<GrantMove<'a>> {
+    let now = now?;
+    if text(&now, "delivery_id") != Some(delivery_id) || text(&now, "state") != Some("invalid") {
+        return None;
+    }
+    let voided_by_sweep = text(&now, "void_reason") == Some(SWEEP_VOID);
+    match wanted.to {
+        // WeChat took the message: whoever voided the grant, it was used.
+        GrantState::Consumed => Some(GrantMove {
+            from: GrantState::Invalid,
+            ..wanted
+        }),
+        // Not sent after all: the quota is still WeChat's, but only a sweep's guess
+        // is undone (a user who disabled the plan voided it on purpose).
+        GrantState::Available if voided_by_sweep => Some(GrantMove {
+            from: GrantState::Invalid,
+            ..wanted
+        }),
+        GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
+    }
+}
