@@ -19,6 +19,7 @@ use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT,
 };
+
 /// Which delivery a settle may move.
 pub(crate) enum Guard<'a> {
     /// Still live and this claimer's (a finalize).

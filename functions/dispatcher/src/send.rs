@@ -1,0 +1,349 @@
+//! One due item: its turn, a token, the claim, the send, the finalize, and the answer
+//! kept when the finalize cannot commit.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use onegrant::Deps;
+use onegrant::domain::keywords::fit_all;
+use onegrant::domain::outcome::{OutcomeClass, SendResult};
+use onegrant::domain::reminder::ContentValues;
+use onegrant::store::StoreError;
+use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
+use onegrant::telemetry::{error_chain, openid_hash};
+use onegrant::wechat::Message;
+use tokio::sync::Semaphore;
+
+use crate::{Budget, FINALIZE_MARGIN, FINALIZE_RETRY_ROOM, FINALIZE_TRIES};
+
+pub(crate) enum Dispatched {
+    Done {
+        finalized: Finalized,
+        latency_ms: i64,
+    },
+    Released(Finalized),
+    Unreadable,
+    Lost,
+    NoGrant,
+    Deferred,
+    NoToken,
+}
+
+pub(crate) async fn dispatch_one(
+    deps: &Deps,
+    item: &DueItem,
+    claimer: &str,
+    budget: Budget,
+    permits: &Semaphore,
+) -> Result<Dispatched, StoreError> {
+    let config = &deps.config;
+    let Some(openid) = item.openid() else {
+        tracing::error!("due item outside any user partition taken off the due index");
+        deps.store.quarantine_due(item, Utc::now()).await?;
+        return Ok(Dispatched::Unreadable);
+    };
+    let wait = (item.due_at - Utc::now()).to_std().unwrap_or_default();
+    if wait + budget.after_turn > budget.left() {
+        return Ok(Dispatched::Deferred);
+    }
+    tokio::time::sleep(wait).await;
+    // The user's turn, then a permit: tasks queued behind one user hold no permit.
+    let turn_by = budget.left().saturating_sub(budget.after_turn);
+    let Ok(turn) = tokio::time::timeout(turn_by, deps.wechat.turn(&openid)).await else {
+        return Ok(Dispatched::Deferred);
+    };
+    let Ok(_permit) = permits.acquire().await else {
+        return Ok(Dispatched::Deferred);
+    };
+    if budget.after_turn > budget.left() {
+        return Ok(Dispatched::Deferred);
+    }
+    let token = match deps.wechat.token().await {
+        Ok(token) => token,
+        // Nothing claimed, nothing reserved: the item stays due for the next tick.
+        Err(_) => return Ok(Dispatched::NoToken),
+    };
+    if budget.after_claim > budget.left() {
+        return Ok(Dispatched::Deferred);
+    }
+    // The lease covers the send's window and the finalize, and never less than the
+    // configured lease.
+    let lease = config.dispatch.lease.max(budget.after_claim);
+    let claim = match deps
+        .store
+        .claim(item, &config.reminders, claimer, lease, Utc::now())
+        .await?
+    {
+        ClaimOutcome::Claimed(claim) => claim,
+        ClaimOutcome::Lost => return Ok(Dispatched::Lost),
+        ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
+        ClaimOutcome::Unreadable(why) => {
+            // It can never be claimed as it is: off the due index, for an operator.
+            tracing::error!(why = %why, "unreadable due item taken off the due index");
+            deps.store.quarantine_due(item, Utc::now()).await?;
+            return Ok(Dispatched::Unreadable);
+        }
+    };
+    // From here on every line about this item names its delivery (on the span).
+    tracing::Span::current().record("delivery_id", claim.delivery_id.as_str());
+    onegrant::failpoint::hit("after_claim");
+    // The send must end inside the lease and the invocation, before the finalize's
+    // margin: measured now, on the wall clock for the lease, so a process that stalled
+    // after claiming gives the claim back instead of sending late.
+    let lease_left = (claim.lease_until - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        .saturating_sub(FINALIZE_MARGIN);
+    let time_left = lease_left
+        .min(budget.left().saturating_sub(FINALIZE_MARGIN))
+        .min(deps.wechat.send_window());
+    if time_left < deps.wechat.call_timeout() {
+        drop(turn);
+        // Tried again like a finalize: a release that never lands is swept as
+        // `unknown`, a send that never happened.
+        let finalized = retried(&budget, "release", || {
+            deps.store
+                .release(&claim, "no time left to send", Utc::now())
+        })
+        .await?;
+        // No longer in flight: an event it held back may settle another send.
+        settle_pending(deps, &claim).await;
+        return Ok(Dispatched::Released(finalized));
+    }
+    let send_by = std::time::Instant::now() + time_left;
+    let result = match message(deps, &claim) {
+        Ok(message) => {
+            deps.wechat
+                .send_in_turn(&turn, &token, &message, send_by)
+                .await
+        }
+        Err(invalid) => invalid,
+    };
+    drop(turn);
+    let latency_ms = (Utc::now() - claim.due_at).num_milliseconds();
+    onegrant::failpoint::hit("after_send");
+    let policy = config.dispatch.retry_policy();
+    if let Some(delay) = onegrant::failpoint::delay_of("during_finalize") {
+        // Die with the finalize transaction in flight: it may or may not land.
+        tokio::select! {
+            _ = deps.store.finalize(&claim, &result, &policy, Utc::now()) => {}
+            () = tokio::time::sleep(delay) => {}
+        }
+        onegrant::failpoint::hit("during_finalize");
+        return Ok(Dispatched::Lost);
+    }
+    // WeChat's answer is known now and must be recorded: a finalize that fails (the
+    // table throttling past the write budget, a step after the settlement failing) is
+    // tried again while the invocation has time, rather than leaving the answer for the
+    // sweep to record as `unknown`. Each try is guarded, and one that finds its own
+    // settlement landed finishes what follows it.
+    let finalized = match retried(&budget, "finalize", || {
+        deps.store.finalize(&claim, &result, &policy, Utc::now())
+    })
+    .await
+    {
+        Ok(finalized) => finalized,
+        Err(e) => {
+            // Out of time or tries: the answer is kept on the delivery (one
+            // single-item write, tried a few times), so the sweep settles by it
+            // rather than declare the send `unknown`.
+            let room = budget.left().saturating_sub(Duration::from_millis(500));
+            if tokio::time::timeout(room, Box::pin(keep_answer(deps, &claim, &result, &policy)))
+                .await
+                .is_err()
+            {
+                tracing::error!(delivery_id = %claim.delivery_id, "no time left to keep WeChat's answer");
+            }
+            return Err(e);
+        }
+    };
+    let class = finalized.settlement.class;
+    if finalized.superseded {
+        tracing::warn!(delivery_id = %claim.delivery_id, "the sweep settled this send first");
+    }
+    // A sent event that came while this send was in flight, kept pending: it may be
+    // this send's (now `unknown`), or another unknown send's it no longer blocks.
+    settle_pending(deps, &claim).await;
+    match class {
+        OutcomeClass::Config => tracing::error!(
+            openid = %openid_hash(claim.openid.as_str()),
+            template = %claim.template_id,
+            delivery_id = %claim.delivery_id,
+            errcode = ?result.errcode(),
+            "WeChat refused the template or content: fix the configuration"
+        ),
+        OutcomeClass::Sent
+        | OutcomeClass::Retryable
+        | OutcomeClass::Refused
+        | OutcomeClass::User
+        | OutcomeClass::Unknown => tracing::info!(
+            openid = %openid_hash(claim.openid.as_str()),
+            template = %claim.template_id,
+            delivery_id = %claim.delivery_id,
+            errcode = ?result.errcode(),
+            outcome = class.as_str(),
+            late = finalized.late,
+            latency_ms,
+            "delivery finalized"
+        ),
+    }
+    Ok(Dispatched::Done {
+        finalized,
+        latency_ms,
+    })
+}
+
+/// Keeps WeChat's definite answer on a delivery whose finalize did not land
+/// ([`onegrant::store::Store::keep_answer`]), trying a few times; a failure is logged.
+pub(crate) async fn keep_answer(
+    deps: &Deps,
+    claim: &Claim,
+    result: &SendResult,
+    policy: &onegrant::domain::outcome::RetryPolicy,
+) {
+    if onegrant::domain::outcome::KeptAnswer::of(result).is_none() {
+        // An uncertain answer: nothing to keep; the sweep records it `unknown`.
+        return;
+    }
+    for attempt in 1..=KEEP_TRIES {
+        match deps.store.keep_answer(claim, result).await {
+            Ok(true) => {
+                tracing::warn!(
+                    delivery_id = %claim.delivery_id,
+                    "the finalize did not land: WeChat's answer kept for the sweep"
+                );
+                return;
+            }
+            Ok(false) => {
+                // No longer live: a sweep declared it `unknown` meanwhile. The answer
+                // still wins, as a late answer (or the finalize landed after all, and
+                // this finds its own settlement).
+                match deps.store.finalize(claim, result, policy, Utc::now()).await {
+                    Ok(finalized) => tracing::warn!(
+                        delivery_id = %claim.delivery_id,
+                        late = finalized.late,
+                        "WeChat's answer recorded after the sweep"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = %error_chain(&e),
+                        delivery_id = %claim.delivery_id,
+                        "WeChat's answer could not be recorded: the send stays unknown"
+                    ),
+                }
+                return;
+            }
+            Err(e) if attempt < KEEP_TRIES => {
+                tracing::warn!(error = %error_chain(&e), attempt, "keeping the answer failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            Err(e) => {
+                tracing::error!(
+                    error = %error_chain(&e),
+                    delivery_id = %claim.delivery_id,
+                    "WeChat's answer could not be kept: the sweep will record the send unknown"
+                );
+            }
+        }
+    }
+}
+
+/// How often a kept answer's write is tried.
+pub(crate) const KEEP_TRIES: u32 = 3;
+
+/// Runs `attempt` (a finalize or a release) until it succeeds, at most
+/// `FINALIZE_TRIES` times and while the invocation has `FINALIZE_RETRY_ROOM` left.
+pub(crate) async fn retried<F, Fut>(
+    budget: &Budget,
+    what: &'static str,
+    mut attempt: F,
+) -> Result<onegrant::store::dispatch::Finalized, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<onegrant::store::dispatch::Finalized, StoreError>>,
+{
+    // Each try ends in time to keep WeChat's answer should it fail (`KEEP_ROOM`): a
+    // try cut short may have landed unseen, which the next try, or keeping the
+    // answer, finds.
+    let bounded = |attempt: Fut| async move {
+        let room = budget
+            .left()
+            .saturating_sub(KEEP_ROOM)
+            .max(Duration::from_secs(1));
+        // Boxed: the finalize's future is large, and a debug build's test thread has
+        // a 2 MB stack.
+        tokio::time::timeout(room, Box::pin(attempt))
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    format!("{what}: out of time").into(),
+                ))
+            })
+    };
+    let mut outcome = bounded(attempt()).await;
+    let mut tries = 1;
+    while let Err(e) = &outcome {
+        if tries >= FINALIZE_TRIES || budget.left() < FINALIZE_RETRY_ROOM {
+            break;
+        }
+        tracing::warn!(error = %error_chain(e), tries, what, "failed; trying again");
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
+        tries += 1;
+        outcome = bounded(attempt()).await;
+    }
+    outcome
+}
+
+/// The time a finalize's tries leave for keeping WeChat's answer on the delivery.
+pub(crate) const KEEP_ROOM: Duration = Duration::from_secs(3);
+
+/// With the message push configured: the sent events of the claim's template kept
+/// pending while it was in flight, matched again now that it is not.
+pub(crate) async fn settle_pending(deps: &Deps, claim: &Claim) {
+    let config = &deps.config;
+    if config.limits.push_events {
+        deps.store
+            .settle_pending_events(
+                &claim.openid,
+                &claim.template_id,
+                &config.reminders,
+                &config.dispatch.retry_policy(),
+                Utc::now(),
+            )
+            .await;
+    }
+}
+
+/// The message for a claim: a reminder's content rendered for the user, or a push's
+/// data as ingested, fitted to the template's keyword rules.
+pub(crate) fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult> {
+    let template = deps
+        .config
+        .templates
+        .get(claim.template_id.as_str())
+        .ok_or_else(|| SendResult::Invalid {
+            reason: format!("template {} is not configured", claim.template_id),
+        })?;
+    let (values, page) = match &claim.source {
+        ClaimSource::Plan { kind, plan } => {
+            let schedule = plan.settings.schedule;
+            let local = claim.due_at.with_timezone(&schedule.timezone().tz());
+            let values = ContentValues {
+                due_time: local.format("%H:%M").to_string(),
+                due_date: local.format("%Y年%-m月%-d日").to_string(),
+                count: plan.count_on(schedule.waking_day(claim.due_at)),
+                goal: plan.settings.daily_goal,
+            };
+            (kind.render(&values), template.page.clone())
+        }
+        ClaimSource::Outbox(outbox) => (outbox.data.clone(), outbox.page.clone()),
+    };
+    let data = fit_all(template, &values).map_err(|e| SendResult::Invalid {
+        reason: e.to_string(),
+    })?;
+    Ok(Message {
+        touser: claim.openid.clone(),
+        template_id: template.id.to_string(),
+        page,
+        data,
+    })
+}

@@ -1,0 +1,151 @@
+//! What one tick did: the counts it answers with, logs and writes as metrics.
+
+use serde::Serialize;
+
+/// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub due: u32,
+    pub claimed: u32,
+    pub sent: u32,
+    pub failed: u32,
+    pub unknown: u32,
+    /// Deliveries the sweep settled `unknown`.
+    pub recovered: u32,
+    /// Plans the sweep moved on after their delivery had settled without them.
+    pub advanced: u32,
+    /// Recorded WeChat events that no try applied, applied by the sweep.
+    pub events_applied: u32,
+    /// Lease-index entries the sweep quarantined (unreadable, or failed too often).
+    pub quarantined: u32,
+    /// Deliveries the sweep settled by WeChat's answer their finalize kept (or whose
+    /// 43101 voiding it finished): the truth, not `unknown`.
+    pub kept: u32,
+    /// Sends a sweep had declared `unknown` that WeChat's late answer settled.
+    pub late: u32,
+    /// Claims given back unsent for want of time (grant restored, due again).
+    pub released: u32,
+    /// Finalizes that found the delivery already settled by a sweep and wrote nothing.
+    pub superseded: u32,
+    pub restored: u32,
+    pub config_errors: u32,
+    pub no_grant: u32,
+    pub lost: u32,
+    /// Left due for the next tick: no time left, or the user's turn came too late.
+    pub deferred: u32,
+    /// Left due for the next tick: no access token could be had.
+    pub no_token: u32,
+    /// Items that could not be read or written (logged, skipped).
+    pub skipped: u32,
+    /// Workers this tick invoked for its shards (0: it did them all itself).
+    pub workers: u32,
+    /// Shard groups whose worker could not be invoked, so this tick did them.
+    pub inline: u32,
+    /// Milliseconds from each due instant to its send's answer.
+    #[serde(skip)]
+    pub latencies_ms: Vec<i64>,
+}
+
+/// The time budget of one item: what must be left before each step.
+impl Summary {
+    /// Adds `other`'s counts to these (a tick doing a worker's shards itself).
+    pub(crate) fn absorb(&mut self, other: Summary) {
+        let Summary {
+            due,
+            claimed,
+            sent,
+            failed,
+            unknown,
+            recovered,
+            advanced,
+            events_applied,
+            quarantined,
+            kept,
+            late,
+            released,
+            superseded,
+            restored,
+            config_errors,
+            no_grant,
+            lost,
+            deferred,
+            no_token,
+            skipped,
+            workers,
+            inline,
+            latencies_ms,
+        } = other;
+        self.due += due;
+        self.claimed += claimed;
+        self.sent += sent;
+        self.failed += failed;
+        self.unknown += unknown;
+        self.recovered += recovered;
+        self.advanced += advanced;
+        self.events_applied += events_applied;
+        self.kept += kept;
+        self.quarantined += quarantined;
+        self.late += late;
+        self.released += released;
+        self.superseded += superseded;
+        self.restored += restored;
+        self.config_errors += config_errors;
+        self.no_grant += no_grant;
+        self.lost += lost;
+        self.deferred += deferred;
+        self.no_token += no_token;
+        self.skipped += skipped;
+        self.workers += workers;
+        self.inline += inline;
+        self.latencies_ms.extend(latencies_ms);
+    }
+}
+
+/// One log line and the metrics of a tick (`scheduled`: the minute's own tick, not a
+/// worker's share of it).
+pub(crate) fn report(summary: &Summary, scheduled: bool) {
+    tracing::info!(
+        due = summary.due,
+        claimed = summary.claimed,
+        sent = summary.sent,
+        failed = summary.failed,
+        unknown = summary.unknown,
+        recovered = summary.recovered,
+        advanced = summary.advanced,
+        late = summary.late,
+        released = summary.released,
+        superseded = summary.superseded,
+        restored = summary.restored,
+        deferred = summary.deferred,
+        no_token = summary.no_token,
+        skipped = summary.skipped,
+        workers = summary.workers,
+        "dispatcher tick"
+    );
+    emit_metrics(summary, scheduled);
+}
+
+/// A tick's metrics (written as EMF lines when the invocation ends).
+pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
+    use onegrant::metrics::{count, distribution, name};
+    // One per scheduled minute: workers are not ticks (they would hide missed ones).
+    count(name::TICKS, u32::from(scheduled));
+    // The sweep's recoveries are uncertain sends too (I4): counted with them.
+    count(name::UNKNOWN, summary.recovered);
+    count(name::DUE, summary.due);
+    count(name::CLAIMED, summary.claimed);
+    count(name::SENT, summary.sent);
+    count(name::FAILED, summary.failed);
+    count(name::UNKNOWN, summary.unknown);
+    count(name::NO_GRANT, summary.no_grant);
+    count(name::RESTORED, summary.restored);
+    count(name::RECOVERED, summary.recovered);
+    count(name::QUARANTINED, summary.quarantined);
+    count(name::KEPT, summary.kept);
+    count(name::EVENTS_APPLIED_LATE, summary.events_applied);
+    count(name::CONFIG_ERRORS, summary.config_errors);
+    count(name::DEFERRED, summary.deferred + summary.no_token);
+    count(name::LOST, summary.lost);
+    count(name::SKIPPED, summary.skipped);
+    distribution(name::SEND_LAG, &summary.latencies_ms);
+}
