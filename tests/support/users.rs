@@ -1,0 +1,283 @@
+//! Users: logging in, reporting grants, scheduling plans and making them due.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{Value, json};
+
+use crate::support::app::{Answer, TestApp, WATER};
+use crate::support::invariants::attr_s;
+
+/// A user with a session, known to the stand-in.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub openid: String,
+    pub token: String,
+}
+
+impl TestApp {
+    /// Logs a user in and returns their session and openid.
+    pub async fn user(&self, name: &str) -> User {
+        let (code, openid) = self.login_code(name).await;
+        let answer = self.post("/v1/session", None, &json!({"code": code})).await;
+        assert_eq!(answer.status, 200, "login: {}", answer.body);
+        User {
+            openid,
+            token: answer.body["token"].as_str().expect("token").to_string(),
+        }
+    }
+
+    /// One tap that accepts `template`: the grant reported to onegrant and the quota
+    /// WeChat (the stand-in) then really holds.
+    pub async fn accept(&self, user: &User, template: &str, request_id: &str) {
+        let answer = self
+            .post(
+                "/v1/grants",
+                Some(&user.token),
+                &json!({"request_id": request_id, "results": {template: "accept"}}),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "grant: {}", answer.body);
+        self.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": template, "count": 1})),
+        )
+        .await;
+    }
+
+    /// A user holding `grants` accepted water grants (at the stand-in too) with the
+    /// water plan enabled — scheduled, not yet due (see [`TestApp::make_due`]).
+    pub async fn scheduled_user(&self, name: &str, grants: u32) -> User {
+        let user = self.user(name).await;
+        for i in 0..grants {
+            self.accept(&user, WATER, &format!("wr_{name}_{i}")).await;
+        }
+        let plan = self.enable(&user, "water").await;
+        assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
+        user
+    }
+
+    /// Waits (up to 5 s) until `user`'s plan of `kind` is `sending`: a send in flight.
+    pub async fn until_sending(&self, user: &User, kind: &str) {
+        for _ in 0..250 {
+            let plan = self.item(user, &format!("PLAN#{kind}")).await;
+            if plan.as_ref().and_then(|p| attr_s(p, "state")) == Some("sending") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asserts that `user` has `n` grant ledger items, every one `invalid`.
+    pub async fn assert_grants_void(&self, user: &User, n: usize) {
+        let grants = self.items_of(user, "grant").await;
+        assert_eq!(grants.len(), n, "{grants:?}");
+        assert!(
+            grants.iter().all(|g| attr_s(g, "state") == Some("invalid")),
+            "every grant void: {grants:?}"
+        );
+    }
+
+    /// `POST /v1/notifications/read-all` for `user` (one bounded step).
+    pub async fn read_all(&self, user: &User) -> Answer {
+        self.call(
+            "POST",
+            "/v1/notifications/read-all",
+            Some(&user.token),
+            None,
+        )
+        .await
+    }
+
+    /// `PUT /v1/reminders/{kind}` turning the user's plan off (its grants void).
+    pub async fn disable(&self, user: &User, kind: &str) -> Answer {
+        self.call(
+            "PUT",
+            &format!("/v1/reminders/{kind}"),
+            Some(&user.token),
+            Some(br#"{"enabled": false}"#.to_vec()),
+        )
+        .await
+    }
+
+    /// `PUT /v1/reminders/{kind}` turning the user's plan on with its settings as they are.
+    pub async fn enable(&self, user: &User, kind: &str) -> Answer {
+        self.call(
+            "PUT",
+            &format!("/v1/reminders/{kind}"),
+            Some(&user.token),
+            Some(br#"{"enabled": true}"#.to_vec()),
+        )
+        .await
+    }
+
+    /// Moves a scheduled plan's due instant (time passing, without waiting for it).
+    pub async fn make_due(&self, user: &User, kind: &str, at: chrono::DateTime<chrono::Utc>) {
+        let ms = AttributeValue::N(at.timestamp_millis().to_string());
+        self.table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("PLAN#{kind}")))
+            .update_expression("SET next_due_at = :t, due_at = :t")
+            .condition_expression("#s = :scheduled")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":t", ms)
+            .expression_attribute_values(":scheduled", AttributeValue::S("scheduled".into()))
+            .send()
+            .await
+            .expect("the plan is scheduled");
+    }
+
+    /// The stored item `sk` of `user`.
+    pub async fn item(&self, user: &User, sk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.table
+            .client
+            .get_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(sk.to_string()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get item")
+            .item
+    }
+
+    /// `n` available grants of `template` as an older version left them: ledger items
+    /// and counters, but no open-grant sets. WeChat holds them too. Their request ids.
+    pub async fn legacy_grants(&self, user: &User, template: &str, n: usize) -> Vec<String> {
+        let ids: Vec<String> = (0..n).map(|i| format!("legacy_{i:03}")).collect();
+        self.write_ledger(user, template, &ids, Some("available"))
+            .await;
+        self.quota_update(user, template)
+            .update_expression(
+                "SET template_id = :t, kind = :k, accepted = :n, available = :n \
+                 REMOVE open_available, open_reserved",
+            )
+            .expression_attribute_values(":t", AttributeValue::S(template.into()))
+            .expression_attribute_values(":k", AttributeValue::S("quota".into()))
+            .expression_attribute_values(":n", AttributeValue::N(n.to_string()))
+            .send()
+            .await
+            .expect("counters written");
+        self.control(
+            "POST",
+            "quota",
+            Some(json!({"openid": user.openid, "template_id": template, "count": n})),
+        )
+        .await;
+        ids
+    }
+
+    /// Ledger items of `template` written straight to the table, counters untouched:
+    /// grants in `state`, or refusals (no state) when `None`.
+    pub async fn write_ledger(
+        &self,
+        user: &User,
+        template: &str,
+        ids: &[String],
+        state: Option<&str>,
+    ) {
+        use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+        for chunk in ids.chunks(25) {
+            let writes = chunk
+                .iter()
+                .map(|id| {
+                    let mut item: HashMap<String, AttributeValue> = [
+                        ("pk", format!("USER#{}", user.openid)),
+                        ("sk", format!("GRANT#{template}#{id}")),
+                        ("kind", "grant".to_string()),
+                        ("template_id", template.to_string()),
+                        ("request_id", id.clone()),
+                        (
+                            "result",
+                            if state.is_some() { "accept" } else { "reject" }.to_string(),
+                        ),
+                        ("created_at", "2025-11-30T00:00:00Z".to_string()),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), AttributeValue::S(v)))
+                    .collect();
+                    item.insert("version".into(), AttributeValue::N("1".into()));
+                    if let Some(state) = state {
+                        item.insert("state".into(), AttributeValue::S(state.into()));
+                    }
+                    WriteRequest::builder()
+                        .put_request(
+                            PutRequest::builder()
+                                .set_item(Some(item))
+                                .build()
+                                .expect("put"),
+                        )
+                        .build()
+                })
+                .collect();
+            self.table
+                .client
+                .batch_write_item()
+                .request_items(&self.table.name, writes)
+                .send()
+                .await
+                .expect("ledger written");
+        }
+    }
+
+    /// An update of `user`'s counter item of `template` (to set up states a test needs).
+    pub fn quota_update(
+        &self,
+        user: &User,
+        template: &str,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("QUOTA#{template}")))
+    }
+
+    /// The state of the grant a stored delivery of `user` reserved.
+    pub async fn grant_state_of(
+        &self,
+        user: &User,
+        delivery: &HashMap<String, AttributeValue>,
+    ) -> Option<String> {
+        let grant = self
+            .item(user, attr_s(delivery, "grant_sk").unwrap_or_default())
+            .await?;
+        attr_s(&grant, "state").map(str::to_string)
+    }
+
+    /// Every stored item of `user` whose kind attribute is `kind`.
+    pub async fn items_of(&self, user: &User, kind: &str) -> Vec<HashMap<String, AttributeValue>> {
+        let pk = format!("USER#{}", user.openid);
+        self.items()
+            .await
+            .into_iter()
+            .filter(|i| attr_s(i, "pk") == Some(pk.as_str()) && attr_s(i, "kind") == Some(kind))
+            .collect()
+    }
+
+    /// Has the stand-in push one event now (see its control API); the callback's
+    /// answers.
+    pub async fn push_event(&self, event: Value) -> Value {
+        self.control("POST", "push-events", Some(event)).await
+    }
+
+    /// The stand-in's deliveries.
+    pub async fn deliveries(&self) -> Vec<Value> {
+        self.control("GET", "deliveries", None).await["deliveries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Runs one dispatcher tick with `seconds` of budget.
+    pub async fn tick(&self, seconds: u64) -> dispatcher::Summary {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        dispatcher::tick(&self.deps, deadline).await.expect("tick")
+    }
+}
