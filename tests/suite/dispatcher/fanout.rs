@@ -1,0 +1,116 @@
+//! Paging the due backlog and fanning shards out to workers.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can_send() {
+    let app = spawn_app_with(&[
+        FAST[0],
+        ("WECHAT_TIMEOUT_MS", "5000"),
+        FAST[2],
+        ("DUE_SHARDS", "1"),
+    ])
+    .await;
+    due_users(&app, "u", 120).await;
+    // WeChat answers in 2.5 s. A tick with a second more than one send needs from
+    // its turn reads one page, starts what it can in that second, and leaves the rest
+    // unread: no send ends before its time is up, so no slot frees for a next page.
+    app.control("POST", "latency", Some(json!({"ms": 2500})))
+        .await;
+    let wechat = &app.deps.wechat;
+    let after_turn =
+        wechat.call_timeout() + wechat.send_window() + std::time::Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + after_turn + std::time::Duration::from_millis(500);
+    app.round_trips.take();
+    let short = dispatcher::tick(&app.deps, deadline).await.expect("tick");
+    let index_queries = app
+        .round_trips
+        .take()
+        .iter()
+        .filter(|op| *op == "Query@index")
+        .count();
+    assert!(
+        (1..=50).contains(&short.due),
+        "one page of 50 at most was read: {short:?}"
+    );
+    assert_eq!(short.claimed, short.sent, "{short:?}");
+    // One due-index page per shard and one lease query per shard (the span is at
+    // least the default 16): no second page of shard 0 was read.
+    assert_eq!(index_queries, 32, "index queries");
+    assert_plans_consistent(&app).await;
+
+    // A tick with time goes through the rest, page by page.
+    app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+    let rest = app.tick(60).await;
+    assert_eq!(short.sent + rest.sent, 120, "{short:?} {rest:?}");
+    assert!(rest.due >= 120 - short.sent, "{rest:?}");
+    let sent = app.deliveries().await;
+    assert_eq!(sent.len(), 120, "each sent once");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_fans_its_shards_out_to_workers_through_the_invoke_api() {
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DISPATCH_WORKERS", "4")]).await;
+    due_users(&app, "w", 40).await;
+    // The scheduled tick only hands the 16 shards to 4 workers (asynchronous
+    // invocations of the dispatcher through the local Invoke API) ...
+    let coordinator = app.tick(30).await;
+    assert_eq!(
+        (coordinator.workers, coordinator.inline, coordinator.due),
+        (4, 0, 0),
+        "{coordinator:?}"
+    );
+    // ... which send everything, each reminder once.
+    let mut sent = 0;
+    for _ in 0..300 {
+        sent = app.deliveries().await.len();
+        if sent >= 40 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(sent, 40);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(app.deliveries().await.len(), 40, "nothing twice");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+    assert_no_plan_stuck_sending(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tick_whose_workers_cannot_be_invoked_does_their_shards_itself() {
+    let app = spawn_app_with(&[
+        FAST[0],
+        FAST[1],
+        FAST[2],
+        ("DISPATCH_WORKERS", "4"),
+        // Nothing listens there: every invocation fails.
+        ("AWS_ENDPOINT_URL_LAMBDA", "http://127.0.0.1:9"),
+    ])
+    .await;
+    for i in 0..12 {
+        due_user(&app, &format!("f{i}"), 1).await;
+    }
+    let summary = app.tick(30).await;
+    assert_eq!((summary.workers, summary.inline), (0, 4), "{summary:?}");
+    assert_eq!(summary.sent, 12, "{summary:?}");
+    assert_eq!(app.deliveries().await.len(), 12);
+    assert_plans_consistent(&app).await;
+}
+
+#[tokio::test]
+async fn a_worker_event_naming_no_usable_shards_fails_and_never_runs_a_tick() {
+    let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DISPATCH_WORKERS", "4")]).await;
+    due_user(&app, "alice", 1).await;
+    for payload in [
+        json!({"onegrant_dispatch_shards": "all"}),
+        json!({"onegrant_dispatch_shards": {"from": 0, "to": 100000}}),
+    ] {
+        let answer = app.invoke("dispatcher", &payload).await;
+        assert_eq!(answer["errorType"], "FunctionError", "{answer}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(app.deliveries().await.is_empty(), "no tick ran");
+}
