@@ -66,8 +66,8 @@ pub fn standin_push(config: &Config, api_base: &str) -> Option<crate::standin::P
         mode: (push.mode == onegrant::config::PushMode::Compatible).then(|| "compatible".into()),
         format: Some(
             match push.format {
-                onegrant::domain::push_event::Format::Json => "json",
-                onegrant::domain::push_event::Format::Xml => "xml",
+                onegrant::domain::callback::Format::Json => "json",
+                onegrant::domain::callback::Format::Xml => "xml",
             }
             .to_string(),
         ),

@@ -11,9 +11,9 @@ use lambda_http::{Body, Request, Response};
 use serde::Serialize;
 
 use crate::domain::OpenId;
-use crate::domain::grant::ReportError;
-use crate::domain::reminder::{CheckInError, SettingsError};
-use crate::domain::schedule::ScheduleError;
+use crate::domain::grants::ReportError;
+use crate::domain::reminders::schedule::ScheduleError;
+use crate::domain::reminders::{CheckInError, SettingsError};
 use crate::session::Sessions;
 
 #[cfg(feature = "store")]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::Utc;
-use onegrant::store::history::{HistoryItem, Line, UNATTRIBUTED, timeline};
+use onegrant::store::audit::{HistoryItem, Line, UNATTRIBUTED, timeline};
 use onegrant_tests::{TestApp, User, WATER, attr_n, attr_s, spawn_pushing_app};
 use serde_json::json;
 

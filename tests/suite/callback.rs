@@ -345,7 +345,7 @@ async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_po
     // The first attempt recorded the change event and stopped before applying it.
     let event = change(&user.openid, onegrant_tests::WATER);
     let message =
-        onegrant::domain::push_event::parse(&event, onegrant::domain::push_event::Format::Json)
+        onegrant::domain::callback::parse(&event, onegrant::domain::callback::Format::Json)
             .expect("event");
     app.deps
         .store

@@ -529,7 +529,7 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     let user = app.user("lost-report").await;
     let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
     let templates = app.deps.config.templates.clone();
-    let report = onegrant::domain::grant::GrantReport::from_json(
+    let report = onegrant::domain::grants::GrantReport::from_json(
         &serde_json::json!({"request_id": "wr_lost", "results": {"tmpl_water_reminder": "accept"}}),
         &templates,
     )
@@ -669,7 +669,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     let user = due_user(&app, "late-refused", 2).await;
     let now = Utc::now();
     let claim = app.claim_and_sweep(now).await;
-    let refused = || onegrant::domain::outcome::SendResult::Refused {
+    let refused = || onegrant::domain::dispatch::SendResult::Refused {
         errcode: 43101,
         errmsg: "user refuse to accept the msg".into(),
     };

@@ -94,7 +94,7 @@ impl TestApp {
     pub async fn finalize_as(
         &self,
         claim: &onegrant::store::dispatch::Claim,
-        result: onegrant::domain::outcome::SendResult,
+        result: onegrant::domain::dispatch::SendResult,
     ) -> onegrant::store::dispatch::Finalized {
         self.deps
             .store
@@ -115,8 +115,11 @@ impl TestApp {
         msgid: &str,
     ) -> onegrant::store::dispatch::Finalized {
         let msgid = Some(msgid.to_string());
-        self.finalize_as(claim, onegrant::domain::outcome::SendResult::Sent { msgid })
-            .await
+        self.finalize_as(
+            claim,
+            onegrant::domain::dispatch::SendResult::Sent { msgid },
+        )
+        .await
     }
 
     /// Claims `item` as a dispatcher that then vanishes (a 10 s lease, no send, no

@@ -26,8 +26,8 @@ use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::store::StoreError;
+use onegrant::store::audit::attributed;
 use onegrant::store::dispatch::ShardSpan;
-use onegrant::store::history::attributed;
 use onegrant::telemetry::error_chain;
 use tokio::time::Instant;
 

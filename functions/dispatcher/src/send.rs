@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use onegrant::Deps;
+use onegrant::domain::dispatch::{OutcomeClass, SendResult};
 use onegrant::domain::keywords::fit_all;
-use onegrant::domain::outcome::{OutcomeClass, SendResult};
-use onegrant::domain::reminder::ContentValues;
+use onegrant::domain::reminders::ContentValues;
 use onegrant::store::StoreError;
 use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
 use onegrant::telemetry::{error_chain, openid_hash};
@@ -199,9 +199,9 @@ pub(crate) async fn keep_answer(
     deps: &Deps,
     claim: &Claim,
     result: &SendResult,
-    policy: &onegrant::domain::outcome::RetryPolicy,
+    policy: &onegrant::domain::dispatch::RetryPolicy,
 ) {
-    if onegrant::domain::outcome::KeptAnswer::of(result).is_none() {
+    if onegrant::domain::dispatch::KeptAnswer::of(result).is_none() {
         // An uncertain answer: nothing to keep; the sweep records it `unknown`.
         return;
     }

@@ -13,7 +13,7 @@ use onegrant::Deps;
 use onegrant::domain::{GrantReport, Quota};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::GrantEntry;
-use onegrant::store::history::attributed;
+use onegrant::store::audit::attributed;
 use onegrant::telemetry::openid_hash;
 use serde::Serialize;
 

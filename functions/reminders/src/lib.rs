@@ -9,9 +9,9 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
-use onegrant::domain::reminder::{CheckIn, ReminderKind, SettingsPatch};
+use onegrant::domain::reminders::{CheckIn, ReminderKind, SettingsPatch};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
-use onegrant::store::history::attributed;
+use onegrant::store::audit::attributed;
 use onegrant::store::reminders::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
 

@@ -17,7 +17,7 @@ use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::config::{PushConfig, PushMode};
-use onegrant::domain::push_event::{self, PushEvent};
+use onegrant::domain::callback::{self, PushEvent};
 use onegrant::http::{ApiError, respond};
 use onegrant::store::callback::PushRecorded;
 use onegrant::telemetry::openid_hash;
@@ -160,7 +160,7 @@ async fn receive(
         // too, so it is held to it: a body without one would be covered by no
         // signature at all.
         PushMode::Safe | PushMode::Compatible => {
-            let encrypt = push_event::encrypted_field(body, push.format)
+            let encrypt = callback::encrypted_field(body, push.format)
                 .ok()
                 .flatten()
                 .ok_or(ApiError::Unauthorized)?;
@@ -184,7 +184,7 @@ async fn receive(
             body.to_string()
         }
     };
-    let message = match push_event::parse(&plain, push.format) {
+    let message = match callback::parse(&plain, push.format) {
         Ok(message) => message,
         Err(e) => {
             // Authentic but unreadable: a retry would not help.
@@ -233,7 +233,7 @@ async fn receive(
             &policy,
             now,
         );
-        onegrant::store::history::attributed(cause, applying).await?;
+        onegrant::store::audit::attributed(cause, applying).await?;
         deps.store.push_applied(&key).await?;
     }
     text(200, "success")

@@ -10,7 +10,7 @@
 use anyhow::{Context, bail};
 use onegrant::domain::OpenId;
 use onegrant::store::Store;
-use onegrant::store::history::timeline;
+use onegrant::store::audit::timeline;
 
 const USAGE: &str = "usage: onegrant-audit <openid> [--template T] [--since D]";
 

@@ -264,7 +264,7 @@ pub async fn push(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use onegrant::domain::push_event::{self, Format, PushEvent};
+    use onegrant::domain::callback::{self, Format, PushEvent};
 
     fn target(aes_key: Option<String>) -> PushTarget {
         PushTarget {
@@ -289,7 +289,7 @@ mod tests {
         };
         for (xml, format) in [(false, Format::Json), (true, Format::Xml)] {
             let body = event_body(&spec, xml, DEFAULT_TO_USER, 1_700_000_000);
-            let message = push_event::parse(&body, format).expect("parses");
+            let message = callback::parse(&body, format).expect("parses");
             assert_eq!(message.openid.as_str(), "o123");
             assert_eq!(message.create_time, 1_700_000_000);
             let PushEvent::Sent(items) = message.event else {
@@ -311,7 +311,7 @@ mod tests {
                 .into_owned()
                 .collect();
         let crypto = PushCrypto::new(Secret::new("tok"), &key, "wxapp").expect("key");
-        let encrypt = push_event::encrypted_field(&body, Format::Json)
+        let encrypt = callback::encrypted_field(&body, Format::Json)
             .expect("reads")
             .expect("has Encrypt");
         assert!(crypto.verify_msg_signature(

@@ -312,8 +312,8 @@ impl Config {
                     }
                 };
                 let format = match lookup("WECHAT_PUSH_FORMAT").as_deref() {
-                    None | Some("xml") => crate::domain::push_event::Format::Xml,
-                    Some("json") => crate::domain::push_event::Format::Json,
+                    None | Some("xml") => crate::domain::callback::Format::Xml,
+                    Some("json") => crate::domain::callback::Format::Json,
                     Some(_) => {
                         return Err(ConfigError::Invalid {
                             name: "WECHAT_PUSH_FORMAT",

@@ -37,7 +37,7 @@
 use std::time::Duration;
 
 use crate::domain::Templates;
-use crate::domain::reminder::{ReminderConfigError, ReminderKinds};
+use crate::domain::reminders::{ReminderConfigError, ReminderKinds};
 use crate::domain::template::TemplateConfigError;
 use crate::secrets::Secret;
 
@@ -119,7 +119,7 @@ pub struct PushConfig {
     /// The EncodingAESKey (43 characters): safe and compatible mode.
     pub aes_key: Option<Secret>,
     pub mode: PushMode,
-    pub format: crate::domain::push_event::Format,
+    pub format: crate::domain::callback::Format,
 }
 
 /// The console's 消息加密方式.
@@ -158,8 +158,8 @@ pub struct DispatchConfig {
 
 impl DispatchConfig {
     /// How failed sends are retried.
-    pub fn retry_policy(&self) -> crate::domain::outcome::RetryPolicy {
-        crate::domain::outcome::RetryPolicy {
+    pub fn retry_policy(&self) -> crate::domain::dispatch::RetryPolicy {
+        crate::domain::dispatch::RetryPolicy {
             max_attempts: self.max_attempts,
             retry_base: self.retry_base,
         }

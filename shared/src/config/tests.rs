@@ -46,7 +46,7 @@ fn the_message_push_is_optional_and_checked_when_set() {
     let safe = with(&[("WECHAT_PUSH_AES_KEY", &"A".repeat(43))]).expect("safe");
     let push = safe.push.expect("push");
     assert_eq!(push.mode, PushMode::Safe);
-    assert_eq!(push.format, crate::domain::push_event::Format::Xml);
+    assert_eq!(push.format, crate::domain::callback::Format::Xml);
     let plain = with(&[
         ("WECHAT_PUSH_MODE", "plain"),
         ("WECHAT_PUSH_FORMAT", "json"),

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::grant::SubscribeResult;
+use crate::domain::grants::SubscribeResult;
 
 /// Why a plan is paused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,11 +10,15 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::ids::{OpenId, TemplateId};
-use super::keywords::{KeywordError, fit_all};
-use super::outcome::{OutcomeClass, SendResult};
-use super::template::Templates;
-use super::text::{clean_line, clean_lines};
+use crate::domain::dispatch::OutcomeClass;
+use crate::domain::dispatch::SendResult;
+use crate::domain::ids::OpenId;
+use crate::domain::ids::TemplateId;
+use crate::domain::keywords::KeywordError;
+use crate::domain::keywords::fit_all;
+use crate::domain::template::Templates;
+use crate::domain::text::clean_line;
+use crate::domain::text::clean_lines;
 use sha2::{Digest, Sha256};
 
 /// Limits on what a publishing service may put in a notification.
@@ -190,7 +194,7 @@ pub enum Push {
 }
 
 /// A validated `notify` event (the EventBridge `detail`, API.md), its text cleaned of
-/// Cc/Cf/Zl/Zp characters ([`super::text`]).
+/// Cc/Cf/Zl/Zp characters ([`crate::domain::text`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotifyEvent {
     /// The publisher (EventBridge `source`): an idempotency key is unique per publisher,

@@ -1,6 +1,6 @@
 //! Template data before it is sent: every keyword of the template filled, each value
 //! made to fit its type's rule (reference/wechat.md §2) — cleaned of Cc, Cf, Zl and Zp
-//! characters ([`super::text`]), lengths counted in Unicode scalar values and truncated,
+//! characters ([`crate::domain::text`]), lengths counted in Unicode scalar values and truncated,
 //! or the value refused when truncation cannot make it valid (a `number` with letters, a
 //! `phrase` with Latin, a `time` that is not a time, an `enum` value outside the
 //! template's list). Catching these here avoids a 47003 from WeChat, which would pause
@@ -8,8 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use super::template::{KeywordType, TemplateDef};
-use super::text::clean_line;
+use crate::domain::template::KeywordType;
+use crate::domain::template::TemplateDef;
+use crate::domain::text::clean_line;
 
 /// Why template data cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,20 +3,18 @@
 //! Values from outside (request bodies, config, stored items) become these types at the
 //! edge, through `parse`/`TryFrom`, so the rest of the code never re-checks them.
 
+pub mod callback;
 pub mod consent;
-pub mod grant;
+pub mod dispatch;
+pub mod grants;
 pub mod ids;
 pub mod inbox;
 pub mod keywords;
-pub mod outcome;
-pub mod plan;
-pub mod push_event;
 pub mod reconcile;
-pub mod reminder;
-pub mod schedule;
+pub mod reminders;
 pub mod template;
 pub mod text;
 
-pub use grant::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};
+pub use grants::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};
 pub use ids::{IdError, OpenId, RequestId, TemplateId};
 pub use template::{Keyword, KeywordType, TemplateDef, Templates};

@@ -25,8 +25,12 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::grant::GrantState;
-use super::outcome::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
+use crate::domain::dispatch::DeliveryState;
+use crate::domain::dispatch::OutcomeClass;
+use crate::domain::dispatch::RetryPolicy;
+use crate::domain::dispatch::Settlement;
+use crate::domain::dispatch::settle;
+use crate::domain::grants::GrantState;
 
 /// How long after a send WeChat's sent event may arrive and still settle it. WeChat
 /// pushes within seconds and retries an unanswered push three times, 5 s apart.
@@ -208,7 +212,7 @@ pub fn tap_is_stale(mark: &Mark, now: DateTime<Utc>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::outcome::FollowUp;
+    use crate::domain::dispatch::FollowUp;
 
     fn mark(at: i64, id: &str) -> Mark {
         Mark {

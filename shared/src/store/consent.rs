@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
 use crate::domain::consent::Refusal;
-use crate::domain::plan::Plan;
-use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::reminders::plan::Plan;
+use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::{OpenId, SubscribeResult, TemplateId};
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;

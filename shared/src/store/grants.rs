@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::reminder::ReminderKinds;
+use crate::domain::reminders::ReminderKinds;
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
 use crate::store::items::{key, n, rfc3339, s};
@@ -121,7 +121,7 @@ impl Store {
             let (rate, retry_after) = self.report_rate(&pk, now)?;
             items.push(rate);
             if self.limits.audit {
-                items = crate::store::history::with_history(
+                items = crate::store::audit::with_history(
                     items,
                     &self.table,
                     now,

@@ -2,7 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::reminder::KindName;
+use crate::domain::reminders::KindName;
 use crate::domain::{OpenId, RequestId, TemplateId};
 
 const USER_PREFIX: &str = "USER#";

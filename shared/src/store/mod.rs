@@ -14,7 +14,7 @@
 //! - `open_grants`: voiding a template's open grants, repairing their lists.
 //! - `consent`: plans moved by a user's choice (a report, a refusal).
 //! - `taps`: pairing reported taps with WeChat's popup events.
-//! - [`history`]: the audit trail written with every change, and its reader.
+//! - [`audit`]: the audit trail written with every change, and its reader.
 //!
 //! Features, one per handler, each depending only on the plumbing and the domain:
 //! - [`grants`]: grant reports and quota counters.
@@ -23,11 +23,11 @@
 //! - [`dispatch`]: due items, claims, finalizes and the sweep.
 //! - [`callback`]: WeChat's pushed events, recorded once and applied in WeChat's order.
 
+pub mod audit;
 pub mod callback;
 mod consent;
 pub mod dispatch;
 pub mod grants;
-pub mod history;
 pub mod inbox;
 mod items;
 pub mod keys;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
 use crate::domain::QuotaCounters;
-use crate::domain::reminder::{CheckIn, ReminderKind};
+use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters};

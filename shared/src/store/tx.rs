@@ -23,7 +23,7 @@ impl Store {
         // lost gets that answer instead of failing its own conditions (and a caller
         // reading again would take its own write for someone else's).
         let items = if self.limits.audit {
-            crate::store::history::with_history(
+            crate::store::audit::with_history(
                 items,
                 &self.table,
                 Utc::now(),

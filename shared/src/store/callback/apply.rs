@@ -5,10 +5,10 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::callback::{Choice, PushEvent, PushMessage};
 use crate::domain::consent::Refusal;
-use crate::domain::outcome::RetryPolicy;
-use crate::domain::push_event::{Choice, PushEvent, PushMessage};
-use crate::domain::reminder::ReminderKinds;
+use crate::domain::dispatch::RetryPolicy;
+use crate::domain::reminders::ReminderKinds;
 use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
@@ -160,7 +160,7 @@ impl Store {
                 "{sk}: a recorded event that does not read back"
             )));
         };
-        crate::store::history::attributed(
+        crate::store::audit::attributed(
             "WeChat event, applied by the sweep",
             self.apply_push(&message, templates, kinds, policy, now),
         )

@@ -10,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::TemplateId;
-use crate::domain::push_event::PushMessage;
+use crate::domain::callback::PushMessage;
 use crate::store::items::event::{PushItem, describe};
 use crate::store::items::{rfc3339, text, to_item};
 use crate::store::keys::{lease_pk, user_pk};

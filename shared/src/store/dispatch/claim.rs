@@ -3,10 +3,10 @@
 use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Duration, Utc};
 
+use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
-use crate::domain::outcome::OutboxState;
-use crate::domain::plan::{Plan, PlanEvent, PlanStatus};
-use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::reminders::plan::{Plan, PlanEvent, PlanStatus};
+use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
 use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};

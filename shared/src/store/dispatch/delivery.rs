@@ -4,9 +4,9 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::outcome::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
-use crate::domain::plan::Plan;
-use crate::domain::reminder::ReminderKind;
+use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
+use crate::domain::reminders::ReminderKind;
+use crate::domain::reminders::plan::Plan;
 use crate::store::items::parse;
 use crate::store::items::quota::OpenGrants;
 use crate::store::keys::plan_sk;

@@ -16,8 +16,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
-use crate::domain::plan::PlanStatus;
-use crate::domain::reminder::ReminderKind;
+use crate::domain::reminders::ReminderKind;
+use crate::domain::reminders::plan::PlanStatus;
 use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::user_pk;
@@ -29,7 +29,7 @@ use crate::store::dispatch::{
     Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
 };
 
-use crate::domain::outcome::{
+use crate::domain::dispatch::{
     DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
 };
 
@@ -472,8 +472,9 @@ impl Store {
                 };
                 let mut plan = item.into_plan(kind)?;
                 let available = read.counters.available > 0;
-                let corrupt =
-                    |e: crate::domain::plan::IllegalTransition| StoreError::Corrupt(e.to_string());
+                let corrupt = |e: crate::domain::reminders::plan::IllegalTransition| {
+                    StoreError::Corrupt(e.to_string())
+                };
                 let moved = if late {
                     plan.settle_late(delivery_id, settlement, available, now, now)
                         .map_err(corrupt)?

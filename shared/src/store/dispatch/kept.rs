@@ -6,7 +6,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use crate::domain::outcome::{KeptAnswer, SendResult};
+use crate::domain::dispatch::{KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
 use crate::store::items::key;
 use crate::store::keys::{delivery_sk, user_pk};

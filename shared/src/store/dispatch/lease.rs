@@ -50,8 +50,8 @@ impl Store {
         let mut items = vec![TransactWriteItem::builder().update(update).build()];
         // It stops there for good (until an operator acts): the audit trail says so.
         if self.limits.audit {
-            let change = crate::store::history::Change {
-                entity: crate::store::history::entity_name(sk).to_string(),
+            let change = crate::store::audit::Change {
+                entity: crate::store::audit::entity_name(sk).to_string(),
                 sk: sk.to_string(),
                 to: "quarantined".into(),
                 template_id: None,
@@ -59,7 +59,7 @@ impl Store {
                 errcode: None,
                 reason: Some(format!("{index:?} index")),
             };
-            items.push(crate::store::history::entry(
+            items.push(crate::store::audit::entry(
                 pk.to_string(),
                 vec![change],
                 &self.table,

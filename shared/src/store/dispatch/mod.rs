@@ -8,7 +8,7 @@
 //!   per-openid turn and an access token are in hand, so a delivery is `sending` only
 //!   while its POST can actually be in flight.
 //! - [`finalize`]: one transaction, conditional on the delivery still being this
-//!   claimer's, writes what [`settle`](crate::domain::outcome::settle) decided for the
+//!   claimer's, writes what [`settle`](crate::domain::dispatch::settle) decided for the
 //!   delivery, the grant (fenced: only the delivery that reserved it moves it) and the
 //!   claimed item. If the item moved on meanwhile (a check-in, a refusal), the item is
 //!   re-read and advanced on its own; should that second write be lost (a crash), the
@@ -49,8 +49,8 @@ use delivery::{DeliveryItem, PlanRead, describe};
 use lease::{Index, SWEEP_FAILURE_LIMIT};
 use settle::{DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
 
-use crate::domain::plan::Plan;
-use crate::domain::reminder::ReminderKind;
+use crate::domain::reminders::ReminderKind;
+use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::items::grant::grant_state_name;
 use crate::store::items::outbox::OutboxItem;

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use crate::domain::outcome::DeliveryState;
+use crate::domain::dispatch::DeliveryState;
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;

@@ -18,9 +18,9 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::outcome::{DeliveryState, RetryPolicy, SendResult};
-use crate::domain::push_event::SentItem;
-use crate::domain::reminder::ReminderKinds;
+use crate::domain::callback::SentItem;
+use crate::domain::dispatch::{DeliveryState, RetryPolicy, SendResult};
+use crate::domain::reminders::ReminderKinds;
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::store::dispatch::finalize::SourceRef;
 use crate::store::items::parse;
@@ -144,7 +144,7 @@ impl Store {
                 error_status: String::new(),
             };
             // Settled by WeChat's event, whoever runs the match.
-            let outcome = crate::store::history::attributed(
+            let outcome = crate::store::audit::attributed(
                 "WeChat sent event (kept pending)",
                 self.match_sent_event(&pk, &event, mark.at, kinds, policy, now),
             )

@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 
-use crate::domain::outcome::{DeliveryState, OutcomeClass};
+use crate::domain::dispatch::{DeliveryState, OutcomeClass};
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::DeliveryItem;

@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use crate::domain::plan::PlanStatus;
-use crate::domain::reminder::{ReminderKind, ReminderKinds};
+use crate::domain::reminders::plan::PlanStatus;
+use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::template::Templates;
 use crate::domain::{GrantState, TemplateId};
 use crate::store::items::{Item, n, number, parse, s, text};
@@ -17,7 +17,7 @@ use crate::store::dispatch::{
     SettleTx, Settled, Writer,
 };
 
-use crate::domain::outcome::{
+use crate::domain::dispatch::{
     DeliveryState, KeptAnswer, OutboxState, OutcomeClass, RetryPolicy, SendResult, settle,
 };
 
@@ -422,7 +422,7 @@ impl Store {
         pk: &str,
         kind: &ReminderKind,
         delivery_id: &str,
-        settlement: &crate::domain::outcome::Settlement,
+        settlement: &crate::domain::dispatch::Settlement,
         now: DateTime<Utc>,
     ) -> Result<Option<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
         let read = self.read(pk, kind, None).await?;
@@ -485,7 +485,7 @@ impl Store {
                 return Ok(Step::Later(format!("{sk}: its delivery is still live")));
             }
             // Given back unsent: due again at its own instant, no attempt spent.
-            Some(d) if d.released_at.is_some() => crate::domain::outcome::release(
+            Some(d) if d.released_at.is_some() => crate::domain::dispatch::release(
                 plan.attempts,
                 DateTime::from_timestamp_millis(d.due_at).unwrap_or(now),
             ),

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::domain::outcome::OutboxState;
+use crate::domain::dispatch::OutboxState;
 use crate::domain::text::{clean_line, clean_lines};
 use crate::store::items::outbox::OutboxItem;
 use crate::store::items::{key, parse, rfc3339, s};

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::domain::TemplateId;
-use crate::domain::push_event::{ChangeItem, Choice, PopupItem, PushEvent, PushMessage, SentItem};
+use crate::domain::callback::{ChangeItem, Choice, PopupItem, PushEvent, PushMessage, SentItem};
 use crate::store::keys::openid_of;
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
-use crate::domain::outcome::OutboxState;
 use crate::store::StoreError;
 use crate::store::items::{key, rfc3339, s};
 use crate::store::keys::{due_pk, note_sk};

@@ -8,9 +8,9 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::consent::{PauseReason, Refusal};
-use crate::domain::plan::{Plan, PlanStatus};
-use crate::domain::reminder::{ReminderKind, Settings};
-use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
+use crate::domain::reminders::plan::{Plan, PlanStatus};
+use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
+use crate::domain::reminders::{ReminderKind, Settings};
 use crate::store::items::{key, rfc3339};
 use crate::store::keys::{due_pk, lease_pk, plan_sk};
 use crate::store::{Store, StoreError, corrupt};

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::reconcile::Mark;
-use crate::domain::reminder::ReminderKind;
+use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId, SubscribeResult, TemplateId};
 use crate::store::items::{key, rfc3339};
 use crate::store::keys::quota_sk;

@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::consent::{GrantOnHand, Refusal};
-use crate::domain::plan::{Plan, PlanStatus};
-use crate::domain::reminder::{CheckIn, ReminderKind};
+use crate::domain::reminders::plan::{Plan, PlanStatus};
+use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::ActionItem;
 use crate::store::items::quota::quota_update_item;

@@ -15,8 +15,8 @@
 mod check_in;
 mod settings;
 
-use crate::domain::plan::Plan;
-use crate::domain::reminder::ReminderKind;
+use crate::domain::reminders::ReminderKind;
+use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, QuotaCounters};
 use crate::store::keys::user_pk;
 use crate::store::{Store, StoreError};

@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
-use crate::domain::plan::{Plan, PlanStatus};
-use crate::domain::reminder::{ReminderKind, SettingsUpdate};
+use crate::domain::reminders::plan::{Plan, PlanStatus};
+use crate::domain::reminders::{ReminderKind, SettingsUpdate};
 use crate::store::keys::user_pk;
 use crate::store::reminders::PlanSnapshot;
 use crate::store::tx::TxOutcome;

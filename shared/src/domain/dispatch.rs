@@ -8,8 +8,8 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::consent::PauseReason;
-use super::grant::GrantState;
+use crate::domain::consent::PauseReason;
+use crate::domain::grants::GrantState;
 
 /// How a send ended, as far as onegrant can know.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ids::{IdError, RequestId, TemplateId};
-use super::template::Templates;
+use crate::domain::ids::IdError;
+use crate::domain::ids::RequestId;
+use crate::domain::ids::TemplateId;
+use crate::domain::template::Templates;
 
 /// The most templates one `wx.requestSubscribeMessage` call can carry.
 pub const MAX_TEMPLATES_PER_REPORT: usize = 5;

@@ -9,11 +9,16 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
-use super::consent::{GrantOnHand, PauseReason, Refusal};
-use super::grant::SubscribeResult;
-use super::ids::TemplateId;
-use super::outcome::{FollowUp, Settlement};
-use super::reminder::{KindName, ReminderKind, Settings};
+use crate::domain::consent::GrantOnHand;
+use crate::domain::consent::PauseReason;
+use crate::domain::consent::Refusal;
+use crate::domain::dispatch::FollowUp;
+use crate::domain::dispatch::Settlement;
+use crate::domain::grants::SubscribeResult;
+use crate::domain::ids::TemplateId;
+use crate::domain::reminders::KindName;
+use crate::domain::reminders::ReminderKind;
+use crate::domain::reminders::Settings;
 
 mod status;
 

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use quick_xml::events::Event;
 
-use super::{OpenId, TemplateId};
+use crate::domain::OpenId;
+use crate::domain::TemplateId;
 
 /// How a push's body is written (the push configuration's data format).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

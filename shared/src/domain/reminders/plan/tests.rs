@@ -1,6 +1,6 @@
 //! The plan state machine, table-first and by property.
 
-use super::*;
+use crate::domain::reminders::plan::*;
 use proptest::prelude::*;
 
 fn at(secs: i64) -> DateTime<Utc> {
@@ -123,7 +123,7 @@ fn dispatcher_events_outside_their_states_are_refused() {
 }
 
 fn sending_plan() -> Plan {
-    use crate::domain::schedule::{Schedule, TimeOfDay, Timezone};
+    use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
     let schedule = Schedule::new(
         120,
         TimeOfDay::parse("00:00", "wake_time").expect("wake"),
@@ -274,19 +274,19 @@ fn a_refusal_during_a_send_pauses_the_plan_when_the_send_ends() {
 
 #[test]
 fn a_late_answer_moves_a_plan_paused_uncertain_by_its_own_delivery_only() {
-    let policy = crate::domain::outcome::RetryPolicy {
+    let policy = crate::domain::dispatch::RetryPolicy {
         max_attempts: 3,
         retry_base: std::time::Duration::from_secs(60),
     };
-    let sent = crate::domain::outcome::settle(
-        crate::domain::outcome::OutcomeClass::Sent,
+    let sent = crate::domain::dispatch::settle(
+        crate::domain::dispatch::OutcomeClass::Sent,
         Some(0),
         0,
         &policy,
         at(50),
     );
-    let swept = crate::domain::outcome::settle(
-        crate::domain::outcome::OutcomeClass::Unknown,
+    let swept = crate::domain::dispatch::settle(
+        crate::domain::dispatch::OutcomeClass::Unknown,
         None,
         0,
         &policy,

@@ -4,18 +4,26 @@
 //! Parsing here turns a decoded JSON body into validated values, with one error
 //! variant per client mistake; the HTTP layer maps each to its status in one place.
 
+pub mod plan;
+pub mod schedule;
+
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::grant::SubscribeResult;
-use super::ids::{IdError, RequestId, TemplateId};
-use super::schedule::{
-    MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES, Schedule, ScheduleError, TimeOfDay, Timezone,
-};
-use super::template::Templates;
+use crate::domain::grants::SubscribeResult;
+use crate::domain::ids::IdError;
+use crate::domain::ids::RequestId;
+use crate::domain::ids::TemplateId;
+use crate::domain::reminders::schedule::MAX_INTERVAL_MINUTES;
+use crate::domain::reminders::schedule::MIN_INTERVAL_MINUTES;
+use crate::domain::reminders::schedule::Schedule;
+use crate::domain::reminders::schedule::ScheduleError;
+use crate::domain::reminders::schedule::TimeOfDay;
+use crate::domain::reminders::schedule::Timezone;
+use crate::domain::template::Templates;
 
 /// Daily goals onegrant accepts.
 pub const MAX_DAILY_GOAL: u32 = 100;

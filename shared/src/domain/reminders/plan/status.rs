@@ -2,7 +2,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::consent::{GrantOnHand, PauseReason, Refusal};
+use crate::domain::consent::GrantOnHand;
+use crate::domain::consent::PauseReason;
+use crate::domain::consent::Refusal;
 
 /// Where a plan is, with the data that state needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
