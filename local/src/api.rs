@@ -21,6 +21,7 @@ use lambda_http::{Body, Request, RequestExt};
 use onegrant::Deps;
 use onegrant::events::Handler as EventHandler;
 use onegrant::http::Handler as HttpHandler;
+use onegrant::telemetry::error_chain;
 use serde_json::json;
 
 use crate::template::{self, Route};
@@ -250,8 +251,8 @@ async fn invoke(
                 };
                 let state = state.clone();
                 tokio::spawn(async move {
-                    if let Err(message) = handler(&state.deps, event, EVENT_BUDGET).await {
-                        tracing::error!(%message, "asynchronous invocation failed");
+                    if let Err(e) = handler(&state.deps, event, EVENT_BUDGET).await {
+                        tracing::error!(error = %error_chain(&e), "asynchronous invocation failed");
                     }
                 });
                 axum::http::StatusCode::ACCEPTED.into_response()
@@ -263,7 +264,7 @@ async fn invoke(
                 };
                 match handler(&state.deps, event, EVENT_BUDGET).await {
                     Ok(answer) => axum::Json(answer).into_response(),
-                    Err(message) => function_error(message),
+                    Err(e) => function_error(e.to_string()),
                 }
             }
             None => function_error(format!("{name} has no local handler")),

@@ -8,10 +8,26 @@ use futures::future::BoxFuture;
 use lambda_http::lambda_runtime::{self, Error, LambdaEvent, service_fn};
 use serde_json::Value;
 
-/// A non-HTTP function's handler: an event in, a JSON answer (or an error message, which
+/// A non-HTTP function's handler: an event in, a JSON answer (or an [`EventError`], which
 /// makes the invocation fail and so be retried) out, within `budget`.
 pub type Handler =
-    for<'a> fn(&'a crate::Deps, Value, Duration) -> BoxFuture<'a, Result<Value, String>>;
+    for<'a> fn(&'a crate::Deps, Value, Duration) -> BoxFuture<'a, Result<Value, EventError>>;
+
+/// Why an event function's invocation fails (and Lambda, or its caller, retries it).
+/// An event that is well formed but refused is an answer, not an error.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The event is not one this function can run (the dispatcher's worker event
+    /// naming no usable shards).
+    #[error("the event cannot be run: {0}")]
+    Event(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The table could not be read or written in the invocation's time.
+    #[error("the store is unavailable")]
+    Store(#[source] crate::store::StoreError),
+    /// The answer could not be encoded as JSON.
+    #[error("the answer could not be encoded")]
+    Answer(#[source] serde_json::Error),
+}
 
 /// A non-HTTP function's whole `main`: tracing, dependencies built once, then events
 /// served, each with the time left before the invocation's deadline.

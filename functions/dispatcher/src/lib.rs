@@ -25,6 +25,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
+use onegrant::events::EventError;
 use onegrant::store::StoreError;
 use onegrant::store::audit::attributed;
 use onegrant::store::dispatch::ShardSpan;
@@ -160,16 +161,16 @@ pub fn invoke(
     deps: &Deps,
     event: serde_json::Value,
     budget: Duration,
-) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+) -> BoxFuture<'_, Result<serde_json::Value, EventError>> {
     Box::pin(async move {
         let deadline = Instant::now() + budget;
         // A worker's event never runs a whole tick, so a worker never fans out again.
         let summary = match fanout::Work::of(&event) {
             Ok(Some(work)) => tick_shards(deps, deadline, &work.shards()).await,
             Ok(None) => tick(deps, deadline).await,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(EventError::Event(Box::new(e))),
         }
-        .map_err(|e| e.to_string())?;
-        serde_json::to_value(summary).map_err(|e| e.to_string())
+        .map_err(EventError::Store)?;
+        serde_json::to_value(summary).map_err(EventError::Answer)
     })
 }

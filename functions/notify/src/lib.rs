@@ -11,6 +11,7 @@ use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::domain::inbox::{NotifyEvent, Push};
+use onegrant::events::EventError;
 use onegrant::store::inbox::Ingested;
 use onegrant::telemetry::{error_chain, openid_hash};
 use serde_json::{Value, json};
@@ -20,7 +21,7 @@ pub const DETAIL_TYPE: &str = "onegrant.notification";
 
 /// Handles one EventBridge event. `Err` only when the store is unavailable, so that
 /// EventBridge retries; a malformed event is answered (and logged), not retried.
-pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
+pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
     // The rule on the stack's own bus matches source and detail-type already; checked
     // again here, so a misrouted or hand-invoked event is refused too.
     let source = event
@@ -66,7 +67,7 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
     }
     let ingested = deps.store.ingest(&parsed, Utc::now()).await.map_err(|e| {
         tracing::error!(error = %error_chain(&e), "notify event not stored");
-        "the store is unavailable".to_string()
+        EventError::Store(e)
     })?;
     let openid = openid_hash(parsed.openid.as_str());
     match &ingested {
@@ -83,7 +84,7 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, String> {
             "idempotency key reused with a different payload: nothing changed"
         ),
     }
-    serde_json::to_value(ingested).map_err(|e| e.to_string())
+    serde_json::to_value(ingested).map_err(EventError::Answer)
 }
 
 /// The handler as its Lambda `main` and the local Invoke API take it.
@@ -91,7 +92,7 @@ pub fn invoke(
     deps: &Deps,
     event: Value,
     _budget: std::time::Duration,
-) -> BoxFuture<'_, Result<Value, String>> {
+) -> BoxFuture<'_, Result<Value, EventError>> {
     Box::pin(async move {
         let answer = handle(deps, event).await;
         // One count per event by how it ended (a failed one is Lambda's to retry).
