@@ -280,7 +280,14 @@ async fn an_event_no_try_applied_is_applied_once_by_the_sweep() {
 
     let again = app.sweep_at(now + chrono::Duration::seconds(180)).await;
     assert_eq!(again.events_applied, 0, "{again:?}");
-    let retried = app.push_event(event).await;
+    // WeChat's retry (WeChat retries a push answered 5xx, as a loaded table may answer).
+    let mut retried = app.push_event(event.clone()).await;
+    for _ in 0..2 {
+        if retried["answers"] != json!([503]) {
+            break;
+        }
+        retried = app.push_event(event.clone()).await;
+    }
     assert_eq!(retried["answers"], json!([200]), "{retried}");
     assert_eq!(
         version(app.item(&user, "PLAN#water").await),

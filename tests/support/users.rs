@@ -58,9 +58,10 @@ impl TestApp {
         user
     }
 
-    /// Waits (up to 5 s) until `user`'s plan of `kind` is `sending`: a send in flight.
+    /// Waits (up to 30 s, on a loaded machine) until `user`'s plan of `kind` is `sending`: a
+    /// send in flight.
     pub async fn until_sending(&self, user: &User, kind: &str) {
-        for _ in 0..250 {
+        for _ in 0..1500 {
             let plan = self.item(user, &format!("PLAN#{kind}")).await;
             if plan.as_ref().and_then(|p| attr_s(p, "state")) == Some("sending") {
                 return;

@@ -108,6 +108,27 @@ pub(crate) struct LatencyRequest {
     pub(crate) ms: u64,
 }
 
+#[derive(Deserialize)]
+pub(crate) struct HoldRequest {
+    pub(crate) openid: String,
+    pub(crate) held: bool,
+}
+
+/// Holds (or releases) the sends to one openid: a held send has been received, and
+/// answers only once released.
+pub(crate) async fn control_hold(
+    State(s): State<AppState>,
+    Json(req): Json<HoldRequest>,
+) -> Response {
+    let mut inner = s.lock();
+    if req.held {
+        inner.held.insert(req.openid);
+    } else {
+        inner.held.remove(&req.openid);
+    }
+    Json(json!({"ok": true})).into_response()
+}
+
 pub(crate) async fn control_latency(
     State(s): State<AppState>,
     Json(req): Json<LatencyRequest>,

@@ -24,6 +24,8 @@
 //! - `POST /control/login-fault {"errcode"?, "hang_ms"?}` for `jscode2session`
 //! - `POST /control/token-fault {"hang_ms"?}` holds every stable_token call that long
 //!   (`{}` clears it)
+//! - `POST /control/hold {"openid", "held"}`: hold that user's sends in flight until
+//!   released (a test's window, however slow the machine)
 //! - `POST /control/latency {"ms"}`; `POST /control/tokens/expire`
 //! - `GET /control/deliveries`, `GET /control/counters`, `POST /control/reset`
 //! - `POST /control/push-target {"url", "token", "aes_key"?, "format"?, "delay_ms"?,
@@ -51,9 +53,9 @@ use sha2::{Digest, Sha256};
 
 use crate::standin::control::{
     control_add_quota, control_clear_faults, control_clear_push_target, control_counters,
-    control_deliveries, control_expire_tokens, control_fault, control_latency, control_login_code,
-    control_login_fault, control_push_event, control_push_target, control_pushes, control_quota,
-    control_reset, control_token_fault,
+    control_deliveries, control_expire_tokens, control_fault, control_hold, control_latency,
+    control_login_code, control_login_fault, control_push_event, control_push_target,
+    control_pushes, control_quota, control_reset, control_token_fault,
 };
 use crate::standin::subscribe::send;
 use crate::standin::tokens::{jscode2session, stable_token, token};
@@ -187,6 +189,8 @@ struct Inner {
     token_hang: Option<Duration>,
     latency: Duration,
     in_flight: HashSet<String>,
+    /// Openids whose sends are held (after any latency) until released.
+    held: HashSet<String>,
     deliveries: Vec<Delivery>,
     counters: Counters,
     push: Option<PushTarget>,
@@ -267,6 +271,7 @@ pub fn router(config: StandinConfig) -> Router {
         .route("/control/login-fault", post(control_login_fault))
         .route("/control/token-fault", post(control_token_fault))
         .route("/control/latency", post(control_latency))
+        .route("/control/hold", post(control_hold))
         .route("/control/tokens/expire", post(control_expire_tokens))
         .route("/control/deliveries", get(control_deliveries))
         .route("/control/counters", get(control_counters))

@@ -81,6 +81,9 @@ pub(crate) async fn send(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    while s.lock().held.contains(&openid) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let action = match &fault {
         Some(f) if f.errcode.is_some() => {

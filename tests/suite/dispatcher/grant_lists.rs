@@ -62,7 +62,10 @@ async fn history(app: &TestApp, user: &User, template: &str, n: usize) {
 /// the plan goes on with that grant.
 #[tokio::test]
 async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flight() {
-    let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "3000"), FAST[2]]).await;
+    // A client timeout far past the test's own steps: the send is held in flight by the
+    // stand-in (not by a latency the machine's speed could outrun) until the grant is
+    // given.
+    let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "10000"), FAST[2]]).await;
     let user = app.scheduled_user("alice", 2).await;
     app.control(
         "POST",
@@ -70,8 +73,8 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         Some(json!({"openid": user.openid, "errcode": 43101})),
     )
     .await;
-    app.control("POST", "latency", Some(json!({"ms": 1200})))
-        .await;
+    let hold = |held: bool| json!({"openid": user.openid, "held": held});
+    app.control("POST", "hold", Some(hold(true))).await;
     app.make_due(&user, "water", Utc::now()).await;
     let meanwhile = async {
         app.until_sending(&user, "water").await;
@@ -79,6 +82,7 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         // Still in flight: the refusal's voiding comes after this grant.
         let plan = app.item(&user, "PLAN#water").await.expect("plan");
         assert_eq!(attr_s(&plan, "state"), Some("sending"), "given in flight");
+        app.control("POST", "hold", Some(hold(false))).await;
     };
     let (summary, ()) = tokio::join!(app.tick(60), meanwhile);
     assert_eq!(summary.failed, 1, "{summary:?}");
