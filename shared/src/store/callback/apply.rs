@@ -1,7 +1,7 @@
 //! WeChat's events applied: what a recorded popup, change or sent event does to
 //! grants, plans and deliveries, in WeChat's order (`CreateTime`), by the callback or,
 //! when every try of it failed, by the dispatcher's sweep. Recording an event once is
-//! [`push`](crate::store::push)'s.
+//! [`record`](super::record)'s.
 
 use chrono::{DateTime, Utc};
 

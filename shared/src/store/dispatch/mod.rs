@@ -46,7 +46,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use delivery::{DeliveryItem, PlanRead, describe};
-use lease::{Index, SWEEP_FAILURE_LIMIT};
+use lease::Index;
+pub use lease::{SWEEP_FAILURE_LIMIT, SWEEP_RETRY_AFTER};
 use settle::{DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer};
 
 use crate::domain::reminders::ReminderKind;
