@@ -4,6 +4,7 @@
 //! Parsing here turns a decoded JSON body into validated values, with one error
 //! variant per client mistake; the HTTP layer maps each to its status in one place.
 
+pub mod check_in;
 pub mod plan;
 pub mod schedule;
 

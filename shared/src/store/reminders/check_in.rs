@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
-use crate::domain::consent::{GrantOnHand, Refusal};
+use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRefused, decide};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::items::grant::GrantItem;
@@ -31,74 +31,27 @@ impl Store {
             if let Some(action) = read.action {
                 return replay(action, fingerprint).map(Attempt::Done);
             }
-            // The grant the check-in carries: new, a replay of an earlier report, or a
-            // conflict with one — which refuses the grant part alone: the check-in itself
-            // is a fact the user made and is recorded all the same (I7).
-            // A new grant past the open-grant cap is refused the same way.
-            let mut write_ledger = None;
-            let mut grant_conflict = false;
-            let mut grant_limit = false;
-            if let Some((request_id, result)) = &checkin.grant {
-                match &read.ledger {
-                    Some(old) if old.result == *result => {}
-                    Some(_) => grant_conflict = true,
-                    None if result.grants()
-                        && read.counters.available >= u64::from(self.limits.max_open_grants) =>
-                    {
-                        grant_limit = true;
-                    }
-                    None => write_ledger = Some((request_id.clone(), *result)),
-                }
-            }
-            let new_grant = write_ledger.as_ref().is_some_and(|(_, r)| r.grants());
-            let mut counters = read.counters;
-            if new_grant {
-                counters.accepted += 1;
-                counters.available += 1;
-            }
-
-            let mut plan = match read.plan {
+            let plan = match read.plan {
                 Some(item) => item.into_plan(kind)?,
                 None => Plan::new(kind),
             };
-            // A new check-in (a replay answered above) past this minute's limit is
-            // refused before anything is written.
-            plan.admit_checkin(now, self.limits.checkins_per_minute)
-                .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))?;
-            let schedule = plan.settings.schedule;
-            // A phone clock running fast counts the check-in now (I9).
-            let day = schedule.waking_day(checkin.counted_at(now));
-            plan.record_count(day, checkin.current_count);
-            let anchor = plan
-                .last_checkin_at
-                .map_or(checkin.scheduling_instant(now), |last| {
-                    last.max(checkin.scheduling_instant(now))
-                });
-            let due = plan.next_due(anchor, checkin.daily_goal, now);
-            // The send in flight decides; the check-in counts when it ends. Only a
-            // grant this check-in newly records lifts a refusal, and only a refusal it
-            // newly records pauses: one the ledger holds already took effect when it
-            // was first recorded (a replay changes nothing, I3).
-            plan.check_in(GrantOnHand::of(new_grant, counters.available > 0), due)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if let Some(refusal) = write_ledger.as_ref().and_then(|(_, r)| Refusal::of(*r)) {
-                plan.refuse(refusal)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            }
-            plan.last_checkin_at = Some(anchor.max(plan.last_checkin_at.unwrap_or(anchor)));
-
-            let mut answered = plan.clone();
-            answered.version += 1;
-            let mut response = serde_json::to_value(answered.view(counters.available, now))
-                .map_err(|e| corrupt("plan view", e))?;
-            if let Some(object) = response.as_object_mut() {
-                if grant_conflict {
-                    object.insert("grant_conflict".into(), serde_json::Value::Bool(true));
-                }
-                if grant_limit {
-                    object.insert("grant_limit".into(), serde_json::Value::Bool(true));
-                }
-            }
+            let limits = CheckInLimits {
+                max_open_grants: self.limits.max_open_grants,
+                checkins_per_minute: self.limits.checkins_per_minute,
+            };
+            let ledger = read.ledger.as_ref().map(|old| old.result);
+            let decision =
+                decide(plan, read.counters, ledger, checkin, limits, now).map_err(|refused| {
+                    match refused {
+                        CheckInRefused::Rate(retry_after) => {
+                            StoreError::Limited(Limit::Rate { retry_after })
+                        }
+                        CheckInRefused::Illegal(e) => StoreError::Corrupt(e.to_string()),
+                    }
+                })?;
+            let response =
+                serde_json::to_value(decision.answer(now)).map_err(|e| corrupt("plan view", e))?;
+            let plan = &decision.plan;
             let action = ActionItem {
                 pk: pk.to_string(),
                 sk: action_sk(&checkin.action_id),
@@ -111,9 +64,9 @@ impl Store {
             };
             let mut items = vec![
                 self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
-                self.plan_put(&plan, pk, now)?,
+                self.plan_put(plan, pk, now)?,
             ];
-            if let Some((request_id, result)) = &write_ledger {
+            if let CarriedGrant::Record(request_id, result) = &decision.grant {
                 let item = GrantItem::new(
                     pk,
                     &kind.template_id,
