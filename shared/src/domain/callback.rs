@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 
 use quick_xml::events::Event;
 
-use crate::domain::OpenId;
-use crate::domain::TemplateId;
+use crate::domain::{OpenId, TemplateId};
 
 /// How a push's body is written (the push configuration's data format).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::ids::IdError;
-use crate::domain::ids::RequestId;
-use crate::domain::ids::TemplateId;
+use crate::domain::ids::{IdError, RequestId, TemplateId};
 use crate::domain::template::Templates;
 
 /// The most templates one `wx.requestSubscribeMessage` call can carry.

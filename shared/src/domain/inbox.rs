@@ -9,17 +9,13 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-
-use crate::domain::dispatch::OutcomeClass;
-use crate::domain::dispatch::SendResult;
-use crate::domain::ids::OpenId;
-use crate::domain::ids::TemplateId;
-use crate::domain::keywords::KeywordError;
-use crate::domain::keywords::fit_all;
-use crate::domain::template::Templates;
-use crate::domain::text::clean_line;
-use crate::domain::text::clean_lines;
 use sha2::{Digest, Sha256};
+
+use crate::domain::dispatch::{OutcomeClass, SendResult};
+use crate::domain::ids::{OpenId, TemplateId};
+use crate::domain::keywords::{KeywordError, fit_all};
+use crate::domain::template::Templates;
+use crate::domain::text::{clean_line, clean_lines};
 
 /// Limits on what a publishing service may put in a notification.
 pub const MAX_TITLE_CHARS: usize = 100;

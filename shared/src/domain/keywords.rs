@@ -8,8 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::template::KeywordType;
-use crate::domain::template::TemplateDef;
+use crate::domain::template::{KeywordType, TemplateDef};
 use crate::domain::text::clean_line;
 
 /// Why template data cannot be sent.

@@ -25,11 +25,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use crate::domain::dispatch::DeliveryState;
-use crate::domain::dispatch::OutcomeClass;
-use crate::domain::dispatch::RetryPolicy;
-use crate::domain::dispatch::Settlement;
-use crate::domain::dispatch::settle;
+use crate::domain::dispatch::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
 use crate::domain::grants::GrantState;
 
 /// How long after a send WeChat's sent event may arrive and still settle it. WeChat

@@ -145,10 +145,7 @@ impl CheckInDecision {
 mod tests {
     use super::*;
     use crate::domain::consent::PauseReason;
-    use crate::domain::ids::TemplateId;
     use crate::domain::reminders::plan::PlanStatus;
-    use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
-    use crate::domain::reminders::{KindName, ReminderKind, Settings};
 
     const LIMITS: CheckInLimits = CheckInLimits {
         max_open_grants: 3,
@@ -160,22 +157,7 @@ mod tests {
     }
 
     fn awaiting() -> Plan {
-        let schedule = Schedule::new(
-            120,
-            TimeOfDay::parse("00:00", "wake_time").expect("wake"),
-            TimeOfDay::parse("23:59", "sleep_time").expect("sleep"),
-            Timezone::parse("UTC").expect("zone"),
-        )
-        .expect("schedule");
-        let kind = ReminderKind {
-            name: KindName::parse("water").expect("kind"),
-            template_id: TemplateId::parse("tmpl_water").expect("template"),
-            defaults: Settings {
-                schedule,
-                daily_goal: 8,
-            },
-            content: Default::default(),
-        };
+        let kind = crate::domain::reminders::test_kind();
         let mut plan = Plan::new(&kind);
         plan.status = PlanStatus::AwaitingCheckin;
         plan.version = 3;

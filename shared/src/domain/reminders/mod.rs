@@ -15,15 +15,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::grants::SubscribeResult;
-use crate::domain::ids::IdError;
-use crate::domain::ids::RequestId;
-use crate::domain::ids::TemplateId;
-use crate::domain::reminders::schedule::MAX_INTERVAL_MINUTES;
-use crate::domain::reminders::schedule::MIN_INTERVAL_MINUTES;
-use crate::domain::reminders::schedule::Schedule;
-use crate::domain::reminders::schedule::ScheduleError;
-use crate::domain::reminders::schedule::TimeOfDay;
-use crate::domain::reminders::schedule::Timezone;
+use crate::domain::ids::{IdError, RequestId, TemplateId};
+use crate::domain::reminders::schedule::{
+    MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES, Schedule, ScheduleError, TimeOfDay, Timezone,
+};
 use crate::domain::template::Templates;
 
 /// Daily goals onegrant accepts.
@@ -494,6 +489,27 @@ impl CheckIn {
             "daily_goal": self.daily_goal,
         })
         .to_string()
+    }
+}
+
+/// The water kind the domain's tests share: every two hours, awake all day, in UTC.
+#[cfg(test)]
+pub(crate) fn test_kind() -> ReminderKind {
+    let schedule = Schedule::new(
+        120,
+        TimeOfDay::parse("00:00", "wake_time").expect("wake"),
+        TimeOfDay::parse("23:59", "sleep_time").expect("sleep"),
+        Timezone::parse("UTC").expect("zone"),
+    )
+    .expect("schedule");
+    ReminderKind {
+        name: KindName::parse("water").expect("kind"),
+        template_id: TemplateId::parse("tmpl_water").expect("template"),
+        defaults: Settings {
+            schedule,
+            daily_goal: 8,
+        },
+        content: Default::default(),
     }
 }
 

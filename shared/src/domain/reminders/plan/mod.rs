@@ -9,16 +9,11 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
-use crate::domain::consent::GrantOnHand;
-use crate::domain::consent::PauseReason;
-use crate::domain::consent::Refusal;
-use crate::domain::dispatch::FollowUp;
-use crate::domain::dispatch::Settlement;
+use crate::domain::consent::{GrantOnHand, PauseReason, Refusal};
+use crate::domain::dispatch::{FollowUp, Settlement};
 use crate::domain::grants::SubscribeResult;
 use crate::domain::ids::TemplateId;
-use crate::domain::reminders::KindName;
-use crate::domain::reminders::ReminderKind;
-use crate::domain::reminders::Settings;
+use crate::domain::reminders::{KindName, ReminderKind, Settings};
 
 mod status;
 

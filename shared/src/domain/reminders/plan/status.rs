@@ -2,9 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::consent::GrantOnHand;
-use crate::domain::consent::PauseReason;
-use crate::domain::consent::Refusal;
+use crate::domain::consent::{GrantOnHand, PauseReason, Refusal};
 
 /// Where a plan is, with the data that state needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

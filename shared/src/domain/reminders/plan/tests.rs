@@ -123,23 +123,7 @@ fn dispatcher_events_outside_their_states_are_refused() {
 }
 
 fn sending_plan() -> Plan {
-    use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
-    let schedule = Schedule::new(
-        120,
-        TimeOfDay::parse("00:00", "wake_time").expect("wake"),
-        TimeOfDay::parse("23:59", "sleep_time").expect("sleep"),
-        Timezone::parse("UTC").expect("zone"),
-    )
-    .expect("schedule");
-    let kind = ReminderKind {
-        name: KindName::parse("water").expect("kind"),
-        template_id: TemplateId::parse("tmpl_water").expect("template"),
-        defaults: Settings {
-            schedule,
-            daily_goal: 8,
-        },
-        content: Default::default(),
-    };
+    let kind = crate::domain::reminders::test_kind();
     let mut plan = Plan::new(&kind);
     plan.status = PlanStatus::Sending;
     plan.delivery_id = Some("d1".into());
