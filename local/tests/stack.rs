@@ -2,16 +2,10 @@
 //! session and a grant report over HTTP, takes the stand-in's sealed pushes at its
 //! callback, and SIGTERM stops everything it started — the emulator process included.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 fn alive(pid: u32) -> bool {
     // A zombie has exited; only a running process counts.
@@ -40,34 +34,13 @@ async fn post_json(
 async fn the_local_stack_serves_the_api_and_stops_everything_on_sigterm() {
     // reqwest is built without a default TLS provider; onegrant installs ring.
     onegrant::aws::install_crypto_provider();
-    let (api, invoke, standin) = (free_port(), free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_onegrant-local"))
-        .env("ONEGRANT_API_PORT", api.to_string())
-        .env("ONEGRANT_INVOKE_PORT", invoke.to_string())
-        .env("ONEGRANT_STANDIN_PORT", standin.to_string())
-        .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-        .env_remove("WECHAT_API_BASE")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("onegrant-local starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut printed = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !printed
-        .iter()
-        .any(|l: &String| l.contains("Ctrl-C stops everything"))
-    {
-        let left = deadline.saturating_duration_since(Instant::now());
-        printed.push(rx.recv_timeout(left).expect("the stack reports it is up"));
-    }
+    let common::Started {
+        mut child,
+        api,
+        invoke,
+        standin,
+        printed,
+    } = common::start_local(&[]);
     let summary = printed.join("\n");
     for expected in [
         format!("http://127.0.0.1:{api}"),

@@ -7,17 +7,11 @@
 //! here, as the second test shows by breaking one. `ONEGRANT_WALKTHROUGH_SHOW=1` prints
 //! what every command printed.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -149,40 +143,13 @@ struct Stack {
 
 impl Stack {
     fn start() -> Self {
-        let (api, invoke, standin) = (free_port(), free_port(), free_port());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onegrant-local"))
-            .env("ONEGRANT_API_PORT", api.to_string())
-            .env("ONEGRANT_INVOKE_PORT", invoke.to_string())
-            .env("ONEGRANT_STANDIN_PORT", standin.to_string())
-            // The walk-through invokes the dispatcher itself.
-            .env("ONEGRANT_LOCAL_TICK_SECONDS", "0")
-            .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-            .env_remove("WECHAT_API_BASE")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("onegrant-local starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line: String = rx.recv_timeout(left).expect("the stack reports it is up");
-            if line.contains("Ctrl-C stops everything") {
-                break;
-            }
-        }
+        // The walk-through invokes the dispatcher itself.
+        let started = common::start_local(&[("ONEGRANT_LOCAL_TICK_SECONDS", "0")]);
         Self {
-            child,
-            api,
-            invoke,
-            standin,
+            child: started.child,
+            api: started.api,
+            invoke: started.invoke,
+            standin: started.standin,
         }
     }
 
@@ -275,7 +242,7 @@ fn tempdir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "onegrant-walkthrough-{}-{}",
         std::process::id(),
-        free_port()
+        common::free_port()
     ));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     dir
