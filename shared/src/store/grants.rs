@@ -3,58 +3,52 @@
 //! A report writes, in one transaction, one ledger item per template it names — keyed
 //! (user, template, request_id) and conditional on not existing — and, per accepted
 //! template, `ADD accepted 1, available 1` on that template's counters, whose item also
-//! lists the request ids of the open grants ([`OPEN_AVAILABLE`], [`OPEN_RESERVED`]). So
-//! a report is applied whole or not at all, and neither reading quotas nor claiming or
-//! voiding grants ever reads the grant history.
+//! lists the request ids of the open grants ([`OPEN_AVAILABLE`]). So a report is
+//! applied whole or not at all, and neither reading quotas nor claiming or voiding
+//! grants ever reads the grant history.
 //!
-//! Idempotency is per (user, request_id, template), the same key a check-in's grant
-//! uses: a template already recorded with the same result is a replay and answers from
-//! the stored item (ALL_OLD on the failed condition, no extra read); with a different
-//! result the whole report is refused. Templates not yet recorded are written by the
-//! next attempt of the loop.
+//! Load → decide → commit: [`ReportProgress`] (the domain) says what each template
+//! writes and what a cancelled attempt's failed conditions mean (replay, conflict,
+//! limit, race); this module builds the items, reads the failures (a replay's stored
+//! item comes back as ALL_OLD, no extra read) and commits through the transaction
+//! engine, under the store's one retry loop.
+//!
+//! [`OPEN_AVAILABLE`]: crate::store::items::quota::OPEN_AVAILABLE
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+use crate::domain::grants::report::{
+    AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
+};
 use crate::domain::reminders::ReminderKinds;
+use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, report_rate_sk, user_pk};
-use crate::store::tx::{is_condition_failed, transact_unavailable};
-use crate::store::{Limit, MAX_BUDGETED_ATTEMPTS, Store, StoreError, classify_sdk_error, corrupt};
-
-use crate::domain::{
-    GrantReport, GrantState, GrantStatus, OpenId, QuotaCounters, RequestId, SubscribeResult,
-    TemplateId,
+use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::{
+    Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_contended,
 };
-
-/// One template's entry in a grant report's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GrantEntry {
-    pub template_id: TemplateId,
-    pub request_id: RequestId,
-    pub result: SubscribeResult,
-    pub status: GrantStatus,
-}
-
-/// The outcome of recording a report: one entry per template, in template order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantsRecorded {
-    pub grants: Vec<GrantEntry>,
-    /// How many templates were newly written (0 for a pure replay).
-    pub written: usize,
-}
 
 #[derive(Debug, Deserialize)]
 struct QuotaItem {
     template_id: TemplateId,
     #[serde(flatten)]
     counters: QuotaCounters,
+}
+
+/// Where each part of a report's transaction sits, to read its failed conditions.
+enum Part {
+    Ledger,
+    Counters,
+    Plan,
+    Rate,
 }
 
 impl Store {
@@ -67,158 +61,114 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
-        let mut pending: BTreeMap<TemplateId, SubscribeResult> = report.results.clone();
-        let mut entries: BTreeMap<TemplateId, GrantEntry> = BTreeMap::new();
-        let mut written = 0;
-        let mut attempt = 0;
-        let started = tokio::time::Instant::now();
-        while !pending.is_empty() {
-            attempt += 1;
-            if attempt > MAX_BUDGETED_ATTEMPTS || started.elapsed() > self.limits.write_budget {
-                return Err(StoreError::Unavailable(
-                    "grant report contended past the retry limit".into(),
-                ));
-            }
-            let mut items = Vec::with_capacity(pending.len() * 2 + 1);
-            // Which template each transaction index's ledger Put belongs to.
-            let mut ledger_index: HashMap<usize, TemplateId> = HashMap::new();
-            // Where the counter updates are (their condition is the open-grant cap).
-            let mut quota_index: Vec<usize> = Vec::new();
-            for (template, result) in &pending {
-                let item = GrantItem::new(
-                    &pk,
-                    template,
-                    &report.request_id,
-                    *result,
-                    now,
-                    self.limits.retention.grants,
-                );
-                ledger_index.insert(items.len(), template.clone());
-                items.push(
-                    self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
-                );
-                if let Some(update) = quota_update_item(
-                    &self.table,
-                    &pk,
-                    template,
-                    &report.request_id,
-                    *result,
-                    now,
-                    &self.limits,
-                )? {
-                    quota_index.push(items.len());
-                    items.push(update);
-                }
-            }
-            // The plans of the kinds that use a template recorded now move in the same
-            // transaction, conditional on the version read: only a report's first
-            // application moves a plan, never a replay (I3).
-            let plan_writes = self.report_plans(&pk, &pending, kinds, now).await?;
-            let plan_index = items.len()..items.len() + plan_writes.len();
-            items.extend(plan_writes);
-            // Last, so a replay's ledger conditions are the ones an emulator reports.
-            let rate_index = items.len();
-            let (rate, retry_after) = self.report_rate(&pk, now)?;
-            items.push(rate);
-            if self.limits.audit {
-                items = crate::store::audit::with_history(
-                    items,
-                    &self.table,
-                    now,
-                    self.limits.retention.grants,
-                )?;
-            }
-            let sent = self
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(items))
-                .client_request_token(crate::store::request_token())
-                .send()
-                .await;
-            match sent {
-                Ok(_) => {
-                    for (template, result) in std::mem::take(&mut pending) {
-                        written += 1;
-                        entries.insert(
-                            template.clone(),
-                            GrantEntry {
-                                template_id: template,
-                                request_id: report.request_id.clone(),
-                                result,
-                                status: result.grants().then_some(GrantState::Available).into(),
-                            },
-                        );
+        // Shared by the attempts below; never held across an await.
+        let progress = Mutex::new(ReportProgress::new(report));
+        let lock = || {
+            progress
+                .lock()
+                .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))
+        };
+        retry_contended("grant report", self.limits.write_budget, || async {
+            // Replays taken off an attempt let the rest run at once: at most one
+            // round per template.
+            loop {
+                let (writes, pending) = {
+                    let progress = lock()?;
+                    (progress.writes(), progress.pending().clone())
+                };
+                let mut items = Vec::with_capacity(writes.len() * 2 + 1);
+                let mut parts = Vec::with_capacity(writes.len() * 2 + 1);
+                for write in &writes {
+                    let item = GrantItem::new(
+                        &pk,
+                        &write.template,
+                        &report.request_id,
+                        write.result,
+                        now,
+                        self.limits.retention.grants,
+                    );
+                    items.push(
+                        self.put_new(
+                            serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
+                        )?,
+                    );
+                    parts.push(Part::Ledger);
+                    if let Some(update) = quota_update_item(
+                        &self.table,
+                        &pk,
+                        write,
+                        &report.request_id,
+                        now,
+                        &self.limits,
+                    )? {
+                        items.push(update);
+                        parts.push(Part::Counters);
                     }
                 }
-                Err(err) => {
-                    let service = match err {
-                        aws_sdk_dynamodb::error::SdkError::ServiceError(ref s) => Some(s.err()),
-                        _ => None,
-                    };
-                    let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
-                        service
-                    else {
-                        let error = classify_sdk_error(err, transact_unavailable);
-                        if matches!(error, StoreError::Unavailable(_)) {
-                            crate::store::contended_pause("grant report", attempt).await;
-                            continue;
-                        }
-                        return Err(error);
-                    };
-                    let mut replays = 0;
-                    let mut limited = None;
-                    for (index, reason) in cancelled.cancellation_reasons().iter().enumerate() {
-                        if !reason.code().is_some_and(is_condition_failed) {
-                            continue;
-                        }
-                        if index == rate_index {
-                            limited = Some(Limit::Rate { retry_after });
-                            continue;
-                        }
-                        if quota_index.contains(&index) {
-                            limited = limited.or(Some(Limit::OpenGrants));
-                            continue;
-                        }
-                        if plan_index.contains(&index) {
-                            // A plan moved since it was read: read it again.
-                            continue;
-                        }
-                        let Some(template) = ledger_index.get(&index) else {
-                            return Err(StoreError::Corrupt(format!(
-                                "unexpected condition failure at transaction index {index}"
-                            )));
-                        };
-                        let old = reason.item().ok_or_else(|| {
-                            StoreError::Corrupt("condition failure without the old item".into())
-                        })?;
-                        let old: GrantItem = serde_dynamo::from_item(old.clone())
+                // The plans of the kinds that use a template recorded now move in the
+                // same transaction, conditional on the version read: only a report's
+                // first application moves a plan, never a replay (I3).
+                for plan in self.report_plans(&pk, &pending, kinds, now).await? {
+                    items.push(plan);
+                    parts.push(Part::Plan);
+                }
+                // Last, so a replay's ledger conditions are the ones an emulator reports.
+                let (rate, retry_after) = self.report_rate(&pk, now)?;
+                items.push(rate);
+                parts.push(Part::Rate);
+                let reasons = match self.transact(items).await? {
+                    TxOutcome::Committed => {
+                        lock()?.committed();
+                        return Ok(Attempt::Done(()));
+                    }
+                    TxOutcome::Contended => return Ok(Attempt::Retry),
+                    TxOutcome::Cancelled(reasons) => reasons,
+                };
+                let mut failures = Vec::new();
+                for (index, part) in parts.iter().enumerate() {
+                    if !condition_failed(&reasons, index) {
+                        continue;
+                    }
+                    failures.push(match part {
+                        Part::Rate => ReportFailure::Rate,
+                        Part::Counters => ReportFailure::OpenGrantCap,
+                        Part::Plan => ReportFailure::PlanMoved,
+                        Part::Ledger => {
+                            let old = reasons.get(index).and_then(|(_, old)| old.clone());
+                            let old: GrantItem = serde_dynamo::from_item(old.ok_or_else(|| {
+                                StoreError::Corrupt("condition failure without the old item".into())
+                            })?)
                             .map_err(|e| corrupt("grant", e))?;
-                        if Some(&old.result) != pending.get(template) {
-                            return Err(StoreError::IdempotencyConflict(format!(
+                            ReportFailure::Recorded {
+                                // Written at this call's own instant: an earlier attempt
+                                // of this call committed with its answer lost.
+                                by_this_call: old.created_at == rfc3339(now),
+                                entry: old.entry(),
+                            }
+                        }
+                    });
+                }
+                let after = lock()?
+                    .cancelled(failures)
+                    .map_err(|refused| match refused {
+                        ReportRefused::Conflict { template, recorded } => {
+                            StoreError::IdempotencyConflict(format!(
                                 "request_id {} already recorded {} for template {template}",
                                 report.request_id,
-                                old.result.as_str()
-                            )));
+                                recorded.as_str()
+                            ))
                         }
-                        pending.remove(template);
-                        // Written at this call's own instant: an earlier attempt of this
-                        // call committed with its answer lost, so it was written now.
-                        if old.created_at == rfc3339(now) {
-                            written += 1;
-                        }
-                        entries.insert(template.clone(), old.entry());
-                        replays += 1;
-                    }
-                    match limited {
-                        // Replays answer as first recorded; the rest goes round again.
-                        _ if replays > 0 => {}
-                        Some(limit) => return Err(StoreError::Limited(limit)),
-                        // Cancelled by a conflicting transaction or a throttle: back off.
-                        None => crate::store::contended_pause("grant report", attempt).await,
-                    }
+                        ReportRefused::Rate => StoreError::Limited(Limit::Rate { retry_after }),
+                        ReportRefused::OpenGrantCap => StoreError::Limited(Limit::OpenGrants),
+                    })?;
+                match after {
+                    AfterCancel::Continue if lock()?.is_done() => return Ok(Attempt::Done(())),
+                    AfterCancel::Continue => continue,
+                    AfterCancel::Retry => return Ok(Attempt::Retry),
                 }
             }
-        }
+        })
+        .await?;
         // The report landed; confirming its grants by popup events already recorded
         // is extra (a failure is logged; the popup's own pairing still comes).
         for (template, result) in &report.results {
@@ -226,10 +176,10 @@ impl Store {
                 self.pair_taps_logged(openid, template, now).await;
             }
         }
-        Ok(GrantsRecorded {
-            grants: entries.into_values().collect(),
-            written,
-        })
+        let progress = progress
+            .into_inner()
+            .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))?;
+        Ok(progress.recorded())
     }
 
     /// The stored quota counters of `openid`, by template (one strongly consistent query).

@@ -43,7 +43,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
 pub use crate::config::{Limits, Retention};
-pub use grants::{GrantEntry, GrantsRecorded};
+pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
 
 /// The single-table store. Cheap to clone.
 #[derive(Clone)]

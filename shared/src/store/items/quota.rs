@@ -7,9 +7,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem,
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
-use crate::domain::{QuotaCounters, RequestId, SubscribeResult, TemplateId};
+use crate::domain::{QuotaCounters, RequestId};
 use crate::store::items::{key, rfc3339};
 use crate::store::keys::quota_sk;
 use crate::store::{Store, StoreError};
@@ -46,19 +47,20 @@ pub(crate) const TAPS_REPORTED: &str = "taps_reported";
 /// The quota item's marks of popup accepts not yet paired with a reported grant.
 pub(crate) const TAPS_POPUP: &str = "taps_popup";
 
-/// The counter change a ledger item brings: `ADD accepted 1, available 1` for a grant
-/// (and its request id to the open-grant set, see [`OPEN_AVAILABLE`]) while fewer
-/// than `cap` are available, the refusal recorded for reject/ban, nothing for filter.
+/// The counter change a ledger item brings ([`CounterChange`], decided by the domain):
+/// `ADD accepted 1, available 1` for a grant (and its request id to the open-grant
+/// set, see [`OPEN_AVAILABLE`]) while fewer than `cap` are available, the refusal
+/// recorded for reject/ban, nothing for filter.
 pub(crate) fn quota_update_item(
     table: &str,
     pk: &str,
-    template: &TemplateId,
+    write: &TemplateWrite,
     request_id: &RequestId,
-    result: SubscribeResult,
     now: DateTime<Utc>,
     limits: &crate::config::Limits,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
-    if !(result.grants() || result.refuses()) {
+    let (template, result) = (&write.template, write.result);
+    if write.counters == CounterChange::None {
         return Ok(None);
     }
     let update = Update::builder()
@@ -68,7 +70,7 @@ pub(crate) fn quota_update_item(
         .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
         .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
         .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
-    let update = if result.grants() {
+    let update = if write.counters == CounterChange::Grant {
         let update = if limits.push_events {
             // The tap's mark, for a popup accept of it to confirm (store::taps).
             let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
+use crate::domain::grants::report::TemplateWrite;
 use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRefused, decide};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::{CheckIn, ReminderKind};
@@ -81,9 +82,8 @@ impl Store {
                 if let Some(update) = quota_update_item(
                     &self.table,
                     pk,
-                    &kind.template_id,
+                    &TemplateWrite::of(&kind.template_id, *result),
                     request_id,
-                    *result,
                     now,
                     &self.limits,
                 )? {

@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::domain::ids::{IdError, RequestId, TemplateId};
 use crate::domain::template::Templates;
 
+pub mod report;
+
+pub use report::{GrantEntry, GrantsRecorded};
+
 /// The most templates one `wx.requestSubscribeMessage` call can carry.
 pub const MAX_TEMPLATES_PER_REPORT: usize = 5;
 
