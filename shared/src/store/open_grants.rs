@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use crate::domain::{GrantState, RequestId, TemplateId};
+use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
+use crate::domain::{GrantState, TemplateId};
 use crate::store::items::grant::{GrantItem, grant_state_name};
 use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
 use crate::store::items::{key, n, parse, rfc3339, s};
@@ -21,16 +22,6 @@ const INVALIDATE_CHUNK: usize = 97;
 /// The most grants one repair transaction checks: with the quota item's update, a
 /// transaction's 100 items.
 pub(crate) const REPAIR_CHUNK: usize = 99;
-
-/// One change the repair makes to an open-grant set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::store) struct SetFix {
-    /// The set's state (`available` or `reserved`).
-    pub(in crate::store) state: GrantState,
-    pub(in crate::store) request: RequestId,
-    /// Added (the ledger has it in that state), else deleted (it has not).
-    pub(in crate::store) add: bool,
-}
 
 impl Store {
     /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
@@ -84,10 +75,10 @@ impl Store {
                 let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
                 // (An id in both sets is wrong, and would be voided twice in one
                 // transaction, which DynamoDB refuses: the ledger instead.)
-                Some(OpenGrants::of(&quota))
+                Some(OpenGrants::of(&quota).ids)
                     .filter(|sets| sets.complete(&counters) && sets.disjoint())
             }
-            None => Some(OpenGrants::default()),
+            None => Some(OpenGrantIds::default()),
         };
         let trusted = listed.is_some();
         if let Some(sets) = listed {
@@ -269,29 +260,19 @@ impl Store {
         let listed = match self.read_items(pk, std::slice::from_ref(&quota_key)).await {
             Ok(mut items) => items
                 .remove(&quota_key)
-                .map(|quota| OpenGrants::of(&quota))
+                .map(|quota| OpenGrants::of(&quota).ids)
                 .unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::error_chain(&e), "the open-grant list was not checked this time");
                 return;
             }
         };
-        let fixes: Vec<SetFix> = refused
-            .into_iter()
-            .filter_map(|(sk, state)| {
-                let request = request_id_of_grant(&sk)?;
-                let still = match state {
-                    GrantState::Available => listed.available.contains(&request),
-                    GrantState::Reserved => listed.reserved.contains(&request),
-                    GrantState::Consumed | GrantState::Invalid => false,
-                };
-                still.then_some(SetFix {
-                    state,
-                    request,
-                    add: false,
-                })
-            })
-            .collect();
+        let fixes = unlist_refused(
+            &listed,
+            refused
+                .into_iter()
+                .filter_map(|(sk, state)| Some((request_id_of_grant(&sk)?, state))),
+        );
         if fixes.is_empty() {
             // The ordinary case: a write meanwhile moved them, and the list with them.
             return;

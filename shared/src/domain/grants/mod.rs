@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::ids::{IdError, RequestId, TemplateId};
 use crate::domain::template::Templates;
 
+pub mod open;
 pub mod report;
 
 pub use report::{GrantEntry, GrantsRecorded};

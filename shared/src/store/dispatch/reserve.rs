@@ -9,13 +9,16 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::DeliveryState;
+use crate::domain::grants::open::{
+    GrantPick, OpenGrantIds, PickFrom, SetFix, pick, pick_from_ledger,
+};
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants};
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
-use crate::store::open_grants::{REPAIR_CHUNK, SetFix};
+use crate::store::open_grants::REPAIR_CHUNK;
 use crate::store::tx::TxOutcome;
 use crate::store::{Store, StoreError, classify_sdk_error};
 
@@ -129,10 +132,11 @@ impl Store {
         ])
     }
 
-    /// A grant to reserve: one the quota item lists as available — or, when its sets
-    /// do not account for every available grant (grants recorded before the sets
-    /// existed), the first from the ledger. Either way a claim reads a bounded number
-    /// of items once the ledger's old grants are settled.
+    /// A grant to reserve, as [`pick`] decides: one the quota item lists as
+    /// available — or, when its lists do not account for every available grant
+    /// (grants recorded before the lists existed), the first from the ledger, whose
+    /// read also repairs the lists ([`pick_from_ledger`]). Either way a claim reads a
+    /// bounded number of items once the ledger's old grants are settled.
     pub(crate) async fn pick_grant(
         &self,
         pk: &str,
@@ -141,62 +145,46 @@ impl Store {
         open: &OpenGrants,
         ledger_only: bool,
     ) -> Result<Option<Reserve>, StoreError> {
-        if counters.available == 0 {
-            return Ok(None);
+        let reserve = |pick: GrantPick| Reserve {
+            sk: grant_sk(template, &pick.request),
+            request: pick.request,
+            listed: pick.listed,
+            stale: Default::default(),
+        };
+        match pick(counters, &open.ids, ledger_only) {
+            PickFrom::Nothing => return Ok(None),
+            PickFrom::List(grant) => return Ok(Some(reserve(grant))),
+            PickFrom::Ledger => {}
         }
-        if !ledger_only
-            && open.complete(counters)
-            && let Some(request) = open.available.first()
-        {
-            return Ok(Some(Reserve {
-                sk: grant_sk(template, request),
-                request: request.clone(),
-                listed: true,
-                stale: Default::default(),
-            }));
-        }
-        // The sets do not account for the counters: read the open grants from the
-        // ledger (once: the repair below makes the next claims read the sets again).
+        // Read the open grants from the ledger (once: the repair below makes the next
+        // claims read the lists again).
         let mut pages = self
             .grants_query(pk, template, &["available", "reserved"])
             .into_paginator()
             .items()
             .send();
-        let mut ledger = LedgerOpen::default();
+        let mut ledger = OpenGrantIds::default();
         while let Some(item) = pages.next().await {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
             let grant: GrantItem = parse("grant", item)?;
             match grant.state {
-                Some(GrantState::Available) => {
-                    ledger.available.push((grant.sk, grant.request_id));
-                }
-                Some(GrantState::Reserved) => ledger.reserved.push((grant.sk, grant.request_id)),
+                Some(GrantState::Available) => ledger.available.push(grant.request_id),
+                Some(GrantState::Reserved) => ledger.reserved.push(grant.request_id),
                 _ => {}
             }
         }
-        if ledger.available.len() as u64 == counters.available
-            && ledger.reserved.len() as u64 == counters.reserved
-        {
-            self.repair_open_sets(pk, template, open, &ledger).await;
-        } else {
-            // A write between the reads (it will have changed the sets too), or a ledger
-            // that disagrees with its counters: no repair this time.
-            tracing::warn!(
+        let (grant, fixes) = pick_from_ledger(counters, &open.ids, &ledger);
+        match fixes {
+            Some(fixes) => self.repair_open_sets(pk, template, fixes).await,
+            // A write between the reads (it will have changed the lists too), or a
+            // ledger that disagrees with its counters: no repair this time.
+            None => tracing::warn!(
                 available = ledger.available.len(),
                 reserved = ledger.reserved.len(),
                 "the ledger's open grants and the counters differ; the sets are not repaired"
-            );
+            ),
         }
-        Ok(ledger
-            .available
-            .into_iter()
-            .next()
-            .map(|(sk, request)| Reserve {
-                listed: open.available.contains(&request),
-                sk,
-                request,
-                stale: Default::default(),
-            }))
+        Ok(grant.map(reserve))
     }
 
     /// Brings the quota item's open-grant sets to the ledger's, as read: a member the
@@ -215,12 +203,10 @@ impl Store {
         &self,
         pk: &str,
         template: &TemplateId,
-        open: &OpenGrants,
-        ledger: &LedgerOpen,
+        fixes: Vec<SetFix>,
     ) {
         // A container frozen here holds a ledger read that others may outdate.
         crate::failpoint::hit("before_repair");
-        let fixes = set_fixes(open, ledger);
         let total = fixes.len();
         if total == 0 {
             return;
@@ -279,46 +265,6 @@ pub(crate) struct Reserve {
     /// Marks on the quota item that no event can match any more, by attribute: the
     /// reservation drops them, as it writes the quota item anyway.
     pub(crate) stale: Vec<(&'static str, Vec<String>)>,
-}
-
-/// A template's open grants as its ledger has them: (sort key, request id) each.
-#[derive(Default)]
-pub(crate) struct LedgerOpen {
-    pub(crate) available: Vec<(String, RequestId)>,
-    pub(crate) reserved: Vec<(String, RequestId)>,
-}
-
-/// What it takes to make the sets `open` lists the ledger's `ledger`.
-pub(crate) fn set_fixes(open: &OpenGrants, ledger: &LedgerOpen) -> Vec<SetFix> {
-    let mut fixes = Vec::new();
-    for (state, listed, held) in [
-        (GrantState::Available, &open.available, &ledger.available),
-        (GrantState::Reserved, &open.reserved, &ledger.reserved),
-    ] {
-        let held_ids: std::collections::HashSet<&RequestId> =
-            held.iter().map(|(_, id)| id).collect();
-        let listed_ids: std::collections::HashSet<&RequestId> = listed.iter().collect();
-        fixes.extend(
-            listed
-                .iter()
-                .filter(|id| !held_ids.contains(id))
-                .map(|id| SetFix {
-                    state,
-                    request: id.clone(),
-                    add: false,
-                }),
-        );
-        fixes.extend(
-            held.iter()
-                .filter(|(_, id)| !listed_ids.contains(id))
-                .map(|(_, id)| SetFix {
-                    state,
-                    request: id.clone(),
-                    add: true,
-                }),
-        );
-    }
-    fixes
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of

@@ -7,6 +7,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem,
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use crate::domain::grants::open::OpenGrantIds;
 use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
@@ -110,8 +111,8 @@ pub(crate) fn quota_update_item(
 /// A template's open grants as its quota item lists them (request ids).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct OpenGrants {
-    pub(crate) available: Vec<RequestId>,
-    pub(crate) reserved: Vec<RequestId>,
+    /// The request ids of the open grants, by state.
+    pub(crate) ids: OpenGrantIds,
     /// The marks of sends recorded `sent` (set members as stored).
     pub(crate) sent_marks: Vec<String>,
     /// The marks of sends whose outcome is unknown (set members as stored).
@@ -143,8 +144,10 @@ impl OpenGrants {
                 .unwrap_or_default()
         };
         Self {
-            available: set(OPEN_AVAILABLE),
-            reserved: set(OPEN_RESERVED),
+            ids: OpenGrantIds {
+                available: set(OPEN_AVAILABLE),
+                reserved: set(OPEN_RESERVED),
+            },
             sent_marks: members(SENT_MARKS),
             unknown_marks: members(OPEN_UNKNOWN),
             inflight_marks: members(INFLIGHT),
@@ -177,18 +180,6 @@ impl OpenGrants {
             .filter_map(|m| Mark::parse(m))
             .filter(|m| !m.is_stale(now))
             .collect()
-    }
-
-    /// Whether the sets account for the counters. Grants recorded before the sets
-    /// existed are not in them: then the caller falls back to the ledger query.
-    pub(crate) fn complete(&self, counters: &QuotaCounters) -> bool {
-        self.available.len() as u64 == counters.available
-            && self.reserved.len() as u64 == counters.reserved
-    }
-
-    /// Whether no id is in both sets (a grant has one state).
-    pub(crate) fn disjoint(&self) -> bool {
-        !self.available.iter().any(|id| self.reserved.contains(id))
     }
 }
 
