@@ -113,7 +113,9 @@ impl Deps {
         let core = Core::new(Arc::new(config))?;
         let store = store::Store::new(dynamodb, core.config.table_name.clone())
             .with_shards(core.config.due_shards)
-            .with_limits(core.config.limits);
+            .with_limits(core.config.limits)
+            .with_reminders(core.config.reminders.clone())
+            .with_retry_policy(core.config.dispatch.retry_policy());
         let dispatch = &core.config.dispatch;
         let invoker = match &dispatch.function {
             Some(function) if dispatch.workers > 1 => invoke::Invoker::new(

@@ -347,14 +347,7 @@ async fn a_change_event_applied_again_spares_a_grant_given_after_it() {
     let water = onegrant::domain::TemplateId::parse(WATER.to_string()).expect("template");
     app.deps
         .store
-        .refuse_template(
-            &openid,
-            &water,
-            &app.deps.config.reminders,
-            true,
-            made,
-            chrono::Utc::now(),
-        )
+        .refuse_template(&openid, &water, true, made, chrono::Utc::now())
         .await
         .expect("applied again");
     let quotas = app.get("/v1/grants", Some(&user.token)).await;

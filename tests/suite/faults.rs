@@ -542,13 +542,13 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     );
     let store = &app.deps.store;
     let first = store
-        .record_grants(&openid, &report, &app.deps.config.reminders, Utc::now())
+        .record_grants(&openid, &report, Utc::now())
         .await
         .expect("recorded");
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 3);
     assert_eq!(first.written, 1, "{first:?}");
     let again = store
-        .record_grants(&openid, &report, &app.deps.config.reminders, Utc::now())
+        .record_grants(&openid, &report, Utc::now())
         .await
         .expect("replayed");
     assert_eq!(again.written, 0, "{again:?}");
@@ -678,12 +678,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     let first = app
         .deps
         .store
-        .finalize(
-            &claim,
-            &refused(),
-            &app.deps.config.dispatch.retry_policy(),
-            Utc::now(),
-        )
+        .finalize(&claim, &refused(), Utc::now())
         .await;
     assert!(first.is_err(), "{first:?}");
     proxy.clear();

@@ -65,7 +65,6 @@ impl TestApp {
         match store
             .claim(
                 &due[0],
-                &self.deps.config.reminders,
                 "this-dispatcher",
                 std::time::Duration::from_secs(10),
                 now,
@@ -98,12 +97,7 @@ impl TestApp {
     ) -> onegrant::store::dispatch::Finalized {
         self.deps
             .store
-            .finalize(
-                claim,
-                &result,
-                &self.deps.config.dispatch.retry_policy(),
-                chrono::Utc::now(),
-            )
+            .finalize(claim, &result, chrono::Utc::now())
             .await
             .expect("finalized")
     }
@@ -132,13 +126,7 @@ impl TestApp {
         let claimed = self
             .deps
             .store
-            .claim(
-                item,
-                &self.deps.config.reminders,
-                "vanished",
-                std::time::Duration::from_secs(10),
-                now,
-            )
+            .claim(item, "vanished", std::time::Duration::from_secs(10), now)
             .await
             .expect("claim");
         assert!(
@@ -161,13 +149,7 @@ impl TestApp {
             .expect("the shard registry");
         self.deps
             .store
-            .sweep(
-                &self.deps.config.templates,
-                &self.deps.config.reminders,
-                &self.deps.config.dispatch.retry_policy(),
-                0..known,
-                at,
-            )
+            .sweep(&self.deps.config.templates, 0..known, at)
             .await
     }
 

@@ -122,19 +122,13 @@ async fn run_shards(
     let config = &deps.config;
     // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
     // rather than before them, so it never delays a reminder that is due.
-    let policy = config.dispatch.retry_policy();
     // Bounded by the invocation too: what it does not reach, the next tick does.
     let sweeping = tokio::time::timeout_at(
         deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
         attributed(
             "sweep",
-            deps.store.sweep(
-                &config.templates,
-                &config.reminders,
-                &policy,
-                shards.iter().copied(),
-                now,
-            ),
+            deps.store
+                .sweep(&config.templates, shards.iter().copied(), now),
         ),
     );
     let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));

@@ -69,11 +69,7 @@ pub(crate) async fn dispatch_one(
     // The lease covers the send's window and the finalize, and never less than the
     // configured lease.
     let lease = config.dispatch.lease.max(budget.after_claim);
-    let claim = match deps
-        .store
-        .claim(item, &config.reminders, claimer, lease, Utc::now())
-        .await?
-    {
+    let claim = match deps.store.claim(item, claimer, lease, Utc::now()).await? {
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
@@ -122,11 +118,10 @@ pub(crate) async fn dispatch_one(
     drop(turn);
     let latency_ms = (Utc::now() - claim.due_at).num_milliseconds();
     onegrant::failpoint::hit("after_send");
-    let policy = config.dispatch.retry_policy();
     if let Some(delay) = onegrant::failpoint::delay_of("during_finalize") {
         // Die with the finalize transaction in flight: it may or may not land.
         tokio::select! {
-            _ = deps.store.finalize(&claim, &result, &policy, Utc::now()) => {}
+            _ = deps.store.finalize(&claim, &result, Utc::now()) => {}
             () = tokio::time::sleep(delay) => {}
         }
         onegrant::failpoint::hit("during_finalize");
@@ -138,7 +133,7 @@ pub(crate) async fn dispatch_one(
     // sweep to record as `unknown`. Each try is guarded, and one that finds its own
     // settlement landed finishes what follows it.
     let finalized = match retried(&budget, "finalize", || {
-        deps.store.finalize(&claim, &result, &policy, Utc::now())
+        deps.store.finalize(&claim, &result, Utc::now())
     })
     .await
     {
@@ -148,7 +143,7 @@ pub(crate) async fn dispatch_one(
             // single-item write, tried a few times), so the sweep settles by it
             // rather than declare the send `unknown`.
             let room = budget.left().saturating_sub(Duration::from_millis(500));
-            if tokio::time::timeout(room, Box::pin(keep_answer(deps, &claim, &result, &policy)))
+            if tokio::time::timeout(room, Box::pin(keep_answer(deps, &claim, &result)))
                 .await
                 .is_err()
             {
@@ -195,12 +190,7 @@ pub(crate) async fn dispatch_one(
 
 /// Keeps WeChat's definite answer on a delivery whose finalize did not land
 /// ([`onegrant::store::Store::keep_answer`]), trying a few times; a failure is logged.
-pub(crate) async fn keep_answer(
-    deps: &Deps,
-    claim: &Claim,
-    result: &SendResult,
-    policy: &onegrant::domain::dispatch::RetryPolicy,
-) {
+pub(crate) async fn keep_answer(deps: &Deps, claim: &Claim, result: &SendResult) {
     if onegrant::domain::dispatch::KeptAnswer::of(result).is_none() {
         // An uncertain answer: nothing to keep; the sweep records it `unknown`.
         return;
@@ -218,7 +208,7 @@ pub(crate) async fn keep_answer(
                 // No longer live: a sweep declared it `unknown` meanwhile. The answer
                 // still wins, as a late answer (or the finalize landed after all, and
                 // this finds its own settlement).
-                match deps.store.finalize(claim, result, policy, Utc::now()).await {
+                match deps.store.finalize(claim, result, Utc::now()).await {
                     Ok(finalized) => tracing::warn!(
                         delivery_id = %claim.delivery_id,
                         late = finalized.late,
@@ -302,13 +292,7 @@ pub(crate) async fn settle_pending(deps: &Deps, claim: &Claim) {
     let config = &deps.config;
     if config.limits.push_events {
         deps.store
-            .settle_pending_events(
-                &claim.openid,
-                &claim.template_id,
-                &config.reminders,
-                &config.dispatch.retry_policy(),
-                Utc::now(),
-            )
+            .settle_pending_events(&claim.openid, &claim.template_id, Utc::now())
             .await;
     }
 }

@@ -55,9 +55,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let recorded = attributed(cause.clone(), async {
         // The plans that use a reported template move with the report's first
         // application (a grant resumes them, a refusal pauses them); a replay moves none.
-        deps.store
-            .record_grants(&openid, &report, &deps.config.reminders, now)
-            .await
+        deps.store.record_grants(&openid, &report, now).await
     })
     .await?;
     // New grants only: a replay wrote nothing.

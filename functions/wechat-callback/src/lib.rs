@@ -225,14 +225,7 @@ async fn receive(
             PushEvent::Sent(_) => "WeChat sent event",
             PushEvent::Other { .. } => "WeChat event",
         };
-        let policy = deps.config.dispatch.retry_policy();
-        let applying = deps.store.apply_push(
-            &message,
-            &deps.config.templates,
-            &deps.config.reminders,
-            &policy,
-            now,
-        );
+        let applying = deps.store.apply_push(&message, &deps.config.templates, now);
         onegrant::store::audit::attributed(cause, applying).await?;
         deps.store.push_applied(&key).await?;
     }

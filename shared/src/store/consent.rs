@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
 use crate::domain::consent::Refusal;
+use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
-use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::{OpenId, SubscribeResult, TemplateId};
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
@@ -26,9 +26,9 @@ impl Store {
         &self,
         pk: &str,
         pending: &BTreeMap<TemplateId, SubscribeResult>,
-        kinds: &ReminderKinds,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let kinds = &*self.kinds;
         let touched: Vec<(&ReminderKind, SubscribeResult)> = pending
             .iter()
             .filter(|(_, result)| result.grants() || result.refuses())

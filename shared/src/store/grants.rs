@@ -25,7 +25,6 @@ use serde::Deserialize;
 use crate::domain::grants::report::{
     AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
 };
-use crate::domain::reminders::ReminderKinds;
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
@@ -57,7 +56,6 @@ impl Store {
         &self,
         openid: &OpenId,
         report: &GrantReport,
-        kinds: &ReminderKinds,
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
@@ -108,7 +106,7 @@ impl Store {
                 // The plans of the kinds that use a template recorded now move in the
                 // same transaction, conditional on the version read: only a report's
                 // first application moves a plan, never a replay (I3).
-                for plan in self.report_plans(&pk, &pending, kinds, now).await? {
+                for plan in self.report_plans(&pk, &pending, now).await? {
                     items.push(plan);
                     parts.push(Part::Plan);
                 }

@@ -39,6 +39,9 @@ mod tx;
 
 use std::time::Duration;
 
+use crate::domain::dispatch::RetryPolicy;
+use crate::domain::reminders::ReminderKinds;
+
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
@@ -53,6 +56,11 @@ pub struct Store {
     /// Partitions of the due and lease indexes (docs/design.md §6).
     shards: u32,
     limits: Limits,
+    /// The configured reminder kinds: which plan a due item, a report or a refusal
+    /// names (shared by every clone).
+    kinds: std::sync::Arc<ReminderKinds>,
+    /// How failed sends are retried.
+    policy: RetryPolicy,
     /// Shared by every clone: caps the index queries a tick has in flight (see
     /// [`INDEX_QUERIES_IN_FLIGHT`]).
     index_queries: std::sync::Arc<tokio::sync::Semaphore>,
@@ -184,6 +192,8 @@ impl Store {
             table: table.into(),
             shards: DEFAULT_SHARDS,
             limits: Limits::default(),
+            kinds: std::sync::Arc::new(ReminderKinds::none()),
+            policy: RetryPolicy::default(),
             index_queries: std::sync::Arc::new(tokio::sync::Semaphore::new(
                 INDEX_QUERIES_IN_FLIGHT,
             )),
@@ -205,6 +215,18 @@ impl Store {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// This store with the configured reminder kinds (by default `water` alone).
+    pub fn with_reminders(mut self, kinds: ReminderKinds) -> Self {
+        self.kinds = std::sync::Arc::new(kinds);
+        self
+    }
+
+    /// This store retrying failed sends by `policy`.
+    pub fn with_retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// This store with the due and lease indexes spread over `shards` partitions.

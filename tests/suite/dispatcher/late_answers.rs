@@ -93,14 +93,7 @@ async fn a_late_failure_never_gives_back_a_grant_of_a_template_refused_since_the
     let order = onegrant::domain::TemplateId::parse(ORDER.to_string()).expect("template");
     app.deps
         .store
-        .refuse_template(
-            &openid,
-            &order,
-            &app.deps.config.reminders,
-            true,
-            Utc::now().timestamp(),
-            Utc::now(),
-        )
+        .refuse_template(&openid, &order, true, Utc::now().timestamp(), Utc::now())
         .await
         .expect("refused");
     let late = app.finalize_as(&claim, busy()).await;

@@ -178,8 +178,6 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
             .store
             .sweep(
                 &deps.config.templates,
-                &deps.config.reminders,
-                &deps.config.dispatch.retry_policy(),
                 0..span.span,
                 Utc::now() + Duration::seconds(300),
             )

@@ -221,6 +221,12 @@ impl ReminderKinds {
         Ok(Self(map))
     }
 
+    /// No kind at all: a store built without the configuration (an operator's tool)
+    /// finds no plan's kind.
+    pub fn none() -> Self {
+        Self(BTreeMap::new())
+    }
+
     pub fn get(&self, name: &str) -> Option<&ReminderKind> {
         self.0.get(name)
     }

@@ -7,8 +7,6 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::callback::{Choice, PushEvent, PushMessage};
 use crate::domain::consent::Refusal;
-use crate::domain::dispatch::RetryPolicy;
-use crate::domain::reminders::ReminderKinds;
 use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
@@ -50,8 +48,6 @@ impl Store {
         &self,
         message: &PushMessage,
         templates: &Templates,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         // Turned off in WeChat's settings: sends now fail with 43101, so the grants go
@@ -97,14 +93,7 @@ impl Store {
                     continue;
                 }
                 let outcome = self
-                    .settle_sent_event(
-                        &message.openid,
-                        item,
-                        message.create_time,
-                        kinds,
-                        policy,
-                        now,
-                    )
+                    .settle_sent_event(&message.openid, item, message.create_time, now)
                     .await?;
                 tracing::info!(?outcome, "sent event applied");
             }
@@ -117,7 +106,6 @@ impl Store {
             self.refuse_template(
                 &message.openid,
                 template,
-                kinds,
                 void_grants,
                 message.create_time,
                 now,
@@ -135,8 +123,6 @@ impl Store {
         pk: &str,
         sk: &str,
         templates: &Templates,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<Result<bool, String>, StoreError> {
         let Some(item) = self.get(pk, sk).await? else {
@@ -162,7 +148,7 @@ impl Store {
         };
         crate::store::audit::attributed(
             "WeChat event, applied by the sweep",
-            self.apply_push(&message, templates, kinds, policy, now),
+            self.apply_push(&message, templates, now),
         )
         .await?;
         self.push_applied(&key).await?;
@@ -211,11 +197,11 @@ impl Store {
         &self,
         openid: &OpenId,
         template: &TemplateId,
-        kinds: &ReminderKinds,
         void_grants: bool,
         create_time: i64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        let kinds = &*self.kinds;
         let pk = &user_pk(openid);
         if void_grants {
             // Only grants recorded before WeChat's time of the refusal (to the end of

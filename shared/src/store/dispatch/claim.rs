@@ -5,8 +5,8 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::{Plan, PlanEvent, PlanStatus};
-use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
 use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
@@ -78,7 +78,6 @@ impl Store {
     pub async fn claim(
         &self,
         item: &DueItem,
-        kinds: &ReminderKinds,
         claimer: &str,
         lease: std::time::Duration,
         now: DateTime<Utc>,
@@ -95,7 +94,7 @@ impl Store {
         // next tries pick from the ledger.
         let ledger_only = &std::sync::atomic::AtomicBool::new(false);
         retry_contended("claim", self.limits.write_budget, || async move {
-            let claimable = match self.claimable(item, kinds).await? {
+            let claimable = match self.claimable(item).await? {
                 Found::Due(claimable) => *claimable,
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
@@ -227,7 +226,8 @@ impl Store {
     }
 
     /// The item behind a due entry, if it is still due at that instant.
-    async fn claimable(&self, item: &DueItem, kinds: &ReminderKinds) -> Result<Found, StoreError> {
+    async fn claimable(&self, item: &DueItem) -> Result<Found, StoreError> {
+        let kinds = &*self.kinds;
         let named = sort_key(&item.sk);
         if let Some(kind) = match named {
             SortKey::Plan(kind) => kinds.get(kind),

@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::dispatch::delivery::Delivery;
 use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
@@ -74,23 +75,24 @@ impl DeliveryItem {
             .unwrap_or(fallback)
     }
 
-    /// The class it was settled with (older items: from the state alone).
-    pub(crate) fn settled_class(&self) -> Option<OutcomeClass> {
-        if let Some(class) = self.class.as_deref().and_then(OutcomeClass::parse) {
-            return Some(class);
-        }
-        match self.state {
-            DeliveryState::Claimed | DeliveryState::Sending => None,
-            DeliveryState::Sent => Some(OutcomeClass::Sent),
-            DeliveryState::Unknown => Some(OutcomeClass::Unknown),
-            DeliveryState::Failed => Some(match self.errcode {
-                Some(errcode) => SendResult::Refused {
-                    errcode,
-                    errmsg: String::new(),
-                }
-                .class(),
-                None => OutcomeClass::Retryable,
-            }),
+    /// The delivery as the domain reads it (its rules: [`Delivery`]).
+    pub(crate) fn delivery(&self) -> Delivery {
+        Delivery {
+            id: self.delivery_id.clone(),
+            state: self.state,
+            claimer: self.claimer.clone(),
+            template_id: self.template_id.clone(),
+            lease_until: self.lease_until,
+            due_at: self.due_at,
+            attempts: self.attempts,
+            class: self.class.as_deref().and_then(OutcomeClass::parse),
+            errcode: self.errcode,
+            msgid: self.msgid.clone(),
+            swept: self.swept_at.is_some(),
+            answered_late: self.answered_late_at.is_some(),
+            released: self.released_at.is_some(),
+            kept_answer: self.kept_answer.clone(),
+            void_others: self.void_others,
         }
     }
 }

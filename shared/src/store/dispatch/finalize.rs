@@ -26,12 +26,11 @@ use crate::store::{Attempt, Store, StoreError, retry_contended};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{
-    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer, describe,
+    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer, describe,
 };
 
-use crate::domain::dispatch::{
-    DeliveryState, FollowUp, OutboxState, RetryPolicy, SendResult, Settlement, release, settle,
-};
+use crate::domain::dispatch::delivery::Moved;
+use crate::domain::dispatch::{FollowUp, OutboxState, SendResult, Settlement, release, settle};
 
 /// How a finalize ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +88,9 @@ impl Store {
         &self,
         claim: &Claim,
         result: &SendResult,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<Finalized, StoreError> {
+        let policy = &self.policy;
         let settlement = settle(
             result.class(),
             result.errcode(),
@@ -159,7 +158,7 @@ impl Store {
             delivery_id: &claim.delivery_id,
             claimed_at: claim.claimed_at,
             guard: Guard::Claimer(&claim.claimer),
-            marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
+            marks: write.marks(&claim.delivery_id, claim.claimed_at, now),
             template: &claim.template_id,
             write,
             grant: Some(GrantMove {
@@ -189,43 +188,50 @@ impl Store {
                     late: false,
                 })
             }
-            Settled::DeliveryMoved(Some(now_item))
-                if now_item.state == DeliveryState::Unknown
-                    && now_item.swept_at.is_some()
-                    && now_item.answered_late_at.is_none()
-                    && now_item.claimer == claim.claimer
-                    && settlement.delivery != DeliveryState::Unknown =>
-            {
-                self.answer_late(&pk, claim, settlement, result, released, now)
-                    .await
-            }
-            // This very settlement, landed before: a first try whose answer was lost,
-            // or that landed and then failed after (the 43101 invalidation, the plan's
-            // move). Only this claimer moves a delivery out of `sending` without
-            // `swept_at`, and only its late answer sets `answered_late_at`: what follows
-            // the settlement runs again (each step is idempotent), instead of taking it
-            // for someone else's.
-            Settled::DeliveryMoved(Some(now_item))
-                if now_item.state == settlement.delivery
-                    && now_item.claimer == claim.claimer
-                    && (now_item.swept_at.is_none() || now_item.answered_late_at.is_some()) =>
-            {
-                let late = now_item.swept_at.is_some();
-                self.after_settle(&pk, claim, &settlement, now).await?;
-                // (A late answer moves the plan in its own settlement.)
-                if !late && let ClaimSource::Plan { kind, .. } = &claim.source {
-                    self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
-                        .await?;
+            Settled::DeliveryMoved(Some(now_item)) => {
+                match now_item
+                    .delivery()
+                    .on_finalize_refused(&claim.claimer, settlement.delivery)
+                {
+                    Moved::AnswerLate => {
+                        self.answer_late(&pk, claim, settlement, result, released, now)
+                            .await
+                    }
+                    // This very settlement, landed before: what follows it runs again
+                    // (each step is idempotent), instead of taking it for someone
+                    // else's.
+                    Moved::AlreadySettled { late } => {
+                        self.after_settle(&pk, claim, &settlement, now).await?;
+                        // (A late answer moves the plan in its own settlement.)
+                        if !late && let ClaimSource::Plan { kind, .. } = &claim.source {
+                            self.advance_plan(
+                                &pk,
+                                kind,
+                                &claim.delivery_id,
+                                &settlement,
+                                false,
+                                now,
+                            )
+                            .await?;
+                        }
+                        Ok(Finalized {
+                            settlement,
+                            // (Whether the first try's grant move landed is not known
+                            // here.)
+                            restored: false,
+                            superseded: false,
+                            late,
+                        })
+                    }
+                    Moved::Superseded => Ok(Finalized {
+                        settlement,
+                        restored: false,
+                        superseded: true,
+                        late: false,
+                    }),
                 }
-                Ok(Finalized {
-                    settlement,
-                    // (Whether the first try's grant move landed is not known here.)
-                    restored: false,
-                    superseded: false,
-                    late,
-                })
             }
-            Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Finalized {
+            Settled::DeliveryMoved(None) | Settled::SourceMoved => Ok(Finalized {
                 settlement,
                 restored: false,
                 superseded: true,
@@ -300,7 +306,7 @@ impl Store {
                 delivery_id: &claim.delivery_id,
                 claimed_at: claim.claimed_at,
                 guard: Guard::Swept(&claim.claimer),
-                marks: Marks::of(&write, &claim.delivery_id, claim.claimed_at, now),
+                marks: write.marks(&claim.delivery_id, claim.claimed_at, now),
                 template: &claim.template_id,
                 write,
                 grant: grant.map(|to| GrantMove {

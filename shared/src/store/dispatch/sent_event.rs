@@ -19,8 +19,7 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::callback::SentItem;
-use crate::domain::dispatch::{DeliveryState, RetryPolicy, SendResult};
-use crate::domain::reminders::ReminderKinds;
+use crate::domain::dispatch::{DeliveryState, SendResult};
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::store::dispatch::finalize::SourceRef;
 use crate::store::items::parse;
@@ -71,16 +70,12 @@ impl Store {
         openid: &OpenId,
         event: &SentItem,
         create_time: i64,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<SentEventOutcome, StoreError> {
         let pk = user_pk(openid);
         let mut polls = 0;
         loop {
-            let outcome = self
-                .match_sent_event(&pk, event, create_time, kinds, policy, now)
-                .await?;
+            let outcome = self.match_sent_event(&pk, event, create_time, now).await?;
             if outcome != SentEventOutcome::InFlight {
                 return Ok(outcome);
             }
@@ -97,9 +92,7 @@ impl Store {
                 .await?;
             // The send may have settled between the last look and the mark landing, its
             // settle finding nothing pending: one more look, now that the mark is there.
-            let outcome = self
-                .match_sent_event(&pk, event, create_time, kinds, policy, now)
-                .await?;
+            let outcome = self.match_sent_event(&pk, event, create_time, now).await?;
             if outcome != SentEventOutcome::InFlight {
                 self.delete_members(&pk, &quota_key, &[(PENDING_EVENTS, vec![pending])])
                     .await?;
@@ -119,8 +112,6 @@ impl Store {
         &self,
         openid: &OpenId,
         template: &TemplateId,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) {
         let pk = user_pk(openid);
@@ -146,7 +137,7 @@ impl Store {
             // Settled by WeChat's event, whoever runs the match.
             let outcome = crate::store::audit::attributed(
                 "WeChat sent event (kept pending)",
-                self.match_sent_event(&pk, &event, mark.at, kinds, policy, now),
+                self.match_sent_event(&pk, &event, mark.at, now),
             )
             .await;
             match outcome {
@@ -175,8 +166,6 @@ impl Store {
         pk: &str,
         event: &SentItem,
         create_time: i64,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<SentEventOutcome, StoreError> {
         let quota_key = quota_sk(&event.template_id);
@@ -215,10 +204,7 @@ impl Store {
                 );
                 Ok(SentEventOutcome::Ambiguous)
             }
-            EventMatch::Unknown(mark) => {
-                self.settle_by_event(pk, &mark, event, &msgid, kinds, policy, now)
-                    .await
-            }
+            EventMatch::Unknown(mark) => self.settle_by_event(pk, &mark, event, &msgid, now).await,
         }
     }
 
@@ -230,20 +216,18 @@ impl Store {
         mark: &Mark,
         event: &SentItem,
         msgid: &str,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<SentEventOutcome, StoreError> {
+        let kinds = &*self.kinds;
+        let policy = &self.policy;
         let quota_key = quota_sk(&event.template_id);
         let delivery = match self.get(pk, &delivery_sk(&mark.id)).await? {
             Some(item) => Some(parse::<DeliveryItem>("delivery", item)?),
             None => None,
         };
-        let Some(delivery) = delivery.filter(|d| {
-            d.state == DeliveryState::Unknown
-                && d.template_id == event.template_id.as_str()
-                && d.msgid.is_none()
-        }) else {
+        let Some(delivery) =
+            delivery.filter(|d| d.delivery().awaits_sent_event(event.template_id.as_str()))
+        else {
             // Settled meanwhile (a late answer) or gone: the mark is all that is left.
             self.delete_members(pk, &quota_key, &[(OPEN_UNKNOWN, vec![mark.encode()])])
                 .await?;

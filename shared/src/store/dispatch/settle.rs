@@ -6,11 +6,11 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 
+use crate::domain::dispatch::delivery::{GrantSeen, Marks, Writer, regrant};
 use crate::domain::dispatch::{DeliveryState, OutcomeClass};
-use crate::domain::reconcile::{Mark, anonymous_sent_id};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::DeliveryItem;
-use crate::store::items::grant::grant_state_name;
+use crate::store::items::grant::{grant_state_name, grant_state_of};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
 use crate::store::tx::{TxOutcome, is_condition_failed};
@@ -54,73 +54,22 @@ pub(crate) struct DeliveryWrite {
     pub(crate) void_others: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Writer {
-    Finalize,
-    Sweep,
-    /// The sweep settling by the answer a finalize kept ([`KeptAnswer`]).
-    Kept,
-    LateAnswer,
-    /// WeChat's sent event settling an `unknown` delivery.
-    Event,
-    /// A finalize (or late answer) giving the claim back unsent.
-    Release {
-        late: bool,
-    },
-}
-
-/// What a settle changes in the quota item's marks (see
-/// [`reconcile`](crate::domain::reconcile)), as encoded set members.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Marks {
-    /// The send's outcome became unknown: it joins the open-unknown set.
-    pub(crate) open_unknown: Option<String>,
-    /// A send that was unknown settled: it leaves the open-unknown set.
-    pub(crate) close_unknown: Option<String>,
-    /// Recorded `sent`: its msgid (or, without one, an anonymous mark) joins the sent
-    /// set for the event window.
-    pub(crate) sent: Option<String>,
-    /// The send was in flight (a finalize, a release or the sweep): it leaves the
-    /// in-flight set.
-    pub(crate) close_inflight: Option<String>,
-}
-
-impl Marks {
-    /// The marks of a settlement written by `by` for a send claimed at `claimed_at`.
-    pub(crate) fn of(
-        write: &DeliveryWrite,
+impl DeliveryWrite {
+    /// The quota-item marks this write changes ([`Marks::of`]).
+    pub(crate) fn marks(
+        &self,
         delivery_id: &str,
         claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Self {
-        let claimed = Mark::new(claimed_at, delivery_id).encode();
-        let was_unknown = matches!(
-            write.by,
-            Writer::LateAnswer | Writer::Event | Writer::Release { late: true }
-        );
-        // Kept for the whole window, so every copy of the send's event is known as its
-        // own (an event settling it included: WeChat may deliver that event again).
-        let sent = match (&write.msgid, write.state) {
-            (Some(msgid), _) => Some(Mark::new(now, msgid.clone()).encode()),
-            (None, DeliveryState::Sent) => {
-                Some(Mark::new(now, anonymous_sent_id(delivery_id)).encode())
-            }
-            (None, _) => None,
-        };
-        Self {
-            open_unknown: (write.state == DeliveryState::Unknown && !was_unknown)
-                .then(|| claimed.clone()),
-            close_unknown: was_unknown.then(|| claimed.clone()),
-            sent,
-            close_inflight: (!was_unknown).then_some(claimed),
-        }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.open_unknown.is_none()
-            && self.close_unknown.is_none()
-            && self.sent.is_none()
-            && self.close_inflight.is_none()
+    ) -> Marks {
+        Marks::of(
+            self.state,
+            self.msgid.as_deref(),
+            self.by,
+            delivery_id,
+            claimed_at,
+            now,
+        )
     }
 }
 
@@ -472,7 +421,7 @@ impl Store {
             if with_grant && failed(grant_index) {
                 tx.grant = tx
                     .grant
-                    .and_then(|g| regrant(g, tx.delivery_id, old(grant_index)));
+                    .and_then(|g| grant_retry(g, tx.delivery_id, old(grant_index)));
                 changed = true;
             }
             if source_range.clone().any(failed) {
@@ -518,29 +467,17 @@ impl Store {
 pub(crate) const SWEEP_VOID: &str = "sweep";
 
 /// The grant move to try again after the grant's condition failed, given the grant as
-/// it is: none if it is no longer this delivery's to move.
-pub(crate) fn regrant<'a>(
+/// it is now (ALL_OLD): none if it is no longer this delivery's to move ([`regrant`]).
+pub(crate) fn grant_retry<'a>(
     wanted: GrantMove<'a>,
     delivery_id: &str,
     now: Option<Item>,
 ) -> Option<GrantMove<'a>> {
     let now = now?;
-    if text(&now, "delivery_id") != Some(delivery_id) || text(&now, "state") != Some("invalid") {
-        return None;
-    }
-    let voided_by_sweep = text(&now, "void_reason") == Some(SWEEP_VOID);
-    match wanted.to {
-        // WeChat took the message: whoever voided the grant, it was used.
-        GrantState::Consumed => Some(GrantMove {
-            from: GrantState::Invalid,
-            ..wanted
-        }),
-        // Not sent after all: the quota is still WeChat's, but only a sweep's guess
-        // is undone (a user who disabled the plan voided it on purpose).
-        GrantState::Available if voided_by_sweep => Some(GrantMove {
-            from: GrantState::Invalid,
-            ..wanted
-        }),
-        GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
-    }
+    let seen = GrantSeen {
+        state: text(&now, "state").and_then(grant_state_of),
+        delivery_id: text(&now, "delivery_id").map(str::to_string),
+        voided_by_sweep: text(&now, "void_reason") == Some(SWEEP_VOID),
+    };
+    regrant(wanted.to, delivery_id, &seen).map(|from| GrantMove { from, ..wanted })
 }

@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
+use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
-use crate::domain::reminders::{ReminderKind, ReminderKinds};
 use crate::domain::template::Templates;
 use crate::domain::{GrantState, TemplateId};
 use crate::store::items::{Item, n, number, parse, s, text};
@@ -13,13 +13,12 @@ use crate::store::{Store, StoreError, classify_sdk_error};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, Marks, PlanRead, SWEEP_FAILURE_LIMIT,
-    SettleTx, Settled, Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SWEEP_FAILURE_LIMIT, SettleTx,
+    Settled, Writer,
 };
 
-use crate::domain::dispatch::{
-    DeliveryState, KeptAnswer, OutboxState, OutcomeClass, RetryPolicy, SendResult, settle,
-};
+use crate::domain::dispatch::delivery::{AtLeaseEnd, PlanLearns};
+use crate::domain::dispatch::{DeliveryState, OutboxState, OutcomeClass, settle};
 
 /// At most this many lease-index entries per shard are handled in one sweep; the rest
 /// wait for the next tick (a sweep's work is bounded whatever the backlog).
@@ -71,8 +70,6 @@ impl Store {
     pub async fn sweep(
         &self,
         templates: &Templates,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         shards: impl IntoIterator<Item = u32>,
         now: DateTime<Utc>,
     ) -> SweepSummary {
@@ -131,7 +128,7 @@ impl Store {
         }
         // Deliveries first: settling one usually moves its plan in the same write.
         for (pk, sk, seen) in deliveries {
-            let settled = self.sweep_delivery(&pk, &sk, kinds, policy, now).await;
+            let settled = self.sweep_delivery(&pk, &sk, now).await;
             let kept = matches!(settled, Ok(Step::Kept));
             let acted = self
                 .tally(settled, (&pk, &sk, seen), now, &mut summary)
@@ -143,12 +140,12 @@ impl Store {
             }
         }
         for (pk, sk, seen) in plans {
-            let moved = self.sweep_plan(&pk, &sk, kinds, policy, now).await;
+            let moved = self.sweep_plan(&pk, &sk, now).await;
             summary.advanced += self.tally(moved, (&pk, &sk, seen), now, &mut summary).await;
         }
         for (pk, sk, seen) in events {
             let applied = self
-                .apply_recorded(&pk, &sk, templates, kinds, policy, now)
+                .apply_recorded(&pk, &sk, templates, now)
                 .await
                 .map(|found| match found {
                     Ok(true) => Step::Acted,
@@ -245,10 +242,10 @@ impl Store {
         &self,
         pk: &str,
         sk: &str,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
         now: DateTime<Utc>,
     ) -> Result<Step, StoreError> {
+        let kinds = &*self.kinds;
+        let policy = &self.policy;
         let Some(item) = self.get(pk, sk).await? else {
             return Ok(Step::Idle);
         };
@@ -256,19 +253,18 @@ impl Store {
             Ok(delivery) => delivery,
             Err(e) => return Ok(Step::Unreadable(e.to_string())),
         };
-        let Some(until) = delivery.lease_until else {
-            return Ok(Step::Idle);
-        };
-        if until >= now.timestamp_millis() {
+        let view = delivery.delivery();
+        if !view.past_lease(now) {
             return Ok(Step::Idle);
         }
         let Ok(template) = TemplateId::parse(delivery.template_id.clone()) else {
             return Ok(Step::Unreadable("a delivery with a bad template id".into()));
         };
-        if !delivery.state.is_live() {
+        let (result, kept, until) = match view.at_lease_end(now) {
+            AtLeaseEnd::Idle => return Ok(Step::Idle),
             // Settled 43101 with the other grants not yet void: finished here (only
             // with the claim's own time: one read as now would void later grants).
-            if delivery.void_others {
+            AtLeaseEnd::VoidOthers => {
                 let Ok(claimed_at) = DateTime::parse_from_rfc3339(&delivery.claimed_at) else {
                     return Ok(Step::Unreadable(
                         "a refused delivery without its claim time".into(),
@@ -285,13 +281,13 @@ impl Store {
                 tracing::warn!(delivery_id = %delivery.delivery_id, "a 43101's voiding finished by the sweep");
                 return Ok(Step::Kept);
             }
-            return Ok(Step::Idle);
-        }
-        // WeChat's answer, if the finalize kept it; else the outcome is unknown.
-        let kept = delivery.kept_answer.as_ref().map(KeptAnswer::result);
-        let result = kept.clone().unwrap_or(SendResult::Uncertain {
-            reason: "the dispatcher stopped mid-send".into(),
-        });
+            // WeChat's answer, if the finalize kept it; else the outcome is unknown.
+            AtLeaseEnd::Settle {
+                result,
+                kept,
+                lease_until,
+            } => (result, kept, lease_until),
+        };
         let settlement = settle(
             result.class(),
             result.errcode(),
@@ -349,7 +345,7 @@ impl Store {
         } else {
             tracing::error!(source = %delivery.source, "stale delivery of no configured kind");
         }
-        let write = if kept.is_some() {
+        let write = if kept {
             crate::store::dispatch::finalize::delivery_write(&settlement, &result, Writer::Kept)
         } else {
             DeliveryWrite {
@@ -367,7 +363,7 @@ impl Store {
             delivery_id: &delivery.delivery_id,
             claimed_at: delivery.claimed_at(now),
             guard: Guard::ExpiredLease(until),
-            marks: Marks::of(&write, &delivery.delivery_id, delivery.claimed_at(now), now),
+            marks: write.marks(&delivery.delivery_id, delivery.claimed_at(now), now),
             template: &template,
             write,
             grant: Some(GrantMove {
@@ -396,21 +392,16 @@ impl Store {
                     self.advance_plan(pk, kind, &delivery.delivery_id, &settlement, false, now)
                         .await?;
                 }
-                if kept.is_some() {
+                if kept {
                     tracing::warn!(delivery_id = %delivery.delivery_id, outcome = settlement.class.as_str(), "stale claim settled by the answer its finalize kept");
                 } else {
                     tracing::warn!(delivery_id = %delivery.delivery_id, "stale claim recovered as unknown");
                 }
                 // A sent event that came while this send was in flight may be its own.
                 if let Some(openid) = openid_of(pk) {
-                    self.settle_pending_events(&openid, &template, kinds, policy, now)
-                        .await;
+                    self.settle_pending_events(&openid, &template, now).await;
                 }
-                Ok(if kept.is_some() {
-                    Step::Kept
-                } else {
-                    Step::Acted
-                })
+                Ok(if kept { Step::Kept } else { Step::Acted })
             }
             Settled::DeliveryMoved(_) | Settled::SourceMoved => Ok(Step::Idle),
         }
@@ -443,14 +434,9 @@ impl Store {
     /// A plan still `sending` past its lease. If its delivery is terminal (settled, but
     /// the plan's own write was lost to a crash or a race), the plan moves on by that
     /// delivery's outcome. True if this sweep moved it.
-    async fn sweep_plan(
-        &self,
-        pk: &str,
-        sk: &str,
-        kinds: &ReminderKinds,
-        policy: &RetryPolicy,
-        now: DateTime<Utc>,
-    ) -> Result<Step, StoreError> {
+    async fn sweep_plan(&self, pk: &str, sk: &str, now: DateTime<Utc>) -> Result<Step, StoreError> {
+        let kinds = &*self.kinds;
+        let policy = &self.policy;
         let named = match sort_key(sk) {
             SortKey::Plan(kind) => kinds.get(kind),
             SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
@@ -477,26 +463,26 @@ impl Store {
             .get(pk, &delivery_sk(&delivery_id))
             .await?
             .and_then(|item| parse::<DeliveryItem>("delivery", item).ok());
-        let settlement = match &delivery {
-            // Its own lease-index entry settles it (and this plan with it).
+        let learns = delivery
+            .map(|d| d.delivery().for_stranded_plan())
+            .unwrap_or(PlanLearns::Settled {
+                class: OutcomeClass::Unknown,
+                errcode: None,
+            });
+        let settlement = match learns {
             // Its own lease-index entry settles it (and this plan with it); meanwhile
             // this entry waits behind the others rather than hold up the shard.
-            Some(d) if d.state.is_live() => {
+            PlanLearns::Wait => {
                 return Ok(Step::Later(format!("{sk}: its delivery is still live")));
             }
             // Given back unsent: due again at its own instant, no attempt spent.
-            Some(d) if d.released_at.is_some() => crate::domain::dispatch::release(
+            PlanLearns::Released { due_at } => crate::domain::dispatch::release(
                 plan.attempts,
-                DateTime::from_timestamp_millis(d.due_at).unwrap_or(now),
+                DateTime::from_timestamp_millis(due_at).unwrap_or(now),
             ),
-            Some(d) => settle(
-                d.settled_class().unwrap_or(OutcomeClass::Unknown),
-                d.errcode,
-                plan.attempts,
-                policy,
-                now,
-            ),
-            None => settle(OutcomeClass::Unknown, None, plan.attempts, policy, now),
+            PlanLearns::Settled { class, errcode } => {
+                settle(class, errcode, plan.attempts, policy, now)
+            }
         };
         let moved = self
             .advance_plan(pk, kind, &delivery_id, &settlement, false, now)

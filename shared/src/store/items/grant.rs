@@ -72,3 +72,14 @@ pub(crate) fn grant_state_name(state: GrantState) -> &'static str {
         GrantState::Invalid => "invalid",
     }
 }
+
+/// A grant state as the ledger stores it, read back.
+pub(crate) fn grant_state_of(name: &str) -> Option<GrantState> {
+    Some(match name {
+        "available" => GrantState::Available,
+        "reserved" => GrantState::Reserved,
+        "consumed" => GrantState::Consumed,
+        "invalid" => GrantState::Invalid,
+        _ => return None,
+    })
+}

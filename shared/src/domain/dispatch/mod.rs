@@ -9,6 +9,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::consent::PauseReason;
+
+pub mod delivery;
 use crate::domain::grants::GrantState;
 
 /// How a send ended, as far as onegrant can know.
@@ -238,6 +240,17 @@ pub struct RetryPolicy {
 
 /// The longest wait between two attempts.
 pub const MAX_RETRY_DELAY: Duration = Duration::hours(6);
+
+impl Default for RetryPolicy {
+    /// `DISPATCH_MAX_ATTEMPTS` and `DISPATCH_RETRY_BASE_SECONDS` unset: 5 attempts, a
+    /// minute first.
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            retry_base: StdDuration::from_secs(60),
+        }
+    }
+}
 
 impl RetryPolicy {
     /// The delay before retry `attempt` (1-based): the base, doubled per attempt.
