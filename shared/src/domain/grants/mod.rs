@@ -132,6 +132,16 @@ impl QuotaCounters {
     pub fn conserved(&self) -> bool {
         self.accepted == self.available + self.reserved + self.consumed + self.invalid
     }
+
+    /// The counters once every unconsumed grant is void (a plan turned off).
+    pub fn all_voided(self) -> Self {
+        Self {
+            invalid: self.invalid + self.available + self.reserved,
+            available: 0,
+            reserved: 0,
+            ..self
+        }
+    }
 }
 
 /// One template's quota as the API shows it.

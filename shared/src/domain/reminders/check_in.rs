@@ -131,10 +131,12 @@ pub fn decide(
 impl CheckInDecision {
     /// The answer, as of the plan once written (its next version).
     pub fn answer(&self, now: DateTime<Utc>) -> CheckInAnswer {
-        let mut written = self.plan.clone();
-        written.version += 1;
         CheckInAnswer {
-            plan: written.view(self.counters.available, now),
+            plan: self
+                .plan
+                .clone()
+                .written()
+                .view(self.counters.available, now),
             grant_conflict: self.grant == CarriedGrant::Conflict,
             grant_limit: self.grant == CarriedGrant::OverLimit,
         }

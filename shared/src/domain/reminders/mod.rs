@@ -7,6 +7,7 @@
 pub mod check_in;
 pub mod plan;
 pub mod schedule;
+pub mod settings;
 
 use std::collections::BTreeMap;
 

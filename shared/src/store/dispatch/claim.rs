@@ -352,18 +352,11 @@ impl Store {
     ) -> Result<(TransactWriteItem, ClaimSource, u32), StoreError> {
         match claimable {
             Claimable::Plan { kind, plan, .. } => {
-                let mut claimed = plan.clone();
-                claimed.status = plan
-                    .status
-                    .apply(PlanEvent::Claimed)
+                let claimed = plan
+                    .claimed(delivery_id, lease_until)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                claimed.delivery_id = Some(delivery_id.to_string());
-                claimed.lease_until = Some(lease_until);
-                claimed.pending_refusal = None;
-                claimed.checked_in_while_sending = false;
-                claimed.accepted_while_sending = false;
                 let write = self.plan_put(&claimed, &item.pk, now)?;
-                claimed.version += 1;
+                let claimed = claimed.written();
                 let attempts = claimed.attempts;
                 Ok((
                     write,

@@ -3,8 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
-use crate::domain::reminders::plan::{Plan, PlanStatus};
-use crate::domain::reminders::{ReminderKind, SettingsUpdate};
+use crate::domain::reminders::{ReminderKind, SettingsUpdate, settings};
 use crate::store::keys::user_pk;
 use crate::store::reminders::PlanSnapshot;
 use crate::store::tx::TxOutcome;
@@ -23,43 +22,30 @@ impl Store {
         let pk = &user_pk(openid);
         retry_contended("plan settings", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
-            let mut plan = match read.plan {
-                Some(item) => item.into_plan(kind)?,
-                None => Plan::new(kind),
+            let stored = match read.plan {
+                Some(item) => Some(item.into_plan(kind)?),
+                None => None,
             };
-            let mut counters = read.counters;
-            plan.settings = update.settings;
-            let moved = if update.enabled {
-                let anchor = plan.last_checkin_at.unwrap_or(now);
-                let due = plan.next_due(anchor, plan.settings.daily_goal, now);
-                plan.enable(counters.available > 0, due)
+            let decision = settings::decide(stored, kind, read.counters, update, now)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let put = self.plan_put(&decision.plan, pk, now)?;
+            let committed = if decision.voids_grants {
+                self.invalidate_grants(pk, &kind.template_id, Some(put), true, None, now)
+                    .await?
             } else {
-                plan.disable()
-            };
-            moved.map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let put = self.plan_put(&plan, pk, now)?;
-            let committed = if update.enabled {
                 let mut items = vec![put];
-                if matches!(plan.status, PlanStatus::Scheduled { .. }) {
+                if decision.checks_grant {
                     items.push(self.grant_check(pk, kind)?);
                 }
                 matches!(self.transact(items).await?, TxOutcome::Committed)
-            } else {
-                let done = self
-                    .invalidate_grants(pk, &kind.template_id, Some(put), true, None, now)
-                    .await?;
-                if done {
-                    counters.invalid += counters.available + counters.reserved;
-                    counters.available = 0;
-                    counters.reserved = 0;
-                }
-                done
             };
             if !committed {
                 return Ok(Attempt::Retry);
             }
-            plan.version += 1;
-            Ok(Attempt::Done(PlanSnapshot { plan, counters }))
+            Ok(Attempt::Done(PlanSnapshot {
+                plan: decision.plan.written(),
+                counters: decision.counters,
+            }))
         })
         .await
     }

@@ -104,6 +104,32 @@ impl Plan {
         schedule.next_due_from(anchor, reached, now)
     }
 
+    /// The dispatcher claims the plan for delivery `delivery_id`, leased until
+    /// `lease_until`: `sending`, the flags of the send before cleared.
+    pub fn claimed(
+        &self,
+        delivery_id: &str,
+        lease_until: DateTime<Utc>,
+    ) -> Result<Self, IllegalTransition> {
+        Ok(Self {
+            status: self.status.apply(PlanEvent::Claimed)?,
+            delivery_id: Some(delivery_id.to_string()),
+            lease_until: Some(lease_until),
+            pending_refusal: None,
+            checked_in_while_sending: false,
+            accepted_while_sending: false,
+            ..self.clone()
+        })
+    }
+
+    /// The plan as stored once its write (conditional on this version) commits.
+    pub fn written(self) -> Self {
+        Self {
+            version: self.version + 1,
+            ..self
+        }
+    }
+
     /// The user rejected or banned the template: the plan pauses — or, while a send is
     /// in flight, pauses as soon as that send ends; while it is off, it is remembered,
     /// so turning it on again finds it paused (until a new accept lifts it).

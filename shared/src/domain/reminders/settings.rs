@@ -1,0 +1,123 @@
+//! `PUT /v1/reminders/{kind}`, decided: the plan with the new settings, turned on or
+//! off, and what turning it off does to the template's grants.
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::grants::QuotaCounters;
+use crate::domain::reminders::plan::{IllegalTransition, Plan, PlanStatus};
+use crate::domain::reminders::{ReminderKind, SettingsUpdate};
+
+/// What saving settings writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsDecision {
+    /// The plan to write (conditional on the version read).
+    pub plan: Plan,
+    /// Turned off: every unconsumed grant of the kind's template is voided with the
+    /// plan's write.
+    pub voids_grants: bool,
+    /// Turned on and scheduled: the write checks that a grant is still available.
+    pub checks_grant: bool,
+    /// The template's counters once the write lands.
+    pub counters: QuotaCounters,
+}
+
+/// Applies `update` to the plan as stored (a new one if none) with the template's
+/// `counters` as read. Turning it on schedules it by the next-due rule from the last
+/// check-in (or now) if a grant is available, else it waits for one — never lifting a
+/// refusal; turning it off voids the grants.
+pub fn decide(
+    stored: Option<Plan>,
+    kind: &ReminderKind,
+    counters: QuotaCounters,
+    update: &SettingsUpdate,
+    now: DateTime<Utc>,
+) -> Result<SettingsDecision, IllegalTransition> {
+    let mut plan = stored.unwrap_or_else(|| Plan::new(kind));
+    plan.settings = update.settings;
+    if update.enabled {
+        let anchor = plan.last_checkin_at.unwrap_or(now);
+        let due = plan.next_due(anchor, plan.settings.daily_goal, now);
+        plan.enable(counters.available > 0, due)?;
+        Ok(SettingsDecision {
+            checks_grant: matches!(plan.status, PlanStatus::Scheduled { .. }),
+            plan,
+            voids_grants: false,
+            counters,
+        })
+    } else {
+        plan.disable()?;
+        Ok(SettingsDecision {
+            plan,
+            voids_grants: true,
+            checks_grant: false,
+            counters: counters.all_voided(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::reminders::test_kind;
+
+    fn at(rfc3339: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(rfc3339)
+            .expect("valid instant")
+            .with_timezone(&Utc)
+    }
+
+    fn counters(available: u64, reserved: u64) -> QuotaCounters {
+        QuotaCounters {
+            accepted: available + reserved + 1,
+            available,
+            reserved,
+            consumed: 1,
+            ..QuotaCounters::default()
+        }
+    }
+
+    fn update(enabled: bool) -> SettingsUpdate {
+        SettingsUpdate {
+            enabled,
+            settings: test_kind().defaults,
+        }
+    }
+
+    #[test]
+    fn turning_a_plan_on_schedules_it_only_with_a_grant() {
+        let now = at("2026-12-01T10:00:00Z");
+        let with = decide(None, &test_kind(), counters(1, 0), &update(true), now)
+            .expect("a new plan turns on");
+        assert!(
+            matches!(with.plan.status, PlanStatus::Scheduled { .. }),
+            "{with:?}"
+        );
+        assert!(with.checks_grant && !with.voids_grants);
+        assert_eq!(with.counters, counters(1, 0));
+        let without = decide(None, &test_kind(), counters(0, 0), &update(true), now)
+            .expect("a new plan turns on");
+        assert!(
+            !matches!(without.plan.status, PlanStatus::Scheduled { .. }),
+            "{without:?}"
+        );
+        assert!(!without.checks_grant);
+    }
+
+    #[test]
+    fn turning_a_plan_off_voids_every_unconsumed_grant() {
+        let now = at("2026-12-01T10:00:00Z");
+        let on = decide(None, &test_kind(), counters(2, 1), &update(true), now)
+            .expect("turns on")
+            .plan;
+        let off =
+            decide(Some(on), &test_kind(), counters(2, 1), &update(false), now).expect("turns off");
+        assert_eq!(off.plan.status, PlanStatus::Disabled);
+        assert!(off.voids_grants && !off.checks_grant);
+        let c = off.counters;
+        assert_eq!(
+            (c.available, c.reserved, c.invalid, c.consumed),
+            (0, 0, 3, 1)
+        );
+        assert!(c.conserved());
+    }
+}
