@@ -25,15 +25,19 @@ pub(crate) const REPAIR_CHUNK: usize = 99;
 
 impl Store {
     /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
-    /// (one or two state names).
+    /// (one or two).
     pub(crate) fn grants_query(
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
-        states: &[&str],
+        states: &[GrantState],
     ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
-        let first = states.first().copied().unwrap_or("available");
-        let second = states.get(1).copied().unwrap_or(first);
+        let first = grant_state_name(states.first().copied().unwrap_or(GrantState::Available));
+        let second = states
+            .get(1)
+            .copied()
+            .map(grant_state_name)
+            .unwrap_or(first);
         self.client
             .query()
             .table_name(&self.table)
@@ -95,10 +99,10 @@ impl Store {
                 );
             }
         } else {
-            let states: &[&str] = if include_reserved {
-                &["available", "reserved"]
+            let states: &[GrantState] = if include_reserved {
+                &[GrantState::Available, GrantState::Reserved]
             } else {
-                &["available"]
+                &[GrantState::Available]
             };
             let mut pages = self
                 .grants_query(pk, template, states)
@@ -137,19 +141,18 @@ impl Store {
             let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
             for (sk, state) in &chunk {
                 let id = request_id_of_grant(sk).map(|r| r.to_string());
-                let from = match state {
+                match state {
                     GrantState::Available => {
                         available += 1;
                         available_ids.extend(id);
-                        "available"
                     }
                     GrantState::Reserved => {
                         reserved += 1;
                         reserved_ids.extend(id);
-                        "reserved"
                     }
                     GrantState::Consumed | GrantState::Invalid => continue,
-                };
+                }
+                let from = grant_state_name(*state);
                 let update = Update::builder()
                     .table_name(&self.table)
                     .set_key(Some(key(pk, sk)))
@@ -159,7 +162,10 @@ impl Store {
                     )
                     .condition_expression("#s = :from")
                     .expression_attribute_names("#s", "state")
-                    .expression_attribute_values(":invalid", s("invalid"))
+                    .expression_attribute_values(
+                        ":invalid",
+                        s(grant_state_name(GrantState::Invalid)),
+                    )
                     .expression_attribute_values(
                         ":expires",
                         n((now + self.limits.retention.grants).timestamp()),
@@ -333,10 +339,11 @@ impl Store {
         let mut update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))));
-        for (placeholder, name, state) in [
-            ("available", OPEN_AVAILABLE, GrantState::Available),
-            ("reserved", OPEN_RESERVED, GrantState::Reserved),
+        for (name, state) in [
+            (OPEN_AVAILABLE, GrantState::Available),
+            (OPEN_RESERVED, GrantState::Reserved),
         ] {
+            let placeholder = grant_state_name(state);
             let members: Vec<String> = fixes
                 .iter()
                 .filter(|fix| fix.state == state)

@@ -6,7 +6,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::{KeptAnswer, SendResult};
+use crate::domain::dispatch::{DeliveryState, KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
 use crate::store::items::key;
 use crate::store::keys::{delivery_sk, user_pk};
@@ -85,8 +85,14 @@ impl Store {
                 ":now",
                 AttributeValue::N(chrono::Utc::now().timestamp_millis().to_string()),
             )
-            .expression_attribute_values(":claimed", AttributeValue::S("claimed".into()))
-            .expression_attribute_values(":sending", AttributeValue::S("sending".into()))
+            .expression_attribute_values(
+                ":claimed",
+                AttributeValue::S(DeliveryState::Claimed.as_str().into()),
+            )
+            .expression_attribute_values(
+                ":sending",
+                AttributeValue::S(DeliveryState::Sending.as_str().into()),
+            )
             .expression_attribute_values(":c", AttributeValue::S(claim.claimer.clone()))
             .send()
             .await;

@@ -71,8 +71,8 @@ impl Store {
             )
             .condition_expression("#s = :available")
             .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":reserved", s("reserved"))
-            .expression_attribute_values(":available", s("available"))
+            .expression_attribute_values(":reserved", s(grant_state_name(GrantState::Reserved)))
+            .expression_attribute_values(":available", s(grant_state_name(GrantState::Available)))
             .expression_attribute_values(":d", s(delivery_id))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":one", n(1))
@@ -159,7 +159,7 @@ impl Store {
         // Read the open grants from the ledger (once: the repair below makes the next
         // claims read the lists again).
         let mut pages = self
-            .grants_query(pk, template, &["available", "reserved"])
+            .grants_query(pk, template, &[GrantState::Available, GrantState::Reserved])
             .into_paginator()
             .items()
             .send();
