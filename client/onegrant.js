@@ -19,133 +19,13 @@
 
 const VERSION = '0.1.0';
 
-/** The error codes API.md and the server answer, and the client's own: `network` (no
- *  answer at all) and `expired` (an action queued longer than the server remembers
- *  ids, 35 days). */
-const ERROR_CODES = Object.freeze([
-  'malformed_json', 'invalid_body', 'invalid_query', 'unauthorized', 'invalid_code',
-  'invalid_code_format', 'not_found', 'idempotency_conflict', 'payload_too_large',
-  'no_templates', 'too_many_templates', 'unknown_template', 'invalid_result',
-  'invalid_request_id', 'invalid_action_id', 'invalid_grant', 'invalid_occurred_at',
-  'invalid_count', 'invalid_daily_goal', 'invalid_interval', 'invalid_time',
-  'invalid_timezone', 'invalid_waking_hours', 'grant_limit', 'rate_limited',
-  'unavailable', 'internal', 'network', 'expired',
-]);
-
-/** The values `wx.requestSubscribeMessage` reports per template. */
-const SUBSCRIBE_RESULTS = Object.freeze([
-  'accept', 'acceptWithAudio', 'acceptWithAlert', 'reject', 'ban', 'filter',
-]);
-
-/** A session token is renewed this long before it expires. */
-const SESSION_MARGIN_MS = 60 * 1000;
-/** A queued action still waiting for its tap's answer this long is sent without the
- *  grant (the page was closed while the popup was open). */
-const STALE_TAP_MS = 2 * 60 * 1000;
-/** Older actions are dropped: the server remembers ids for 35 days (README), so a later
- *  replay could count twice. */
-const MAX_QUEUED_MS = 34 * 24 * 3600 * 1000;
-/** How long to wait before the next submit after a 429 or 503 that named no time. */
-const DEFAULT_RETRY_AFTER_S = 5;
-
-/** The storage keys of a client of `baseUrl`: one queue and session per backend. */
-function storageKeys(baseUrl) {
-  const at = String(baseUrl).replace(/\/+$/, '');
-  return Object.freeze({
-    session: `onegrant.session@${at}`,
-    queue: `onegrant.queue@${at}`,
-    cache: `onegrant.cache@${at}`,
-    retryAt: `onegrant.retryAt@${at}`,
-  });
-}
+const {
+  ERROR_CODES, SUBSCRIBE_RESULTS, SESSION_MARGIN_MS, STALE_TAP_MS, MAX_QUEUED_MS, DEFAULT_RETRY_AFTER_S,
+  storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, query, deadline, merge,
+} = require('./support.js');
 
 /** Logins in flight, by session key: pages of one mini-program share one login. */
 const logins = new Map();
-
-/**
- * What the server (or the network) answered. `status` is the HTTP status (0: no answer);
- * `code` one of ERROR_CODES; `retryAfter` seconds, when the server said.
- */
-class OnegrantError extends Error {
-  constructor(status, code, message, retryAfter) {
-    super(message || code);
-    this.name = 'OnegrantError';
-    this.status = status;
-    this.code = code;
-    this.retryAfter = retryAfter;
-  }
-
-  /** Whether sending the same request later may succeed: no answer, 401 (after a new
-   *  session), 429 or 5xx. A definite 4xx never changes by retrying. */
-  get retryable() {
-    return this.status === 0 || this.status === 401 || this.status === 429 || this.status >= 500;
-  }
-}
-
-/** Whether `e` is an OnegrantError (by shape: subclassing may not survive a transpiler). */
-function isOnegrantError(e) {
-  return Boolean(e) && e.name === 'OnegrantError' && typeof e.status === 'number';
-}
-
-/** The code of a failure whose body names none (API Gateway's own 429, say). */
-function codeOf(status) {
-  return {
-    400: 'invalid_body', 401: 'unauthorized', 404: 'not_found', 409: 'idempotency_conflict',
-    413: 'payload_too_large', 422: 'invalid_body', 429: 'rate_limited',
-  }[status] || (status >= 500 ? 'unavailable' : 'internal');
-}
-
-function isSubscribeResult(value) {
-  return SUBSCRIBE_RESULTS.indexOf(value) >= 0;
-}
-
-/** A client id: `prefix` and time and randomness (API.md: 1–64 of `[A-Za-z0-9_.:-]`). */
-function defaultId(prefix, now) {
-  let random = '';
-  while (random.length < 12) {
-    random += Math.floor(Math.random() * 36 ** 6).toString(36).padStart(6, '0');
-  }
-  return `${prefix}${now.toString(36)}_${random.slice(0, 12)}`;
-}
-
-function headerValue(headers, name) {
-  if (!headers) return undefined;
-  const wanted = name.toLowerCase();
-  for (const key of Object.keys(headers)) {
-    if (key.toLowerCase() === wanted) return headers[key];
-  }
-  return undefined;
-}
-
-function query(params) {
-  const parts = [];
-  for (const key of Object.keys(params)) {
-    const value = params[key];
-    if (value === undefined || value === null) continue;
-    parts.push(`${encodeURIComponent(key)}=${encodeURIComponent(String(value))}`);
-  }
-  return parts.length ? `?${parts.join('&')}` : '';
-}
-
-/** `promise`, or a `network` failure after `ms` if it has not settled (an adapter that
- *  never calls back must not hold the queue for good). */
-function deadline(promise, ms, what) {
-  let timer;
-  const late = new Promise((resolve, reject) => {
-    timer = setTimeout(() => reject(new OnegrantError(0, 'network', `${what} did not answer`)), ms);
-  });
-  return Promise.race([promise, late]).then(
-    (value) => { clearTimeout(timer); return value; },
-    (error) => { clearTimeout(timer); throw error; },
-  );
-}
-
-function merge(first, second) {
-  return {
-    answers: Object.assign({}, first.answers, second.answers),
-    pending: second.pending,
-  };
-}
 
 class Client {
   /**
