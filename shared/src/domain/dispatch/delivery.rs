@@ -67,6 +67,41 @@ impl Writer {
     }
 }
 
+/// Which delivery a settlement may move. The store writes each as the condition of the
+/// settlement's delivery update (`store::dispatch::settle`); [`Guard::admits`] is the
+/// same rule read here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard<'a> {
+    /// Still live and this claimer's (a finalize, a release).
+    Claimer(&'a str),
+    /// Still live with this expired lease (the sweep).
+    ExpiredLease(i64),
+    /// Declared `unknown` by a sweep, claimed by this claimer, not yet answered late (a
+    /// late answer).
+    Swept(&'a str),
+    /// `unknown`, however it got there (WeChat's sent event settling it).
+    Unknown,
+}
+
+impl Guard<'_> {
+    /// Whether this guard lets a settlement move `delivery`.
+    pub fn admits(&self, delivery: &Delivery) -> bool {
+        match *self {
+            Self::Claimer(claimer) => delivery.state.is_live() && delivery.claimer == claimer,
+            Self::ExpiredLease(until) => {
+                delivery.state.is_live() && delivery.lease_until == Some(until)
+            }
+            Self::Swept(claimer) => {
+                delivery.state == DeliveryState::Unknown
+                    && delivery.claimer == claimer
+                    && delivery.swept
+                    && !delivery.answered_late
+            }
+            Self::Unknown => delivery.state == DeliveryState::Unknown,
+        }
+    }
+}
+
 /// What a finalize does when its settlement found the delivery not as its claim left
 /// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,11 +176,9 @@ impl Delivery {
         if self.claimer != claimer {
             return Moved::Superseded;
         }
-        if self.state == DeliveryState::Unknown
-            && self.swept
-            && !self.answered_late
-            && settled != DeliveryState::Unknown
-        {
+        // A definite answer, and the delivery is the sweep's `unknown` a late answer
+        // may still settle.
+        if settled != DeliveryState::Unknown && Guard::Swept(claimer).admits(self) {
             return Moved::AnswerLate;
         }
         if self.state == settled && (!self.swept || self.answered_late) {
@@ -372,6 +405,39 @@ mod tests {
                 want,
                 "{found:?} {to:?}"
             );
+        }
+    }
+
+    #[test]
+    fn each_guard_admits_only_the_deliveries_its_writer_may_move() {
+        use DeliveryState::{Failed, Sending, Unknown};
+        let live = delivery(Sending);
+        let swept = Delivery {
+            swept: true,
+            ..delivery(Unknown)
+        };
+        let answered = Delivery {
+            answered_late: true,
+            ..swept.clone()
+        };
+        // (guard, delivery, admitted)
+        let cases = [
+            (Guard::Claimer("c1"), &live, true),
+            (Guard::Claimer("c2"), &live, false),
+            (Guard::Claimer("c1"), &swept, false),
+            (Guard::ExpiredLease(1_000), &live, true),
+            (Guard::ExpiredLease(999), &live, false),
+            (Guard::ExpiredLease(1_000), &swept, false),
+            (Guard::Swept("c1"), &swept, true),
+            (Guard::Swept("c2"), &swept, false),
+            (Guard::Swept("c1"), &answered, false),
+            (Guard::Swept("c1"), &delivery(Unknown), false),
+            (Guard::Unknown, &delivery(Unknown), true),
+            (Guard::Unknown, &answered, true),
+            (Guard::Unknown, &delivery(Failed), false),
+        ];
+        for (guard, found, want) in cases {
+            assert_eq!(guard.admits(found), want, "{guard:?} {found:?}");
         }
     }
 

@@ -48,9 +48,9 @@ use chrono::{DateTime, Utc};
 use delivery::{DeliveryItem, PlanRead, describe};
 use lease::Index;
 pub use lease::{SWEEP_FAILURE_LIMIT, SWEEP_RETRY_AFTER};
-use settle::{DeliveryWrite, GrantMove, Guard, SettleTx, Settled};
+use settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
-use crate::domain::dispatch::delivery::{Marks, Writer};
+use crate::domain::dispatch::delivery::{Guard, Marks, Writer};
 
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;

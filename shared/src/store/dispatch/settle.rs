@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::delivery::{GrantSeen, Marks, Writer, regrant};
+use crate::domain::dispatch::delivery::{GrantSeen, Guard, Marks, Writer, regrant};
 use crate::domain::dispatch::{DeliveryState, OutcomeClass};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::DeliveryItem;
@@ -19,18 +19,6 @@ use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT,
 };
-
-/// Which delivery a settle may move.
-pub(crate) enum Guard<'a> {
-    /// Still live and this claimer's (a finalize).
-    Claimer(&'a str),
-    /// Still live with this expired lease (the sweep).
-    ExpiredLease(i64),
-    /// Declared `unknown` by a sweep, claimed by this claimer, not yet answered late.
-    Swept(&'a str),
-    /// `unknown`, however it got there (WeChat's sent event settling it).
-    Unknown,
-}
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
 #[derive(Debug, Clone, Copy)]
