@@ -435,3 +435,32 @@ async fn unused_grants_are_capped_per_template_even_when_reports_race() {
     assert_eq!(again.status, 422);
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+#[tokio::test]
+async fn a_report_with_no_template_writes_nothing_and_counts_no_report() {
+    // HTTP refuses it (`no_templates`); the store, called directly, records nothing —
+    // not even the minute's report count.
+    let app = spawn_app().await;
+    let alice = app.user("alice").await;
+    let openid = onegrant::domain::OpenId::parse(alice.openid.clone()).expect("openid");
+    let report = onegrant::domain::GrantReport {
+        request_id: onegrant::domain::RequestId::parse("wr_empty").expect("request id"),
+        results: Default::default(),
+    };
+    let now = chrono::Utc::now();
+    let recorded = app
+        .deps
+        .store
+        .record_grants(&openid, &report, now)
+        .await
+        .expect("recorded");
+    assert_eq!((recorded.grants.len(), recorded.written), (0, 0));
+    let minute = now.timestamp().div_euclid(60);
+    assert!(
+        app.item(&alice, &onegrant::store::keys::report_rate_sk(minute))
+            .await
+            .is_none(),
+        "no report counted"
+    );
+    assert!(app.items_of(&alice, "grant").await.is_empty());
+}

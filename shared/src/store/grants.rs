@@ -59,8 +59,13 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
+        let progress = ReportProgress::new(report);
+        if progress.is_done() {
+            // Nothing to record: no transaction, so no report counted either.
+            return Ok(progress.recorded());
+        }
         // Shared by the attempts below; never held across an await.
-        let progress = Mutex::new(ReportProgress::new(report));
+        let progress = Mutex::new(progress);
         let lock = || {
             progress
                 .lock()
@@ -122,6 +127,13 @@ impl Store {
                     TxOutcome::Contended => return Ok(Attempt::Retry),
                     TxOutcome::Cancelled(reasons) => reasons,
                 };
+                // The items after the report's own (the audit trail's entry) have no
+                // condition a report can fail: one that did is not a race to retry.
+                if (parts.len()..reasons.len()).any(|index| condition_failed(&reasons, index)) {
+                    return Err(StoreError::Corrupt(
+                        "a grant report's transaction failed a condition it did not set".into(),
+                    ));
+                }
                 let mut failures = Vec::new();
                 for (index, part) in parts.iter().enumerate() {
                     if !condition_failed(&reasons, index) {

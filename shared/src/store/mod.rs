@@ -217,7 +217,8 @@ impl Store {
         &self.limits
     }
 
-    /// This store with the configured reminder kinds (by default `water` alone).
+    /// This store with the configured reminder kinds (by default none: a store built
+    /// without the configuration, an operator's tool, knows no plan's kind).
     pub fn with_reminders(mut self, kinds: ReminderKinds) -> Self {
         self.kinds = std::sync::Arc::new(kinds);
         self
