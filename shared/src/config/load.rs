@@ -169,6 +169,8 @@ impl Config {
                 })?,
         };
 
+        // The retry policy's defaults are the domain's (one place for the numbers).
+        let retry = crate::domain::dispatch::RetryPolicy::default();
         let number =
             |name: &'static str, default: u64, range: std::ops::RangeInclusive<u64>| match lookup(
                 name,
@@ -204,8 +206,17 @@ impl Config {
             lambda_endpoint: lookup("AWS_ENDPOINT_URL_LAMBDA").filter(|e| !e.trim().is_empty()),
             lease: Duration::from_secs(number("DISPATCH_LEASE_SECONDS", 10, 10..=900)?),
             lookahead: Duration::from_secs(number("DISPATCH_LOOKAHEAD_SECONDS", 60, 0..=300)?),
-            max_attempts: u32::try_from(number("DISPATCH_MAX_ATTEMPTS", 5, 1..=20)?).unwrap_or(5),
-            retry_base: Duration::from_secs(number("DISPATCH_RETRY_BASE_SECONDS", 60, 1..=3600)?),
+            max_attempts: u32::try_from(number(
+                "DISPATCH_MAX_ATTEMPTS",
+                u64::from(retry.max_attempts),
+                1..=20,
+            )?)
+            .unwrap_or(retry.max_attempts),
+            retry_base: Duration::from_secs(number(
+                "DISPATCH_RETRY_BASE_SECONDS",
+                retry.retry_base.as_secs(),
+                1..=3600,
+            )?),
             concurrency: usize::try_from(number("DISPATCH_CONCURRENCY", 32, 1..=256)?)
                 .unwrap_or(32),
         };
