@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::consent::PauseReason;
 
+pub mod claim;
 pub mod delivery;
+pub mod sweep;
 use crate::domain::grants::GrantState;
 
 /// How a send ended, as far as onegrant can know.

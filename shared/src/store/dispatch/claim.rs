@@ -4,9 +4,10 @@ use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
+use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled, push_is_due_at};
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
-use crate::domain::reminders::plan::{Plan, PlanEvent, PlanStatus};
+use crate::domain::reminders::plan::{Plan, PlanEvent};
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
 use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
@@ -182,28 +183,29 @@ impl Store {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
                 }
-                TxOutcome::Cancelled(reasons)
-                    if reasons
-                        .first()
-                        .is_some_and(|(code, _)| is_condition_failed(code)) =>
-                {
-                    // The item moved on: another dispatcher claimed it, or the user acted.
-                    return Ok(Attempt::Done(ClaimOutcome::Lost));
-                }
-                // The grant was taken (or the counters changed): pick again.
                 TxOutcome::Cancelled(reasons) => {
-                    let grant_refused = reasons
-                        .get(1)
-                        .is_some_and(|(code, _)| is_condition_failed(code));
-                    let counters_agreed = reasons
-                        .get(2)
-                        .is_some_and(|(code, _)| !is_condition_failed(code));
-                    if grant.listed && grant_refused && counters_agreed {
-                        // Listed as available but not: the list is wrong for this one.
-                        tracing::error!(
-                            "a grant listed as available is not; claiming from the ledger"
-                        );
-                        ledger_only.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let failed = |i: usize| {
+                        reasons
+                            .get(i)
+                            .is_some_and(|(code, _)| is_condition_failed(code))
+                    };
+                    let conditions = ClaimConditions {
+                        source: failed(0),
+                        grant: failed(1),
+                        // (No answer for the counters: not known to agree.)
+                        counters: reasons
+                            .get(2)
+                            .is_none_or(|(code, _)| is_condition_failed(code)),
+                    };
+                    match on_cancelled(conditions, grant.listed) {
+                        ClaimRefused::Lost => return Ok(Attempt::Done(ClaimOutcome::Lost)),
+                        ClaimRefused::ListWrong => {
+                            tracing::error!(
+                                "a grant listed as available is not; claiming from the ledger"
+                            );
+                            ledger_only.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        ClaimRefused::PickAgain => {}
                     }
                 }
                 TxOutcome::Contended => {
@@ -238,7 +240,7 @@ impl Store {
                 PlanRead::Missing => return Ok(Found::Gone),
                 PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
             };
-            if plan.status != (PlanStatus::Scheduled { due: item.due_at }) {
+            if !plan.is_due_at(item.due_at) {
                 return Ok(Found::Gone);
             }
             return Ok(Found::Due(Box::new(Claimable::Plan {
@@ -256,9 +258,7 @@ impl Store {
                 Ok(outbox) => outbox,
                 Err(e) => return Ok(Found::Unreadable(e.to_string())),
             };
-            if outbox.state != OutboxState::Pending
-                || outbox.due_at != Some(item.due_at.timestamp_millis())
-            {
+            if !push_is_due_at(outbox.state, outbox.due_at, item.due_at) {
                 return Ok(Found::Gone);
             }
             let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {

@@ -86,8 +86,9 @@ pub const SWEEP_RETRY_AFTER: chrono::Duration = chrono::Duration::minutes(2);
 
 /// How many times a sweep may fail on an entry for a reason a retry will not fix (not
 /// a throttle or an outage, which are tried again as they are) before the entry is
-/// quarantined.
-pub const SWEEP_FAILURE_LIMIT: u32 = 3;
+/// quarantined: the domain's rule
+/// ([`domain::dispatch::sweep`](crate::domain::dispatch::sweep)).
+pub use crate::domain::dispatch::sweep::SWEEP_FAILURE_LIMIT;
 
 impl Store {
     /// Moves a lease-index entry whose handling failed behind the others (its

@@ -13,11 +13,11 @@ use crate::store::{Store, StoreError, classify_sdk_error};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SWEEP_FAILURE_LIMIT, SettleTx,
-    Settled, Writer,
+    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
 };
 
 use crate::domain::dispatch::delivery::{AtLeaseEnd, PlanLearns};
+use crate::domain::dispatch::sweep::{Disposition, StepEnd, disposition, quarantined_after};
 use crate::domain::dispatch::{DeliveryState, OutboxState, OutcomeClass, settle};
 
 /// At most this many lease-index entries per shard are handled in one sweep; the rest
@@ -175,36 +175,38 @@ impl Store {
         now: DateTime<Utc>,
         summary: &mut SweepSummary,
     ) -> u32 {
-        match step {
-            Ok(Step::Acted | Step::Kept) => 1,
-            Ok(Step::Idle) => 0,
+        let end = match &step {
+            Ok(Step::Acted | Step::Kept) => return 1,
+            Ok(Step::Idle) => StepEnd::Done,
             Ok(Step::Later(why)) => {
-                summary.skipped += 1;
                 tracing::warn!(sk = %sk, why = %why, "stale entry left for later");
-                if let Err(e) = self.defer_lease(pk, sk, seen, false, now).await {
-                    tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not deferred");
-                }
-                0
+                StepEnd::Later
             }
             Ok(Step::Unreadable(why)) => {
-                summary.skipped += 1;
                 tracing::error!(sk = %sk, why = %why, "unreadable stale entry");
-                self.quarantine_logged(pk, sk, seen, now, summary).await;
-                0
+                StepEnd::Unreadable
+            }
+            // The database busy or away: tried again next tick, as it is.
+            Err(e @ StoreError::Unavailable(_)) => {
+                tracing::warn!(error = %error_chain(e), sk = %sk, "stale entry not handled for now");
+                StepEnd::Unavailable
             }
             Err(e) => {
-                summary.skipped += 1;
-                // The database busy or away: tried again next tick, as it is. Any other
-                // failure will not fix itself: the entry is tried again after the ones
-                // behind it (never holding them up) and quarantined once it has failed
-                // too often.
-                if matches!(e, StoreError::Unavailable(_)) {
-                    tracing::warn!(error = %error_chain(&e), sk = %sk, "stale entry not handled for now");
-                    return 0;
-                }
-                tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry failed; tried again later");
-                match self.defer_lease(pk, sk, seen, true, now).await {
-                    Ok(Some((failures, later))) if failures >= SWEEP_FAILURE_LIMIT => {
+                tracing::error!(error = %error_chain(e), sk = %sk, "stale entry failed; tried again later");
+                StepEnd::Failed
+            }
+        };
+        if end != StepEnd::Done {
+            summary.skipped += 1;
+        }
+        match disposition(end) {
+            Disposition::Leave => {}
+            Disposition::Quarantine => {
+                self.quarantine_logged(pk, sk, seen, now, summary).await;
+            }
+            Disposition::Defer { counted } => {
+                match self.defer_lease(pk, sk, seen, counted, now).await {
+                    Ok(Some((failures, later))) if counted && quarantined_after(failures) => {
                         self.quarantine_logged(pk, sk, later, now, summary).await;
                     }
                     Ok(_) => {}
@@ -212,9 +214,9 @@ impl Store {
                         tracing::error!(error = %error_chain(&e), sk = %sk, "stale entry not deferred");
                     }
                 }
-                0
             }
         }
+        0
     }
 
     /// Takes a lease-index entry off the index for an operator (see `quarantine`),

@@ -104,6 +104,12 @@ impl Plan {
         schedule.next_due_from(anchor, reached, now)
     }
 
+    /// Whether a due-index entry at `due` still names this plan: it is scheduled at
+    /// that very instant (claimed, moved or paused since, the entry is stale).
+    pub fn is_due_at(&self, due: DateTime<Utc>) -> bool {
+        self.status == PlanStatus::Scheduled { due }
+    }
+
     /// The dispatcher claims the plan for delivery `delivery_id`, leased until
     /// `lease_until`: `sending`, the flags of the send before cleared.
     pub fn claimed(
