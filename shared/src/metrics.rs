@@ -48,6 +48,10 @@ pub mod name {
     pub const KEPT: &str = "KeptAnswers";
     /// Recorded WeChat events no try applied, applied by the sweep.
     pub const EVENTS_APPLIED_LATE: &str = "EventsAppliedLate";
+    /// Scheduled notifications published at their `send_at`.
+    pub const PUBLISHED: &str = "Published";
+    /// Pushes not sent because their `expires_at` passed (no grant spent).
+    pub const EXPIRED: &str = "Expired";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -71,7 +75,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 27] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -89,6 +93,8 @@ pub const ALL: [&str; 25] = [
     name::QUARANTINED,
     name::KEPT,
     name::EVENTS_APPLIED_LATE,
+    name::PUBLISHED,
+    name::EXPIRED,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

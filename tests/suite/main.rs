@@ -20,6 +20,7 @@ mod limits;
 mod logs;
 mod operations;
 mod reminders;
+mod scheduled;
 mod secrets;
 mod sent_event;
 mod session;

@@ -132,20 +132,32 @@ impl Lane<'_> {
             openid = %item.openid().map(|o| openid_hash(o.as_str())).unwrap_or_default(),
             delivery_id = tracing::field::Empty
         );
+        let published = std::sync::atomic::AtomicBool::new(false);
         let outcome = tracing::Instrument::instrument(
             attributed(
                 "dispatcher",
-                dispatch_one(self.deps, &item, self.claimer, self.budget, self.permits),
+                dispatch_one(
+                    self.deps,
+                    &item,
+                    self.claimer,
+                    self.budget,
+                    self.permits,
+                    &published,
+                ),
             ),
             span,
         )
         .await;
         let mut s = self.summary.lock().await;
+        s.published += u32::from(published.load(std::sync::atomic::Ordering::Relaxed));
         match outcome {
             Ok(Dispatched::Deferred) => s.deferred += 1,
             Ok(Dispatched::NoToken) => s.no_token += 1,
             Ok(Dispatched::Lost) => s.lost += 1,
             Ok(Dispatched::NoGrant) => s.no_grant += 1,
+            // (Counted with every publication, below.)
+            Ok(Dispatched::Published) => {}
+            Ok(Dispatched::Expired) => s.expired += 1,
             Ok(Dispatched::Unreadable) => s.skipped += 1,
             Ok(Dispatched::Released(finalized)) => {
                 s.claimed += 1;

@@ -1,6 +1,7 @@
 //! One due item: its turn, a token, the claim, the send, the finalize, and the answer
 //! kept when the finalize cannot commit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -10,6 +11,7 @@ use onegrant::domain::keywords::fit_all;
 use onegrant::domain::reminders::ContentValues;
 use onegrant::store::StoreError;
 use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
+use onegrant::store::inbox::Published;
 use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use tokio::sync::Semaphore;
@@ -25,6 +27,10 @@ pub(crate) enum Dispatched {
     Unreadable,
     Lost,
     NoGrant,
+    /// A scheduled notification published, with no push to send.
+    Published,
+    /// A push not sent: its `expires_at` passed.
+    Expired,
     Deferred,
     NoToken,
 }
@@ -35,6 +41,7 @@ pub(crate) async fn dispatch_one(
     claimer: &str,
     budget: Budget,
     permits: &Semaphore,
+    published: &AtomicBool,
 ) -> Result<Dispatched, StoreError> {
     let config = &deps.config;
     let Some(openid) = item.openid() else {
@@ -47,6 +54,33 @@ pub(crate) async fn dispatch_one(
         return Ok(Dispatched::Deferred);
     }
     tokio::time::sleep(wait).await;
+    // A scheduled notification appears at its instant, whatever its push waits for;
+    // its push, due at that same instant, is then claimed like any other.
+    let published_push;
+    let item = if item.is_scheduled_note() {
+        let (pk, sk) = item.key();
+        match deps.store.publish(pk, sk, item.due_at, Utc::now()).await? {
+            Published::Done { push, expired } => {
+                published.store(true, Ordering::Relaxed);
+                match item.published_push() {
+                    Some(next) if push => {
+                        published_push = next;
+                        &published_push
+                    }
+                    _ if expired => return Ok(Dispatched::Expired),
+                    _ => return Ok(Dispatched::Published),
+                }
+            }
+            Published::Gone => return Ok(Dispatched::Lost),
+            Published::Unreadable(why) => {
+                tracing::error!(why = %why, "unreadable scheduled notification taken off the due index");
+                deps.store.quarantine_due(item, Utc::now()).await?;
+                return Ok(Dispatched::Unreadable);
+            }
+        }
+    } else {
+        item
+    };
     // The user's turn, then a permit: tasks queued behind one user hold no permit.
     let turn_by = budget.left().saturating_sub(budget.after_turn);
     let Ok(turn) = tokio::time::timeout(turn_by, deps.wechat.turn(&openid)).await else {
@@ -73,6 +107,7 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
+        ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");

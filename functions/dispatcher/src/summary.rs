@@ -30,6 +30,10 @@ pub struct Summary {
     pub restored: u32,
     pub config_errors: u32,
     pub no_grant: u32,
+    /// Scheduled notifications published at their `send_at`.
+    pub published: u32,
+    /// Pushes not sent because their `expires_at` passed.
+    pub expired: u32,
     pub lost: u32,
     /// Left due for the next tick: no time left, or the user's turn came too late.
     pub deferred: u32,
@@ -67,6 +71,8 @@ impl Summary {
             restored,
             config_errors,
             no_grant,
+            published,
+            expired,
             lost,
             deferred,
             no_token,
@@ -91,6 +97,8 @@ impl Summary {
         self.restored += restored;
         self.config_errors += config_errors;
         self.no_grant += no_grant;
+        self.published += published;
+        self.expired += expired;
         self.lost += lost;
         self.deferred += deferred;
         self.no_token += no_token;
@@ -116,6 +124,8 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         released = summary.released,
         superseded = summary.superseded,
         restored = summary.restored,
+        published = summary.published,
+        expired = summary.expired,
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
@@ -138,6 +148,8 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::FAILED, summary.failed);
     count(name::UNKNOWN, summary.unknown);
     count(name::NO_GRANT, summary.no_grant);
+    count(name::PUBLISHED, summary.published);
+    count(name::EXPIRED, summary.expired);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);
     count(name::QUARANTINED, summary.quarantined);

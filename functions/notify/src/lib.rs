@@ -50,7 +50,8 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         tracing::error!(reason = "no detail", "notify event refused");
         return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
     };
-    let parsed = match NotifyEvent::from_json(detail, source, &deps.config.templates) {
+    let now = Utc::now();
+    let parsed = match NotifyEvent::from_json(detail, source, &deps.config.templates, now) {
         Ok(parsed) => parsed,
         Err(e) => {
             tracing::error!(reason = %e, "notify event refused");
@@ -65,14 +66,18 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
             "push rejected before sending"
         );
     }
-    let ingested = deps.store.ingest(&parsed, Utc::now()).await.map_err(|e| {
+    let ingested = deps.store.ingest(&parsed, now).await.map_err(|e| {
         tracing::error!(error = %error_chain(&e), "notify event not stored");
         EventError::Store(e)
     })?;
     let openid = openid_hash(parsed.openid.as_str());
     match &ingested {
-        Ingested::Created { note_id, push } => {
-            tracing::info!(%openid, note_id, push = ?push, "notification stored")
+        Ingested::Created {
+            note_id,
+            push,
+            send_at,
+        } => {
+            tracing::info!(%openid, note_id, push = ?push, send_at = ?send_at, "notification stored")
         }
         Ingested::Duplicate { note_id } => {
             tracing::info!(%openid, note_id, "duplicate event ignored")

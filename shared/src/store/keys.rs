@@ -11,6 +11,7 @@ const OUTBOX_PREFIX: &str = "OUTBOX#";
 pub const DELIVERY_PREFIX: &str = "DELIVERY#";
 const NOTE_PREFIX: &str = "NOTE#";
 const UNREAD_PREFIX: &str = "UNREAD#";
+const SCHEDULED_PREFIX: &str = "SCHEDULED#";
 /// Recorded WeChat events (`PUSH#<event>#<create time>#<items>`).
 pub const EVENT_PREFIX: &str = "PUSH#";
 
@@ -32,6 +33,8 @@ pub enum SortKey<'a> {
     Plan(&'a str),
     /// A push, by its notification id.
     Outbox(&'a str),
+    /// A notification waiting for its `send_at`, by its id.
+    Scheduled(&'a str),
     Delivery(&'a str),
     /// A recorded WeChat event (on the lease index until applied).
     Event,
@@ -44,6 +47,8 @@ pub fn sort_key(sk: &str) -> SortKey<'_> {
         SortKey::Plan(kind)
     } else if let Some(note) = sk.strip_prefix(OUTBOX_PREFIX) {
         SortKey::Outbox(note)
+    } else if let Some(note) = sk.strip_prefix(SCHEDULED_PREFIX) {
+        SortKey::Scheduled(note)
     } else if let Some(id) = sk.strip_prefix(DELIVERY_PREFIX) {
         SortKey::Delivery(id)
     } else if sk.starts_with(EVENT_PREFIX) {
@@ -118,6 +123,13 @@ pub fn note_id_of(sk: &str) -> Option<&str> {
 /// The WeChat push of a notification.
 pub fn outbox_sk(note_id: &str) -> String {
     format!("{OUTBOX_PREFIX}{note_id}")
+}
+
+/// A notification waiting for its `send_at` (with its push): not under the
+/// notifications' prefix, so no listing, count or read-all meets it before it is
+/// published.
+pub fn scheduled_sk(note_id: &str) -> String {
+    format!("{SCHEDULED_PREFIX}{note_id}")
 }
 
 /// The idempotency record of an ingested event: one item per (publisher, key), outside

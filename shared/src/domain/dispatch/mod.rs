@@ -216,6 +216,8 @@ pub enum OutboxState {
     Failed,
     /// The send's outcome is unknown; never resent.
     Unknown,
+    /// Not gone out by its `expires_at`: never sent, no grant spent.
+    Expired,
 }
 
 impl OutboxState {
@@ -227,6 +229,7 @@ impl OutboxState {
             Self::Skipped => "skipped",
             Self::Failed => "failed",
             Self::Unknown => "unknown",
+            Self::Expired => "expired",
         }
     }
 }

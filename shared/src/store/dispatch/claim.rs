@@ -5,6 +5,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled, push_is_due_at};
+use crate::domain::inbox::schedule::is_expired;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::{Plan, PlanEvent};
@@ -25,9 +26,18 @@ pub enum ClaimOutcome {
     Lost,
     /// No grant to reserve: the plan was paused `needs_grant` / the push skipped.
     NoGrant,
+    /// A push whose `expires_at` passed: recorded `expired`, nothing sent or spent.
+    Expired,
     /// The item itself cannot be read (or belongs to no configured kind): it can never
     /// be claimed as it is. Say why.
     Unreadable(String),
+}
+
+/// Why a due item is not sent.
+#[derive(Debug, Clone, Copy)]
+enum Unsent {
+    NoGrant,
+    Expired,
 }
 
 /// A due entry's item, as found.
@@ -100,6 +110,17 @@ impl Store {
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
+            if let Claimable::Outbox { outbox, .. } = &claimable
+                && is_expired(outbox.send_by, now)
+            {
+                let writes = self.unsent_writes(item, &claimable, Unsent::Expired, now)?;
+                // Else it moved meanwhile: read again.
+                return Ok(if self.commit_unsent(writes).await? {
+                    Attempt::Done(ClaimOutcome::Expired)
+                } else {
+                    Attempt::Retry
+                });
+            }
             let template = claimable.template()?;
             let (counters, open) = claimable.grants();
             let grant = self
@@ -112,35 +133,13 @@ impl Store {
                 )
                 .await?;
             let Some(mut grant) = grant else {
-                let mut writes = self.no_grant_writes(item, &claimable, now)?;
+                let mut writes = self.unsent_writes(item, &claimable, Unsent::NoGrant, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
-                return Ok(match self.transact(writes.clone()).await? {
-                    TxOutcome::Committed => Attempt::Done(ClaimOutcome::NoGrant),
-                    TxOutcome::Cancelled(reasons) => {
-                        // Only the notification gone (its retention removed it): the
-                        // push is skipped without it, never recreating it.
-                        let failed: Vec<usize> = reasons
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, (code, _))| is_condition_failed(code))
-                            .map(|(i, _)| i)
-                            .collect();
-                        let only_note = !failed.is_empty()
-                            && failed.iter().all(|&i| {
-                                writes
-                                    .get(i)
-                                    .is_some_and(crate::store::items::outbox::is_note_update)
-                            });
-                        if only_note {
-                            writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
-                            if matches!(self.transact(writes).await?, TxOutcome::Committed) {
-                                return Ok(Attempt::Done(ClaimOutcome::NoGrant));
-                            }
-                        }
-                        // A grant arrived (or the item moved): read again.
-                        Attempt::Retry
-                    }
-                    TxOutcome::Contended => Attempt::Retry,
+                // Else a grant arrived (or the item moved): read again.
+                return Ok(if self.commit_unsent(writes).await? {
+                    Attempt::Done(ClaimOutcome::NoGrant)
+                } else {
+                    Attempt::Retry
                 });
             };
             // (Not the in-flight set: the reservation adds to it, and one update cannot
@@ -233,7 +232,11 @@ impl Store {
         let named = sort_key(&item.sk);
         if let Some(kind) = match named {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
+            SortKey::Outbox(_)
+            | SortKey::Scheduled(_)
+            | SortKey::Delivery(_)
+            | SortKey::Event
+            | SortKey::Other => None,
         } {
             let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
                 PlanRead::Found(plan, counters, open) => (*plan, counters, open),
@@ -283,12 +286,14 @@ impl Store {
         Ok(Found::Gone)
     }
 
-    /// No grant when it came due: the plan pauses `needs_grant`; the push is skipped
-    /// (the notification stays).
-    fn no_grant_writes(
+    /// Why a due item is not sent: no grant when it came due (the plan pauses
+    /// `needs_grant`; the push is skipped), or, a push only, its `expires_at` passed.
+    /// The notification stays either way.
+    fn unsent_writes(
         &self,
         item: &DueItem,
         claimable: &Claimable,
+        why: Unsent,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         match claimable {
@@ -301,25 +306,52 @@ impl Store {
                 Ok(vec![self.plan_put(&paused, &item.pk, now)?])
             }
             Claimable::Outbox { outbox, .. } => {
-                let skipped = outbox.moved(
-                    OutboxState::Skipped,
-                    None,
-                    self.shards,
-                    now,
-                    self.limits.retention.outbox,
-                );
-                Ok(vec![
-                    versioned_put(&self.table, to_item("outbox", &skipped)?, outbox.version)?,
-                    note_push_update(
-                        &self.table,
-                        &item.pk,
-                        &outbox.note_id,
+                let (state, status, reason) = match why {
+                    Unsent::NoGrant => (
+                        OutboxState::Skipped,
                         PushStatus::Skipped,
                         Some(PushReason::NoGrant),
-                    )?,
+                    ),
+                    Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
+                };
+                let moved =
+                    outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
+                Ok(vec![
+                    versioned_put(&self.table, to_item("outbox", &moved)?, outbox.version)?,
+                    note_push_update(&self.table, &item.pk, &outbox.note_id, status, reason)?,
                 ])
             }
         }
+    }
+
+    /// Commits an unsent item's writes; false if it moved (read it again). Only the
+    /// notification gone (its retention removed it): the rest lands without it, never
+    /// recreating it.
+    async fn commit_unsent(&self, mut writes: Vec<TransactWriteItem>) -> Result<bool, StoreError> {
+        Ok(match self.transact(writes.clone()).await? {
+            TxOutcome::Committed => true,
+            TxOutcome::Cancelled(reasons) => {
+                let failed: Vec<usize> = reasons
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (code, _))| is_condition_failed(code))
+                    .map(|(i, _)| i)
+                    .collect();
+                let only_note = !failed.is_empty()
+                    && failed.iter().all(|&i| {
+                        writes
+                            .get(i)
+                            .is_some_and(crate::store::items::outbox::is_note_update)
+                    });
+                if only_note {
+                    writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
+                    matches!(self.transact(writes).await?, TxOutcome::Committed)
+                } else {
+                    false
+                }
+            }
+            TxOutcome::Contended => false,
+        })
     }
 
     /// A condition that the template still has no available grant: a grant report

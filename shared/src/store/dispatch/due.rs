@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
 use crate::store::items::{n, number, s, text};
-use crate::store::keys::{due_shard_pk, openid_of};
+use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::{Store, StoreError, classify_sdk_error};
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
@@ -21,6 +21,29 @@ impl DueItem {
     /// The user it belongs to, if its partition names one.
     pub fn openid(&self) -> Option<OpenId> {
         openid_of(&self.pk)
+    }
+
+    /// Its item's key (partition, sort).
+    pub fn key(&self) -> (&str, &str) {
+        (&self.pk, &self.sk)
+    }
+
+    /// Whether it is a scheduled notification, to publish (`Store::publish`) rather
+    /// than claim.
+    pub fn is_scheduled_note(&self) -> bool {
+        matches!(sort_key(&self.sk), SortKey::Scheduled(_))
+    }
+
+    /// The due entry of a published notification's push: due at the same instant.
+    pub fn published_push(&self) -> Option<DueItem> {
+        match sort_key(&self.sk) {
+            SortKey::Scheduled(note_id) => Some(DueItem {
+                pk: self.pk.clone(),
+                sk: outbox_sk(note_id),
+                due_at: self.due_at,
+            }),
+            _ => None,
+        }
     }
 }
 

@@ -78,6 +78,7 @@ fn push_status(state: OutboxState) -> PushStatus {
         OutboxState::Skipped => PushStatus::Skipped,
         OutboxState::Failed => PushStatus::Failed,
         OutboxState::Unknown => PushStatus::Unknown,
+        OutboxState::Expired => PushStatus::Expired,
     }
 }
 

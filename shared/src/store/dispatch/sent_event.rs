@@ -247,7 +247,7 @@ impl Store {
         let source = match sort_key(&delivery.source) {
             SortKey::Plan(kind) => kinds.get(kind).map(SourceRef::Plan),
             SortKey::Outbox(_) => Some(SourceRef::Outbox(&delivery.source)),
-            SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
+            SortKey::Scheduled(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         };
         let (settlement, result, delivery) = (&settlement, &result, &delivery);
         retry_contended("sent event", self.limits.write_budget, || async move {

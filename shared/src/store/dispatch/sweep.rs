@@ -123,7 +123,7 @@ impl Store {
                 SortKey::Delivery(_) => deliveries.push(entry),
                 SortKey::Plan(_) => plans.push(entry),
                 SortKey::Event => events.push(entry),
-                SortKey::Outbox(_) | SortKey::Other => others.push(entry),
+                SortKey::Outbox(_) | SortKey::Scheduled(_) | SortKey::Other => others.push(entry),
             }
         }
         // Deliveries first: settling one usually moves its plan in the same write.
@@ -300,7 +300,11 @@ impl Store {
         let claimed = sort_key(&delivery.source);
         let kind = match claimed {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
+            SortKey::Outbox(_)
+            | SortKey::Scheduled(_)
+            | SortKey::Delivery(_)
+            | SortKey::Event
+            | SortKey::Other => None,
         };
         let mut source = Vec::new();
         if let Some(kind) = kind {
@@ -441,7 +445,11 @@ impl Store {
         let policy = &self.policy;
         let named = match sort_key(sk) {
             SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
+            SortKey::Outbox(_)
+            | SortKey::Scheduled(_)
+            | SortKey::Delivery(_)
+            | SortKey::Event
+            | SortKey::Other => None,
         };
         let Some(kind) = named else {
             // A configuration change, not a bad item: kept, behind the others, to be

@@ -14,16 +14,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::domain::dispatch::OutboxState;
+use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
-use crate::store::items::outbox::OutboxItem;
-use crate::store::items::{key, parse, rfc3339, s};
+use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, corrupt, retry_contended};
 
-use crate::store::keys::{
-    due_pk, event_key, legacy_event_sk, note_sk, outbox_sk, unread_sk, user_pk,
-};
+use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 
 use aws_sdk_dynamodb::types::{
     ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
@@ -34,12 +31,16 @@ use crate::domain::inbox::{
 };
 
 mod list;
+mod publish;
 mod read;
 
 pub use list::LIST_BUDGET;
+pub use publish::Published;
 pub use read::ReadAll;
 
-#[derive(Debug, Serialize, Deserialize)]
+use publish::{PushPayload, ScheduledItem};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct NoteItem {
     pub(crate) pk: String,
     pub(crate) sk: String,
@@ -107,6 +108,9 @@ pub enum Ingested {
     Created {
         note_id: String,
         push: Option<PushStatus>,
+        /// When a scheduled notification appears (and its push is due); absent: now.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        send_at: Option<String>,
     },
     /// The same event again: nothing changed.
     Duplicate { note_id: String },
@@ -153,9 +157,17 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
         let pk = user_pk(&event.openid);
-        let note_id = new_notification_id(now);
+        let timing = &event.timing;
+        // A scheduled notification's id (and so its place in the inbox) is the instant
+        // it appears.
+        let publish_at = timing.publish_at(now);
+        let note_id = new_notification_id(publish_at);
+        let send_by = timing.expires_at.map(|at| at.timestamp_millis());
         let (push_status, push_reason) = match &event.push {
             None => (None, None),
+            Some(Push::Ready { .. }) if is_expired(send_by, publish_at) => {
+                (Some(PushStatus::Expired), None)
+            }
             Some(Push::Ready { .. }) => (Some(PushStatus::Pending), None),
             Some(Push::Rejected { code, .. }) => {
                 (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
@@ -180,15 +192,26 @@ impl Store {
             body: event.body.clone(),
             page: event.page.clone(),
             read: false,
-            created_at: rfc3339(now),
+            created_at: rfc3339(publish_at),
             push_status: push_status.map(|p| p.as_str().to_string()),
             push_reason,
         };
-        let marker = UnreadItem {
-            pk: pk.clone(),
-            sk: unread_sk(&note_id),
-            kind: "unread".into(),
-            note_type: event.kind.clone(),
+        let push = match (&event.push, push_status) {
+            (
+                Some(Push::Ready {
+                    template_id,
+                    data,
+                    page,
+                }),
+                Some(PushStatus::Pending),
+            ) => Some(PushPayload {
+                template_id: template_id.to_string(),
+                data: data.clone(),
+                page: page.clone(),
+                send_by,
+                priority: (timing.priority != Priority::default()).then_some(timing.priority),
+            }),
+            _ => None,
         };
         // Records of events ingested before keys were scoped per publisher sit in the
         // user's partition (kept 35 days): an event redelivered across that change is
@@ -203,45 +226,23 @@ impl Store {
         let mut items = vec![
             self.put_new(serde_dynamo::to_item(&record).map_err(|e| corrupt("event", e))?)?,
             TransactWriteItem::builder().condition_check(legacy).build(),
-            self.put_new(serde_dynamo::to_item(&note).map_err(|e| corrupt("note", e))?)?,
-            self.put_new(serde_dynamo::to_item(&marker).map_err(|e| corrupt("unread", e))?)?,
-            self.unread_change(&pk, 1)?,
         ];
-        if let Some(Push::Ready {
-            template_id,
-            data,
-            page,
-        }) = &event.push
-        {
-            let sk = outbox_sk(&note_id);
-            let outbox = OutboxItem {
-                due_pk: Some(due_pk(&pk, &sk, self.shards)),
-                due_at: Some(now.timestamp_millis()),
-                pk: pk.clone(),
-                sk,
-                kind: "outbox".into(),
-                note_id: note_id.clone(),
-                template_id: template_id.to_string(),
-                data: data.clone(),
-                page: page.clone(),
-                state: OutboxState::Pending,
-                attempts: 0,
-                delivery_id: None,
-                version: 1,
-                updated_at: rfc3339(now),
-                expires_at: None,
-            };
-            items.push(
-                self.put_new(serde_dynamo::to_item(&outbox).map_err(|e| corrupt("outbox", e))?)?,
-            );
+        if timing.is_scheduled(now) {
+            // Kept aside until `send_at`: the dispatcher publishes it then.
+            let scheduled = ScheduledItem::new(note, push, publish_at, self.shards);
+            items.push(self.put_new(to_item("scheduled", &scheduled)?)?);
+        } else {
+            items.extend(self.published(note, push, publish_at, now)?);
         }
-        let (items, note_id) = (&items, &note_id);
+        let scheduled_for = timing.is_scheduled(now).then(|| rfc3339(publish_at));
+        let (items, note_id, scheduled_for) = (&items, &note_id, &scheduled_for);
         retry_contended("ingest", self.limits.write_budget, || async move {
             match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(Ingested::Created {
                         note_id: note_id.clone(),
                         push: push_status,
+                        send_at: scheduled_for.clone(),
                     }));
                 }
                 TxOutcome::Cancelled(reasons) => {

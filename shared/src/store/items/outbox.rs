@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::dispatch::OutboxState;
+use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::StoreError;
 use crate::store::items::{key, rfc3339, s};
@@ -38,6 +39,12 @@ pub(crate) struct OutboxItem {
     /// Set once the push is final: TTL removes it after the outbox retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) expires_at: Option<i64>,
+    /// The event's `expires_at` (epoch ms): not gone out by then, never sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) send_by: Option<i64>,
+    /// The event's `priority`, when not `normal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) priority: Option<Priority>,
 }
 
 impl OutboxItem {

@@ -17,6 +17,10 @@ use crate::domain::keywords::{KeywordError, fit_all};
 use crate::domain::template::Templates;
 use crate::domain::text::{clean_line, clean_lines};
 
+pub mod schedule;
+
+use schedule::Timing;
+
 /// Limits on what a publishing service may put in a notification.
 pub const MAX_TITLE_CHARS: usize = 100;
 pub const MAX_BODY_CHARS: usize = 2000;
@@ -46,6 +50,8 @@ pub enum PushStatus {
     Unknown,
     /// Refused before sending: unknown template or data that cannot be made valid.
     Rejected,
+    /// Not gone out by its `expires_at`: never sent, no grant spent.
+    Expired,
 }
 
 impl PushStatus {
@@ -57,6 +63,7 @@ impl PushStatus {
             Self::Failed => "failed",
             Self::Unknown => "unknown",
             Self::Rejected => "rejected",
+            Self::Expired => "expired",
         }
     }
 
@@ -68,6 +75,7 @@ impl PushStatus {
             "failed" => Self::Failed,
             "unknown" => Self::Unknown,
             "rejected" => Self::Rejected,
+            "expired" => Self::Expired,
             _ => return None,
         })
     }
@@ -203,6 +211,8 @@ pub struct NotifyEvent {
     pub body: String,
     pub page: Option<String>,
     pub push: Option<Push>,
+    /// When it appears and when its push may go.
+    pub timing: Timing,
     /// A SHA-256 (hex) of the event's canonical text, for "same key, same payload":
     /// stored instead of the payload, so the record stays small whatever was sent.
     pub fingerprint: String,
@@ -235,11 +245,13 @@ pub fn is_publisher(source: &str) -> bool {
 
 impl NotifyEvent {
     /// The event `publisher` sent, validated: refused when a field is missing, of the
-    /// wrong type or over its cap; text cleaned; the push checked against `templates`.
+    /// wrong type or over its cap; text cleaned; the push checked against `templates`;
+    /// its timing checked at `now`.
     pub fn from_json(
         detail: &Value,
         publisher: &str,
         templates: &Templates,
+        now: DateTime<Utc>,
     ) -> Result<Self, EventError> {
         if !is_publisher(publisher) {
             return Err(EventError::Shape(format!(
@@ -285,11 +297,15 @@ impl NotifyEvent {
             Some(Value::Object(wechat)) => Some(Self::push(wechat, templates)),
             Some(_) => return Err(EventError::Shape("wechat must be an object".into())),
         };
-        let canonical = serde_json::json!({
+        let timing = Timing::from_json(object, now)?;
+        let mut canonical = serde_json::json!({
             "openid": openid.as_str(), "type": kind, "title": title, "body": body,
             "page": page, "wechat": object.get("wechat"),
-        })
-        .to_string();
+        });
+        for (name, value) in timing.canonical() {
+            canonical[name] = value;
+        }
+        let canonical = canonical.to_string();
         let fingerprint = hex::encode(Sha256::digest(canonical.as_bytes()));
         Ok(Self {
             publisher: publisher.to_string(),
@@ -300,6 +316,7 @@ impl NotifyEvent {
             body,
             page,
             push,
+            timing,
             fingerprint,
         })
     }
@@ -451,15 +468,16 @@ mod tests {
     fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
         let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
                         "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
-        let e = NotifyEvent::from_json(&ok, "tests", &templates()).expect("valid");
+        let e = NotifyEvent::from_json(&ok, "tests", &templates(), Utc::now()).expect("valid");
         assert!(matches!(e.push, Some(Push::Ready { .. })));
         let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
                          "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
-        let e = NotifyEvent::from_json(&bad, "tests", &templates()).expect("still a notification");
+        let e = NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now())
+            .expect("still a notification");
         assert!(matches!(e.push, Some(Push::Rejected { .. })));
         let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
         assert!(matches!(
-            NotifyEvent::from_json(&unknown, "tests", &templates())
+            NotifyEvent::from_json(&unknown, "tests", &templates(), Utc::now())
                 .expect("kept")
                 .push,
             Some(Push::Rejected { .. })
@@ -475,7 +493,7 @@ mod tests {
             json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
         ] {
             assert!(
-                NotifyEvent::from_json(&bad, "tests", &templates()).is_err(),
+                NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now()).is_err(),
                 "{bad}"
             );
         }

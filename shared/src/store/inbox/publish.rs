@@ -1,0 +1,199 @@
+//! Publishing a notification: the writes that make it appear (the notification, its
+//! unread marker, `unread + 1`) and make its push due — at ingest for one due now, and
+//! at its `send_at` for a scheduled one, which waits until then as a `SCHEDULED#` item
+//! on the due index (outside the notifications' prefix, so nothing lists or counts it).
+//!
+//! The dispatcher publishes a scheduled notification when its due entry comes up: one
+//! transaction deletes the scheduled item (conditional on its due instant, so exactly
+//! one dispatcher publishes it), writes what ingest would have written, and — when its
+//! push may still go — the push's outbox item due at that same instant, which the
+//! dispatcher then claims at once through the ordinary claim.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_dynamodb::types::{Delete, TransactWriteItem};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::dispatch::OutboxState;
+use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::schedule::{Priority, is_expired};
+use crate::store::inbox::{NoteItem, UnreadItem};
+use crate::store::items::outbox::OutboxItem;
+use crate::store::items::{key, n, parse, rfc3339, to_item};
+use crate::store::keys::{due_pk, note_sk, outbox_sk, scheduled_sk, unread_sk};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
+
+/// What a notification's push sends, kept until it is due.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PushPayload {
+    pub(crate) template_id: String,
+    pub(crate) data: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) page: Option<String>,
+    /// The event's `expires_at`, epoch ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) send_by: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) priority: Option<Priority>,
+}
+
+/// A notification waiting for its `send_at`, with its push (`SCHEDULED#<note id>`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ScheduledItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    /// The notification as it will be published.
+    note: NoteItem,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    push: Option<PushPayload>,
+    due_pk: String,
+    /// When it is published, epoch ms.
+    due_at: i64,
+}
+
+impl ScheduledItem {
+    pub(crate) fn new(
+        note: NoteItem,
+        push: Option<PushPayload>,
+        at: DateTime<Utc>,
+        shards: u32,
+    ) -> Self {
+        let sk = scheduled_sk(&note.id);
+        Self {
+            due_pk: due_pk(&note.pk, &sk, shards),
+            pk: note.pk.clone(),
+            sk,
+            kind: "scheduled".into(),
+            note,
+            push,
+            due_at: at.timestamp_millis(),
+        }
+    }
+}
+
+/// How publishing a scheduled notification ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// Listed and counted unread from now; `push`: its push is due now, to be claimed;
+    /// `expired`: its push's `expires_at` had passed, so it is recorded `expired`.
+    Done { push: bool, expired: bool },
+    /// Already published (or changed) by someone else: nothing to do.
+    Gone,
+    /// The item cannot be read as it is: why.
+    Unreadable(String),
+}
+
+impl Store {
+    /// The writes that publish `note` at `at` (its `created_at`): the notification, its
+    /// unread marker, `unread + 1` and, with `push`, the push's outbox item due at
+    /// `at` (on the due index).
+    pub(crate) fn published(
+        &self,
+        note: NoteItem,
+        push: Option<PushPayload>,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let marker = UnreadItem {
+            pk: note.pk.clone(),
+            sk: unread_sk(&note.id),
+            kind: "unread".into(),
+            note_type: note.note_type.clone(),
+        };
+        let mut items = vec![
+            self.put_new(to_item("note", &note)?)?,
+            self.put_new(to_item("unread", &marker)?)?,
+            self.unread_change(&note.pk, 1)?,
+        ];
+        if let Some(push) = push {
+            let sk = outbox_sk(&note.id);
+            let outbox = OutboxItem {
+                due_pk: Some(due_pk(&note.pk, &sk, self.shards)),
+                due_at: Some(at.timestamp_millis()),
+                pk: note.pk.clone(),
+                sk,
+                kind: "outbox".into(),
+                note_id: note.id.clone(),
+                template_id: push.template_id,
+                data: push.data,
+                page: push.page,
+                state: OutboxState::Pending,
+                attempts: 0,
+                delivery_id: None,
+                version: 1,
+                updated_at: rfc3339(now),
+                expires_at: None,
+                send_by: push.send_by,
+                priority: push.priority,
+            };
+            items.push(self.put_new(to_item("outbox", &outbox)?)?);
+        }
+        Ok(items)
+    }
+
+    /// Publishes the scheduled notification `sk` of `pk` whose due entry is at `due`
+    /// (see the module docs). A push whose `expires_at` has passed is recorded
+    /// `expired` instead of made due.
+    pub async fn publish(
+        &self,
+        pk: &str,
+        sk: &str,
+        due: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError> {
+        retry_contended("publish", self.limits.write_budget, || async move {
+            let Some(item) = self.get(pk, sk).await? else {
+                return Ok(Attempt::Done(Published::Gone));
+            };
+            let scheduled: ScheduledItem = match parse("scheduled", item) {
+                Ok(scheduled) => scheduled,
+                Err(e) => return Ok(Attempt::Done(Published::Unreadable(e.to_string()))),
+            };
+            if scheduled.due_at != due.timestamp_millis()
+                || scheduled.note.pk != pk
+                || note_sk(&scheduled.note.id) != scheduled.note.sk
+            {
+                return Ok(Attempt::Done(Published::Gone));
+            }
+            let mut note = scheduled.note.clone();
+            let mut push = scheduled.push.clone();
+            let expired = push.as_ref().is_some_and(|p| is_expired(p.send_by, now));
+            if expired {
+                push = None;
+                note.push_status = Some(PushStatus::Expired.as_str().to_string());
+                note.push_reason = None;
+            }
+            let has_push = push.is_some();
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(pk, sk)))
+                .condition_expression("due_at = :due")
+                .expression_attribute_values(":due", n(scheduled.due_at))
+                .build()
+                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            let mut items = vec![TransactWriteItem::builder().delete(delete).build()];
+            items.extend(self.published(note, push, due, now)?);
+            Ok(match self.transact(items).await? {
+                TxOutcome::Committed => Attempt::Done(Published::Done {
+                    push: has_push,
+                    expired,
+                }),
+                TxOutcome::Cancelled(reasons)
+                    if reasons
+                        .first()
+                        .is_some_and(|(code, _)| is_condition_failed(code)) =>
+                {
+                    Attempt::Done(Published::Gone)
+                }
+                // A notification already where this one goes: published by a try whose
+                // answer was lost (the scheduled item's delete went with it).
+                TxOutcome::Cancelled(_) => Attempt::Done(Published::Gone),
+                TxOutcome::Contended => Attempt::Retry,
+            })
+        })
+        .await
+    }
+}

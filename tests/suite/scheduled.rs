@@ -1,0 +1,322 @@
+//! Scheduled and expiring pushes: a notification with `send_at` ahead is neither
+//! listed, counted nor sent before then, and appears and goes out at that instant
+//! through the due index and the ordinary claim; a push not gone out by its
+//! `expires_at` is never sent and spends no grant.
+
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use onegrant_tests::{
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app,
+    spawn_app_with,
+};
+use serde_json::{Value, json};
+
+fn at(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// A `notify` detail asking for a push of the order template, with `extra` fields
+/// (`send_at`, `expires_at`, `priority`) merged in.
+fn scheduled(user: &User, key: &str, extra: Value) -> Value {
+    let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+        "title": "预约提醒", "body": format!("预约 {key}"),
+        "wechat": {"template_id": ORDER,
+                   "data": {"character_string1": key, "phrase2": "已预约", "thing3": "门店"}}});
+    for (k, v) in extra.as_object().expect("object") {
+        detail[k] = v.clone();
+    }
+    detail
+}
+
+async fn page(app: &TestApp, user: &User) -> Vec<Value> {
+    let answer = app.get("/v1/notifications", Some(&user.token)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body["items"].as_array().cloned().unwrap_or_default()
+}
+
+async fn unread(app: &TestApp, user: &User) -> u64 {
+    app.get("/v1/notifications/unread-count", Some(&user.token))
+        .await
+        .body["unread"]
+        .as_u64()
+        .expect("unread")
+}
+
+/// The user's available grants of the order template, from the quota item.
+async fn available(app: &TestApp, user: &User) -> i64 {
+    app.item(user, &format!("QUOTA#{ORDER}"))
+        .await
+        .and_then(|q| attr_n(&q, "available"))
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at_and_goes_out_then()
+{
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let send_at = Utc::now() + Duration::seconds(8);
+    let answer = app
+        .notify(scheduled(&user, "appt-1", json!({"send_at": at(send_at)})))
+        .await;
+    assert_eq!(
+        (answer["status"].as_str(), answer["push"].as_str()),
+        (Some("created"), Some("pending")),
+        "{answer}"
+    );
+    let given = DateTime::parse_from_rfc3339(answer["send_at"].as_str().expect("send_at"))
+        .expect("an RFC 3339 send_at");
+    assert_eq!(given.timestamp_millis(), send_at.timestamp_millis());
+    // Kept aside, on the due index: no notification, marker, counter or outbox yet.
+    let kept = app.items_of(&user, "scheduled").await;
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0].contains_key("due_pk"), "on the due index");
+    assert!(app.items_of(&user, "note").await.is_empty());
+    assert!(app.items_of(&user, "unread").await.is_empty());
+    assert!(app.items_of(&user, "outbox").await.is_empty());
+
+    // The dispatcher (its lookahead covers the instant) waits for it; meanwhile the
+    // inbox still shows nothing.
+    let watch = async {
+        let before = send_at - Duration::seconds(2);
+        tokio::time::sleep((before - Utc::now()).to_std().unwrap_or_default()).await;
+        let seen = (page(&app, &user).await.len(), unread(&app, &user).await);
+        let sent = app.deliveries().await.len();
+        (seen, sent, Utc::now() < send_at)
+    };
+    let (summary, (seen, sent_before, in_time)) = tokio::join!(app.tick(40), watch);
+    assert!(in_time, "the look before send_at ran too late to tell");
+    assert_eq!((seen, sent_before), ((0, 0), 0), "nothing before send_at");
+    assert_eq!(
+        (summary.published, summary.sent, summary.expired),
+        (1, 1, 0),
+        "{summary:?}"
+    );
+
+    // Claimed at the instant, not before.
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(delivery.len(), 1);
+    let claimed_at =
+        DateTime::parse_from_rfc3339(attr_s(&delivery[0], "claimed_at").expect("claimed_at"))
+            .expect("time")
+            .with_timezone(&Utc);
+    assert!(claimed_at >= send_at, "claimed {claimed_at}, due {send_at}");
+    println!(
+        "scheduled push claimed {} ms after its send_at",
+        (claimed_at - send_at).num_milliseconds()
+    );
+    assert_eq!(app.deliveries().await.len(), 1);
+    let items = page(&app, &user).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["push"]["status"], "sent");
+    let created =
+        DateTime::parse_from_rfc3339(items[0]["created_at"].as_str().expect("created_at"))
+            .expect("time");
+    assert_eq!(
+        created.timestamp_millis(),
+        send_at.timestamp_millis(),
+        "it appears at its send_at"
+    );
+    assert_eq!(unread(&app, &user).await, 1);
+    assert!(app.items_of(&user, "scheduled").await.is_empty());
+    // One grant, one send: none left.
+    assert_eq!(available(&app, &user).await, 0);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_notification_without_a_push_appears_at_its_send_at() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let send_at = Utc::now() + Duration::seconds(4);
+    let answer = app
+        .notify(
+            json!({"idempotency_key": "note-1", "openid": user.openid, "type": "news",
+                       "title": "明日课程", "send_at": at(send_at)}),
+        )
+        .await;
+    assert_eq!(answer["status"], "created", "{answer}");
+    assert_eq!(answer["push"], Value::Null);
+    assert_eq!(
+        (page(&app, &user).await.len(), unread(&app, &user).await),
+        (0, 0)
+    );
+    let summary = app.tick(30).await;
+    assert_eq!((summary.published, summary.claimed), (1, 0), "{summary:?}");
+    let items = page(&app, &user).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["push"], Value::Null);
+    assert_eq!(unread(&app, &user).await, 1);
+    // Marking it read works as for any other.
+    let id = items[0]["id"].as_str().expect("id");
+    let read = app
+        .post(
+            &format!("/v1/notifications/{id}/read"),
+            Some(&user.token),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert_eq!(unread(&app, &user).await, 0);
+}
+
+#[tokio::test]
+async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let now = Utc::now();
+    // Due now, expiring in 2 s — but no dispatcher runs until it has expired.
+    let immediate = app
+        .notify(scheduled(
+            &user,
+            "late-1",
+            json!({"expires_at": at(now + Duration::seconds(2))}),
+        ))
+        .await;
+    assert_eq!(immediate["push"], "pending", "{immediate}");
+    // Scheduled, expiring before its send_at: expired from the start.
+    let hopeless = app
+        .notify(scheduled(
+            &user,
+            "late-2",
+            json!({"send_at": at(now + Duration::seconds(3)), "expires_at": at(now + Duration::seconds(1))}),
+        ))
+        .await;
+    assert_eq!(hopeless["push"], "expired", "{hopeless}");
+    // Scheduled, expiring 1 s after its send_at — but the dispatcher comes later.
+    app.notify(scheduled(
+        &user,
+        "late-3",
+        json!({"send_at": at(now + Duration::seconds(3)), "expires_at": at(now + Duration::seconds(4))}),
+    ))
+    .await;
+    tokio::time::sleep(
+        (now + Duration::milliseconds(4500) - Utc::now())
+            .to_std()
+            .unwrap_or_default(),
+    )
+    .await;
+    let summary = app.tick(30).await;
+    assert_eq!(
+        (
+            summary.published,
+            summary.expired,
+            summary.claimed,
+            summary.sent
+        ),
+        (2, 2, 0, 0),
+        "{summary:?}"
+    );
+    assert!(app.deliveries().await.is_empty(), "nothing sent");
+    let items = page(&app, &user).await;
+    assert_eq!(items.len(), 3, "every notification stays");
+    assert!(
+        items
+            .iter()
+            .all(|n| n["push"]["status"] == "expired" && n["push"]["reason"].is_null()),
+        "{items:?}"
+    );
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(
+        outbox.len(),
+        1,
+        "only the immediate push had an outbox item"
+    );
+    assert_eq!(attr_s(&outbox[0], "state"), Some("expired"));
+    assert!(!outbox[0].contains_key("due_pk"), "off the due index");
+    assert_eq!(available(&app, &user).await, 1, "the grant is untouched");
+    assert!(
+        app.items_of(&user, "grant")
+            .await
+            .iter()
+            .all(|g| attr_s(g, "state") == Some("available"))
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn bad_timings_are_refused_with_their_reason_and_store_nothing() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let now = Utc::now();
+    let cases = [
+        (
+            json!({"send_at": at(now + Duration::days(31))}),
+            "more than 30 days ahead",
+        ),
+        (
+            json!({"send_at": "2026-12-24 09:00"}),
+            "send_at must be an RFC 3339 time",
+        ),
+        (
+            json!({"send_at": "2026-12-24T09:00:00"}),
+            "send_at must be an RFC 3339 time",
+        ),
+        (
+            json!({"send_at": 1_800_000_000}),
+            "send_at must be an RFC 3339 time",
+        ),
+        (
+            json!({"expires_at": "tonight"}),
+            "expires_at must be an RFC 3339 time",
+        ),
+        (json!({"priority": "urgent"}), "priority must be"),
+        (json!({"priority": true}), "priority must be"),
+    ];
+    for (i, (extra, reason)) in cases.iter().enumerate() {
+        let answer = app
+            .notify(scheduled(&user, &format!("bad-{i}"), extra.clone()))
+            .await;
+        assert_eq!(answer["status"], "invalid", "{extra}: {answer}");
+        assert!(
+            answer["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(reason)),
+            "{extra}: {answer}"
+        );
+    }
+    let user_pk = format!("USER#{}", user.openid);
+    let stored: Vec<_> = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| attr_s(i, "pk").is_some_and(|pk| pk == user_pk || pk.starts_with("EVENT#")))
+        .collect();
+    assert!(stored.is_empty(), "nothing stored: {stored:?}");
+}
+
+#[tokio::test]
+async fn the_same_scheduled_event_again_is_a_duplicate_and_another_send_at_under_its_key_a_conflict()
+ {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let send_at = at(Utc::now() + Duration::hours(1));
+    let detail = scheduled(
+        &user,
+        "dup-1",
+        json!({"send_at": send_at, "priority": "high"}),
+    );
+    let first = app.notify(detail.clone()).await;
+    let again = app.notify(detail).await;
+    assert_eq!(first["status"], "created", "{first}");
+    assert_eq!(
+        (again["status"].as_str(), again["note_id"].as_str()),
+        (Some("duplicate"), first["note_id"].as_str()),
+        "{again}"
+    );
+    let moved = app
+        .notify(scheduled(
+            &user,
+            "dup-1",
+            json!({"send_at": at(Utc::now() + Duration::hours(2)), "priority": "high"}),
+        ))
+        .await;
+    assert_eq!(moved["status"], "conflict", "{moved}");
+    let kept = app.items_of(&user, "scheduled").await;
+    assert_eq!(kept.len(), 1);
+    // An hour ahead: a tick now leaves it alone.
+    let summary = app.tick(5).await;
+    assert_eq!((summary.published, summary.due), (0, 0), "{summary:?}");
+    assert_eq!(page(&app, &user).await.len(), 0);
+}
