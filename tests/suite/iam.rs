@@ -116,11 +116,26 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     let grants = actions();
     assert_granted("grants", &grants);
 
-    // notify: an event with a push.
+    // notify: an event with a push, a cancel of another push, a cancel before its
+    // event, and a push scheduled ahead.
     app.push(&alice, "order-1").await;
     app.notify(
         json!({"idempotency_key": "k2", "openid": alice.openid, "type": "system",
                       "title": "t", "body": "b"}),
+    )
+    .await;
+    app.push(&alice, "cancel-me").await;
+    app.cancel(&alice, "cancel-me").await;
+    app.cancel(&alice, "cancel-first").await;
+    let late = app
+        .notify(json!({"idempotency_key": "cancel-first", "openid": alice.openid, "type": "order",
+                       "title": "t", "wechat": {"template_id": ORDER,
+                       "data": {"character_string1": "order-3", "phrase2": "已发货", "thing3": "顺丰速运"}}}))
+        .await;
+    assert_eq!(late["push"], "cancelled", "{late}");
+    app.notify(
+        json!({"idempotency_key": "k4", "openid": alice.openid, "type": "system", "title": "t",
+               "send_at": (Utc::now() + chrono::Duration::hours(1)).to_rfc3339()}),
     )
     .await;
     let notify = actions();
@@ -244,6 +259,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("grants", &grants, "UpdateItem"),
         ("dispatcher", &dispatcher, "PutItem"),
         ("notify", &notify, "PutItem"),
+        ("notify", &notify, "GetItem"),
         ("wechat-callback", &callback, "UpdateItem"),
         ("wechat-callback", &callback, "GetItem"),
     ] {

@@ -320,3 +320,140 @@ async fn the_same_scheduled_event_again_is_a_duplicate_and_another_send_at_under
     assert_eq!((summary.published, summary.due), (0, 0), "{summary:?}");
     assert_eq!(page(&app, &user).await.len(), 0);
 }
+
+#[tokio::test]
+async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or_due_now() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let soon = at(Utc::now() + Duration::seconds(2));
+    app.notify(scheduled(&user, "later", json!({"send_at": soon})))
+        .await;
+    app.notify(scheduled(&user, "now", json!({}))).await;
+    for key in ["later", "now"] {
+        let answer = app.cancel(&user, key).await;
+        assert_eq!(answer["status"], "cancelled", "{key}: {answer}");
+        let again = app.cancel(&user, key).await;
+        assert_eq!(again["status"], "already", "{key}: {again}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.published, summary.claimed), (1, 0), "{summary:?}");
+    assert!(app.deliveries().await.is_empty(), "nothing sent");
+    let items = page(&app, &user).await;
+    assert_eq!(items.len(), 2, "both notifications stay");
+    assert!(
+        items.iter().all(|n| n["push"]["status"] == "cancelled"),
+        "{items:?}"
+    );
+    assert_eq!(available(&app, &user).await, 1, "the grant is untouched");
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(attr_s(&outbox[0], "state"), Some("cancelled"));
+    assert!(!outbox[0].contains_key("due_pk"), "off the due index");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_cancel_before_its_notification_still_cancels_it_and_one_after_the_send_is_too_late() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    // EventBridge does not order events: the cancel comes first.
+    let early = app.cancel(&user, "first").await;
+    assert_eq!(early["status"], "early", "{early}");
+    assert_eq!(app.cancel(&user, "first").await["status"], "early");
+    let late_event = app.notify(scheduled(&user, "first", json!({}))).await;
+    assert_eq!(
+        (late_event["status"].as_str(), late_event["push"].as_str()),
+        (Some("created"), Some("cancelled")),
+        "{late_event}"
+    );
+    // The same event again is a duplicate of what was stored, not a new push.
+    let again = app.notify(scheduled(&user, "first", json!({}))).await;
+    assert_eq!(again["status"], "duplicate", "{again}");
+    assert!(
+        app.items_of(&user, "outbox").await.is_empty(),
+        "no push to send"
+    );
+    // A push that went out: the cancel is too late and changes nothing.
+    app.notify(scheduled(&user, "sent", json!({}))).await;
+    let summary = app.tick(30).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    let too_late = app.cancel(&user, "sent").await;
+    assert_eq!(
+        (too_late["status"].as_str(), too_late["push"].as_str()),
+        (Some("too_late"), Some("sent")),
+        "{too_late}"
+    );
+    let items = page(&app, &user).await;
+    let statuses: Vec<&str> = items
+        .iter()
+        .filter_map(|n| n["push"]["status"].as_str())
+        .collect();
+    assert_eq!(statuses.len(), 2);
+    assert!(
+        statuses.contains(&"sent") && statuses.contains(&"cancelled"),
+        "{statuses:?}"
+    );
+    let record = app
+        .items()
+        .await
+        .into_iter()
+        .find(|i| attr_s(i, "pk") == Some("EVENT#tests#sent"))
+        .expect("the event's record");
+    assert_eq!(
+        attr_s(&record, "cancel"),
+        Some("too_late"),
+        "recorded as too late"
+    );
+    assert_eq!(app.deliveries().await.len(), 1);
+    assert_eq!(available(&app, &user).await, 0, "one grant, one send");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn cancels_without_their_essentials_are_refused_and_change_nothing() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    app.notify(scheduled(&user, "k", json!({}))).await;
+    let cases = [
+        (
+            json!({"openid": user.openid}),
+            "idempotency_key is required",
+        ),
+        (json!({"idempotency_key": "k"}), "openid is required"),
+        (
+            json!({"idempotency_key": "k#1", "openid": user.openid}),
+            "may not contain '#'",
+        ),
+        (
+            json!({"idempotency_key": "k", "openid": 1}),
+            "openid must be a string",
+        ),
+        (json!("k"), "detail must be a JSON object"),
+    ];
+    for (detail, reason) in &cases {
+        let answer = app
+            .notify_as("tests", "onegrant.cancel", detail.clone())
+            .await;
+        assert_eq!(answer["status"], "invalid", "{detail}: {answer}");
+        assert!(
+            answer["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(reason)),
+            "{detail}: {answer}"
+        );
+    }
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(attr_s(&outbox[0], "state"), Some("pending"), "still due");
+    assert_eq!(
+        app.items()
+            .await
+            .iter()
+            .filter(|i| attr_s(i, "pk").is_some_and(|pk| pk.starts_with("EVENT#")))
+            .count(),
+        1,
+        "no record, no mark"
+    );
+}

@@ -175,6 +175,17 @@ impl TestApp {
             .await
     }
 
+    /// Cancels the push of `user`'s notification `key` (an `onegrant.cancel` event from
+    /// the tests' publisher); the function's answer.
+    pub async fn cancel(&self, user: &User, key: &str) -> Value {
+        self.notify_as(
+            "tests",
+            "onegrant.cancel",
+            json!({"idempotency_key": key, "openid": user.openid}),
+        )
+        .await
+    }
+
     /// Delivers one event as the bus would, from `source` with `detail_type`.
     pub async fn notify_as(&self, source: &str, detail_type: &str, detail: Value) -> Value {
         self.invoke(

@@ -506,3 +506,71 @@ async fn a_repair_from_a_ledger_read_outdated_by_another_container_lists_no_spen
     assert_eq!(order_numbers(&app.deliveries().await).len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_sent_once_or_cancelled_never_both()
+ {
+    let app = spawn_app_with(&[]).await;
+    let (mut sent_total, mut cancelled_total) = (0, 0);
+    for round in 0..6 {
+        let user = app.user(&format!("race-{round}")).await;
+        grants(&app, &user, ORDER, 6).await;
+        // Three due at the instant through publication, three due now in the outbox.
+        let due = Utc::now() + Duration::seconds(3);
+        let keys: Vec<String> = (0..6).map(|i| format!("r{round}-{i}")).collect();
+        for (i, key) in keys.iter().enumerate() {
+            let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+                "title": "t", "wechat": {"template_id": ORDER,
+                "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}});
+            if i < 3 {
+                detail["send_at"] = json!(due.to_rfc3339());
+            }
+            app.notify(detail).await;
+        }
+        let env = [
+            ("DISPATCH_LOOKAHEAD_SECONDS", "10"),
+            ("DISPATCH_ONCE_SECONDS", "30"),
+        ];
+        let child = spawn_dispatcher(&app, &env);
+        tokio::time::sleep((due - Utc::now()).to_std().unwrap_or_default()).await;
+        let answers =
+            futures::future::join_all(keys.iter().map(|key| app.cancel(&user, key))).await;
+        let (status, _) = wait(child).await;
+        assert!(status.success(), "{status}");
+        let delivered = order_numbers(&app.deliveries().await);
+        let outbox = app.items_of(&user, "outbox").await;
+        for (key, answer) in keys.iter().zip(&answers) {
+            let was_sent = delivered.contains(key);
+            match answer["status"].as_str() {
+                Some("cancelled") => {
+                    assert!(!was_sent, "{key}: cancelled and sent: {answer}");
+                    cancelled_total += 1;
+                }
+                Some("too_late") => assert!(was_sent, "{key}: too late and not sent: {answer}"),
+                _ => panic!("{key}: {answer}"),
+            }
+            sent_total += usize::from(was_sent);
+        }
+        let states: Vec<&str> = outbox.iter().filter_map(|o| attr_s(o, "state")).collect();
+        assert!(
+            states.iter().all(|s| matches!(*s, "sent" | "cancelled")),
+            "{states:?}"
+        );
+        let quota = app
+            .item(&user, &format!("QUOTA#{ORDER}"))
+            .await
+            .expect("quota");
+        let spent = keys.iter().filter(|k| delivered.contains(*k)).count();
+        assert_eq!(
+            (
+                attr_n(&quota, "available"),
+                attr_n(&quota, "consumed").unwrap_or(0)
+            ),
+            (Some(6 - spent as i64), spent as i64),
+            "grants spent only by sends"
+        );
+    }
+    eprintln!("cancels racing the dispatcher: {sent_total} sent, {cancelled_total} cancelled");
+    assert_eq!(sent_total + cancelled_total, 36);
+    assert_ledger_agrees_with_counters(&app).await;
+}

@@ -10,14 +10,17 @@
 use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
+use onegrant::domain::inbox::cancel::CancelEvent;
 use onegrant::domain::inbox::{NotifyEvent, Push};
 use onegrant::events::EventError;
-use onegrant::store::inbox::Ingested;
+use onegrant::store::inbox::{Cancelled, Ingested};
 use onegrant::telemetry::{error_chain, openid_hash};
 use serde_json::{Value, json};
 
 /// The `detail-type` of onegrant's events.
 pub const DETAIL_TYPE: &str = "onegrant.notification";
+/// The `detail-type` of a cancel of an event's push: `{openid, idempotency_key}`.
+pub const CANCEL_DETAIL_TYPE: &str = "onegrant.cancel";
 
 /// Handles one EventBridge event. `Err` only when the store is unavailable, so that
 /// EventBridge retries; a malformed event is answered (and logged), not retried.
@@ -28,7 +31,8 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         .get("source")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    if event.get("detail-type").and_then(Value::as_str) != Some(DETAIL_TYPE) {
+    let detail_type = event.get("detail-type").and_then(Value::as_str);
+    if detail_type != Some(DETAIL_TYPE) && detail_type != Some(CANCEL_DETAIL_TYPE) {
         tracing::error!(
             source,
             reason = "detail_type",
@@ -51,6 +55,9 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
     };
     let now = Utc::now();
+    if detail_type == Some(CANCEL_DETAIL_TYPE) {
+        return cancel(deps, detail, source).await;
+    }
     let parsed = match NotifyEvent::from_json(detail, source, &deps.config.templates, now) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -90,6 +97,29 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         ),
     }
     serde_json::to_value(ingested).map_err(EventError::Answer)
+}
+
+/// A cancel of an event's push (see `Store::cancel`).
+async fn cancel(deps: &Deps, detail: &Value, source: &str) -> Result<Value, EventError> {
+    let parsed = match CancelEvent::from_json(detail, source) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            tracing::error!(reason = %e, "cancel event refused");
+            return Ok(json!({"status": "invalid", "reason": e.to_string()}));
+        }
+    };
+    let cancelled = deps.store.cancel(&parsed, Utc::now()).await.map_err(|e| {
+        tracing::error!(error = %error_chain(&e), "cancel not recorded");
+        EventError::Store(e)
+    })?;
+    let openid = openid_hash(parsed.openid.as_str());
+    match &cancelled {
+        Cancelled::TooLate { note_id, push } => {
+            tracing::warn!(%openid, note_id, push = push.as_str(), "cancel came too late: the push stays as it was")
+        }
+        other => tracing::info!(%openid, outcome = ?other, "cancel applied"),
+    }
+    serde_json::to_value(cancelled).map_err(EventError::Answer)
 }
 
 /// The handler as its Lambda `main` and the local Invoke API take it.

@@ -12,7 +12,10 @@ use crate::domain::consent::PauseReason;
 
 pub mod claim;
 pub mod delivery;
+mod states;
 pub mod sweep;
+
+pub use states::{DeliveryState, OutboxState};
 use crate::domain::grants::GrantState;
 
 /// How a send ended, as far as onegrant can know.
@@ -165,71 +168,6 @@ impl SendResult {
             Self::Sent { .. } => Some(0),
             Self::Refused { errcode, .. } => Some(*errcode),
             Self::Uncertain { .. } | Self::NotSent { .. } | Self::Invalid { .. } => None,
-        }
-    }
-}
-
-/// Where a delivery stands (docs/design.md §3): `claimed → sending → sent | failed |
-/// unknown`. Claims are written `sending` directly, once the per-openid turn and the
-/// access token are in hand; `claimed` remains readable for items older than that.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeliveryState {
-    Claimed,
-    Sending,
-    Sent,
-    Failed,
-    Unknown,
-}
-
-impl DeliveryState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Claimed => "claimed",
-            Self::Sending => "sending",
-            Self::Sent => "sent",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-        }
-    }
-
-    /// Still owned by a dispatcher (and on the lease index).
-    pub fn is_live(self) -> bool {
-        match self {
-            Self::Claimed | Self::Sending => true,
-            Self::Sent | Self::Failed | Self::Unknown => false,
-        }
-    }
-}
-
-/// Where a notification's push stands in the outbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutboxState {
-    /// Waiting for its due instant (on the due index).
-    Pending,
-    /// Claimed; the send is in flight.
-    Sending,
-    Sent,
-    /// No grant for the template when it came due.
-    Skipped,
-    Failed,
-    /// The send's outcome is unknown; never resent.
-    Unknown,
-    /// Not gone out by its `expires_at`: never sent, no grant spent.
-    Expired,
-}
-
-impl OutboxState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Sending => "sending",
-            Self::Sent => "sent",
-            Self::Skipped => "skipped",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::Expired => "expired",
         }
     }
 }

@@ -11,12 +11,13 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::domain::dispatch::{OutcomeClass, SendResult};
+use crate::domain::dispatch::{OutboxState, OutcomeClass, SendResult};
 use crate::domain::ids::{OpenId, TemplateId};
 use crate::domain::keywords::{KeywordError, fit_all};
 use crate::domain::template::Templates;
 use crate::domain::text::{clean_line, clean_lines};
 
+pub mod cancel;
 pub mod schedule;
 
 use schedule::Timing;
@@ -52,6 +53,11 @@ pub enum PushStatus {
     Rejected,
     /// Not gone out by its `expires_at`: never sent, no grant spent.
     Expired,
+    /// Cancelled by its publisher before it went out: never sent, no grant spent.
+    Cancelled,
+    /// Replaced by a newer notification's push of the same `collapse_key` before it
+    /// went out: never sent, no grant spent.
+    Replaced,
 }
 
 impl PushStatus {
@@ -64,6 +70,22 @@ impl PushStatus {
             Self::Unknown => "unknown",
             Self::Rejected => "rejected",
             Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
+            Self::Replaced => "replaced",
+        }
+    }
+
+    /// The push status a notification shows for its push's outbox state.
+    pub fn of_outbox(state: OutboxState) -> Self {
+        match state {
+            OutboxState::Pending | OutboxState::Sending => Self::Pending,
+            OutboxState::Sent => Self::Sent,
+            OutboxState::Skipped => Self::Skipped,
+            OutboxState::Failed => Self::Failed,
+            OutboxState::Unknown => Self::Unknown,
+            OutboxState::Expired => Self::Expired,
+            OutboxState::Cancelled => Self::Cancelled,
+            OutboxState::Replaced => Self::Replaced,
         }
     }
 
@@ -76,6 +98,8 @@ impl PushStatus {
             "unknown" => Self::Unknown,
             "rejected" => Self::Rejected,
             "expired" => Self::Expired,
+            "cancelled" => Self::Cancelled,
+            "replaced" => Self::Replaced,
             _ => return None,
         })
     }

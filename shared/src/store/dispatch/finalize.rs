@@ -70,18 +70,6 @@ impl Claim {
     }
 }
 
-/// The push state a notification shows for an outbox state.
-fn push_status(state: OutboxState) -> PushStatus {
-    match state {
-        OutboxState::Pending | OutboxState::Sending => PushStatus::Pending,
-        OutboxState::Sent => PushStatus::Sent,
-        OutboxState::Skipped => PushStatus::Skipped,
-        OutboxState::Failed => PushStatus::Failed,
-        OutboxState::Unknown => PushStatus::Unknown,
-        OutboxState::Expired => PushStatus::Expired,
-    }
-}
-
 impl Store {
     /// Finalizes a delivery by its send result (see the module docs of
     /// [`dispatch`](super)).
@@ -438,7 +426,7 @@ impl Store {
             // Kept so that a late answer or WeChat's push event can still settle it.
             next.delivery_id = Some(delivery_id.to_string());
         }
-        let push = push_status(state);
+        let push = PushStatus::of_outbox(state);
         let reason = PushReason::of_send(result);
         Ok(vec![
             versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,

@@ -18,7 +18,7 @@ use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
 use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{TxOutcome, is_condition_failed};
-use crate::store::{Attempt, Store, StoreError, corrupt, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 
@@ -30,10 +30,12 @@ use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
 };
 
+mod cancel;
 mod list;
 mod publish;
 mod read;
 
+pub use cancel::Cancelled;
 pub use list::LIST_BUDGET;
 pub use publish::Published;
 pub use read::ReadAll;
@@ -91,14 +93,58 @@ struct UnreadItem {
     note_type: String,
 }
 
+/// The idempotency record of an event from a publisher (`EVENT#<publisher>#<key>`);
+/// also where a cancel of it is recorded, or marked when it comes first.
 #[derive(Debug, Serialize, Deserialize)]
-struct EventItem {
+pub(crate) struct EventItem {
     pk: String,
     sk: String,
     kind: String,
     fingerprint: String,
     note_id: String,
     expires_at: i64,
+    /// A cancel of its push: [`CANCEL_FIRST`] (it came before the event: the record is
+    /// only this mark), [`CANCEL_DONE`] or [`CANCEL_TOO_LATE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cancel: Option<String>,
+}
+
+/// A cancel came before its event: the record is only this mark.
+pub(crate) const CANCEL_FIRST: &str = "first";
+/// The event's push was cancelled.
+pub(crate) const CANCEL_DONE: &str = "done";
+/// A cancel came after the push had gone out (or ended otherwise).
+pub(crate) const CANCEL_TOO_LATE: &str = "too_late";
+
+impl EventItem {
+    fn is_cancel_mark(&self) -> bool {
+        self.cancel.as_deref() == Some(CANCEL_FIRST) && self.note_id.is_empty()
+    }
+}
+
+/// How one ingest try ended.
+enum Ingest {
+    Done(Ingested),
+    /// The record is a cancel's mark: ingest again, the push cancelled.
+    CancelledFirst,
+}
+
+/// The Put replacing a cancel's mark with the event's record (conditional on the mark).
+fn replace_cancel_mark(
+    table: &str,
+    record: crate::store::items::Item,
+) -> Result<TransactWriteItem, StoreError> {
+    let put = aws_sdk_dynamodb::types::Put::builder()
+        .table_name(table)
+        .set_item(Some(record))
+        .condition_expression("#cancel = :first AND note_id = :none")
+        .expression_attribute_names("#cancel", "cancel")
+        .expression_attribute_values(":first", s(CANCEL_FIRST))
+        .expression_attribute_values(":none", s(""))
+        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().put(put).build())
 }
 
 /// How ingesting an event ended.
@@ -150,12 +196,32 @@ impl Store {
             .expression_attribute_values(":prefix", s(prefix))
     }
 
-    /// Ingests a notify event (see the module docs). One round trip.
+    /// Ingests a notify event (see the module docs). One round trip; two when a cancel
+    /// of it came first (its push is then `cancelled` from the start).
     pub async fn ingest(
         &self,
         event: &NotifyEvent,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
+        match self.ingest_as(event, now, false).await? {
+            Ingest::Done(ingested) => Ok(ingested),
+            Ingest::CancelledFirst => match self.ingest_as(event, now, true).await? {
+                Ingest::Done(ingested) => Ok(ingested),
+                Ingest::CancelledFirst => Err(StoreError::Corrupt(
+                    "an event record that is a cancel's and is not".into(),
+                )),
+            },
+        }
+    }
+
+    /// One ingest; `cancelled_first`: the event's record is a cancel's mark, which this
+    /// replaces (the push is `cancelled`).
+    async fn ingest_as(
+        &self,
+        event: &NotifyEvent,
+        now: DateTime<Utc>,
+        cancelled_first: bool,
+    ) -> Result<Ingest, StoreError> {
         let pk = user_pk(&event.openid);
         let timing = &event.timing;
         // A scheduled notification's id (and so its place in the inbox) is the instant
@@ -165,6 +231,7 @@ impl Store {
         let send_by = timing.expires_at.map(|at| at.timestamp_millis());
         let (push_status, push_reason) = match &event.push {
             None => (None, None),
+            Some(Push::Ready { .. }) if cancelled_first => (Some(PushStatus::Cancelled), None),
             Some(Push::Ready { .. }) if is_expired(send_by, publish_at) => {
                 (Some(PushStatus::Expired), None)
             }
@@ -181,6 +248,7 @@ impl Store {
             fingerprint: event.fingerprint.clone(),
             note_id: note_id.clone(),
             expires_at: (now + self.limits.retention.events).timestamp(),
+            cancel: cancelled_first.then(|| CANCEL_DONE.to_string()),
         };
         let note = NoteItem {
             pk: pk.clone(),
@@ -223,8 +291,13 @@ impl Store {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let record = to_item("event", &record)?;
         let mut items = vec![
-            self.put_new(serde_dynamo::to_item(&record).map_err(|e| corrupt("event", e))?)?,
+            if cancelled_first {
+                replace_cancel_mark(&self.table, record)?
+            } else {
+                self.put_new(record)?
+            },
             TransactWriteItem::builder().condition_check(legacy).build(),
         ];
         if timing.is_scheduled(now) {
@@ -239,11 +312,11 @@ impl Store {
         retry_contended("ingest", self.limits.write_budget, || async move {
             match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
-                    return Ok(Attempt::Done(Ingested::Created {
+                    return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
                         note_id: note_id.clone(),
                         push: push_status,
                         send_at: scheduled_for.clone(),
-                    }));
+                    })));
                 }
                 TxOutcome::Cancelled(reasons) => {
                     // The event's record (index 0) or a legacy one (index 1), whose
@@ -255,10 +328,13 @@ impl Store {
                     });
                     if let Some(old) = found {
                         let old: EventItem = parse("event", old.clone())?;
+                        if old.is_cancel_mark() {
+                            return Ok(Attempt::Done(Ingest::CancelledFirst));
+                        }
                         let same = old.fingerprint == event.fingerprint
                             || hex::encode(Sha256::digest(old.fingerprint.as_bytes()))
                                 == event.fingerprint;
-                        return Ok(Attempt::Done(if same {
+                        return Ok(Attempt::Done(Ingest::Done(if same {
                             Ingested::Duplicate {
                                 note_id: old.note_id,
                             }
@@ -266,7 +342,7 @@ impl Store {
                             Ingested::Conflict {
                                 note_id: old.note_id,
                             }
-                        }));
+                        })));
                     }
                 }
                 TxOutcome::Contended => {}

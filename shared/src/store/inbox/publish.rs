@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::inbox::{NoteItem, UnreadItem};
 use crate::store::items::outbox::OutboxItem;
@@ -52,6 +53,13 @@ pub(crate) struct ScheduledItem {
     due_pk: String,
     /// When it is published, epoch ms.
     due_at: i64,
+    /// Moved by each write (a cancel, a replacement): publishing is conditional on it.
+    #[serde(default = "first_version")]
+    version: u64,
+}
+
+fn first_version() -> u64 {
+    1
 }
 
 impl ScheduledItem {
@@ -70,7 +78,34 @@ impl ScheduledItem {
             note,
             push,
             due_at: at.timestamp_millis(),
+            version: 1,
         }
+    }
+
+    /// Where its push stands: with it, ended already (its status), or none asked.
+    pub(crate) fn push_found(&self) -> PushFound {
+        if self.push.is_some() {
+            return PushFound::Scheduled;
+        }
+        match self.note.push_status.as_deref().and_then(PushStatus::parse) {
+            Some(status) => PushFound::ScheduledEnded(status),
+            None => PushFound::None,
+        }
+    }
+
+    /// This item with its push ended before it was due (`status`: cancelled or
+    /// replaced), as written conditional on [`Self::version`].
+    pub(crate) fn without_push(&self, status: PushStatus) -> Self {
+        let mut next = self.clone();
+        next.push = None;
+        next.note.push_status = Some(status.as_str().to_string());
+        next.note.push_reason = None;
+        next.version = self.version + 1;
+        next
+    }
+
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -170,8 +205,9 @@ impl Store {
             let delete = Delete::builder()
                 .table_name(&self.table)
                 .set_key(Some(key(pk, sk)))
-                .condition_expression("due_at = :due")
+                .condition_expression("due_at = :due AND version = :v")
                 .expression_attribute_values(":due", n(scheduled.due_at))
+                .expression_attribute_values(":v", n(scheduled.version))
                 .build()
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
             let mut items = vec![TransactWriteItem::builder().delete(delete).build()];
@@ -181,12 +217,14 @@ impl Store {
                     push: has_push,
                     expired,
                 }),
+                // Published by another, or its push cancelled or replaced meanwhile:
+                // read it again.
                 TxOutcome::Cancelled(reasons)
                     if reasons
                         .first()
                         .is_some_and(|(code, _)| is_condition_failed(code)) =>
                 {
-                    Attempt::Done(Published::Gone)
+                    Attempt::Retry
                 }
                 // A notification already where this one goes: published by a try whose
                 // answer was lost (the scheduled item's delete went with it).

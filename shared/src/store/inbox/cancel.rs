@@ -1,0 +1,204 @@
+//! Cancelling a notification's push (an `onegrant.cancel` event): load the event's
+//! record and the push it names, let the domain decide
+//! ([`cancel::decide`](crate::domain::inbox::cancel::decide)), commit in one
+//! transaction conditional on what was read — so a cancel racing the dispatcher's claim
+//! or publication either cancels the push before it is claimed or finds it claimed and
+//! is too late, never both.
+//!
+//! A cancel that finds no record of its event marks the record's place instead
+//! ([`CANCEL_FIRST`]): the event, when it comes, is stored with its push `cancelled`.
+
+use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::domain::dispatch::OutboxState;
+use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::cancel::{CancelDecision, CancelEvent, PushFound, decide};
+use crate::store::inbox::publish::ScheduledItem;
+use crate::store::inbox::{CANCEL_DONE, CANCEL_FIRST, CANCEL_TOO_LATE, EventItem};
+use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::{key, n, parse, s, to_item};
+use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
+use crate::store::tx::TxOutcome;
+use crate::store::{Attempt, Store, StoreError, retry_contended};
+
+/// How a cancel ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Cancelled {
+    /// The push will never go out; no grant spent.
+    Cancelled { note_id: String },
+    /// Cancelled by an earlier cancel: nothing changed.
+    Already { note_id: String },
+    /// The push had gone out (or ended otherwise) already: it stays `push`; the cancel
+    /// is recorded as too late.
+    TooLate { note_id: String, push: PushStatus },
+    /// The notification has no push to cancel.
+    NoPush { note_id: String },
+    /// The event has not come yet: when it does, its push is `cancelled`.
+    Early,
+}
+
+/// The push a cancel found, as stored.
+enum Found {
+    Scheduled(Box<ScheduledItem>),
+    Outbox(Box<OutboxItem>),
+    None,
+}
+
+impl Found {
+    fn as_domain(&self) -> PushFound {
+        match self {
+            Self::Scheduled(item) => item.push_found(),
+            Self::Outbox(outbox) => PushFound::Outbox(outbox.state),
+            Self::None => PushFound::None,
+        }
+    }
+}
+
+impl Store {
+    /// Cancels the push of the notification `cancel` names (see the module docs).
+    pub async fn cancel(
+        &self,
+        cancel: &CancelEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Cancelled, StoreError> {
+        let (event_pk, event_sk) = event_key(&cancel.publisher, &cancel.idempotency_key);
+        let pk = user_pk(&cancel.openid);
+        let (event_pk, event_sk, pk) = (&event_pk, &event_sk, &pk);
+        retry_contended("cancel", self.limits.write_budget, || async move {
+            let Some(record) = self.get(event_pk, event_sk).await? else {
+                // Before its event: the mark, kept as long as an event record.
+                let mark = EventItem {
+                    pk: event_pk.clone(),
+                    sk: event_sk.clone(),
+                    kind: "event".into(),
+                    fingerprint: String::new(),
+                    note_id: String::new(),
+                    expires_at: (now + self.limits.retention.events).timestamp(),
+                    cancel: Some(CANCEL_FIRST.into()),
+                };
+                return Ok(
+                    match self
+                        .transact(vec![self.put_new(to_item("event", &mark)?)?])
+                        .await?
+                    {
+                        TxOutcome::Committed => Attempt::Done(Cancelled::Early),
+                        // The event (or another cancel) landed meanwhile: read it again.
+                        TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                    },
+                );
+            };
+            let record: EventItem = parse("event", record)?;
+            if record.is_cancel_mark() {
+                return Ok(Attempt::Done(Cancelled::Early));
+            }
+            let note_id = record.note_id.clone();
+            let found = if let Some(item) = self.get(pk, &scheduled_sk(&note_id)).await? {
+                Found::Scheduled(Box::new(parse("scheduled", item)?))
+            } else if let Some(item) = self.get(pk, &outbox_sk(&note_id)).await? {
+                Found::Outbox(Box::new(parse("outbox", item)?))
+            } else {
+                Found::None
+            };
+            let decision = decide(found.as_domain());
+            let mut writes = Vec::new();
+            let answer = match (decision, &found) {
+                (CancelDecision::Cancel, Found::Scheduled(item)) => {
+                    let version = item.version();
+                    let next = item.without_push(PushStatus::Cancelled);
+                    writes.push(versioned_put(
+                        &self.table,
+                        to_item("scheduled", &next)?,
+                        version,
+                    )?);
+                    Cancelled::Cancelled { note_id }
+                }
+                (CancelDecision::Cancel, Found::Outbox(outbox)) => {
+                    let next = outbox.moved(
+                        OutboxState::Cancelled,
+                        None,
+                        self.shards,
+                        now,
+                        self.limits.retention.outbox,
+                    );
+                    writes.push(versioned_put(
+                        &self.table,
+                        to_item("outbox", &next)?,
+                        outbox.version,
+                    )?);
+                    writes.push(note_push_update(
+                        &self.table,
+                        pk,
+                        &note_id,
+                        PushStatus::Cancelled,
+                        None,
+                    )?);
+                    Cancelled::Cancelled { note_id }
+                }
+                (CancelDecision::Already, _) => {
+                    return Ok(Attempt::Done(Cancelled::Already { note_id }));
+                }
+                (CancelDecision::TooLate, Found::Outbox(outbox)) => Cancelled::TooLate {
+                    note_id,
+                    push: PushStatus::of_outbox(outbox.state),
+                },
+                (CancelDecision::TooLate, Found::Scheduled(item)) => match item.push_found() {
+                    PushFound::ScheduledEnded(push) => Cancelled::TooLate { note_id, push },
+                    _ => {
+                        return Err(StoreError::Corrupt(
+                            "a scheduled push ended without a status".into(),
+                        ));
+                    }
+                },
+                (CancelDecision::NoPush, _) => {
+                    return Ok(Attempt::Done(Cancelled::NoPush { note_id }));
+                }
+                (CancelDecision::Cancel | CancelDecision::TooLate, _) => {
+                    return Err(StoreError::Corrupt(
+                        "a cancel decided on a push it did not find".into(),
+                    ));
+                }
+            };
+            let outcome = if matches!(answer, Cancelled::TooLate { .. }) {
+                CANCEL_TOO_LATE
+            } else {
+                CANCEL_DONE
+            };
+            if record.cancel.as_deref() != Some(outcome) {
+                writes.push(self.cancel_recorded(event_pk, event_sk, outcome, now)?);
+            }
+            if writes.is_empty() {
+                return Ok(Attempt::Done(answer));
+            }
+            Ok(match self.transact(writes).await? {
+                TxOutcome::Committed => Attempt::Done(answer),
+                // Claimed, published or cancelled meanwhile: read again.
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+            })
+        })
+        .await
+    }
+
+    /// Records on the event's record how a cancel of it ended.
+    fn cancel_recorded(
+        &self,
+        pk: &str,
+        sk: &str,
+        outcome: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .update_expression("SET #cancel = :outcome, cancelled_at = :now")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#cancel", "cancel")
+            .expression_attribute_values(":outcome", s(outcome))
+            .expression_attribute_values(":now", n(now.timestamp_millis()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+}
