@@ -457,3 +457,164 @@ async fn cancels_without_their_essentials_are_refused_and_change_nothing() {
         "no record, no mark"
     );
 }
+
+/// The push statuses of `user`'s outbox items, by their order number.
+async fn outbox_states(app: &TestApp, user: &User) -> std::collections::BTreeMap<String, String> {
+    app.items_of(user, "outbox")
+        .await
+        .iter()
+        .filter_map(|o| {
+            let key = o
+                .get("data")
+                .and_then(|d| d.as_m().ok())
+                .and_then(|d| d.get("character_string1"))
+                .and_then(|v| v.as_s().ok())?;
+            Some((key.clone(), attr_s(o, "state")?.to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_newer_notification_with_the_same_collapse_key_replaces_a_push_that_has_not_gone_out() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.accept(&user, ORDER, "wr_2").await;
+    let key = json!({"collapse_key": "order-7"});
+    app.notify(scheduled(&user, "shipped", key.clone())).await;
+    app.notify(scheduled(&user, "out-for-delivery", key.clone()))
+        .await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.sent, summary.claimed), (1, 1), "{summary:?}");
+    // Gone out already: a newer one does not touch it.
+    app.notify(scheduled(&user, "delivered", key.clone())).await;
+    let summary = app.tick(30).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    let states = outbox_states(&app, &user).await;
+    assert_eq!(
+        states,
+        [
+            ("shipped", "replaced"),
+            ("out-for-delivery", "sent"),
+            ("delivered", "sent")
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let items = page(&app, &user).await;
+    assert_eq!(items.len(), 3, "every notification stays in the inbox");
+    assert_eq!(
+        items
+            .iter()
+            .filter(|n| n["push"]["status"] == "replaced")
+            .count(),
+        1
+    );
+    assert_eq!(app.deliveries().await.len(), 2);
+    assert_eq!(available(&app, &user).await, 0, "two grants, two sends");
+    // Another publisher's key of the same name is another key.
+    app.accept(&user, ORDER, "wr_3").await;
+    app.notify_as(
+        "com.example.shop",
+        "onegrant.notification",
+        scheduled(&user, "theirs", key.clone()),
+    )
+    .await;
+    app.notify(scheduled(&user, "ours", key)).await;
+    let states = outbox_states(&app, &user).await;
+    assert_eq!(
+        (states["theirs"].as_str(), states["ours"].as_str()),
+        ("pending", "pending")
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_push_is_replaced_before_its_send_at_and_ten_at_once_leave_exactly_one() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let later = at(Utc::now() + Duration::hours(1));
+    app.notify(scheduled(
+        &user,
+        "tomorrow",
+        json!({"collapse_key": "k", "send_at": later}),
+    ))
+    .await;
+    app.notify(scheduled(&user, "today", json!({"collapse_key": "k"})))
+        .await;
+    let kept = app.items_of(&user, "scheduled").await;
+    assert_eq!(kept.len(), 1);
+    assert!(!kept[0].contains_key("push"), "its push is gone: {kept:?}");
+    // Ten events of one key at once: one push waits, nine are replaced.
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            scheduled(
+                &user,
+                &format!("burst-{i}"),
+                json!({"collapse_key": "burst"}),
+            )
+        })
+        .collect();
+    let answers = futures::future::join_all(events.into_iter().map(|e| app.notify(e))).await;
+    assert!(
+        answers.iter().all(|a| a["status"] == "created"),
+        "{answers:?}"
+    );
+    let states = outbox_states(&app, &user).await;
+    let burst: Vec<&String> = states
+        .iter()
+        .filter(|(k, _)| k.starts_with("burst-"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(burst.len(), 10);
+    assert_eq!(
+        burst.iter().filter(|s| s.as_str() == "pending").count(),
+        1,
+        "{states:?}"
+    );
+    assert_eq!(
+        burst.iter().filter(|s| s.as_str() == "replaced").count(),
+        9,
+        "{states:?}"
+    );
+    let summary = app.tick(30).await;
+    // "today" and the last of the burst are due; one grant: one sent, one skipped.
+    assert_eq!((summary.sent, summary.no_grant), (1, 1), "{summary:?}");
+    assert_eq!(app.deliveries().await.len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn bad_collapse_keys_are_refused_and_store_nothing() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    for (i, bad) in [
+        json!(""),
+        json!("a#b"),
+        json!("k".repeat(129)),
+        json!(7),
+        json!("tab\tkey"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = app
+            .notify(scheduled(
+                &user,
+                &format!("bad-{i}"),
+                json!({"collapse_key": bad}),
+            ))
+            .await;
+        assert_eq!(answer["status"], "invalid", "{bad}: {answer}");
+        assert!(
+            answer["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("collapse_key")),
+            "{bad}: {answer}"
+        );
+    }
+    assert!(app.items_of(&user, "note").await.is_empty());
+    assert!(app.items_of(&user, "collapse").await.is_empty());
+}

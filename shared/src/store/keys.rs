@@ -132,6 +132,11 @@ pub fn scheduled_sk(note_id: &str) -> String {
     format!("{SCHEDULED_PREFIX}{note_id}")
 }
 
+/// The newest notification of a user with one publisher's `collapse_key`.
+pub fn collapse_sk(publisher: &str, key: &str) -> String {
+    format!("COLLAPSE#{publisher}#{key}")
+}
+
 /// The idempotency record of an ingested event: one item per (publisher, key), outside
 /// every user's partition, so a key is unique per publisher across users (neither part
 /// may contain `#`).

@@ -15,8 +15,8 @@ pub mod delivery;
 mod states;
 pub mod sweep;
 
-pub use states::{DeliveryState, OutboxState};
 use crate::domain::grants::GrantState;
+pub use states::{DeliveryState, OutboxState};
 
 /// How a send ended, as far as onegrant can know.
 #[derive(Debug, Clone, PartialEq, Eq)]

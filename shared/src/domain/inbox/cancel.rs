@@ -105,6 +105,12 @@ pub fn decide(found: PushFound) -> CancelDecision {
     }
 }
 
+/// Whether a newer notification with the same `collapse_key` replaces the push it
+/// found: while that push waits, as a cancel would cancel it.
+pub fn replaces(found: PushFound) -> bool {
+    decide(found) == CancelDecision::Cancel
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +138,7 @@ mod tests {
         ];
         for (found, expected) in cases {
             assert_eq!(decide(found), expected, "{found:?}");
+            assert_eq!(replaces(found), expected == Cancel, "{found:?}");
         }
     }
 

@@ -237,6 +237,9 @@ pub struct NotifyEvent {
     pub push: Option<Push>,
     /// When it appears and when its push may go.
     pub timing: Timing,
+    /// A newer notification of the same user with the same key (from the same
+    /// publisher) replaces this one's push while that has not gone out.
+    pub collapse_key: Option<String>,
     /// A SHA-256 (hex) of the event's canonical text, for "same key, same payload":
     /// stored instead of the payload, so the record stays small whatever was sent.
     pub fingerprint: String,
@@ -299,6 +302,15 @@ impl NotifyEvent {
         }
         let openid = OpenId::parse(text(object, "openid", true, 64)?.unwrap_or_default())
             .map_err(|e| EventError::Shape(format!("openid: {e}")))?;
+        let collapse_key = text(object, "collapse_key", false, MAX_KEY_CHARS)?;
+        if collapse_key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.contains('#') || k.chars().any(char::is_control))
+        {
+            return Err(EventError::Shape(format!(
+                "collapse_key must be 1 to {MAX_KEY_CHARS} characters without '#' or control characters"
+            )));
+        }
         let kind = text(object, "type", true, 32)?.unwrap_or_default();
         if !kind
             .bytes()
@@ -329,6 +341,9 @@ impl NotifyEvent {
         for (name, value) in timing.canonical() {
             canonical[name] = value;
         }
+        if let Some(key) = &collapse_key {
+            canonical["collapse_key"] = Value::from(key.as_str());
+        }
         let canonical = canonical.to_string();
         let fingerprint = hex::encode(Sha256::digest(canonical.as_bytes()));
         Ok(Self {
@@ -341,6 +356,7 @@ impl NotifyEvent {
             page,
             push,
             timing,
+            collapse_key,
             fingerprint,
         })
     }

@@ -40,15 +40,15 @@ pub enum Cancelled {
     Early,
 }
 
-/// The push a cancel found, as stored.
-enum Found {
+/// The push a notification has, as stored.
+pub(super) enum Found {
     Scheduled(Box<ScheduledItem>),
     Outbox(Box<OutboxItem>),
     None,
 }
 
 impl Found {
-    fn as_domain(&self) -> PushFound {
+    pub(super) fn as_domain(&self) -> PushFound {
         match self {
             Self::Scheduled(item) => item.push_found(),
             Self::Outbox(outbox) => PushFound::Outbox(outbox.state),
@@ -95,70 +95,37 @@ impl Store {
                 return Ok(Attempt::Done(Cancelled::Early));
             }
             let note_id = record.note_id.clone();
-            let found = if let Some(item) = self.get(pk, &scheduled_sk(&note_id)).await? {
-                Found::Scheduled(Box::new(parse("scheduled", item)?))
-            } else if let Some(item) = self.get(pk, &outbox_sk(&note_id)).await? {
-                Found::Outbox(Box::new(parse("outbox", item)?))
-            } else {
-                Found::None
-            };
+            let found = self.push_of(pk, &note_id).await?;
             let decision = decide(found.as_domain());
             let mut writes = Vec::new();
-            let answer = match (decision, &found) {
-                (CancelDecision::Cancel, Found::Scheduled(item)) => {
-                    let version = item.version();
-                    let next = item.without_push(PushStatus::Cancelled);
-                    writes.push(versioned_put(
-                        &self.table,
-                        to_item("scheduled", &next)?,
-                        version,
-                    )?);
-                    Cancelled::Cancelled { note_id }
-                }
-                (CancelDecision::Cancel, Found::Outbox(outbox)) => {
-                    let next = outbox.moved(
-                        OutboxState::Cancelled,
-                        None,
-                        self.shards,
-                        now,
-                        self.limits.retention.outbox,
-                    );
-                    writes.push(versioned_put(
-                        &self.table,
-                        to_item("outbox", &next)?,
-                        outbox.version,
-                    )?);
-                    writes.push(note_push_update(
-                        &self.table,
+            let answer = match decision {
+                CancelDecision::Cancel => {
+                    writes.extend(self.end_push(
                         pk,
                         &note_id,
+                        &found,
                         PushStatus::Cancelled,
-                        None,
+                        now,
                     )?);
                     Cancelled::Cancelled { note_id }
                 }
-                (CancelDecision::Already, _) => {
+                CancelDecision::Already => {
                     return Ok(Attempt::Done(Cancelled::Already { note_id }));
                 }
-                (CancelDecision::TooLate, Found::Outbox(outbox)) => Cancelled::TooLate {
-                    note_id,
-                    push: PushStatus::of_outbox(outbox.state),
-                },
-                (CancelDecision::TooLate, Found::Scheduled(item)) => match item.push_found() {
+                CancelDecision::TooLate => match found.as_domain() {
+                    PushFound::Outbox(state) => Cancelled::TooLate {
+                        note_id,
+                        push: PushStatus::of_outbox(state),
+                    },
                     PushFound::ScheduledEnded(push) => Cancelled::TooLate { note_id, push },
-                    _ => {
+                    PushFound::Scheduled | PushFound::None => {
                         return Err(StoreError::Corrupt(
-                            "a scheduled push ended without a status".into(),
+                            "a cancel too late for a push still waiting".into(),
                         ));
                     }
                 },
-                (CancelDecision::NoPush, _) => {
+                CancelDecision::NoPush => {
                     return Ok(Attempt::Done(Cancelled::NoPush { note_id }));
-                }
-                (CancelDecision::Cancel | CancelDecision::TooLate, _) => {
-                    return Err(StoreError::Corrupt(
-                        "a cancel decided on a push it did not find".into(),
-                    ));
                 }
             };
             let outcome = if matches!(answer, Cancelled::TooLate { .. }) {
@@ -179,6 +146,55 @@ impl Store {
             })
         })
         .await
+    }
+
+    /// The push of notification `note_id` of `pk`, as stored: with its notification
+    /// (scheduled), in the outbox, or none.
+    pub(super) async fn push_of(&self, pk: &str, note_id: &str) -> Result<Found, StoreError> {
+        Ok(
+            if let Some(item) = self.get(pk, &scheduled_sk(note_id)).await? {
+                Found::Scheduled(Box::new(parse("scheduled", item)?))
+            } else if let Some(item) = self.get(pk, &outbox_sk(note_id)).await? {
+                Found::Outbox(Box::new(parse("outbox", item)?))
+            } else {
+                Found::None
+            },
+        )
+    }
+
+    /// The writes that end a waiting push `found` (of notification `note_id` of `pk`)
+    /// with `status` (cancelled or replaced), each conditional on what was read.
+    pub(super) fn end_push(
+        &self,
+        pk: &str,
+        note_id: &str,
+        found: &Found,
+        status: PushStatus,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        Ok(match found {
+            Found::Scheduled(item) => {
+                let next = item.without_push(status);
+                vec![versioned_put(
+                    &self.table,
+                    to_item("scheduled", &next)?,
+                    item.version(),
+                )?]
+            }
+            Found::Outbox(outbox) => {
+                let state = match status {
+                    PushStatus::Replaced => OutboxState::Replaced,
+                    _ => OutboxState::Cancelled,
+                };
+                let next =
+                    outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
+                vec![
+                    versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,
+                    note_push_update(&self.table, pk, note_id, status, None)?,
+                ]
+            }
+            Found::None => Vec::new(),
+        })
     }
 
     /// Records on the event's record how a cancel of it ended.

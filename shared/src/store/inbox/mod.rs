@@ -31,6 +31,7 @@ use crate::domain::inbox::{
 };
 
 mod cancel;
+mod collapse;
 mod list;
 mod publish;
 mod read;
@@ -309,8 +310,18 @@ impl Store {
         }
         let scheduled_for = timing.is_scheduled(now).then(|| rfc3339(publish_at));
         let (items, note_id, scheduled_for) = (&items, &note_id, &scheduled_for);
+        let pk = &pk;
         retry_contended("ingest", self.limits.write_budget, || async move {
-            match self.transact(items.clone()).await? {
+            let mut items = items.clone();
+            if let Some(key) = &event.collapse_key {
+                // Read on each try: a race lost to another event of the key is read
+                // again and its push replaced in turn.
+                items.extend(
+                    self.collapse_writes(pk, &event.publisher, key, note_id, now)
+                        .await?,
+                );
+            }
+            match self.transact(items).await? {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
                         note_id: note_id.clone(),

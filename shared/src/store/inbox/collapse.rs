@@ -1,0 +1,85 @@
+//! `collapse_key`: a newer notification of a user with the same key (from the same
+//! publisher) replaces the older one's push while that has not gone out. The user's
+//! `COLLAPSE#<publisher>#<key>` item names the newest notification of the key; ingest
+//! reads it and the push it names, and writes — in the ingest's own transaction, each
+//! conditional on what was read — the item naming the new notification and, when the
+//! older push still waits ([`replaces`]), that push `replaced`. Two events of one key
+//! at once: one write of the item fails, that ingest reads again and replaces the
+//! other's push. A bounded number of reads and writes, whatever the history.
+
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::inbox::PushStatus;
+use crate::domain::inbox::cancel::replaces;
+use crate::store::items::{n, parse, to_item};
+use crate::store::keys::collapse_sk;
+use crate::store::{Store, StoreError};
+
+/// The newest notification of one collapse key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CollapseItem {
+    pk: String,
+    sk: String,
+    kind: String,
+    note_id: String,
+    version: u64,
+    /// Kept while an older push could still be waiting (refreshed on each write).
+    expires_at: i64,
+}
+
+impl Store {
+    /// The writes, for an ingest's transaction, that make `note_id` the newest of
+    /// `key` and replace the older push if it still waits.
+    pub(super) async fn collapse_writes(
+        &self,
+        pk: &str,
+        publisher: &str,
+        key: &str,
+        note_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let sk = collapse_sk(publisher, key);
+        let older = match self.get(pk, &sk).await? {
+            Some(item) => Some(parse::<CollapseItem>("collapse", item)?),
+            None => None,
+        };
+        let next = CollapseItem {
+            pk: pk.to_string(),
+            sk,
+            kind: "collapse".into(),
+            note_id: note_id.to_string(),
+            version: older.as_ref().map_or(1, |o| o.version + 1),
+            expires_at: (now
+                + self.limits.retention.events
+                + crate::domain::inbox::schedule::MAX_AHEAD)
+                .timestamp(),
+        };
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(to_item("collapse", &next)?));
+        let put = match &older {
+            Some(older) => put
+                .condition_expression("version = :v")
+                .expression_attribute_values(":v", n(older.version)),
+            None => put.condition_expression("attribute_not_exists(pk)"),
+        }
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let mut writes = vec![TransactWriteItem::builder().put(put).build()];
+        if let Some(older) = older {
+            let found = self.push_of(pk, &older.note_id).await?;
+            if replaces(found.as_domain()) {
+                writes.extend(self.end_push(
+                    pk,
+                    &older.note_id,
+                    &found,
+                    PushStatus::Replaced,
+                    now,
+                )?);
+            }
+        }
+        Ok(writes)
+    }
+}
