@@ -210,7 +210,10 @@ impl Schedule {
         .flatten()
         {
             let (wake, sleep) = (self.wake_of(d), self.sleep_of(d));
-            if at < sleep {
+            // A waking window wholly inside a DST gap (say 02:00–02:01 on the night
+            // the clocks skip 02:00–03:00) does not happen that day: both ends fall
+            // on the gap's end, and the day is skipped.
+            if at < sleep && wake < sleep {
                 return at.max(wake);
             }
         }
@@ -222,7 +225,7 @@ impl Schedule {
         if goal_reached {
             let today = self.waking_day(checkin);
             let next = today.succ_opt().unwrap_or(today);
-            return self.wake_of(next);
+            return self.first_awake_from(self.wake_of(next));
         }
         let candidate = checkin + Duration::minutes(i64::from(self.interval_minutes));
         self.first_awake_from(candidate)
@@ -271,6 +274,22 @@ mod tests {
     fn local(s: &Schedule, text: &str) -> DateTime<Utc> {
         let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M").expect("datetime");
         s.instant(naive)
+    }
+
+    #[test]
+    fn a_waking_window_wholly_inside_a_dst_gap_skips_its_day() {
+        // New York skips 02:00–03:00 on 2020-03-08: a 02:00–02:01 day does not happen.
+        let s = schedule(15, "02:00", "02:01", "America/New_York");
+        let checkin = local(&s, "2020-03-07 01:50");
+        for goal in [false, true] {
+            let due = s.next_due(checkin, goal);
+            assert_eq!(
+                s.local_rfc3339(due),
+                "2020-03-09T02:00:00-04:00",
+                "goal {goal}"
+            );
+            assert!(s.is_awake(due));
+        }
     }
 
     #[test]
@@ -422,12 +441,21 @@ mod tests {
             let wake = i64::from(s.wake_time.time().signed_duration_since(NaiveTime::MIN).num_minutes() as i32);
             let sleep = i64::from(s.sleep_time.time().signed_duration_since(NaiveTime::MIN).num_minutes() as i32);
             let night = Duration::minutes((wake - sleep).rem_euclid(1440));
-            // A DST change can lengthen one night by an hour (Lord Howe: half an hour).
+            // A DST change can lengthen one night by an hour (Lord Howe: half an hour),
+            // and a waking window wholly inside a DST gap skips its day.
+            let mut skipped = 0;
+            let mut day = s.waking_day(checkin);
+            while day < s.waking_day(due) {
+                if s.wake_of(day) >= s.sleep_of(day) {
+                    skipped += 1;
+                }
+                day = day.succ_opt().expect("a next day");
+            }
             let bound = if goal {
                 Duration::hours(48) + Duration::hours(1)
             } else {
                 Duration::minutes(i64::from(s.interval_minutes)) + night + Duration::hours(1)
-            };
+            } + Duration::hours(24 * skipped);
             prop_assert!(due - checkin <= bound, "due {} is {} after the check-in", s.local_rfc3339(due), due - checkin);
         }
     }
