@@ -101,8 +101,8 @@ export type ErrorCode =
   | 'no_templates' | 'too_many_templates' | 'unknown_template' | 'invalid_result'
   | 'invalid_request_id' | 'invalid_action_id' | 'invalid_grant' | 'invalid_occurred_at'
   | 'invalid_count' | 'invalid_daily_goal' | 'invalid_interval' | 'invalid_time'
-  | 'invalid_timezone' | 'invalid_waking_hours' | 'grant_limit' | 'rate_limited'
-  | 'unavailable' | 'internal' | 'network' | 'expired';
+  | 'invalid_timezone' | 'invalid_waking_hours' | 'invalid_quiet_hours' | 'invalid_muted_types'
+  | 'grant_limit' | 'rate_limited' | 'unavailable' | 'internal' | 'network' | 'expired';
 
 export class OnegrantError extends Error {
   constructor(status: number, code: ErrorCode | string, message?: string, retryAfter?: number);
@@ -164,6 +164,15 @@ export class Client {
   unreadCount(): Promise<number>;
   markRead(id: string): Promise<Notification>;
   markAllRead(): Promise<number>;
+  getPreferences(): Promise<Preferences>;
+  setPreferences(preferences: Preferences): Promise<Preferences>;
+}
+
+export interface Preferences {
+  /** Pushes wait until these end (unless `high`); times as HH:MM in an IANA zone. */
+  quiet_hours: { start: string; end: string; timezone: string } | null;
+  /** Notification types whose pushes are never sent (the notifications stay). */
+  muted_types: string[];
 }
 
 export function createClient(options: ClientOptions): Client;

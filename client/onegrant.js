@@ -524,6 +524,18 @@ class Client {
     });
     return step(100);
   }
+
+  // ---- push preferences ---------------------------------------------------------
+
+  /** `{quiet_hours: {start, end, timezone} | null, muted_types: [...]}`. */
+  getPreferences() {
+    return this.call('GET', '/v1/preferences');
+  }
+
+  /** Replaces the preferences (both fields required; `quiet_hours` may be null). */
+  setPreferences(preferences) {
+    return this.call('PUT', '/v1/preferences', preferences);
+  }
 }
 
 function createClient(options) {

@@ -14,8 +14,8 @@ const ERROR_CODES = Object.freeze([
   'no_templates', 'too_many_templates', 'unknown_template', 'invalid_result',
   'invalid_request_id', 'invalid_action_id', 'invalid_grant', 'invalid_occurred_at',
   'invalid_count', 'invalid_daily_goal', 'invalid_interval', 'invalid_time',
-  'invalid_timezone', 'invalid_waking_hours', 'grant_limit', 'rate_limited',
-  'unavailable', 'internal', 'network', 'expired',
+  'invalid_timezone', 'invalid_waking_hours', 'invalid_quiet_hours', 'invalid_muted_types',
+  'grant_limit', 'rate_limited', 'unavailable', 'internal', 'network', 'expired',
 ]);
 
 /** The values `wx.requestSubscribeMessage` reports per template. */

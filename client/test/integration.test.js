@@ -187,3 +187,20 @@ test('the inbox: pages, the unread count, one read and all read', async () => {
   assert.equal(await client.markAllRead(), 2);
   assert.equal(await client.unreadCount(), 0);
 });
+
+test('push preferences: saved and read back, refused with a code', async () => {
+  const { page } = phone('gus');
+  const { client } = page();
+  await client.prefetch();
+  assert.deepEqual(await client.getPreferences(), { quiet_hours: null, muted_types: [] });
+  const wanted = {
+    quiet_hours: { start: '22:00', end: '08:00', timezone: 'Asia/Shanghai' },
+    muted_types: ['marketing'],
+  };
+  assert.deepEqual(await client.setPreferences(wanted), wanted);
+  assert.deepEqual(await client.getPreferences(), wanted);
+  await assert.rejects(
+    client.setPreferences({ quiet_hours: { start: '22:00', end: '22:00', timezone: 'UTC' }, muted_types: [] }),
+    (e) => e.status === 422 && e.code === 'invalid_quiet_hours',
+  );
+});

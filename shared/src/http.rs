@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::domain::OpenId;
 use crate::domain::grants::ReportError;
+use crate::domain::inbox::preferences::PreferencesError;
 use crate::domain::reminders::schedule::ScheduleError;
 use crate::domain::reminders::{CheckInError, SettingsError};
 use crate::session::Sessions;
@@ -300,6 +301,22 @@ impl From<SettingsError> for ApiError {
             SettingsError::Shape(m) => Self::InvalidBody(m),
             SettingsError::Schedule(e) => schedule_error(&e),
             SettingsError::DailyGoal => unprocessable("invalid_daily_goal", err.to_string()),
+        }
+    }
+}
+
+impl From<PreferencesError> for ApiError {
+    fn from(err: PreferencesError) -> Self {
+        let message = err.to_string();
+        match err {
+            PreferencesError::Shape(m) => Self::InvalidBody(m),
+            PreferencesError::QuietHours(ScheduleError::Timezone) => {
+                unprocessable("invalid_timezone", message)
+            }
+            PreferencesError::QuietHours(_) | PreferencesError::EmptyQuietHours => {
+                unprocessable("invalid_quiet_hours", message)
+            }
+            PreferencesError::MutedTypes => unprocessable("invalid_muted_types", message),
         }
     }
 }

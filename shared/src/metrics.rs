@@ -52,6 +52,10 @@ pub mod name {
     pub const PUBLISHED: &str = "Published";
     /// Pushes not sent because their `expires_at` passed (no grant spent).
     pub const EXPIRED: &str = "Expired";
+    /// Pushes not sent because the user muted their notification type.
+    pub const MUTED: &str = "Muted";
+    /// Pushes held by the user's quiet hours (due again at their end).
+    pub const HELD: &str = "Held";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -75,7 +79,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 29] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -95,6 +99,8 @@ pub const ALL: [&str; 27] = [
     name::EVENTS_APPLIED_LATE,
     name::PUBLISHED,
     name::EXPIRED,
+    name::MUTED,
+    name::HELD,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

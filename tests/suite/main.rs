@@ -19,6 +19,7 @@ mod inputs;
 mod limits;
 mod logs;
 mod operations;
+mod preferences;
 mod reminders;
 mod scheduled;
 mod secrets;

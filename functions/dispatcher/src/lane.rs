@@ -158,6 +158,8 @@ impl Lane<'_> {
             // (Counted with every publication, below.)
             Ok(Dispatched::Published) => {}
             Ok(Dispatched::Expired) => s.expired += 1,
+            Ok(Dispatched::Muted) => s.muted += 1,
+            Ok(Dispatched::Held) => s.held += 1,
             Ok(Dispatched::Unreadable) => s.skipped += 1,
             Ok(Dispatched::Released(finalized)) => {
                 s.claimed += 1;

@@ -31,6 +31,10 @@ pub(crate) enum Dispatched {
     Published,
     /// A push not sent: its `expires_at` passed.
     Expired,
+    /// A push not sent: its type is muted by the user.
+    Muted,
+    /// A push in the user's quiet hours, due again at their end.
+    Held,
     Deferred,
     NoToken,
 }
@@ -108,6 +112,8 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
+        ClaimOutcome::Muted => return Ok(Dispatched::Muted),
+        ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");

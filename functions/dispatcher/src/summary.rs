@@ -34,6 +34,10 @@ pub struct Summary {
     pub published: u32,
     /// Pushes not sent because their `expires_at` passed.
     pub expired: u32,
+    /// Pushes not sent because the user muted their type.
+    pub muted: u32,
+    /// Pushes held by the user's quiet hours (due again at their end).
+    pub held: u32,
     pub lost: u32,
     /// Left due for the next tick: no time left, or the user's turn came too late.
     pub deferred: u32,
@@ -73,6 +77,8 @@ impl Summary {
             no_grant,
             published,
             expired,
+            muted,
+            held,
             lost,
             deferred,
             no_token,
@@ -99,6 +105,8 @@ impl Summary {
         self.no_grant += no_grant;
         self.published += published;
         self.expired += expired;
+        self.muted += muted;
+        self.held += held;
         self.lost += lost;
         self.deferred += deferred;
         self.no_token += no_token;
@@ -126,6 +134,8 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         restored = summary.restored,
         published = summary.published,
         expired = summary.expired,
+        muted = summary.muted,
+        held = summary.held,
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
@@ -150,6 +160,8 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::NO_GRANT, summary.no_grant);
     count(name::PUBLISHED, summary.published);
     count(name::EXPIRED, summary.expired);
+    count(name::MUTED, summary.muted);
+    count(name::HELD, summary.held);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);
     count(name::QUARANTINED, summary.quarantined);

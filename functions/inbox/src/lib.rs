@@ -1,5 +1,6 @@
 //! The inbox API: `GET /v1/notifications`, `GET /v1/notifications/unread-count`,
-//! `POST /v1/notifications/{id}/read`, `POST /v1/notifications/read-all`.
+//! `POST /v1/notifications/{id}/read`, `POST /v1/notifications/read-all`, and the
+//! user's push preferences, `GET`/`PUT /v1/preferences`.
 //!
 //! Every query runs in the caller's own partition: a cursor holds only a position, and
 //! an id that is not the caller's answers 404 (I8).
@@ -9,8 +10,9 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
+use onegrant::domain::inbox::preferences::Preferences;
 use onegrant::domain::inbox::{decode_cursor, is_notification_id};
-use onegrant::http::{ApiError, authenticate, json_response, respond};
+use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::inbox::ListFilter;
 use serde_json::json;
 
@@ -33,6 +35,8 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         (Method::GET, "/v1/notifications/unread-count") => unread(deps, &req).await,
         (Method::POST, "/v1/notifications/read-all") => read_all(deps, &req).await,
         (Method::POST, p) if p.ends_with("/read") => read_one(deps, &req).await,
+        (Method::GET, "/v1/preferences") => preferences(deps, &req).await,
+        (Method::PUT, "/v1/preferences") => save_preferences(deps, &req).await,
         // API Gateway routes only the declared routes here.
         _ => Err(ApiError::NotFound),
     };
@@ -104,4 +108,21 @@ async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let openid = authenticate(req, &deps.sessions)?;
     let done = deps.store.read_all(&openid, Utc::now()).await?;
     json_response(200, &json!({"updated": done.updated, "more": done.more}))
+}
+
+async fn preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    let prefs = deps.store.preferences(&openid).await?;
+    json_response(200, &prefs)
+}
+
+async fn save_preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let openid = authenticate(req, &deps.sessions)?;
+    // Checked whole before anything is read.
+    let wanted = Preferences::from_json(&json_body(req)?)?;
+    let saved = deps
+        .store
+        .save_preferences(&openid, &wanted, Utc::now())
+        .await?;
+    json_response(200, &saved)
 }

@@ -55,6 +55,8 @@ pub enum OutboxState {
     Cancelled,
     /// Replaced by a newer push of the same `collapse_key` before it went out.
     Replaced,
+    /// Its notification type is muted by the user: never sent.
+    Muted,
 }
 
 impl OutboxState {
@@ -69,6 +71,7 @@ impl OutboxState {
             Self::Expired => "expired",
             Self::Cancelled => "cancelled",
             Self::Replaced => "replaced",
+            Self::Muted => "muted",
         }
     }
 }

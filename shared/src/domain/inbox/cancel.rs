@@ -99,7 +99,8 @@ pub fn decide(found: PushFound) -> CancelDecision {
             | OutboxState::Failed
             | OutboxState::Unknown
             | OutboxState::Expired
-            | OutboxState::Replaced,
+            | OutboxState::Replaced
+            | OutboxState::Muted,
         ) => CancelDecision::TooLate,
         PushFound::None => CancelDecision::NoPush,
     }

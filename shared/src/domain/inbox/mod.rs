@@ -18,6 +18,7 @@ use crate::domain::template::Templates;
 use crate::domain::text::{clean_line, clean_lines};
 
 pub mod cancel;
+pub mod preferences;
 pub mod schedule;
 
 use schedule::Timing;
@@ -58,6 +59,8 @@ pub enum PushStatus {
     /// Replaced by a newer notification's push of the same `collapse_key` before it
     /// went out: never sent, no grant spent.
     Replaced,
+    /// Its notification type is muted by the user: never sent, no grant spent.
+    Muted,
 }
 
 impl PushStatus {
@@ -72,6 +75,7 @@ impl PushStatus {
             Self::Expired => "expired",
             Self::Cancelled => "cancelled",
             Self::Replaced => "replaced",
+            Self::Muted => "muted",
         }
     }
 
@@ -86,6 +90,7 @@ impl PushStatus {
             OutboxState::Expired => Self::Expired,
             OutboxState::Cancelled => Self::Cancelled,
             OutboxState::Replaced => Self::Replaced,
+            OutboxState::Muted => Self::Muted,
         }
     }
 
@@ -100,6 +105,7 @@ impl PushStatus {
             "expired" => Self::Expired,
             "cancelled" => Self::Cancelled,
             "replaced" => Self::Replaced,
+            "muted" => Self::Muted,
             _ => return None,
         })
     }

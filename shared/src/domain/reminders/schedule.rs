@@ -102,6 +102,23 @@ impl<'de> Deserialize<'de> for TimeOfDay {
     }
 }
 
+/// The instant a wall-clock time happens in `zone`: the first valid instant after a
+/// DST gap, the earlier of two in an overlap.
+pub fn local_instant(zone: Timezone, local: NaiveDateTime) -> DateTime<Utc> {
+    let tz = zone.tz();
+    let mut probe = local;
+    // Gaps are at most a few hours; walk forward a minute at a time.
+    for _ in 0..(4 * 60) {
+        match tz.from_local_datetime(&probe) {
+            LocalResult::Single(t) => return t.with_timezone(&Utc),
+            LocalResult::Ambiguous(early, _) => return early.with_timezone(&Utc),
+            LocalResult::None => probe += Duration::minutes(1),
+        }
+    }
+    // Unreachable for real zones; fall back to reading the wall clock as UTC.
+    Utc.from_utc_datetime(&local)
+}
+
 /// When and how often a plan reminds: validated on construction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedule {
@@ -149,21 +166,8 @@ impl Schedule {
         self.sleep_time <= self.wake_time
     }
 
-    /// The instant a local wall-clock time happens: the first valid instant after a
-    /// DST gap, the earlier of two in an overlap.
     fn instant(&self, local: NaiveDateTime) -> DateTime<Utc> {
-        let tz = self.timezone.tz();
-        let mut probe = local;
-        // Gaps are at most a few hours; walk forward a minute at a time.
-        for _ in 0..(4 * 60) {
-            match tz.from_local_datetime(&probe) {
-                LocalResult::Single(t) => return t.with_timezone(&Utc),
-                LocalResult::Ambiguous(early, _) => return early.with_timezone(&Utc),
-                LocalResult::None => probe += Duration::minutes(1),
-            }
-        }
-        // Unreachable for real zones; fall back to reading the wall clock as UTC.
-        Utc.from_utc_datetime(&local)
+        local_instant(self.timezone, local)
     }
 
     /// The wake instant of waking day `day`.

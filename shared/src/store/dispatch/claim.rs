@@ -5,6 +5,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled, push_is_due_at};
+use crate::domain::inbox::preferences::{Gate, Preferences, gate};
 use crate::domain::inbox::schedule::is_expired;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
@@ -12,6 +13,7 @@ use crate::domain::reminders::plan::{Plan, PlanEvent};
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
 use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{INFLIGHT, OpenGrants};
 use crate::store::items::{key, n, parse, to_item};
 use crate::store::keys::{SortKey, delivery_sk, quota_sk, sort_key};
@@ -28,16 +30,24 @@ pub enum ClaimOutcome {
     NoGrant,
     /// A push whose `expires_at` passed: recorded `expired`, nothing sent or spent.
     Expired,
+    /// A push of a type the user muted: recorded `muted`, nothing sent or spent.
+    Muted,
+    /// A push in the user's quiet hours: due again at their end.
+    Held(DateTime<Utc>),
     /// The item itself cannot be read (or belongs to no configured kind): it can never
     /// be claimed as it is. Say why.
     Unreadable(String),
 }
 
-/// Why a due item is not sent.
+/// Why a due item is not sent (now).
 #[derive(Debug, Clone, Copy)]
 enum Unsent {
     NoGrant,
     Expired,
+    /// Its notification type is muted.
+    Muted,
+    /// Quiet hours: due again at their end.
+    Held(DateTime<Utc>),
 }
 
 /// A due entry's item, as found.
@@ -60,6 +70,7 @@ enum Claimable {
         outbox: OutboxItem,
         counters: QuotaCounters,
         open: OpenGrants,
+        prefs: Preferences,
     },
 }
 
@@ -110,16 +121,31 @@ impl Store {
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
-            if let Claimable::Outbox { outbox, .. } = &claimable
-                && is_expired(outbox.send_by, now)
-            {
-                let writes = self.unsent_writes(item, &claimable, Unsent::Expired, now)?;
-                // Else it moved meanwhile: read again.
-                return Ok(if self.commit_unsent(writes).await? {
-                    Attempt::Done(ClaimOutcome::Expired)
+            if let Claimable::Outbox { outbox, prefs, .. } = &claimable {
+                // Expired, muted or in quiet hours: not sent now (domain's rules).
+                let why = if is_expired(outbox.send_by, now) {
+                    Some(Unsent::Expired)
                 } else {
-                    Attempt::Retry
-                });
+                    let priority = outbox.priority.unwrap_or_default();
+                    match gate(prefs, outbox.note_type.as_deref(), priority, now) {
+                        Gate::Go => None,
+                        Gate::Muted => Some(Unsent::Muted),
+                        Gate::Hold(until) => Some(Unsent::Held(until)),
+                    }
+                };
+                if let Some(why) = why {
+                    let writes = self.unsent_writes(item, &claimable, why, now)?;
+                    // Else it moved meanwhile: read again.
+                    return Ok(if self.commit_unsent(writes).await? {
+                        Attempt::Done(match why {
+                            Unsent::Held(until) => ClaimOutcome::Held(until),
+                            Unsent::Muted => ClaimOutcome::Muted,
+                            Unsent::Expired | Unsent::NoGrant => ClaimOutcome::Expired,
+                        })
+                    } else {
+                        Attempt::Retry
+                    });
+                }
             }
             let template = claimable.template()?;
             let (counters, open) = claimable.grants();
@@ -267,17 +293,24 @@ impl Store {
             let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
                 return Ok(Found::Unreadable("a push with a bad template id".into()));
             };
-            let (counters, open) = match self.get(&item.pk, &quota_sk(&template)).await? {
+            // The template's counters and the user's preferences, in one round trip.
+            let quota_key = quota_sk(&template);
+            let mut read = self
+                .read_items(&item.pk, &[quota_key.clone(), PREFS_SK.to_string()])
+                .await?;
+            let (counters, open) = match read.remove(&quota_key) {
                 Some(quota) => (
                     parse::<QuotaCounters>("quota", quota.clone())?,
                     OpenGrants::of(&quota),
                 ),
                 None => (QuotaCounters::default(), OpenGrants::default()),
             };
+            let (prefs, _) = PreferencesItem::of(read.remove(PREFS_SK))?;
             return Ok(Found::Due(Box::new(Claimable::Outbox {
                 outbox,
                 counters,
                 open,
+                prefs,
             })));
         }
         // A kind missing from the configuration (removed, or a rollback) is not a bad
@@ -313,6 +346,23 @@ impl Store {
                         Some(PushReason::NoGrant),
                     ),
                     Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
+                    Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
+                    Unsent::Held(until) => {
+                        // Still pending, due again when the quiet hours end; the
+                        // notification's push status stays `pending`.
+                        let held = outbox.moved(
+                            OutboxState::Pending,
+                            Some(until),
+                            self.shards,
+                            now,
+                            self.limits.retention.outbox,
+                        );
+                        return Ok(vec![versioned_put(
+                            &self.table,
+                            to_item("outbox", &held)?,
+                            outbox.version,
+                        )?]);
+                    }
                 };
                 let moved =
                     outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);

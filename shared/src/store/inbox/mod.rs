@@ -33,6 +33,7 @@ use crate::domain::inbox::{
 mod cancel;
 mod collapse;
 mod list;
+mod preferences;
 mod publish;
 mod read;
 

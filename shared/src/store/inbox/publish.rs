@@ -163,6 +163,7 @@ impl Store {
                 expires_at: None,
                 send_by: push.send_by,
                 priority: push.priority,
+                note_type: Some(note.note_type.clone()),
             };
             items.push(self.put_new(to_item("outbox", &outbox)?)?);
         }

@@ -16,6 +16,7 @@ pub(crate) mod event;
 pub(crate) mod grant;
 pub(crate) mod outbox;
 pub(crate) mod plan;
+pub(crate) mod preferences;
 pub(crate) mod quota;
 
 /// A raw DynamoDB item.

@@ -45,6 +45,10 @@ pub(crate) struct OutboxItem {
     /// The event's `priority`, when not `normal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) priority: Option<Priority>,
+    /// Its notification's type, for the user's mutes (absent on pushes stored before
+    /// it was kept: never muted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) note_type: Option<String>,
 }
 
 impl OutboxItem {
