@@ -220,11 +220,21 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
     let outbox = app.items_of(&user, "outbox").await;
     assert_eq!(
         outbox.len(),
-        1,
-        "only the immediate push had an outbox item"
+        2,
+        "expired at a claim or at publication: an outbox item each (none for the one expired at ingest)"
     );
-    assert_eq!(attr_s(&outbox[0], "state"), Some("expired"));
-    assert!(!outbox[0].contains_key("due_pk"), "off the due index");
+    for push in &outbox {
+        assert_eq!(attr_s(push, "state"), Some("expired"));
+        assert!(!push.contains_key("due_pk"), "off the due index");
+    }
+    // Each expiry has its cause in the audit trail.
+    let history = app.items_of(&user, "history").await;
+    let expired_by_dispatcher = history
+        .iter()
+        .filter(|h| attr_s(h, "cause") == Some("dispatcher"))
+        .filter(|h| format!("{h:?}").contains("expired"))
+        .count();
+    assert_eq!(expired_by_dispatcher, 2, "{history:?}");
     assert_eq!(available(&app, &user).await, 1, "the grant is untouched");
     assert!(
         app.items_of(&user, "grant")
@@ -350,6 +360,18 @@ async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or
     let outbox = app.items_of(&user, "outbox").await;
     assert_eq!(outbox.len(), 1);
     assert_eq!(attr_s(&outbox[0], "state"), Some("cancelled"));
+    // Both cancels have their cause in the audit trail.
+    let history = app.items_of(&user, "history").await;
+    for key in ["later", "now"] {
+        let cause = format!("cancel tests:{key}");
+        assert!(
+            history
+                .iter()
+                .any(|h| attr_s(h, "cause") == Some(cause.as_str())
+                    && format!("{h:?}").contains("cancelled")),
+            "{cause}: {history:?}"
+        );
+    }
     assert!(!outbox[0].contains_key("due_pk"), "off the due index");
     assert_ledger_agrees_with_counters(&app).await;
 }

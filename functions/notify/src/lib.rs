@@ -13,6 +13,7 @@ use onegrant::Deps;
 use onegrant::domain::inbox::cancel::CancelEvent;
 use onegrant::domain::inbox::{NotifyEvent, Push};
 use onegrant::events::EventError;
+use onegrant::store::audit::attributed;
 use onegrant::store::inbox::{Cancelled, Ingested};
 use onegrant::telemetry::{error_chain, openid_hash};
 use serde_json::{Value, json};
@@ -73,10 +74,13 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
             "push rejected before sending"
         );
     }
-    let ingested = deps.store.ingest(&parsed, now).await.map_err(|e| {
-        tracing::error!(error = %error_chain(&e), "notify event not stored");
-        EventError::Store(e)
-    })?;
+    let cause = format!("notify {}:{}", parsed.publisher, parsed.idempotency_key);
+    let ingested = attributed(cause, deps.store.ingest(&parsed, now))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %error_chain(&e), "notify event not stored");
+            EventError::Store(e)
+        })?;
     let openid = openid_hash(parsed.openid.as_str());
     match &ingested {
         Ingested::Created {
@@ -108,10 +112,13 @@ async fn cancel(deps: &Deps, detail: &Value, source: &str) -> Result<Value, Even
             return Ok(json!({"status": "invalid", "reason": e.to_string()}));
         }
     };
-    let cancelled = deps.store.cancel(&parsed, Utc::now()).await.map_err(|e| {
-        tracing::error!(error = %error_chain(&e), "cancel not recorded");
-        EventError::Store(e)
-    })?;
+    let cause = format!("cancel {}:{}", parsed.publisher, parsed.idempotency_key);
+    let cancelled = attributed(cause, deps.store.cancel(&parsed, Utc::now()))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %error_chain(&e), "cancel not recorded");
+            EventError::Store(e)
+        })?;
     let openid = openid_hash(parsed.openid.as_str());
     match &cancelled {
         Cancelled::TooLate { note_id, push } => {

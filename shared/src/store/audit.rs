@@ -1,4 +1,5 @@
-//! The audit trail: every transaction that changes a grant, a delivery or a plan also
+//! The audit trail: every transaction that changes a grant, a delivery, a plan or a
+//! notification's push also
 //! writes one history entry in the user's partition, in the same transaction, naming
 //! what caused it and what each item became. Entries are append-only (written once,
 //! conditional on not existing, never updated) and expire after the grants retention.
@@ -17,7 +18,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::store::keys::{DELIVERY_PREFIX, GRANT_PREFIX, PLAN_PREFIX};
+use crate::store::keys::{
+    DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
+};
 use crate::store::{StoreError, corrupt};
 
 tokio::task_local! {
@@ -45,7 +48,7 @@ pub const HISTORY_PREFIX: &str = "HIST#";
 /// One grant, delivery or plan as a transaction leaves it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
-    /// `grant`, `delivery` or `plan`.
+    /// `grant`, `delivery`, `plan` or `push`.
     pub entity: String,
     /// The item's sort key (`GRANT#<template>#<request_id>`, `DELIVERY#<id>`,
     /// `PLAN#<kind>`).
@@ -90,6 +93,10 @@ fn entity_of(sk: &str) -> Option<&'static str> {
         Some("delivery")
     } else if sk.starts_with(PLAN_PREFIX) {
         Some("plan")
+    } else if sk.starts_with(OUTBOX_PREFIX) || sk.starts_with(SCHEDULED_PREFIX) {
+        // A notification's push, in the outbox or waiting with its scheduled
+        // notification: every status it takes has its cause too.
+        Some("push")
     } else {
         None
     }
@@ -139,7 +146,7 @@ pub fn changes_of(items: &[TransactWriteItem]) -> (Option<String>, Vec<Change>) 
             let Some(kind) = text(fields, "kind") else {
                 continue;
             };
-            if !["grant", "delivery", "plan"].contains(&kind.as_str()) {
+            if !["grant", "delivery", "plan", "outbox", "scheduled"].contains(&kind.as_str()) {
                 continue;
             }
             (text(fields, "pk"), text(fields, "sk"), fields.clone())

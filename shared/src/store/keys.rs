@@ -7,11 +7,11 @@ use crate::domain::{OpenId, RequestId, TemplateId};
 
 const USER_PREFIX: &str = "USER#";
 pub const PLAN_PREFIX: &str = "PLAN#";
-const OUTBOX_PREFIX: &str = "OUTBOX#";
+pub const OUTBOX_PREFIX: &str = "OUTBOX#";
 pub const DELIVERY_PREFIX: &str = "DELIVERY#";
 const NOTE_PREFIX: &str = "NOTE#";
 const UNREAD_PREFIX: &str = "UNREAD#";
-const SCHEDULED_PREFIX: &str = "SCHEDULED#";
+pub const SCHEDULED_PREFIX: &str = "SCHEDULED#";
 /// Recorded WeChat events (`PUSH#<event>#<create time>#<items>`).
 pub const EVENT_PREFIX: &str = "PUSH#";
 

@@ -46,6 +46,11 @@ pub(crate) struct ScheduledItem {
     pk: String,
     sk: String,
     kind: String,
+    /// Its push's state for the audit trail: `scheduled` while it waits with it, else
+    /// how it ended before the notification was published (`cancelled`, `replaced`);
+    /// `none` without a push.
+    #[serde(default)]
+    state: String,
     /// The notification as it will be published.
     note: NoteItem,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,11 +75,18 @@ impl ScheduledItem {
         shards: u32,
     ) -> Self {
         let sk = scheduled_sk(&note.id);
+        let state = match (&push, note.push_status.as_deref()) {
+            (Some(_), _) => "scheduled",
+            (None, Some(status)) => status,
+            (None, None) => "none",
+        }
+        .to_string();
         Self {
             due_pk: due_pk(&note.pk, &sk, shards),
             pk: note.pk.clone(),
             sk,
             kind: "scheduled".into(),
+            state,
             note,
             push,
             due_at: at.timestamp_millis(),
@@ -100,6 +112,7 @@ impl ScheduledItem {
         next.push = None;
         next.note.push_status = Some(status.as_str().to_string());
         next.note.push_reason = None;
+        next.state = status.as_str().to_string();
         next.version = self.version + 1;
         next
     }
@@ -144,30 +157,41 @@ impl Store {
             self.unread_change(&note.pk, 1)?,
         ];
         if let Some(push) = push {
-            let sk = outbox_sk(&note.id);
-            let outbox = OutboxItem {
-                due_pk: Some(due_pk(&note.pk, &sk, self.shards)),
-                due_at: Some(at.timestamp_millis()),
-                pk: note.pk.clone(),
-                sk,
-                kind: "outbox".into(),
-                note_id: note.id.clone(),
-                template_id: push.template_id,
-                data: push.data,
-                page: push.page,
-                state: OutboxState::Pending,
-                attempts: 0,
-                delivery_id: None,
-                version: 1,
-                updated_at: rfc3339(now),
-                expires_at: None,
-                send_by: push.send_by,
-                priority: push.priority,
-                note_type: Some(note.note_type.clone()),
-            };
+            let outbox = self.outbox_of(&note, push, at, now);
             items.push(self.put_new(to_item("outbox", &outbox)?)?);
         }
         Ok(items)
+    }
+
+    /// The outbox item of `note`'s push, `pending` and due at `at`.
+    fn outbox_of(
+        &self,
+        note: &NoteItem,
+        push: PushPayload,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> OutboxItem {
+        let sk = outbox_sk(&note.id);
+        OutboxItem {
+            due_pk: Some(due_pk(&note.pk, &sk, self.shards)),
+            due_at: Some(at.timestamp_millis()),
+            pk: note.pk.clone(),
+            sk,
+            kind: "outbox".into(),
+            note_id: note.id.clone(),
+            template_id: push.template_id,
+            data: push.data,
+            page: push.page,
+            state: OutboxState::Pending,
+            attempts: 0,
+            delivery_id: None,
+            version: 1,
+            updated_at: rfc3339(now),
+            expires_at: None,
+            send_by: push.send_by,
+            priority: push.priority,
+            note_type: Some(note.note_type.clone()),
+        }
     }
 
     /// Publishes the scheduled notification `sk` of `pk` whose due entry is at `due`
@@ -197,8 +221,11 @@ impl Store {
             let mut note = scheduled.note.clone();
             let mut push = scheduled.push.clone();
             let expired = push.as_ref().is_some_and(|p| is_expired(p.send_by, now));
+            // Expired before it was published: its outbox item is written `expired`
+            // (final), as a claim past `expires_at` leaves it.
+            let mut ended = None;
             if expired {
-                push = None;
+                ended = push.take();
                 note.push_status = Some(PushStatus::Expired.as_str().to_string());
                 note.push_reason = None;
             }
@@ -212,7 +239,18 @@ impl Store {
                 .build()
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
             let mut items = vec![TransactWriteItem::builder().delete(delete).build()];
+            let note_for_push = note.clone();
             items.extend(self.published(note, push, due, now)?);
+            if let Some(payload) = ended {
+                let outbox = self.outbox_of(&note_for_push, payload, due, now).moved(
+                    OutboxState::Expired,
+                    None,
+                    self.shards,
+                    now,
+                    self.limits.retention.outbox,
+                );
+                items.push(self.put_new(to_item("outbox", &outbox)?)?);
+            }
             Ok(match self.transact(items).await? {
                 TxOutcome::Committed => Attempt::Done(Published::Done {
                     push: has_push,
