@@ -4,6 +4,7 @@
 //! `expires_at` is never sent and spends no grant.
 
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use futures::StreamExt;
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app,
     spawn_app_with,
@@ -639,4 +640,64 @@ async fn bad_collapse_keys_are_refused_and_store_nothing() {
     }
     assert!(app.items_of(&user, "note").await.is_empty());
     assert!(app.items_of(&user, "collapse").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_user_with_1000_scheduled_pushes_costs_an_idle_tick_nothing_and_a_cancel_a_bounded_few_items()
+ {
+    let app = spawn_app().await;
+    let user = app.user("planner").await;
+    // The first tick registers the shard count: not part of what is compared.
+    app.tick(5).await;
+    app.round_trips.take();
+    app.round_trips.take_items_read();
+    let idle = app.tick(5).await;
+    let before = (
+        app.round_trips.take().len(),
+        app.round_trips.take_items_read(),
+    );
+    assert_eq!(idle.due, 0, "{idle:?}");
+    let start = Utc::now() + Duration::hours(1);
+    futures::stream::iter(0..1000)
+        .for_each_concurrent(8, |i| {
+            let (app, user) = (&app, &user);
+            async move {
+                let send_at = at(start + Duration::seconds(i));
+                let answer = app
+                    .notify(scheduled(
+                        user,
+                        &format!("many-{i}"),
+                        json!({"send_at": send_at}),
+                    ))
+                    .await;
+                assert_eq!(answer["status"], "created", "{answer}");
+            }
+        })
+        .await;
+    assert_eq!(app.items_of(&user, "scheduled").await.len(), 1000);
+    app.round_trips.take();
+    app.round_trips.take_items_read();
+    let tick = app.tick(5).await;
+    let after = (
+        app.round_trips.take().len(),
+        app.round_trips.take_items_read(),
+    );
+    assert_eq!((tick.due, tick.published), (0, 0), "{tick:?}");
+    assert_eq!(
+        after, before,
+        "an idle tick's requests and items read, with and without them"
+    );
+    // A cancel of one of them: its event's record and its scheduled item.
+    app.round_trips.take_writes();
+    let cancelled = app.cancel(&user, "many-500").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let requests = app.round_trips.take();
+    let read = app.round_trips.take_items_read();
+    let written = app.round_trips.take_writes();
+    assert!(read <= 3, "a cancel read {read} items: {requests:?}");
+    // The scheduled item, the event's record and the history entry.
+    assert_eq!(written.len(), 3, "a cancel wrote {} items", written.len());
+    // The inbox shows none of them yet.
+    assert_eq!(page(&app, &user).await.len(), 0);
+    assert_eq!(unread(&app, &user).await, 0);
 }
