@@ -701,3 +701,61 @@ async fn a_user_with_1000_scheduled_pushes_costs_an_idle_tick_nothing_and_a_canc
     assert_eq!(page(&app, &user).await.len(), 0);
     assert_eq!(unread(&app, &user).await, 0);
 }
+
+/// Round trips and write units (DynamoDB's rules) of what ran since the last take.
+async fn cost(app: &TestApp) -> (usize, usize) {
+    let trips = app.round_trips.take().len();
+    let writes = app.round_trips.take_writes();
+    (trips, app.write_units(&writes).await)
+}
+
+#[tokio::test]
+async fn a_scheduled_push_costs_its_publication_more_than_an_immediate_one() {
+    let app = spawn_app_with(&[("AUDIT_TRAIL", "false")]).await;
+    let user = app.user("costs").await;
+    app.round_trips.take();
+    app.round_trips.take_writes();
+    app.notify(scheduled(&user, "now", json!({}))).await;
+    let immediate = cost(&app).await;
+    let send_at = Utc::now() + Duration::seconds(1);
+    let answer = app
+        .notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
+        .await;
+    let ingest = cost(&app).await;
+    let note_id = answer["note_id"].as_str().expect("note id");
+    let published = app
+        .deps
+        .store
+        .publish(
+            &format!("USER#{}", user.openid),
+            &format!("SCHEDULED#{note_id}"),
+            DateTime::parse_from_rfc3339(answer["send_at"].as_str().expect("send_at"))
+                .expect("time")
+                .with_timezone(&Utc),
+            Utc::now(),
+        )
+        .await
+        .expect("published");
+    assert_eq!(
+        published,
+        onegrant::store::inbox::Published::Done {
+            push: true,
+            expired: false
+        }
+    );
+    let publish = cost(&app).await;
+    println!(
+        "immediate push ingest: {} round trips, {} WRU; scheduled: ingest {} / {}, publication {} / {}",
+        immediate.0, immediate.1, ingest.0, ingest.1, publish.0, publish.1
+    );
+    // Both end as the same notification, marker, counter and outbox item: the
+    // scheduled one adds its own item's put and delete (2 transactional writes) and
+    // the publication's read and transaction.
+    assert_eq!(
+        (ingest.0 + publish.0, ingest.1 + publish.1),
+        (immediate.0 + 2, immediate.1 + 4),
+        "immediate {immediate:?}, ingest {ingest:?}, publication {publish:?}"
+    );
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(outbox.len(), 2, "both pushes wait in the outbox alike");
+}
