@@ -56,6 +56,9 @@ pub mod name {
     pub const MUTED: &str = "Muted";
     /// Pushes held by the user's quiet hours (due again at their end).
     pub const HELD: &str = "Held";
+    /// Pushes cancelled at their claim: the cancel came while an earlier attempt was in
+    /// flight, and that attempt did not go out.
+    pub const CANCELLED: &str = "CancelledAtClaim";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -79,7 +82,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 30] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -101,6 +104,7 @@ pub const ALL: [&str; 29] = [
     name::EXPIRED,
     name::MUTED,
     name::HELD,
+    name::CANCELLED,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

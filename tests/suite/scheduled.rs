@@ -759,3 +759,149 @@ async fn a_scheduled_push_costs_its_publication_more_than_an_immediate_one() {
     let outbox = app.items_of(&user, "outbox").await;
     assert_eq!(outbox.len(), 2, "both pushes wait in the outbox alike");
 }
+
+/// Deletes `user`'s item `sk` straight from the table (as DynamoDB's TTL would).
+async fn remove(app: &TestApp, user: &User, sk: &str) {
+    app.table
+        .client
+        .delete_item()
+        .table_name(&app.table.name)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S(sk.to_string()),
+        )
+        .send()
+        .await
+        .expect("delete");
+}
+
+#[tokio::test]
+async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_that_succeeds_is_too_late_after()
+ {
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+    ])
+    .await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.accept(&user, ORDER, "wr_2").await;
+    for (key, fails) in [("flaky", true), ("fine", false)] {
+        app.notify(scheduled(&user, key, json!({}))).await;
+        if fails {
+            app.control(
+                "POST",
+                "faults",
+                Some(json!({"openid": user.openid, "errcode": 45011, "times": 1})),
+            )
+            .await;
+        }
+        // WeChat answers slowly: the cancel lands while the attempt is in flight.
+        app.control("POST", "latency", Some(json!({"ms": 1500})))
+            .await;
+        let cancel_in_flight = async {
+            for _ in 0..200 {
+                if outbox_states(&app, &user)
+                    .await
+                    .get(key)
+                    .map(String::as_str)
+                    == Some("sending")
+                {
+                    return app.cancel(&user, key).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            panic!("the push never went in flight");
+        };
+        let (summary, answer) = tokio::join!(app.tick(30), cancel_in_flight);
+        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        assert_eq!(
+            (answer["status"].as_str(), answer["push"].as_str()),
+            (Some("requested"), Some("pending")),
+            "{key}: {answer}"
+        );
+        if fails {
+            assert_eq!((summary.failed, summary.restored), (1, 1), "{summary:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            let retry = app.tick(30).await;
+            assert_eq!(
+                (retry.cancelled, retry.claimed, retry.sent),
+                (1, 0, 0),
+                "{retry:?}"
+            );
+            assert_eq!(outbox_states(&app, &user).await[key], "cancelled");
+        } else {
+            assert_eq!(summary.sent, 1, "{summary:?}");
+            assert_eq!(outbox_states(&app, &user).await[key], "sent");
+            let after = app.cancel(&user, key).await;
+            assert_eq!(after["status"], "too_late", "{after}");
+        }
+    }
+    assert_eq!(
+        app.deliveries().await.len(),
+        1,
+        "only the attempt that went out"
+    );
+    assert_eq!(
+        available(&app, &user).await,
+        1,
+        "the cancelled push spent nothing"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn an_older_notification_removed_by_retention_never_blocks_a_replacement_or_a_cancel() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    let key = json!({"collapse_key": "thread"});
+    let older = app.notify(scheduled(&user, "older", key.clone())).await;
+    remove(
+        &app,
+        &user,
+        &format!("NOTE#{}", older["note_id"].as_str().expect("id")),
+    )
+    .await;
+    let newer = app.notify(scheduled(&user, "newer", key)).await;
+    assert_eq!(newer["status"], "created", "{newer}");
+    assert_eq!(outbox_states(&app, &user).await["older"], "replaced");
+    let lone = app.notify(scheduled(&user, "lone", json!({}))).await;
+    remove(
+        &app,
+        &user,
+        &format!("NOTE#{}", lone["note_id"].as_str().expect("id")),
+    )
+    .await;
+    let cancelled = app.cancel(&user, "lone").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(outbox_states(&app, &user).await["lone"], "cancelled");
+    assert!(
+        app.items_of(&user, "note")
+            .await
+            .iter()
+            .all(|n| attr_s(n, "id") != lone["note_id"].as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_mark_for_another_user_does_not_cancel_and_a_repeat_cancel_of_an_arrived_cancelled_push_is_already()
+ {
+    let app = spawn_app().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    assert_eq!(app.cancel(&bob, "shared-key").await["status"], "early");
+    let stored = app.notify(scheduled(&alice, "shared-key", json!({}))).await;
+    assert_eq!(
+        stored["push"], "pending",
+        "a mark naming bob leaves alice's push: {stored}"
+    );
+    assert_eq!(app.cancel(&alice, "first").await["status"], "early");
+    let arrived = app.notify(scheduled(&alice, "first", json!({}))).await;
+    assert_eq!(arrived["push"], "cancelled", "{arrived}");
+    let again = app.cancel(&alice, "first").await;
+    assert_eq!(again["status"], "already", "{again}");
+}

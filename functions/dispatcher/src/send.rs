@@ -35,6 +35,8 @@ pub(crate) enum Dispatched {
     Muted,
     /// A push in the user's quiet hours, due again at their end.
     Held,
+    /// A push whose cancel came while an earlier attempt was in flight.
+    Cancelled,
     Deferred,
     NoToken,
 }
@@ -114,6 +116,7 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
         ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
+        ClaimOutcome::Cancelled => return Ok(Dispatched::Cancelled),
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");

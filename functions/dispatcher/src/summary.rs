@@ -38,6 +38,8 @@ pub struct Summary {
     pub muted: u32,
     /// Pushes held by the user's quiet hours (due again at their end).
     pub held: u32,
+    /// Pushes cancelled at their claim (the cancel came while an attempt was in flight).
+    pub cancelled: u32,
     pub lost: u32,
     /// Left due for the next tick: no time left, or the user's turn came too late.
     pub deferred: u32,
@@ -79,6 +81,7 @@ impl Summary {
             expired,
             muted,
             held,
+            cancelled,
             lost,
             deferred,
             no_token,
@@ -107,6 +110,7 @@ impl Summary {
         self.expired += expired;
         self.muted += muted;
         self.held += held;
+        self.cancelled += cancelled;
         self.lost += lost;
         self.deferred += deferred;
         self.no_token += no_token;
@@ -136,6 +140,7 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         expired = summary.expired,
         muted = summary.muted,
         held = summary.held,
+        cancelled = summary.cancelled,
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
@@ -162,6 +167,7 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::EXPIRED, summary.expired);
     count(name::MUTED, summary.muted);
     count(name::HELD, summary.held);
+    count(name::CANCELLED, summary.cancelled);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);
     count(name::QUARANTINED, summary.quarantined);

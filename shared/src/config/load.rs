@@ -235,7 +235,10 @@ impl Config {
                 deliveries: days("RETENTION_DELIVERIES_DAYS", kept.deliveries)?,
                 outbox: days("RETENTION_OUTBOX_DAYS", kept.outbox)?,
                 // At least a week: longer than a push's whole retry schedule (at most
-                // 20 attempts 6 h apart), so a read note outlives its pending push.
+                // 20 attempts 6 h apart). Quiet hours can hold a pending push longer
+                // than that after its note was read; every write of a push's status to
+                // its note then drops the note write and lands the rest, so a removed
+                // note never blocks the push's claim, cancel or replacement.
                 read_notes: days_from("RETENTION_READ_NOTES_DAYS", kept.read_notes, 7)?,
                 actions: days("RETENTION_ACTIONS_DAYS", kept.actions)?,
                 events: days("RETENTION_EVENTS_DAYS", kept.events)?,

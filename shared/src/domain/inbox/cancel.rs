@@ -2,10 +2,13 @@
 //! by its publisher's idempotency key; its push is cancelled if it has not gone out,
 //! and a cancel that arrives before its notification still cancels it.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::ids::OpenId;
+use crate::domain::inbox::preferences::Gate;
+use crate::domain::inbox::schedule::is_expired;
 use crate::domain::inbox::{EventError, MAX_KEY_CHARS, PushStatus, is_publisher};
 
 /// A validated `onegrant.cancel` event.
@@ -77,8 +80,12 @@ pub enum CancelDecision {
     Cancel,
     /// Cancelled already (a cancel again): nothing changes.
     Already,
-    /// It went out, or is going out, or ended otherwise: it stays as it was and the
-    /// cancel is recorded as too late.
+    /// An attempt is in flight (or its outcome unknown): that attempt is not stopped,
+    /// but the cancel is recorded on the notification, so if the push comes due again
+    /// (the attempt failed and is retried) its next claim cancels it.
+    Request,
+    /// It went out, or ended otherwise: it stays as it was and the cancel is recorded
+    /// as too late.
     TooLate,
     /// There is no push to cancel.
     NoPush,
@@ -92,12 +99,11 @@ pub fn decide(found: PushFound) -> CancelDecision {
         | PushFound::ScheduledEnded(PushStatus::Cancelled) => CancelDecision::Already,
         PushFound::ScheduledEnded(PushStatus::Rejected) => CancelDecision::NoPush,
         PushFound::ScheduledEnded(_) => CancelDecision::TooLate,
+        PushFound::Outbox(OutboxState::Sending | OutboxState::Unknown) => CancelDecision::Request,
         PushFound::Outbox(
-            OutboxState::Sending
-            | OutboxState::Sent
+            OutboxState::Sent
             | OutboxState::Skipped
             | OutboxState::Failed
-            | OutboxState::Unknown
             | OutboxState::Expired
             | OutboxState::Replaced
             | OutboxState::Muted,
@@ -106,8 +112,41 @@ pub fn decide(found: PushFound) -> CancelDecision {
     }
 }
 
+/// What becomes of a push at its claim, in this order: a cancel recorded while an
+/// earlier attempt was in flight, its `expires_at`, the user's preferences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtClaim {
+    Go,
+    Cancelled,
+    Expired,
+    Muted,
+    /// Quiet hours: due again at their end.
+    Held(DateTime<Utc>),
+}
+
+/// The claim's decision for a push (see [`AtClaim`]).
+pub fn at_claim(
+    cancel_requested: bool,
+    expires_at: Option<i64>,
+    gate: Gate,
+    now: DateTime<Utc>,
+) -> AtClaim {
+    if cancel_requested {
+        AtClaim::Cancelled
+    } else if is_expired(expires_at, now) {
+        AtClaim::Expired
+    } else {
+        match gate {
+            Gate::Go => AtClaim::Go,
+            Gate::Muted => AtClaim::Muted,
+            Gate::Hold(until) => AtClaim::Held(until),
+        }
+    }
+}
+
 /// Whether a newer notification with the same `collapse_key` replaces the push it
-/// found: while that push waits, as a cancel would cancel it.
+/// found: while that push waits, as a cancel would cancel it (an attempt in flight is
+/// left to end as it does).
 pub fn replaces(found: PushFound) -> bool {
     decide(found) == CancelDecision::Cancel
 }
@@ -129,9 +168,9 @@ mod tests {
             (PushFound::None, NoPush),
             (PushFound::Outbox(OutboxState::Pending), Cancel),
             (PushFound::Outbox(OutboxState::Cancelled), Already),
-            (PushFound::Outbox(OutboxState::Sending), TooLate),
+            (PushFound::Outbox(OutboxState::Sending), Request),
             (PushFound::Outbox(OutboxState::Sent), TooLate),
-            (PushFound::Outbox(OutboxState::Unknown), TooLate),
+            (PushFound::Outbox(OutboxState::Unknown), Request),
             (PushFound::Outbox(OutboxState::Failed), TooLate),
             (PushFound::Outbox(OutboxState::Skipped), TooLate),
             (PushFound::Outbox(OutboxState::Expired), TooLate),
@@ -140,6 +179,33 @@ mod tests {
         for (found, expected) in cases {
             assert_eq!(decide(found), expected, "{found:?}");
             assert_eq!(replaces(found), expected == Cancel, "{found:?}");
+        }
+    }
+
+    #[test]
+    fn at_a_claim_a_recorded_cancel_comes_first_then_expiry_then_preferences() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("now");
+        let past = Some(now.timestamp_millis());
+        let later = now + chrono::Duration::hours(1);
+        let cases = [
+            (true, past, Gate::Hold(later), AtClaim::Cancelled),
+            (true, None, Gate::Go, AtClaim::Cancelled),
+            (false, past, Gate::Muted, AtClaim::Expired),
+            (false, None, Gate::Muted, AtClaim::Muted),
+            (false, None, Gate::Hold(later), AtClaim::Held(later)),
+            (
+                false,
+                Some(now.timestamp_millis() + 1),
+                Gate::Go,
+                AtClaim::Go,
+            ),
+        ];
+        for (requested, expires, gate, expected) in cases {
+            assert_eq!(
+                at_claim(requested, expires, gate, now),
+                expected,
+                "{requested} {expires:?} {gate:?}"
+            );
         }
     }
 

@@ -5,18 +5,20 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled, push_is_due_at};
-use crate::domain::inbox::preferences::{Gate, Preferences, gate};
-use crate::domain::inbox::schedule::is_expired;
+use crate::domain::inbox::cancel::{AtClaim, at_claim};
+use crate::domain::inbox::preferences::{Preferences, gate};
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::{Plan, PlanEvent};
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
-use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::outbox::{
+    CANCEL_REQUESTED, OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
+};
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{INFLIGHT, OpenGrants};
 use crate::store::items::{key, n, parse, to_item};
-use crate::store::keys::{SortKey, delivery_sk, quota_sk, sort_key};
+use crate::store::keys::{SortKey, delivery_sk, note_sk, quota_sk, sort_key};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -32,6 +34,9 @@ pub enum ClaimOutcome {
     Expired,
     /// A push of a type the user muted: recorded `muted`, nothing sent or spent.
     Muted,
+    /// A push cancelled while an earlier attempt was in flight, now due again:
+    /// recorded `cancelled`, nothing sent or spent.
+    Cancelled,
     /// A push in the user's quiet hours: due again at their end.
     Held(DateTime<Utc>),
     /// The item itself cannot be read (or belongs to no configured kind): it can never
@@ -46,6 +51,8 @@ enum Unsent {
     Expired,
     /// Its notification type is muted.
     Muted,
+    /// A cancel came while an earlier attempt was in flight.
+    Cancelled,
     /// Quiet hours: due again at their end.
     Held(DateTime<Utc>),
 }
@@ -71,6 +78,8 @@ enum Claimable {
         counters: QuotaCounters,
         open: OpenGrants,
         prefs: Preferences,
+        /// A cancel came while an earlier attempt was in flight.
+        cancel_requested: bool,
     },
 }
 
@@ -121,17 +130,22 @@ impl Store {
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
-            if let Claimable::Outbox { outbox, prefs, .. } = &claimable {
-                // Expired, muted or in quiet hours: not sent now (domain's rules).
-                let why = if is_expired(outbox.send_by, now) {
-                    Some(Unsent::Expired)
-                } else {
-                    let priority = outbox.priority.unwrap_or_default();
-                    match gate(prefs, outbox.note_type.as_deref(), priority, now) {
-                        Gate::Go => None,
-                        Gate::Muted => Some(Unsent::Muted),
-                        Gate::Hold(until) => Some(Unsent::Held(until)),
-                    }
+            if let Claimable::Outbox {
+                outbox,
+                prefs,
+                cancel_requested,
+                ..
+            } = &claimable
+            {
+                // Cancelled, expired, muted or in quiet hours: not sent now.
+                let priority = outbox.priority.unwrap_or_default();
+                let gate = gate(prefs, outbox.note_type.as_deref(), priority, now);
+                let why = match at_claim(*cancel_requested, outbox.send_by, gate, now) {
+                    AtClaim::Go => None,
+                    AtClaim::Cancelled => Some(Unsent::Cancelled),
+                    AtClaim::Expired => Some(Unsent::Expired),
+                    AtClaim::Muted => Some(Unsent::Muted),
+                    AtClaim::Held(until) => Some(Unsent::Held(until)),
                 };
                 if let Some(why) = why {
                     let writes = self.unsent_writes(item, &claimable, why, now)?;
@@ -140,6 +154,7 @@ impl Store {
                         Attempt::Done(match why {
                             Unsent::Held(until) => ClaimOutcome::Held(until),
                             Unsent::Muted => ClaimOutcome::Muted,
+                            Unsent::Cancelled => ClaimOutcome::Cancelled,
                             Unsent::Expired | Unsent::NoGrant => ClaimOutcome::Expired,
                         })
                     } else {
@@ -293,11 +308,19 @@ impl Store {
             let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
                 return Ok(Found::Unreadable("a push with a bad template id".into()));
             };
-            // The template's counters and the user's preferences, in one round trip.
+            // The template's counters, the user's preferences and the notification (a
+            // cancel recorded on it), in one round trip.
             let quota_key = quota_sk(&template);
+            let note_key = note_sk(&outbox.note_id);
             let mut read = self
-                .read_items(&item.pk, &[quota_key.clone(), PREFS_SK.to_string()])
+                .read_items(
+                    &item.pk,
+                    &[quota_key.clone(), PREFS_SK.to_string(), note_key.clone()],
+                )
                 .await?;
+            let cancel_requested = read
+                .remove(&note_key)
+                .is_some_and(|note| note.contains_key(CANCEL_REQUESTED));
             let (counters, open) = match read.remove(&quota_key) {
                 Some(quota) => (
                     parse::<QuotaCounters>("quota", quota.clone())?,
@@ -311,6 +334,7 @@ impl Store {
                 counters,
                 open,
                 prefs,
+                cancel_requested,
             })));
         }
         // A kind missing from the configuration (removed, or a rollback) is not a bad
@@ -347,6 +371,7 @@ impl Store {
                     ),
                     Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
                     Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
+                    Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
                     Unsent::Held(until) => {
                         // Still pending, due again when the quiet hours end; the
                         // notification's push status stays `pending`.
@@ -381,19 +406,7 @@ impl Store {
         Ok(match self.transact(writes.clone()).await? {
             TxOutcome::Committed => true,
             TxOutcome::Cancelled(reasons) => {
-                let failed: Vec<usize> = reasons
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (code, _))| is_condition_failed(code))
-                    .map(|(i, _)| i)
-                    .collect();
-                let only_note = !failed.is_empty()
-                    && failed.iter().all(|&i| {
-                        writes
-                            .get(i)
-                            .is_some_and(crate::store::items::outbox::is_note_update)
-                    });
-                if only_note {
+                if only_note_updates_failed(&writes, &reasons) {
                     writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
                     matches!(self.transact(writes).await?, TxOutcome::Committed)
                 } else {

@@ -16,8 +16,12 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{CancelDecision, CancelEvent, PushFound, decide};
 use crate::store::inbox::publish::ScheduledItem;
-use crate::store::inbox::{CANCEL_DONE, CANCEL_FIRST, CANCEL_TOO_LATE, EventItem};
-use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::inbox::{
+    CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
+};
+use crate::store::items::outbox::{
+    OutboxItem, note_cancel_request, note_push_update, only_note_updates_failed, versioned_put,
+};
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
 use crate::store::tx::TxOutcome;
@@ -34,6 +38,9 @@ pub enum Cancelled {
     /// The push had gone out (or ended otherwise) already: it stays `push`; the cancel
     /// is recorded as too late.
     TooLate { note_id: String, push: PushStatus },
+    /// An attempt of the push is in flight (or its outcome unknown): it is not stopped,
+    /// but if it does not go out, the push's next claim cancels it.
+    Requested { note_id: String, push: PushStatus },
     /// The notification has no push to cancel.
     NoPush { note_id: String },
     /// The event has not come yet: when it does, its push is `cancelled`.
@@ -67,7 +74,11 @@ impl Store {
         let (event_pk, event_sk) = event_key(&cancel.publisher, &cancel.idempotency_key);
         let pk = user_pk(&cancel.openid);
         let (event_pk, event_sk, pk) = (&event_pk, &event_sk, &pk);
+        // Set once a try found the notification removed by its retention: the push is
+        // still ended, without the notification's status.
+        let no_note = &std::sync::atomic::AtomicBool::new(false);
         retry_contended("cancel", self.limits.write_budget, || async move {
+            let with_note = !no_note.load(std::sync::atomic::Ordering::Relaxed);
             let Some(record) = self.get(event_pk, event_sk).await? else {
                 // Before its event: the mark, kept as long as an event record.
                 let mark = EventItem {
@@ -78,6 +89,7 @@ impl Store {
                     note_id: String::new(),
                     expires_at: (now + self.limits.retention.events).timestamp(),
                     cancel: Some(CANCEL_FIRST.into()),
+                    openid: Some(cancel.openid.to_string()),
                 };
                 return Ok(
                     match self
@@ -105,12 +117,28 @@ impl Store {
                         &note_id,
                         &found,
                         PushStatus::Cancelled,
+                        with_note,
                         now,
                     )?);
                     Cancelled::Cancelled { note_id }
                 }
                 CancelDecision::Already => {
                     return Ok(Attempt::Done(Cancelled::Already { note_id }));
+                }
+                CancelDecision::Request => {
+                    let PushFound::Outbox(state) = found.as_domain() else {
+                        return Err(StoreError::Corrupt(
+                            "a cancel request for a push not in the outbox".into(),
+                        ));
+                    };
+                    let push = PushStatus::of_outbox(state);
+                    if with_note {
+                        writes.push(note_cancel_request(&self.table, pk, &note_id, now)?);
+                        Cancelled::Requested { note_id, push }
+                    } else {
+                        // Nowhere to record it: this attempt decides.
+                        Cancelled::TooLate { note_id, push }
+                    }
                 }
                 CancelDecision::TooLate => match found.as_domain() {
                     PushFound::Outbox(state) => Cancelled::TooLate {
@@ -124,14 +152,19 @@ impl Store {
                         ));
                     }
                 },
+                // Its event came after a cancel, or its push ended cancelled and left
+                // nothing behind: a cancel again changes nothing.
+                CancelDecision::NoPush if record.cancel.as_deref() == Some(CANCEL_DONE) => {
+                    return Ok(Attempt::Done(Cancelled::Already { note_id }));
+                }
                 CancelDecision::NoPush => {
                     return Ok(Attempt::Done(Cancelled::NoPush { note_id }));
                 }
             };
-            let outcome = if matches!(answer, Cancelled::TooLate { .. }) {
-                CANCEL_TOO_LATE
-            } else {
-                CANCEL_DONE
+            let outcome = match answer {
+                Cancelled::TooLate { .. } => CANCEL_TOO_LATE,
+                Cancelled::Requested { .. } => CANCEL_REQUESTED_MARK,
+                _ => CANCEL_DONE,
             };
             if record.cancel.as_deref() != Some(outcome) {
                 writes.push(self.cancel_recorded(event_pk, event_sk, outcome, now)?);
@@ -139,10 +172,16 @@ impl Store {
             if writes.is_empty() {
                 return Ok(Attempt::Done(answer));
             }
-            Ok(match self.transact(writes).await? {
+            Ok(match self.transact(writes.clone()).await? {
                 TxOutcome::Committed => Attempt::Done(answer),
-                // Claimed, published or cancelled meanwhile: read again.
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                TxOutcome::Cancelled(reasons) => {
+                    if only_note_updates_failed(&writes, &reasons) {
+                        no_note.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // Claimed, published or cancelled meanwhile: read again.
+                    Attempt::Retry
+                }
+                TxOutcome::Contended => Attempt::Retry,
             })
         })
         .await
@@ -170,6 +209,7 @@ impl Store {
         note_id: &str,
         found: &Found,
         status: PushStatus,
+        with_note: bool,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         Ok(match found {
@@ -188,10 +228,15 @@ impl Store {
                 };
                 let next =
                     outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
-                vec![
-                    versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,
-                    note_push_update(&self.table, pk, note_id, status, None)?,
-                ]
+                let mut writes = vec![versioned_put(
+                    &self.table,
+                    to_item("outbox", &next)?,
+                    outbox.version,
+                )?];
+                if with_note {
+                    writes.push(note_push_update(&self.table, pk, note_id, status, None)?);
+                }
+                writes
             }
             Found::None => Vec::new(),
         })

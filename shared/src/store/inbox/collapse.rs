@@ -38,6 +38,7 @@ impl Store {
         publisher: &str,
         key: &str,
         note_id: &str,
+        with_note: bool,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let sk = collapse_sk(publisher, key);
@@ -76,6 +77,7 @@ impl Store {
                     &older.note_id,
                     &found,
                     PushStatus::Replaced,
+                    with_note,
                     now,
                 )?);
             }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
+use crate::store::items::outbox::only_note_updates_failed;
 use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
@@ -109,6 +110,9 @@ pub(crate) struct EventItem {
     /// only this mark), [`CANCEL_DONE`] or [`CANCEL_TOO_LATE`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cancel: Option<String>,
+    /// A cancel's mark only: the user the cancel named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    openid: Option<String>,
 }
 
 /// A cancel came before its event: the record is only this mark.
@@ -117,6 +121,8 @@ pub(crate) const CANCEL_FIRST: &str = "first";
 pub(crate) const CANCEL_DONE: &str = "done";
 /// A cancel came after the push had gone out (or ended otherwise).
 pub(crate) const CANCEL_TOO_LATE: &str = "too_late";
+/// A cancel came while an attempt was in flight: recorded for the push's next claim.
+pub(crate) const CANCEL_REQUESTED_MARK: &str = "requested";
 
 impl EventItem {
     fn is_cancel_mark(&self) -> bool {
@@ -127,8 +133,22 @@ impl EventItem {
 /// How one ingest try ended.
 enum Ingest {
     Done(Ingested),
-    /// The record is a cancel's mark: ingest again, the push cancelled.
-    CancelledFirst,
+    /// The record is a cancel's mark: ingest again replacing it, the push cancelled if
+    /// the mark names this event's user.
+    Marked {
+        cancelled: bool,
+    },
+    /// The mark this try meant to replace is gone (expired): ingest as new.
+    MarkGone,
+}
+
+/// How an ingest writes the event's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// A new record (none may exist).
+    New,
+    /// In place of a cancel's mark; `cancelled`: the push starts `cancelled`.
+    ReplaceMark { cancelled: bool },
 }
 
 /// The Put replacing a cancel's mark with the event's record (conditional on the mark).
@@ -205,25 +225,28 @@ impl Store {
         event: &NotifyEvent,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
-        match self.ingest_as(event, now, false).await? {
-            Ingest::Done(ingested) => Ok(ingested),
-            Ingest::CancelledFirst => match self.ingest_as(event, now, true).await? {
-                Ingest::Done(ingested) => Ok(ingested),
-                Ingest::CancelledFirst => Err(StoreError::Corrupt(
-                    "an event record that is a cancel's and is not".into(),
-                )),
-            },
+        let mut record = Record::New;
+        // At most: new, then replacing a mark, then new again if the mark expired.
+        for _ in 0..3 {
+            match self.ingest_as(event, now, record).await? {
+                Ingest::Done(ingested) => return Ok(ingested),
+                Ingest::Marked { cancelled } => record = Record::ReplaceMark { cancelled },
+                Ingest::MarkGone => record = Record::New,
+            }
         }
+        Err(StoreError::Corrupt(
+            "an event's record kept changing between a mark and none".into(),
+        ))
     }
 
-    /// One ingest; `cancelled_first`: the event's record is a cancel's mark, which this
-    /// replaces (the push is `cancelled`).
+    /// One ingest, writing the event's record as `record` says.
     async fn ingest_as(
         &self,
         event: &NotifyEvent,
         now: DateTime<Utc>,
-        cancelled_first: bool,
+        record_as: Record,
     ) -> Result<Ingest, StoreError> {
+        let cancelled_first = record_as == (Record::ReplaceMark { cancelled: true });
         let pk = user_pk(&event.openid);
         let timing = &event.timing;
         // A scheduled notification's id (and so its place in the inbox) is the instant
@@ -251,6 +274,7 @@ impl Store {
             note_id: note_id.clone(),
             expires_at: (now + self.limits.retention.events).timestamp(),
             cancel: cancelled_first.then(|| CANCEL_DONE.to_string()),
+            openid: None,
         };
         let note = NoteItem {
             pk: pk.clone(),
@@ -295,10 +319,9 @@ impl Store {
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let record = to_item("event", &record)?;
         let mut items = vec![
-            if cancelled_first {
-                replace_cancel_mark(&self.table, record)?
-            } else {
-                self.put_new(record)?
+            match record_as {
+                Record::ReplaceMark { .. } => replace_cancel_mark(&self.table, record)?,
+                Record::New => self.put_new(record)?,
             },
             TransactWriteItem::builder().condition_check(legacy).build(),
         ];
@@ -312,17 +335,21 @@ impl Store {
         let scheduled_for = timing.is_scheduled(now).then(|| rfc3339(publish_at));
         let (items, note_id, scheduled_for) = (&items, &note_id, &scheduled_for);
         let pk = &pk;
+        // Set once a try found the older notification of its collapse key removed by its
+        // retention: its push is still replaced, without the notification's status.
+        let no_older_note = &std::sync::atomic::AtomicBool::new(false);
         retry_contended("ingest", self.limits.write_budget, || async move {
             let mut items = items.clone();
             if let Some(key) = &event.collapse_key {
                 // Read on each try: a race lost to another event of the key is read
                 // again and its push replaced in turn.
+                let with_note = !no_older_note.load(std::sync::atomic::Ordering::Relaxed);
                 items.extend(
-                    self.collapse_writes(pk, &event.publisher, key, note_id, now)
+                    self.collapse_writes(pk, &event.publisher, key, note_id, with_note, now)
                         .await?,
                 );
             }
-            match self.transact(items).await? {
+            match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
                         note_id: note_id.clone(),
@@ -341,7 +368,13 @@ impl Store {
                     if let Some(old) = found {
                         let old: EventItem = parse("event", old.clone())?;
                         if old.is_cancel_mark() {
-                            return Ok(Attempt::Done(Ingest::CancelledFirst));
+                            // A mark for another user (a publisher's mistake) gives way
+                            // without cancelling this user's push.
+                            let cancelled = old
+                                .openid
+                                .as_deref()
+                                .is_none_or(|o| o == event.openid.as_str());
+                            return Ok(Attempt::Done(Ingest::Marked { cancelled }));
                         }
                         let same = old.fingerprint == event.fingerprint
                             || hex::encode(Sha256::digest(old.fingerprint.as_bytes()))
@@ -355,6 +388,16 @@ impl Store {
                                 note_id: old.note_id,
                             }
                         })));
+                    }
+                    let record_failed = reasons
+                        .first()
+                        .is_some_and(|(code, _)| is_condition_failed(code));
+                    if record_failed && matches!(record_as, Record::ReplaceMark { .. }) {
+                        // The mark expired meanwhile: an ordinary ingest.
+                        return Ok(Attempt::Done(Ingest::MarkGone));
+                    }
+                    if only_note_updates_failed(&items, &reasons) {
+                        no_older_note.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
                 TxOutcome::Contended => {}

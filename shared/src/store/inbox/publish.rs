@@ -48,8 +48,8 @@ pub(crate) struct ScheduledItem {
     kind: String,
     /// Its push's state for the audit trail: `scheduled` while it waits with it, else
     /// how it ended before the notification was published (`cancelled`, `replaced`);
-    /// `none` without a push.
-    #[serde(default)]
+    /// absent without a push (nothing to audit).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     state: String,
     /// The notification as it will be published.
     note: NoteItem,
@@ -78,7 +78,7 @@ impl ScheduledItem {
         let state = match (&push, note.push_status.as_deref()) {
             (Some(_), _) => "scheduled",
             (None, Some(status)) => status,
-            (None, None) => "none",
+            (None, None) => "",
         }
         .to_string();
         Self {

@@ -124,3 +124,49 @@ pub(crate) fn is_note_update(write: &TransactWriteItem) -> bool {
         .and_then(|sk| sk.as_s().ok())
         .is_some_and(|sk| sk.starts_with(crate::store::keys::NOTES))
 }
+
+/// The notification's attribute recording a cancel that came while an attempt of its
+/// push was in flight (epoch ms): the push's next claim cancels it.
+pub(crate) const CANCEL_REQUESTED: &str = "cancel_requested_at";
+
+/// Records on a notification a cancel for its push's next claim (part of a
+/// transaction; never recreates a notification its retention removed).
+pub(crate) fn note_cancel_request(
+    table: &str,
+    pk: &str,
+    note_id: &str,
+    now: DateTime<Utc>,
+) -> Result<TransactWriteItem, StoreError> {
+    let update = Update::builder()
+        .table_name(table)
+        .set_key(Some(key(pk, &note_sk(note_id))))
+        .update_expression("SET #requested = :now")
+        .condition_expression("attribute_exists(pk)")
+        .expression_attribute_names("#requested", CANCEL_REQUESTED)
+        .expression_attribute_values(
+            ":now",
+            AttributeValue::N(now.timestamp_millis().to_string()),
+        )
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// Whether the only writes of a cancelled transaction whose conditions failed are
+/// notification updates (the notification removed by its retention): the rest may
+/// land without them.
+pub(crate) fn only_note_updates_failed(
+    writes: &[TransactWriteItem],
+    reasons: &[(String, Option<HashMap<String, AttributeValue>>)],
+) -> bool {
+    let failed: Vec<usize> = reasons
+        .iter()
+        .enumerate()
+        .filter(|(_, (code, _))| crate::store::tx::is_condition_failed(code))
+        .map(|(i, _)| i)
+        .collect();
+    !failed.is_empty()
+        && failed
+            .iter()
+            .all(|&i| writes.get(i).is_some_and(is_note_update))
+}
