@@ -547,7 +547,10 @@ async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_
                     cancelled_total += 1;
                 }
                 Some("too_late" | "requested") => {
-                    assert!(was_sent, "{key}: too late (in flight) and not sent: {answer}")
+                    assert!(
+                        was_sent,
+                        "{key}: too late (in flight) and not sent: {answer}"
+                    )
                 }
                 _ => panic!("{key}: {answer}"),
             }
