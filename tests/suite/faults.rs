@@ -814,6 +814,15 @@ async fn sends_in_flight_are_driven_while_a_slow_due_query_is_awaited() {
     proxy.clear();
     assert!(injected(&proxy, late) >= 1, "a second page was awaited");
     assert_eq!(recovered, 0, "nothing for a sweep to recover: {summary:?}");
-    assert_eq!((summary.sent, summary.unknown), (56, 0), "{summary:?}");
+    // An item whose claim timed out on a loaded machine (the suite shares one emulator)
+    // is skipped unclaimed and left due: the next tick sends it, once.
+    let mut sent = summary.sent;
+    if summary.skipped > 0 {
+        let next = app.tick(60).await;
+        assert_eq!(next.unknown, 0, "{next:?}");
+        sent += next.sent;
+    }
+    assert_eq!((sent, summary.unknown), (56, 0), "{summary:?}");
+    assert_eq!(app.deliveries().await.len(), 56, "each sent once");
     invariants(&app).await;
 }
