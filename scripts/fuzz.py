@@ -29,6 +29,7 @@ import urllib.request
 import yaml
 
 MIN_CASES = 2000
+ZONES = ["Asia/Shanghai", "Asia/Tokyo", "America/New_York", "Europe/London", "Australia/Lord_Howe", "UTC"]
 MAX_EXAMPLES = "150"
 SEED = "1"
 
@@ -57,6 +58,10 @@ def deployment_schema(root):
         templates = [t["id"] for t in json.load(f)]
     with open(os.path.join(root, "config/local.reminders.json"), encoding="utf-8") as f:
         kinds = [k["kind"] for k in json.load(f)]
+    # Which zone names exist is the IANA database's data, as templates are configuration:
+    # schema-valid preferences name one of a sample of real zones.
+    quiet = schema["components"]["schemas"]["Preferences"]["properties"]["quiet_hours"]["oneOf"][1]
+    quiet["properties"]["timezone"] = {"type": "string", "enum": ZONES}
     results = schema["components"]["schemas"]["GrantReport"]["properties"]["results"]
     results["propertyNames"] = {"enum": templates + ["errMsg"]}
     for item in schema["paths"].values():

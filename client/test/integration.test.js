@@ -200,7 +200,7 @@ test('push preferences: saved and read back, refused with a code', async () => {
   assert.deepEqual(await client.setPreferences(wanted), wanted);
   assert.deepEqual(await client.getPreferences(), wanted);
   await assert.rejects(
-    client.setPreferences({ quiet_hours: { start: '22:00', end: '22:00', timezone: 'UTC' }, muted_types: [] }),
+    client.setPreferences({ quiet_hours: { start: '22:00', end: '24:00', timezone: 'UTC' }, muted_types: [] }),
     (e) => e.status === 422 && e.code === 'invalid_quiet_hours',
   );
 });

@@ -313,9 +313,7 @@ impl From<PreferencesError> for ApiError {
             PreferencesError::QuietHours(ScheduleError::Timezone) => {
                 unprocessable("invalid_timezone", message)
             }
-            PreferencesError::QuietHours(_) | PreferencesError::EmptyQuietHours => {
-                unprocessable("invalid_quiet_hours", message)
-            }
+            PreferencesError::QuietHours(_) => unprocessable("invalid_quiet_hours", message),
             PreferencesError::MutedTypes => unprocessable("invalid_muted_types", message),
         }
     }

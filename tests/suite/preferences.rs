@@ -130,12 +130,6 @@ async fn bad_preferences_are_refused_with_their_code_and_store_nothing() {
         ),
         (
             "",
-            Some(json!({"quiet_hours": quiet("22:00", "22:00", "UTC"), "muted_types": []})),
-            422,
-            "invalid_quiet_hours",
-        ),
-        (
-            "",
             Some(json!({"quiet_hours": null, "muted_types": ["has space"]})),
             422,
             "invalid_muted_types",

@@ -38,8 +38,6 @@ pub enum PreferencesError {
     Shape(String),
     #[error("quiet_hours: {0}")]
     QuietHours(ScheduleError),
-    #[error("quiet_hours start and end must differ")]
-    EmptyQuietHours,
     #[error(
         "muted_types: at most {MAX_MUTED_TYPES} types, each 1 to 32 of letters, digits and '_', '.', '-'"
     )]
@@ -94,10 +92,8 @@ impl Preferences {
                     TimeOfDay::parse(text("end")?, "end").map_err(PreferencesError::QuietHours)?;
                 let timezone =
                     Timezone::parse(text("timezone")?).map_err(PreferencesError::QuietHours)?;
-                if start == end {
-                    return Err(PreferencesError::EmptyQuietHours);
-                }
-                Some(QuietHours {
+                // An empty window (start equal to end) is no quiet hours: saved as none.
+                (start != end).then_some(QuietHours {
                     start,
                     end,
                     timezone,
@@ -243,10 +239,6 @@ mod tests {
                 "IANA zone",
             ),
             (
-                json!({"quiet_hours": {"start": "22:00", "end": "22:00", "timezone": "UTC"}, "muted_types": []}),
-                "must differ",
-            ),
-            (
                 json!({"quiet_hours": {"start": "22:00", "end": "08:00", "timezone": "UTC", "y": 1}, "muted_types": []}),
                 "unknown field quiet_hours.y",
             ),
@@ -277,6 +269,10 @@ mod tests {
         }
         let p = prefs(json!({"quiet_hours": null, "muted_types": ["b", "a", "b"]}));
         assert_eq!(p.muted_types, vec!["a", "b"], "sorted, no repeats");
+        let empty = prefs(
+            json!({"quiet_hours": {"start": "22:00", "end": "22:00", "timezone": "UTC"}, "muted_types": []}),
+        );
+        assert_eq!(empty.quiet_hours, None, "an empty window is no quiet hours");
     }
 
     #[test]
