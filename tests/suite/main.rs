@@ -20,6 +20,7 @@ mod limits;
 mod logs;
 mod operations;
 mod preferences;
+mod publication;
 mod reminders;
 mod scheduled;
 mod secrets;

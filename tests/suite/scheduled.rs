@@ -11,13 +11,13 @@ use onegrant_tests::{
 };
 use serde_json::{Value, json};
 
-fn at(t: DateTime<Utc>) -> String {
+pub(crate) fn at(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// A `notify` detail asking for a push of the order template, with `extra` fields
 /// (`send_at`, `expires_at`, `priority`) merged in.
-fn scheduled(user: &User, key: &str, extra: Value) -> Value {
+pub(crate) fn scheduled(user: &User, key: &str, extra: Value) -> Value {
     let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
         "title": "预约提醒", "body": format!("预约 {key}"),
         "wechat": {"template_id": ORDER,

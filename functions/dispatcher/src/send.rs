@@ -59,33 +59,33 @@ pub(crate) async fn dispatch_one(
     if wait + budget.after_turn > budget.left() {
         return Ok(Dispatched::Deferred);
     }
-    tokio::time::sleep(wait).await;
-    // A scheduled notification appears at its instant, whatever its push waits for;
-    // its push, due at that same instant, is then claimed like any other.
-    let published_push;
-    let item = if item.is_scheduled_note() {
+    // A scheduled notification with a push is read while it waits, and at its
+    // instant published and its push claimed in one transaction, as quickly after it
+    // is due as a plan; any other (no push, expired, changed, muted, held, no grant)
+    // is published first and its push, if any, then claimed like any other.
+    let publication = if item.is_scheduled_note() {
         let (pk, sk) = item.key();
-        match deps.store.publish(pk, sk, item.due_at, Utc::now()).await? {
-            Published::Done { push, expired } => {
-                published.store(true, Ordering::Relaxed);
-                match item.published_push() {
-                    Some(next) if push => {
-                        published_push = next;
-                        &published_push
-                    }
-                    _ if expired => return Ok(Dispatched::Expired),
-                    _ => return Ok(Dispatched::Published),
-                }
-            }
-            Published::Gone => return Ok(Dispatched::Lost),
-            Published::Unreadable(why) => {
-                tracing::error!(why = %why, "unreadable scheduled notification taken off the due index");
-                deps.store.quarantine_due(item, Utc::now()).await?;
-                return Ok(Dispatched::Unreadable);
-            }
-        }
+        deps.store
+            .publication(pk, sk, item.due_at, Utc::now())
+            .await?
+            .zip(item.published_push())
     } else {
-        item
+        None
+    };
+    // (Until the instant itself: the read above took some of the wait.)
+    tokio::time::sleep((item.due_at - Utc::now()).to_std().unwrap_or_default()).await;
+    let entry = item;
+    let published_push;
+    let item = match &publication {
+        Some((_, push)) => push,
+        None if item.is_scheduled_note() => match publish(deps, item, published).await? {
+            Ok(next) => {
+                published_push = next;
+                &published_push
+            }
+            Err(done) => return Ok(done),
+        },
+        None => item,
     };
     // The user's turn, then a permit: tasks queued behind one user hold no permit.
     let turn_by = budget.left().saturating_sub(budget.after_turn);
@@ -109,7 +109,25 @@ pub(crate) async fn dispatch_one(
     // The lease covers the send's window and the finalize, and never less than the
     // configured lease.
     let lease = config.dispatch.lease.max(budget.after_claim);
-    let claim = match deps.store.claim(item, claimer, lease, Utc::now()).await? {
+    let mut outcome = match &publication {
+        Some((publication, _)) => {
+            deps.store
+                .claim_published(item, publication, claimer, lease, Utc::now())
+                .await?
+        }
+        None => deps.store.claim(item, claimer, lease, Utc::now()).await?,
+    };
+    if let (Some((_, push)), ClaimOutcome::Republish) = (&publication, &outcome) {
+        // Nothing written: publish it the ordinary way, then claim its push if any.
+        debug_assert_eq!(entry.published_push().as_ref(), Some(push));
+        match publish(deps, entry, published).await? {
+            Ok(_) => outcome = deps.store.claim(item, claimer, lease, Utc::now()).await?,
+            Err(done) => return Ok(done),
+        }
+    } else if publication.is_some() && matches!(outcome, ClaimOutcome::Claimed(_)) {
+        published.store(true, Ordering::Relaxed);
+    }
+    let claim = match outcome {
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
@@ -117,6 +135,8 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
         ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
         ClaimOutcome::Cancelled => return Ok(Dispatched::Cancelled),
+        // (Only from a publication, handled above.)
+        ClaimOutcome::Republish => return Ok(Dispatched::Lost),
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");
@@ -374,4 +394,32 @@ pub(crate) fn message(deps: &Deps, claim: &Claim) -> Result<Message, SendResult>
         page,
         data,
     })
+}
+
+/// Publishes the scheduled notification `item` the ordinary way: its push's due entry
+/// to claim next, or how it ended without one.
+async fn publish(
+    deps: &Deps,
+    item: &DueItem,
+    published: &AtomicBool,
+) -> Result<Result<DueItem, Dispatched>, StoreError> {
+    let (pk, sk) = item.key();
+    Ok(
+        match deps.store.publish(pk, sk, item.due_at, Utc::now()).await? {
+            Published::Done { push, expired } => {
+                published.store(true, Ordering::Relaxed);
+                match item.published_push() {
+                    Some(next) if push => Ok(next),
+                    _ if expired => Err(Dispatched::Expired),
+                    _ => Err(Dispatched::Published),
+                }
+            }
+            Published::Gone => Err(Dispatched::Lost),
+            Published::Unreadable(why) => {
+                tracing::error!(why = %why, "unreadable scheduled notification taken off the due index");
+                deps.store.quarantine_due(item, Utc::now()).await?;
+                Err(Dispatched::Unreadable)
+            }
+        },
+    )
 }

@@ -20,7 +20,7 @@ use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::inbox::{NoteItem, UnreadItem};
-use crate::store::items::outbox::OutboxItem;
+use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, scheduled_sk, unread_sk};
 use crate::store::tx::{TxOutcome, is_condition_failed};
@@ -205,50 +205,16 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Published, StoreError> {
         retry_contended("publish", self.limits.write_budget, || async move {
-            let Some(item) = self.get(pk, sk).await? else {
-                return Ok(Attempt::Done(Published::Gone));
+            let (mut items, push, expired) = match self.to_publish(pk, sk, due, now).await? {
+                ToPublish::Ready {
+                    writes,
+                    push,
+                    expired,
+                } => (writes, push, expired),
+                ToPublish::Done(published) => return Ok(Attempt::Done(published)),
             };
-            let scheduled: ScheduledItem = match parse("scheduled", item) {
-                Ok(scheduled) => scheduled,
-                Err(e) => return Ok(Attempt::Done(Published::Unreadable(e.to_string()))),
-            };
-            if scheduled.due_at != due.timestamp_millis()
-                || scheduled.note.pk != pk
-                || note_sk(&scheduled.note.id) != scheduled.note.sk
-            {
-                return Ok(Attempt::Done(Published::Gone));
-            }
-            let mut note = scheduled.note.clone();
-            let mut push = scheduled.push.clone();
-            let expired = push.as_ref().is_some_and(|p| is_expired(p.send_by, now));
-            // Expired before it was published: its outbox item is written `expired`
-            // (final), as a claim past `expires_at` leaves it.
-            let mut ended = None;
-            if expired {
-                ended = push.take();
-                note.push_status = Some(PushStatus::Expired.as_str().to_string());
-                note.push_reason = None;
-            }
             let has_push = push.is_some();
-            let delete = Delete::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(pk, sk)))
-                .condition_expression("due_at = :due AND version = :v")
-                .expression_attribute_values(":due", n(scheduled.due_at))
-                .expression_attribute_values(":v", n(scheduled.version))
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let mut items = vec![TransactWriteItem::builder().delete(delete).build()];
-            let note_for_push = note.clone();
-            items.extend(self.published(note, push, due, now)?);
-            if let Some(payload) = ended {
-                let outbox = self.outbox_of(&note_for_push, payload, due, now).moved(
-                    OutboxState::Expired,
-                    None,
-                    self.shards,
-                    now,
-                    self.limits.retention.outbox,
-                );
+            if let Some(outbox) = push {
                 items.push(self.put_new(to_item("outbox", &outbox)?)?);
             }
             Ok(match self.transact(items).await? {
@@ -273,4 +239,104 @@ impl Store {
         })
         .await
     }
+
+    /// The scheduled notification `sk` of `pk`, ready to publish with its push and
+    /// claim it in one transaction (`Store::claim_published`): `None` when it has no
+    /// push to claim now (none asked, ended, or expired) or is not there as due —
+    /// [`Store::publish`] then does what is right.
+    pub async fn publication(
+        &self,
+        pk: &str,
+        sk: &str,
+        due: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Publication>, StoreError> {
+        Ok(match self.to_publish(pk, sk, due, now).await? {
+            ToPublish::Ready {
+                writes,
+                push: Some(outbox),
+                expired: false,
+            } => Some(Publication {
+                writes,
+                outbox: *outbox,
+            }),
+            ToPublish::Ready { .. } | ToPublish::Done(_) => None,
+        })
+    }
+
+    /// Reads the scheduled notification and decides what publishing it writes: the
+    /// scheduled item's conditional delete first (a failed condition there means it
+    /// changed: read it again), then the publication, and the push's outbox item
+    /// (pending), not among the writes.
+    async fn to_publish(
+        &self,
+        pk: &str,
+        sk: &str,
+        due: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<ToPublish, StoreError> {
+        let Some(item) = self.get(pk, sk).await? else {
+            return Ok(ToPublish::Done(Published::Gone));
+        };
+        let scheduled: ScheduledItem = match parse("scheduled", item) {
+            Ok(scheduled) => scheduled,
+            Err(e) => return Ok(ToPublish::Done(Published::Unreadable(e.to_string()))),
+        };
+        if scheduled.due_at != due.timestamp_millis()
+            || scheduled.note.pk != pk
+            || note_sk(&scheduled.note.id) != scheduled.note.sk
+        {
+            return Ok(ToPublish::Done(Published::Gone));
+        }
+        let mut note = scheduled.note.clone();
+        let mut push = scheduled.push.clone();
+        let expired = push.as_ref().is_some_and(|p| is_expired(p.send_by, now));
+        // Expired before it was published: its outbox item is written `expired`
+        // (final), as a claim past `expires_at` leaves it.
+        let mut ended = None;
+        if expired {
+            ended = push.take();
+            note.push_status = Some(PushStatus::Expired.as_str().to_string());
+            note.push_reason = None;
+        }
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .condition_expression("due_at = :due AND version = :v")
+            .expression_attribute_values(":due", n(scheduled.due_at))
+            .expression_attribute_values(":v", n(scheduled.version))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let mut writes = vec![TransactWriteItem::builder().delete(delete).build()];
+        let outbox = push.map(|payload| Box::new(self.outbox_of(&note, payload, due, now)));
+        if let Some(payload) = ended {
+            let outbox = self.outbox_of(&note, payload, due, now).moved(
+                OutboxState::Expired,
+                None,
+                self.shards,
+                now,
+                self.limits.retention.outbox,
+            );
+            writes.extend(self.published(note, None, due, now)?);
+            writes.push(self.put_new(to_item("outbox", &outbox)?)?);
+        } else {
+            writes.extend(self.published(note, None, due, now)?);
+        }
+        Ok(ToPublish::Ready {
+            writes,
+            push: outbox,
+            expired,
+        })
+    }
+}
+
+/// What publishing a scheduled notification writes, as read.
+enum ToPublish {
+    Ready {
+        writes: Vec<TransactWriteItem>,
+        /// Its push's outbox item, pending, due at `send_at`.
+        push: Option<Box<OutboxItem>>,
+        expired: bool,
+    },
+    Done(Published),
 }

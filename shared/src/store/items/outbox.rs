@@ -170,3 +170,15 @@ pub(crate) fn only_note_updates_failed(
             .iter()
             .all(|&i| writes.get(i).is_some_and(is_note_update))
 }
+
+/// A scheduled notification ready to publish with its push: the writes that publish
+/// it (its scheduled item deleted, conditional on what was read; the notification,
+/// its unread marker, `unread + 1`) and its push's outbox item, `pending` and due at
+/// the notification's `send_at`, not yet written. The claim commits them with the
+/// claim itself (`Store::claim_published`), so a push goes out as soon after its
+/// `send_at` as a plan after its due instant.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub(crate) writes: Vec<TransactWriteItem>,
+    pub(crate) outbox: OutboxItem,
+}

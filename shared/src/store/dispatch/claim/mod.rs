@@ -1,24 +1,26 @@
-//! Claiming a due item: a plan or a push, behind one [`Claimable`].
+//! Claiming a due item: a plan or a push, behind one [`Claimable`]: read it
+//! ([`read`]), decide (the domain's gates and the grant to reserve), commit.
+
+mod read;
 
 use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
-use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled, push_is_due_at};
+use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::inbox::cancel::{AtClaim, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::{Plan, PlanEvent};
 use crate::domain::{QuotaCounters, TemplateId};
-use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim, PlanRead};
+use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim};
 use crate::store::items::outbox::{
-    CANCEL_REQUESTED, OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
+    OutboxItem, Publication, note_push_update, only_note_updates_failed, versioned_put,
 };
-use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{INFLIGHT, OpenGrants};
-use crate::store::items::{key, n, parse, to_item};
-use crate::store::keys::{SortKey, delivery_sk, note_sk, quota_sk, sort_key};
+use crate::store::items::{key, n, to_item};
+use crate::store::keys::{delivery_sk, quota_sk};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -39,6 +41,11 @@ pub enum ClaimOutcome {
     Cancelled,
     /// A push in the user's quiet hours: due again at their end.
     Held(DateTime<Utc>),
+    /// A publication (`Store::claim_published`) whose scheduled notification changed
+    /// since it was read, or whose push is not to go now (muted, held, no grant):
+    /// nothing was written; publish it the ordinary way (`Store::publish`), then
+    /// claim its push.
+    Republish,
     /// The item itself cannot be read (or belongs to no configured kind): it can never
     /// be claimed as it is. Say why.
     Unreadable(String),
@@ -57,8 +64,17 @@ enum Unsent {
     Held(DateTime<Utc>),
 }
 
+/// A claimed item's write, what the dispatcher keeps of it, its attempts so far and,
+/// for a push not yet written, its publication's writes.
+type Sourced = (
+    TransactWriteItem,
+    ClaimSource,
+    u32,
+    Option<Vec<TransactWriteItem>>,
+);
+
 /// A due entry's item, as found.
-enum Found {
+pub(super) enum Found {
     Due(Box<Claimable>),
     /// Moved on (claimed, changed, gone): nothing to do.
     Gone,
@@ -66,7 +82,7 @@ enum Found {
 }
 
 /// A due item as read for its claim.
-enum Claimable {
+pub(super) enum Claimable {
     Plan {
         kind: ReminderKind,
         plan: Plan,
@@ -80,6 +96,9 @@ enum Claimable {
         prefs: Preferences,
         /// A cancel came while an earlier attempt was in flight.
         cancel_requested: bool,
+        /// A push not yet written: the writes that publish its notification, to commit
+        /// with the claim.
+        publication: Option<Vec<TransactWriteItem>>,
     },
 }
 
@@ -113,6 +132,33 @@ impl Store {
         lease: std::time::Duration,
         now: DateTime<Utc>,
     ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_from(item, None, claimer, lease, now).await
+    }
+
+    /// Publishes a scheduled notification and claims its push in one transaction:
+    /// `item` is the push's due entry (`DueItem::published_push`), `publication` what
+    /// `Store::publication` read. A push not to go now, or a notification changed
+    /// since it was read, writes nothing ([`ClaimOutcome::Republish`]).
+    pub async fn claim_published(
+        &self,
+        item: &DueItem,
+        publication: &Publication,
+        claimer: &str,
+        lease: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_from(item, Some(publication), claimer, lease, now)
+            .await
+    }
+
+    async fn claim_from(
+        &self,
+        item: &DueItem,
+        publication: Option<&Publication>,
+        claimer: &str,
+        lease: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let Some(openid) = item.openid() else {
             return Ok(ClaimOutcome::Unreadable(
                 "due item outside a user partition".into(),
@@ -125,7 +171,11 @@ impl Store {
         // next tries pick from the ledger.
         let ledger_only = &std::sync::atomic::AtomicBool::new(false);
         retry_contended("claim", self.limits.write_budget, || async move {
-            let claimable = match self.claimable(item).await? {
+            let found = match publication {
+                Some(publication) => self.publishable(item, publication).await?,
+                None => self.claimable(item).await?,
+            };
+            let claimable = match found {
                 Found::Due(claimable) => *claimable,
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
@@ -134,6 +184,7 @@ impl Store {
                 outbox,
                 prefs,
                 cancel_requested,
+                publication,
                 ..
             } = &claimable
             {
@@ -147,6 +198,9 @@ impl Store {
                     AtClaim::Muted => Some(Unsent::Muted),
                     AtClaim::Held(until) => Some(Unsent::Held(until)),
                 };
+                if why.is_some() && publication.is_some() {
+                    return Ok(Attempt::Done(ClaimOutcome::Republish));
+                }
                 if let Some(why) = why {
                     let writes = self.unsent_writes(item, &claimable, why, now)?;
                     // Else it moved meanwhile: read again.
@@ -174,6 +228,9 @@ impl Store {
                 )
                 .await?;
             let Some(mut grant) = grant else {
+                if publication.is_some() {
+                    return Ok(Attempt::Done(ClaimOutcome::Republish));
+                }
                 let mut writes = self.unsent_writes(item, &claimable, Unsent::NoGrant, now)?;
                 writes.push(self.still_no_grant(&item.pk, &template)?);
                 // Else a grant arrived (or the item moved): read again.
@@ -195,7 +252,7 @@ impl Store {
             // retry under contention still gets its whole send window.
             let lease_until =
                 Utc::now().max(now) + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
-            let (source_write, source, attempts) =
+            let (source_write, source, attempts, publishing) =
                 self.claimed_source(item, claimable, &delivery_id, lease_until, now)?;
             let mut writes = vec![source_write];
             writes.extend(self.reservation(
@@ -208,6 +265,12 @@ impl Store {
                 lease_until,
                 now,
             )?);
+            // The publication's writes last, its scheduled item's delete first of them.
+            let published_at = writes.len();
+            let publishing = publishing.is_some_and(|more| {
+                writes.extend(more);
+                true
+            });
             let claim = Claim {
                 delivery_id,
                 claimer: claimer.to_string(),
@@ -229,6 +292,11 @@ impl Store {
                             .get(i)
                             .is_some_and(|(code, _)| is_condition_failed(code))
                     };
+                    // The notification changed (cancelled, replaced, published by
+                    // another) or its push exists already: the ordinary way sorts it.
+                    if publishing && (failed(published_at) || failed(0)) {
+                        return Ok(Attempt::Done(ClaimOutcome::Republish));
+                    }
                     let conditions = ClaimConditions {
                         source: failed(0),
                         grant: failed(1),
@@ -265,82 +333,6 @@ impl Store {
             Ok(Attempt::Retry)
         })
         .await
-    }
-
-    /// The item behind a due entry, if it is still due at that instant.
-    async fn claimable(&self, item: &DueItem) -> Result<Found, StoreError> {
-        let kinds = &*self.kinds;
-        let named = sort_key(&item.sk);
-        if let Some(kind) = match named {
-            SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_)
-            | SortKey::Scheduled(_)
-            | SortKey::Delivery(_)
-            | SortKey::Event
-            | SortKey::Other => None,
-        } {
-            let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
-                PlanRead::Found(plan, counters, open) => (*plan, counters, open),
-                PlanRead::Missing => return Ok(Found::Gone),
-                PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
-            };
-            if !plan.is_due_at(item.due_at) {
-                return Ok(Found::Gone);
-            }
-            return Ok(Found::Due(Box::new(Claimable::Plan {
-                kind: kind.clone(),
-                plan,
-                counters,
-                open,
-            })));
-        }
-        if let SortKey::Outbox(_) = named {
-            let Some(got) = self.get(&item.pk, &item.sk).await? else {
-                return Ok(Found::Gone);
-            };
-            let outbox: OutboxItem = match parse("outbox", got) {
-                Ok(outbox) => outbox,
-                Err(e) => return Ok(Found::Unreadable(e.to_string())),
-            };
-            if !push_is_due_at(outbox.state, outbox.due_at, item.due_at) {
-                return Ok(Found::Gone);
-            }
-            let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
-                return Ok(Found::Unreadable("a push with a bad template id".into()));
-            };
-            // The template's counters, the user's preferences and the notification (a
-            // cancel recorded on it), in one round trip.
-            let quota_key = quota_sk(&template);
-            let note_key = note_sk(&outbox.note_id);
-            let mut read = self
-                .read_items(
-                    &item.pk,
-                    &[quota_key.clone(), PREFS_SK.to_string(), note_key.clone()],
-                )
-                .await?;
-            let cancel_requested = read
-                .remove(&note_key)
-                .is_some_and(|note| note.contains_key(CANCEL_REQUESTED));
-            let (counters, open) = match read.remove(&quota_key) {
-                Some(quota) => (
-                    parse::<QuotaCounters>("quota", quota.clone())?,
-                    OpenGrants::of(&quota),
-                ),
-                None => (QuotaCounters::default(), OpenGrants::default()),
-            };
-            let (prefs, _) = PreferencesItem::of(read.remove(PREFS_SK))?;
-            return Ok(Found::Due(Box::new(Claimable::Outbox {
-                outbox,
-                counters,
-                open,
-                prefs,
-                cancel_requested,
-            })));
-        }
-        // A kind missing from the configuration (removed, or a rollback) is not a bad
-        // item: it stays due, logged, for when the kind is back.
-        tracing::error!(sk = %item.sk, "due item of no configured kind left on the index");
-        Ok(Found::Gone)
     }
 
     /// Why a due item is not sent: no grant when it came due (the plan pauses
@@ -436,7 +428,8 @@ impl Store {
     }
 
     /// The claimed item's write (`sending`, naming the delivery, on the lease index for
-    /// a plan), what the dispatcher keeps of it, and its attempts so far.
+    /// a plan), what the dispatcher keeps of it, its attempts so far and, for a push
+    /// not yet written, its publication's writes.
     fn claimed_source(
         &self,
         item: &DueItem,
@@ -444,7 +437,7 @@ impl Store {
         delivery_id: &str,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Result<(TransactWriteItem, ClaimSource, u32), StoreError> {
+    ) -> Result<Sourced, StoreError> {
         match claimable {
             Claimable::Plan { kind, plan, .. } => {
                 let claimed = plan
@@ -460,9 +453,14 @@ impl Store {
                         plan: claimed,
                     },
                     attempts,
+                    None,
                 ))
             }
-            Claimable::Outbox { outbox, .. } => {
+            Claimable::Outbox {
+                outbox,
+                publication,
+                ..
+            } => {
                 let mut sending = outbox.moved(
                     OutboxState::Sending,
                     None,
@@ -471,8 +469,13 @@ impl Store {
                     self.limits.retention.outbox,
                 );
                 sending.delivery_id = Some(delivery_id.to_string());
-                let write =
-                    versioned_put(&self.table, to_item("outbox", &sending)?, outbox.version)?;
+                let write = match publication {
+                    // Not written yet: it is written claimed.
+                    Some(_) => self.put_new(to_item("outbox", &sending)?)?,
+                    None => {
+                        versioned_put(&self.table, to_item("outbox", &sending)?, outbox.version)?
+                    }
+                };
                 let attempts = sending.attempts;
                 Ok((
                     write,
@@ -483,6 +486,7 @@ impl Store {
                         item: sending,
                     }),
                     attempts,
+                    publication,
                 ))
             }
         }

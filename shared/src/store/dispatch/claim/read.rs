@@ -1,0 +1,144 @@
+//! A claim's read: the item behind a due entry, with its template's counters and
+//! open grants (and, for a push, the user's preferences), in as few round trips as
+//! the item allows.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::{Claimable, Found};
+use crate::domain::QuotaCounters;
+use crate::domain::TemplateId;
+use crate::domain::dispatch::claim::push_is_due_at;
+use crate::domain::inbox::preferences::Preferences;
+use crate::store::dispatch::{DueItem, PlanRead};
+use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication};
+use crate::store::items::parse;
+use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
+use crate::store::items::quota::OpenGrants;
+use crate::store::keys::{SortKey, note_sk, quota_sk, sort_key};
+use crate::store::{Store, StoreError};
+
+impl Store {
+    /// The item behind a due entry, if it is still due at that instant.
+    pub(super) async fn claimable(&self, item: &DueItem) -> Result<Found, StoreError> {
+        let kinds = &*self.kinds;
+        let named = sort_key(&item.sk);
+        if let Some(kind) = match named {
+            SortKey::Plan(kind) => kinds.get(kind),
+            SortKey::Outbox(_)
+            | SortKey::Scheduled(_)
+            | SortKey::Delivery(_)
+            | SortKey::Event
+            | SortKey::Other => None,
+        } {
+            let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
+                PlanRead::Found(plan, counters, open) => (*plan, counters, open),
+                PlanRead::Missing => return Ok(Found::Gone),
+                PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
+            };
+            if !plan.is_due_at(item.due_at) {
+                return Ok(Found::Gone);
+            }
+            return Ok(Found::Due(Box::new(Claimable::Plan {
+                kind: kind.clone(),
+                plan,
+                counters,
+                open,
+            })));
+        }
+        if let SortKey::Outbox(_) = named {
+            let Some(got) = self.get(&item.pk, &item.sk).await? else {
+                return Ok(Found::Gone);
+            };
+            let outbox: OutboxItem = match parse("outbox", got) {
+                Ok(outbox) => outbox,
+                Err(e) => return Ok(Found::Unreadable(e.to_string())),
+            };
+            if !push_is_due_at(outbox.state, outbox.due_at, item.due_at) {
+                return Ok(Found::Gone);
+            }
+            let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
+                return Ok(Found::Unreadable("a push with a bad template id".into()));
+            };
+            // The template's counters, the user's preferences and the notification (a
+            // cancel recorded on it), in one round trip.
+            let note_key = note_sk(&outbox.note_id);
+            let (counters, open, prefs, note) = self
+                .push_context(&item.pk, &template, Some(&note_key))
+                .await?;
+            let cancel_requested = note.is_some_and(|note| note.contains_key(CANCEL_REQUESTED));
+            return Ok(Found::Due(Box::new(Claimable::Outbox {
+                outbox,
+                counters,
+                open,
+                prefs,
+                cancel_requested,
+                publication: None,
+            })));
+        }
+        // A kind missing from the configuration (removed, or a rollback) is not a bad
+        // item: it stays due, logged, for when the kind is back.
+        tracing::error!(sk = %item.sk, "due item of no configured kind left on the index");
+        Ok(Found::Gone)
+    }
+
+    /// A push to publish and claim at once: its template's counters and the user's
+    /// preferences, in one round trip (its notification is not written yet, so no
+    /// cancel can be recorded on it: a cancel changes the scheduled item instead).
+    pub(super) async fn publishable(
+        &self,
+        item: &DueItem,
+        publication: &Publication,
+    ) -> Result<Found, StoreError> {
+        let outbox = &publication.outbox;
+        if outbox.pk != item.pk || outbox.sk != item.sk {
+            return Ok(Found::Unreadable("a publication of another push".into()));
+        }
+        let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
+            return Ok(Found::Unreadable("a push with a bad template id".into()));
+        };
+        let (counters, open, prefs, _) = self.push_context(&item.pk, &template, None).await?;
+        Ok(Found::Due(Box::new(Claimable::Outbox {
+            outbox: outbox.clone(),
+            counters,
+            open,
+            prefs,
+            cancel_requested: false,
+            publication: Some(publication.writes.clone()),
+        })))
+    }
+
+    /// A push's template counters and open grants, the user's preferences and, when
+    /// asked, its notification: one round trip.
+    async fn push_context(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        note_key: Option<&str>,
+    ) -> Result<PushContext, StoreError> {
+        let quota_key = quota_sk(template);
+        let mut keys = vec![quota_key.clone(), PREFS_SK.to_string()];
+        keys.extend(note_key.map(str::to_string));
+        let mut read = self.read_items(pk, &keys).await?;
+        let (counters, open) = match read.remove(&quota_key) {
+            Some(quota) => (
+                parse::<QuotaCounters>("quota", quota.clone())?,
+                OpenGrants::of(&quota),
+            ),
+            None => (QuotaCounters::default(), OpenGrants::default()),
+        };
+        let (prefs, _) = PreferencesItem::of(read.remove(PREFS_SK))?;
+        let note = note_key.and_then(|k| read.remove(k));
+        Ok((counters, open, prefs, note))
+    }
+}
+
+/// A push's template counters, open grants, the user's preferences and its
+/// notification (when read).
+type PushContext = (
+    QuotaCounters,
+    OpenGrants,
+    Preferences,
+    Option<HashMap<String, AttributeValue>>,
+);

@@ -1,0 +1,298 @@
+//! A scheduled push published and claimed in one transaction (`Store::publication`,
+//! `Store::claim_published`): it costs its dispatch what an immediate push costs, a
+//! notification that changed between the read and the claim writes nothing and is
+//! settled the ordinary way, and racing dispatchers send each push once.
+
+use chrono::{DateTime, Duration, Utc};
+use onegrant::store::dispatch::{ClaimOutcome, DueItem};
+use onegrant_tests::{
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, spawn_app_with,
+};
+use serde_json::json;
+
+use crate::scheduled::{at, scheduled};
+
+/// Round trips other than the due index's queries (their number depends on the shards
+/// looked at, alike for both), sorted, and the write units.
+async fn dispatch_cost(app: &TestApp) -> (Vec<String>, usize) {
+    let mut ops: Vec<String> = app
+        .round_trips
+        .take()
+        .into_iter()
+        .filter(|op| !op.starts_with("Query"))
+        .collect();
+    ops.sort();
+    let writes = app.round_trips.take_writes();
+    (ops, app.write_units(&writes).await)
+}
+
+async fn wait_until(t: DateTime<Utc>) {
+    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or_default()).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_push_is_published_and_claimed_in_one_transaction_at_an_immediate_pushs_round_trips()
+ {
+    let app = spawn_app_with(&[
+        ("AUDIT_TRAIL", "false"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+    ])
+    .await;
+    let user = app.user("costs").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.accept(&user, ORDER, "wr_2").await;
+
+    // A first tick registers the shards: its housekeeping is not the dispatch's.
+    app.tick(30).await;
+    let answer = app.notify(scheduled(&user, "now", json!({}))).await;
+    assert_eq!(answer["push"], "pending", "{answer}");
+    app.round_trips.take();
+    app.round_trips.take_writes();
+    let summary = app.tick(30).await;
+    assert_eq!((summary.sent, summary.published), (1, 0), "{summary:?}");
+    let (immediate, immediate_wru) = dispatch_cost(&app).await;
+
+    let send_at = Utc::now() + Duration::seconds(2);
+    app.notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
+        .await;
+    wait_until(send_at + Duration::milliseconds(100)).await;
+    app.round_trips.take();
+    app.round_trips.take_writes();
+    let summary = app.tick(30).await;
+    assert_eq!((summary.sent, summary.published), (1, 1), "{summary:?}");
+    let (published, published_wru) = dispatch_cost(&app).await;
+    println!(
+        "dispatch of an immediate push: {immediate:?}, {immediate_wru} WRU; of a scheduled one: {published:?}, {published_wru} WRU"
+    );
+    // One read of the item (the outbox item / the scheduled item), one of the counters
+    // and preferences, the claim (with the publication) and the finalize.
+    assert_eq!(published, immediate);
+    assert_eq!(
+        published
+            .iter()
+            .filter(|op| *op == "TransactWriteItems")
+            .count(),
+        2,
+        "{published:?}"
+    );
+    // Its outbox item is written once, claimed, instead of pending then claimed.
+    let outbox = app.items_of(&user, "outbox").await;
+    assert_eq!(outbox.len(), 2);
+    assert!(app.items_of(&user, "scheduled").await.is_empty());
+    assert_eq!(app.deliveries().await.len(), 2);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// The scheduled notification `key` of `user` (sent at `send_at`), read for its claim
+/// as a dispatcher reads it while it waits: its due entry, its push's and the
+/// publication.
+async fn read_publication(
+    app: &TestApp,
+    user: &User,
+    send_at: DateTime<Utc>,
+) -> (DueItem, DueItem, onegrant::store::Publication) {
+    let store = &app.deps.store;
+    let span = store.shard_span(Utc::now()).await.expect("shards");
+    let entry = store
+        .due_items(send_at + Duration::seconds(1), &span)
+        .await
+        .expect("due items")
+        .into_iter()
+        .find(|d| d.is_scheduled_note() && d.key().0 == format!("USER#{}", user.openid))
+        .expect("its due entry");
+    let (pk, sk) = entry.key();
+    let publication = store
+        .publication(pk, sk, entry.due_at, Utc::now())
+        .await
+        .expect("read")
+        .expect("a push to publish and claim");
+    let push = entry.published_push().expect("its push's due entry");
+    (entry, push, publication)
+}
+
+#[tokio::test]
+async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_and_is_settled_the_ordinary_way()
+ {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
+    // What happens between the dispatcher's read and its claim; what the ordinary way
+    // then makes of the push: (published, sent, cancelled, muted, no grant), and
+    // whether the user's grant is left.
+    type Counts = (u32, u32, u32, u32, u32);
+    let cases: Vec<(&str, bool, Counts, bool)> = vec![
+        ("cancelled", true, (1, 0, 0, 0, 0), true),
+        ("muted", true, (1, 0, 0, 1, 0), true),
+        ("replaced", true, (2, 1, 0, 0, 0), false),
+        ("published by another", true, (0, 1, 0, 0, 0), false),
+        ("no grant", false, (1, 0, 0, 0, 1), false),
+    ];
+    for (i, (case, grant, expect, grant_left)) in cases.into_iter().enumerate() {
+        let user = app.user(&format!("user{i}")).await;
+        if grant {
+            app.accept(&user, ORDER, &format!("wr_{i}")).await;
+        }
+        let send_at = Utc::now() + Duration::seconds(3);
+        let key = format!("appt-{i}");
+        let answer = app
+            .notify(scheduled(
+                &user,
+                &key,
+                json!({"send_at": at(send_at), "collapse_key": "appt"}),
+            ))
+            .await;
+        assert_eq!(answer["push"], "pending", "{case}: {answer}");
+        let (entry, push, publication) = read_publication(&app, &user, send_at).await;
+        match case {
+            "cancelled" => {
+                let answer = app.cancel(&user, &key).await;
+                assert_eq!(answer["status"], "cancelled", "{case}: {answer}");
+            }
+            "muted" => {
+                let answer = app
+                    .call(
+                        "PUT",
+                        "/v1/preferences",
+                        Some(&user.token),
+                        Some(
+                            json!({"quiet_hours": null, "muted_types": ["order"]})
+                                .to_string()
+                                .into_bytes(),
+                        ),
+                    )
+                    .await;
+                assert_eq!(answer.status, 200, "{case}: {}", answer.body);
+            }
+            "replaced" => {
+                app.notify(scheduled(
+                    &user,
+                    &format!("appt-{i}-2"),
+                    json!({"send_at": at(send_at), "collapse_key": "appt"}),
+                ))
+                .await;
+            }
+            "published by another" => {
+                let (pk, sk) = entry.key();
+                let published = app
+                    .deps
+                    .store
+                    .publish(pk, sk, entry.due_at, Utc::now())
+                    .await
+                    .expect("publish");
+                assert_eq!(
+                    published,
+                    onegrant::store::inbox::Published::Done {
+                        push: true,
+                        expired: false
+                    },
+                    "{case}"
+                );
+            }
+            _ => {}
+        }
+        let notes_before = app.items_of(&user, "note").await.len();
+        let outbox_before = app.items_of(&user, "outbox").await.len();
+        let outcome = app
+            .deps
+            .store
+            .claim_published(
+                &push,
+                &publication,
+                "test",
+                std::time::Duration::from_secs(60),
+                Utc::now(),
+            )
+            .await
+            .expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::Republish),
+            "{case}: {outcome:?}"
+        );
+        // Nothing written: no notification, outbox item or delivery more than before.
+        assert_eq!(
+            app.items_of(&user, "note").await.len(),
+            notes_before,
+            "{case}"
+        );
+        assert_eq!(
+            app.items_of(&user, "outbox").await.len(),
+            outbox_before,
+            "{case}"
+        );
+        assert!(app.items_of(&user, "delivery").await.is_empty(), "{case}");
+
+        let summary = app.tick(30).await;
+        assert_eq!(
+            (
+                summary.published,
+                summary.sent,
+                summary.cancelled,
+                summary.muted,
+                summary.no_grant
+            ),
+            expect,
+            "{case}: {summary:?}"
+        );
+        let deliveries = app.items_of(&user, "delivery").await.len();
+        assert_eq!(deliveries, expect.1 as usize, "{case}: at most one send");
+        let available = app
+            .item(&user, &format!("QUOTA#{ORDER}"))
+            .await
+            .and_then(|q| attr_n(&q, "available"))
+            .unwrap_or(0);
+        assert_eq!(available, i64::from(grant_left), "{case}: the grant");
+        assert_ledger_agrees_with_counters(&app).await;
+    }
+}
+
+#[tokio::test]
+async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
+    let mut users = Vec::new();
+    for round in 0..3 {
+        let send_at = Utc::now() + Duration::seconds(3);
+        let mut these = Vec::new();
+        for i in 0..6 {
+            let user = app.user(&format!("r{round}u{i}")).await;
+            app.accept(&user, ORDER, &format!("wr_{round}_{i}")).await;
+            // Every other user has one grant for two pushes: the second is skipped.
+            if i % 2 == 0 {
+                app.accept(&user, ORDER, &format!("wr_{round}_{i}_b")).await;
+            }
+            for key in ["a", "b"] {
+                let answer = app
+                    .notify(scheduled(
+                        &user,
+                        &format!("{key}-{round}-{i}"),
+                        json!({"send_at": at(send_at)}),
+                    ))
+                    .await;
+                assert_eq!(answer["push"], "pending", "{answer}");
+            }
+            these.push((user, if i % 2 == 0 { 2 } else { 1 }));
+        }
+        // Three dispatchers at once, each reading ahead and claiming at the instant.
+        let (a, b, c) = tokio::join!(app.tick(30), app.tick(30), app.tick(30));
+        let sent = a.sent + b.sent + c.sent;
+        let published = a.published + b.published + c.published;
+        assert_eq!(published, 12, "round {round}: each published once");
+        assert_eq!(sent, 9, "round {round}: {a:?} {b:?} {c:?}");
+        users.extend(these);
+    }
+    for (user, grants) in &users {
+        let deliveries = app.items_of(user, "delivery").await;
+        assert_eq!(
+            deliveries.len(),
+            *grants,
+            "one send per grant, never two per push"
+        );
+        assert_eq!(app.items_of(user, "note").await.len(), 2);
+        assert_eq!(app.items_of(user, "outbox").await.len(), 2);
+        assert!(app.items_of(user, "scheduled").await.is_empty());
+        let available = app
+            .item(user, &format!("QUOTA#{ORDER}"))
+            .await
+            .and_then(|q| attr_n(&q, "available"))
+            .unwrap_or(0);
+        assert_eq!(available, 0, "grants minus pushes sent");
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+}
