@@ -105,6 +105,35 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     .await;
     assert_eq!(answer["status"], "created", "{answer}");
 
+    // A scheduled push (its instant moved an hour ahead of now), then its cancel.
+    let mut event = sample_event("notify-appointment-scheduled.json");
+    let soon = chrono::Utc::now() + chrono::Duration::hours(1);
+    event["detail"]["send_at"] = json!(soon.to_rfc3339());
+    event["detail"]["expires_at"] = json!((soon + chrono::Duration::minutes(30)).to_rfc3339());
+    let answer = invoke(&app, "NotifyFunction", &event).await;
+    assert_eq!(
+        (answer["status"].as_str(), answer["push"].as_str()),
+        (Some("created"), Some("pending")),
+        "{answer}"
+    );
+    let answer = invoke(&app, "NotifyFunction", &sample_event("notify-cancel.json")).await;
+    assert_eq!(answer["status"], "cancelled", "{answer}");
+
+    // The user's preferences, saved and read back.
+    for (sample, expected) in [
+        ("inbox-preferences-put.json", "PUT"),
+        ("inbox-preferences-get.json", "GET"),
+    ] {
+        let mut event = sample_event(sample);
+        event["headers"]["authorization"] = json!(format!("Bearer {token}"));
+        let answer = invoke(&app, "InboxFunction", &event).await;
+        assert_eq!(answer["statusCode"], 200, "{sample}: {answer}");
+        let body: Value =
+            serde_json::from_str(answer["body"].as_str().expect("body")).expect("JSON");
+        onegrant_tests::openapi::assert_conforms(expected, "/v1/preferences", 200, &body);
+        assert_eq!(body["muted_types"], json!(["marketing"]), "{sample}");
+    }
+
     let mut event = sample_event("grants-list.json");
     event["headers"]["authorization"] = json!(format!("Bearer {token}"));
     let answer = invoke(&app, "GrantsFunction", &event).await;
