@@ -18,6 +18,9 @@ use tokio::sync::Semaphore;
 
 use crate::{Budget, FINALIZE_MARGIN, FINALIZE_RETRY_ROOM, FINALIZE_TRIES};
 
+/// How long before its instant a scheduled notification is read for its claim.
+const READ_AHEAD: Duration = Duration::from_secs(1);
+
 pub(crate) enum Dispatched {
     Done {
         finalized: Finalized,
@@ -59,11 +62,14 @@ pub(crate) async fn dispatch_one(
     if wait + budget.after_turn > budget.left() {
         return Ok(Dispatched::Deferred);
     }
-    // A scheduled notification with a push is read while it waits, and at its
-    // instant published and its push claimed in one transaction, as quickly after it
-    // is due as a plan; any other (no push, expired, changed, muted, held, no grant)
-    // is published first and its push, if any, then claimed like any other.
+    // A scheduled notification with a push is read shortly before its instant (each
+    // when its own instant nears, so a page of them is not read in one burst), and at
+    // its instant published and its push claimed in one transaction, as quickly after
+    // it is due as a plan; any other (no push, expired, changed, muted, held, no
+    // grant) is published first and its push, if any, then claimed like any other.
     let publication = if item.is_scheduled_note() {
+        let read_at = item.due_at - chrono::Duration::from_std(READ_AHEAD).unwrap_or_default();
+        tokio::time::sleep((read_at - Utc::now()).to_std().unwrap_or_default()).await;
         let (pk, sk) = item.key();
         deps.store
             .publication(pk, sk, item.due_at, Utc::now())
