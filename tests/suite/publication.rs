@@ -6,7 +6,7 @@
 use chrono::{DateTime, Duration, Utc};
 use onegrant::store::dispatch::{ClaimOutcome, DueItem};
 use onegrant_tests::{
-    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, spawn_app_with,
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app_with,
 };
 use serde_json::json;
 
@@ -294,5 +294,88 @@ async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
             .unwrap_or(0);
         assert_eq!(available, 0, "grants minus pushes sent");
     }
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_wait_for_the_users_turn()
+ {
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "60"),
+        ("WECHAT_TIMEOUT_MS", "6000"),
+    ])
+    .await;
+    // WeChat answers each send in 4 s, and one user's sends go one at a time.
+    app.control("POST", "latency", Some(json!({"ms": 4000})))
+        .await;
+    let user = app.user("alice").await;
+    for i in 0..3 {
+        app.accept(&user, ORDER, &format!("wr_{i}")).await;
+    }
+    let send_at = Utc::now() + Duration::seconds(6);
+    for i in 0..3 {
+        let answer = app
+            .notify(scheduled(
+                &user,
+                &format!("turn-{i}"),
+                json!({"send_at": at(send_at)}),
+            ))
+            .await;
+        assert_eq!(answer["push"], "pending", "{answer}");
+    }
+    assert!(
+        Utc::now() + Duration::seconds(2) < send_at,
+        "the notifications were stored too late to tell"
+    );
+    // When all three are listed and counted, looked for from the instant on.
+    let watch = async {
+        wait_until(send_at).await;
+        loop {
+            let listed = app.get("/v1/notifications", Some(&user.token)).await.body["items"]
+                .as_array()
+                .map_or(0, Vec::len);
+            let unread = app
+                .get("/v1/notifications/unread-count", Some(&user.token))
+                .await
+                .body["unread"]
+                .as_u64();
+            if (listed, unread) == (3, Some(3)) || Utc::now() > send_at + Duration::seconds(40) {
+                return ((listed, unread), Utc::now());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    };
+    // Ticks until all three are sent (under a loaded emulator a tick may find its
+    // queries too slow and leave the items to the next).
+    let dispatch = async {
+        let (mut published, mut sent) = (0, 0);
+        while sent < 3 && Utc::now() < send_at + Duration::seconds(60) {
+            let summary = app.tick(120).await;
+            published += summary.published;
+            sent += summary.sent;
+        }
+        (published, sent)
+    };
+    let ((published, sent), (seen, all_listed_at)) = tokio::join!(dispatch, watch);
+    assert_eq!(seen, (3, Some(3)), "all three listed and counted");
+    assert_eq!((published, sent), (3, 3));
+    // Listed before the second push was even claimed: not one send at a time.
+    let mut claimed: Vec<DateTime<Utc>> = app
+        .items_of(&user, "delivery")
+        .await
+        .iter()
+        .map(|d| {
+            DateTime::parse_from_rfc3339(attr_s(d, "claimed_at").expect("claimed_at"))
+                .expect("time")
+                .with_timezone(&Utc)
+        })
+        .collect();
+    claimed.sort();
+    assert_eq!(claimed.len(), 3);
+    assert!(
+        all_listed_at < claimed[1],
+        "all listed at {all_listed_at}, the second push claimed at {}",
+        claimed[1]
+    );
     assert_ledger_agrees_with_counters(&app).await;
 }

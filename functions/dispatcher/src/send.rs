@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::FutureExt;
 use onegrant::Deps;
+use onegrant::domain::OpenId;
 use onegrant::domain::dispatch::{OutcomeClass, SendResult};
 use onegrant::domain::keywords::fit_all;
 use onegrant::domain::reminders::ContentValues;
@@ -67,14 +69,13 @@ pub(crate) async fn dispatch_one(
     // its instant published and its push claimed in one transaction, as quickly after
     // it is due as a plan; any other (no push, expired, changed, muted, held, no
     // grant) is published first and its push, if any, then claimed like any other.
-    let publication = if item.is_scheduled_note() {
+    let mut publication = if item.is_scheduled_note() {
         let read_at = item.due_at - chrono::Duration::from_std(READ_AHEAD).unwrap_or_default();
         tokio::time::sleep((read_at - Utc::now()).to_std().unwrap_or_default()).await;
         let (pk, sk) = item.key();
         deps.store
             .publication(pk, sk, item.due_at, Utc::now())
             .await?
-            .zip(item.published_push())
     } else {
         None
     };
@@ -82,56 +83,60 @@ pub(crate) async fn dispatch_one(
     tokio::time::sleep((item.due_at - Utc::now()).to_std().unwrap_or_default()).await;
     let entry = item;
     let published_push;
-    let item = match &publication {
-        Some((_, push)) => push,
-        None if item.is_scheduled_note() => match publish(deps, item, published).await? {
-            Ok(next) => {
-                published_push = next;
-                &published_push
+    let item = match entry.published_push() {
+        Some(push) => {
+            if publication.is_none()
+                && let Err(done) = Box::pin(publish(deps, entry, published)).await?
+            {
+                return Ok(done);
             }
-            Err(done) => return Ok(done),
-        },
-        None => item,
+            published_push = push;
+            &published_push
+        }
+        None => entry,
     };
-    // The user's turn, then a permit: tasks queued behind one user hold no permit.
-    let turn_by = budget.left().saturating_sub(budget.after_turn);
-    let Ok(turn) = tokio::time::timeout(turn_by, deps.wechat.turn(&openid)).await else {
-        return Ok(Dispatched::Deferred);
+    // A push claimed with its publication needs the user's turn, a permit and the
+    // token at once; whatever keeps it waiting, its notification is listed at its
+    // instant: published the ordinary way first, its push then waiting in the outbox.
+    let at_once = match publication {
+        Some(_) => ready_at_once(deps, &openid, permits, &budget),
+        None => None,
     };
-    let Ok(_permit) = permits.acquire().await else {
-        return Ok(Dispatched::Deferred);
+    let (turn, _permit, token) = match at_once {
+        Some(ready) => ready,
+        None => {
+            if publication.take().is_some()
+                && let Err(done) = Box::pin(publish(deps, entry, published)).await?
+            {
+                return Ok(done);
+            }
+            match Box::pin(ready(deps, &openid, permits, &budget)).await {
+                Ok(ready) => ready,
+                Err(unclaimed) => return Ok(unclaimed),
+            }
+        }
     };
-    if budget.after_turn > budget.left() {
-        return Ok(Dispatched::Deferred);
-    }
-    let token = match deps.wechat.token().await {
-        Ok(token) => token,
-        // Nothing claimed, nothing reserved: the item stays due for the next tick.
-        Err(_) => return Ok(Dispatched::NoToken),
-    };
-    if budget.after_claim > budget.left() {
-        return Ok(Dispatched::Deferred);
-    }
     // The lease covers the send's window and the finalize, and never less than the
     // configured lease.
     let lease = config.dispatch.lease.max(budget.after_claim);
     let mut outcome = match &publication {
-        Some((publication, _)) => {
+        Some(publication) => {
             deps.store
                 .claim_published(item, publication, claimer, lease, Utc::now())
                 .await?
         }
         None => deps.store.claim(item, claimer, lease, Utc::now()).await?,
     };
-    if let (Some((_, push)), ClaimOutcome::Republish) = (&publication, &outcome) {
-        // Nothing written: publish it the ordinary way, then claim its push if any.
-        debug_assert_eq!(entry.published_push().as_ref(), Some(push));
-        match publish(deps, entry, published).await? {
-            Ok(_) => outcome = deps.store.claim(item, claimer, lease, Utc::now()).await?,
-            Err(done) => return Ok(done),
+    if publication.is_some() {
+        match outcome {
+            // Nothing written: publish it the ordinary way, then claim its push.
+            ClaimOutcome::Republish => match Box::pin(publish(deps, entry, published)).await? {
+                Ok(_) => outcome = deps.store.claim(item, claimer, lease, Utc::now()).await?,
+                Err(done) => return Ok(done),
+            },
+            ClaimOutcome::Claimed(_) => published.store(true, Ordering::Relaxed),
+            _ => {}
         }
-    } else if publication.is_some() && matches!(outcome, ClaimOutcome::Claimed(_)) {
-        published.store(true, Ordering::Relaxed);
     }
     let claim = match outcome {
         ClaimOutcome::Claimed(claim) => claim,
@@ -428,4 +433,55 @@ async fn publish(
             }
         },
     )
+}
+
+/// The user's turn, a permit and the token, with the time to claim and send.
+type Ready<'a> = (
+    onegrant::wechat::Turn,
+    tokio::sync::SemaphorePermit<'a>,
+    String,
+);
+
+/// The user's turn, then a permit (tasks queued behind one user hold no permit), then
+/// the token, each within the time left; else why not (nothing claimed or reserved:
+/// the item stays due for the next tick).
+async fn ready<'a>(
+    deps: &Deps,
+    openid: &OpenId,
+    permits: &'a Semaphore,
+    budget: &Budget,
+) -> Result<Ready<'a>, Dispatched> {
+    let turn_by = budget.left().saturating_sub(budget.after_turn);
+    let Ok(turn) = tokio::time::timeout(turn_by, deps.wechat.turn(openid)).await else {
+        return Err(Dispatched::Deferred);
+    };
+    let Ok(permit) = permits.acquire().await else {
+        return Err(Dispatched::Deferred);
+    };
+    if budget.after_turn > budget.left() {
+        return Err(Dispatched::Deferred);
+    }
+    let Ok(token) = deps.wechat.token().await else {
+        return Err(Dispatched::NoToken);
+    };
+    if budget.after_claim > budget.left() {
+        return Err(Dispatched::Deferred);
+    }
+    Ok((turn, permit, token))
+}
+
+/// [`ready`] without waiting: `None` unless all of it is to be had now.
+fn ready_at_once<'a>(
+    deps: &Deps,
+    openid: &OpenId,
+    permits: &'a Semaphore,
+    budget: &Budget,
+) -> Option<Ready<'a>> {
+    if budget.after_turn > budget.left() || budget.after_claim > budget.left() {
+        return None;
+    }
+    let turn = deps.wechat.turn(openid).now_or_never()?;
+    let permit = permits.try_acquire().ok()?;
+    let token = deps.wechat.token().now_or_never()?.ok()?;
+    Some((turn, permit, token))
 }

@@ -178,6 +178,11 @@ impl Store {
             let claimable = match found {
                 Found::Due(claimable) => *claimable,
                 Found::Gone => return Ok(Attempt::Done(ClaimOutcome::Lost)),
+                // (A publication's push is not written yet: the ordinary way writes it,
+                // then finds it unreadable and takes it off the due index.)
+                Found::Unreadable(_) if publication.is_some() => {
+                    return Ok(Attempt::Done(ClaimOutcome::Republish));
+                }
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
             };
             if let Claimable::Outbox {
@@ -271,6 +276,7 @@ impl Store {
                 writes.extend(more);
                 true
             });
+            let written = writes.len();
             let claim = Claim {
                 delivery_id,
                 claimer: claimer.to_string(),
@@ -293,8 +299,9 @@ impl Store {
                             .is_some_and(|(code, _)| is_condition_failed(code))
                     };
                     // The notification changed (cancelled, replaced, published by
-                    // another) or its push exists already: the ordinary way sorts it.
-                    if publishing && (failed(published_at) || failed(0)) {
+                    // another), its push exists already, or a publication write failed:
+                    // the ordinary way sorts it.
+                    if publishing && (failed(0) || (published_at..written).any(failed)) {
                         return Ok(Attempt::Done(ClaimOutcome::Republish));
                     }
                     let conditions = ClaimConditions {
