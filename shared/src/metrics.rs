@@ -56,6 +56,12 @@ pub mod name {
     pub const MUTED: &str = "Muted";
     /// Pushes held by the user's quiet hours (due again at their end).
     pub const HELD: &str = "Held";
+    /// Reminders and pushes past the user's daily cap (`PUSHES_PER_DAY`), due again on
+    /// their next day (no grant spent).
+    pub const CAP_WAITS: &str = "CapWaits";
+    /// Pushes past the user's daily cap that expire before the next day: inbox-only
+    /// (`capped`, no grant spent).
+    pub const CAPPED: &str = "Capped";
     /// Pushes cancelled at their claim: the cancel came while an earlier attempt was in
     /// flight, and that attempt did not go out.
     pub const CANCELLED: &str = "CancelledAtClaim";

@@ -5,6 +5,7 @@
 
 mod audit;
 mod callback;
+mod cap;
 mod consent;
 mod contract;
 mod dispatcher;

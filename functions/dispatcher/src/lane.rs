@@ -160,6 +160,8 @@ impl Lane<'_> {
             Ok(Dispatched::Expired) => s.expired += 1,
             Ok(Dispatched::Muted) => s.muted += 1,
             Ok(Dispatched::Held) => s.held += 1,
+            Ok(Dispatched::Capped { waits: true }) => s.cap_waits += 1,
+            Ok(Dispatched::Capped { waits: false }) => s.capped += 1,
             Ok(Dispatched::Cancelled) => s.cancelled += 1,
             Ok(Dispatched::Unreadable) => s.skipped += 1,
             Ok(Dispatched::Released(finalized)) => {

@@ -40,6 +40,11 @@ pub(crate) enum Dispatched {
     Muted,
     /// A push in the user's quiet hours, due again at their end.
     Held,
+    /// Past the user's daily cap: due again on their next day (`waits`), or a push
+    /// recorded `capped` (inbox-only) because it expires first.
+    Capped {
+        waits: bool,
+    },
     /// A push whose cancel came while an earlier attempt was in flight.
     Cancelled,
     Deferred,
@@ -145,6 +150,11 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
         ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
+        ClaimOutcome::Capped(until) => {
+            return Ok(Dispatched::Capped {
+                waits: until.is_some(),
+            });
+        }
         ClaimOutcome::Cancelled => return Ok(Dispatched::Cancelled),
         // (Only from a publication, handled above.)
         ClaimOutcome::Republish => return Ok(Dispatched::Lost),

@@ -38,6 +38,10 @@ pub struct Summary {
     pub muted: u32,
     /// Pushes held by the user's quiet hours (due again at their end).
     pub held: u32,
+    /// Reminders and pushes past the user's daily cap, due again on their next day.
+    pub cap_waits: u32,
+    /// Pushes past the user's daily cap that expire first: inbox-only (`capped`).
+    pub capped: u32,
     /// Pushes cancelled at their claim (the cancel came while an attempt was in flight).
     pub cancelled: u32,
     pub lost: u32,
@@ -81,6 +85,8 @@ impl Summary {
             expired,
             muted,
             held,
+            cap_waits,
+            capped,
             cancelled,
             lost,
             deferred,
@@ -110,6 +116,8 @@ impl Summary {
         self.expired += expired;
         self.muted += muted;
         self.held += held;
+        self.cap_waits += cap_waits;
+        self.capped += capped;
         self.cancelled += cancelled;
         self.lost += lost;
         self.deferred += deferred;
@@ -140,6 +148,8 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         expired = summary.expired,
         muted = summary.muted,
         held = summary.held,
+        cap_waits = summary.cap_waits,
+        capped = summary.capped,
         cancelled = summary.cancelled,
         deferred = summary.deferred,
         no_token = summary.no_token,
@@ -167,6 +177,8 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::EXPIRED, summary.expired);
     count(name::MUTED, summary.muted);
     count(name::HELD, summary.held);
+    count(name::CAP_WAITS, summary.cap_waits);
+    count(name::CAPPED, summary.capped);
     count(name::CANCELLED, summary.cancelled);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);

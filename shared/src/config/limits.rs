@@ -28,6 +28,9 @@ pub struct Limits {
     pub handler_budget: Duration,
     /// Whether changes of grants, deliveries and plans write history entries.
     pub audit: bool,
+    /// Most messages of one template one user is sent in one of their days, reminders
+    /// and pushes alike (`domain::dispatch::cap`); None: no cap.
+    pub pushes_per_day: Option<u32>,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -77,6 +80,7 @@ impl Default for Limits {
             write_budget: Duration::from_secs(4),
             handler_budget: Duration::from_secs(9),
             audit: true,
+            pushes_per_day: None,
         }
     }
 }

@@ -261,6 +261,10 @@ impl Config {
                 1..=600,
             )?)
             .unwrap_or(defaults.checkins_per_minute),
+            pushes_per_day: match number("PUSHES_PER_DAY", 0, 0..=1000)? {
+                0 => None,
+                cap => u32::try_from(cap).ok(),
+            },
             write_budget: Duration::from_millis(number(
                 "WRITE_BUDGET_MS",
                 u64::try_from(defaults.write_budget.as_millis()).unwrap_or(4000),

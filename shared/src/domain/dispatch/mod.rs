@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::consent::PauseReason;
 
+pub mod cap;
 pub mod claim;
 pub mod delivery;
 mod states;

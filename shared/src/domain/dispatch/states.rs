@@ -57,6 +57,8 @@ pub enum OutboxState {
     Replaced,
     /// Its notification type is muted by the user: never sent.
     Muted,
+    /// Past the user's daily cap until it expired: never sent, no grant spent.
+    Capped,
 }
 
 impl OutboxState {
@@ -72,6 +74,7 @@ impl OutboxState {
             Self::Cancelled => "cancelled",
             Self::Replaced => "replaced",
             Self::Muted => "muted",
+            Self::Capped => "capped",
         }
     }
 }

@@ -106,7 +106,8 @@ pub fn decide(found: PushFound) -> CancelDecision {
             | OutboxState::Failed
             | OutboxState::Expired
             | OutboxState::Replaced
-            | OutboxState::Muted,
+            | OutboxState::Muted
+            | OutboxState::Capped,
         ) => CancelDecision::TooLate,
         PushFound::None => CancelDecision::NoPush,
     }

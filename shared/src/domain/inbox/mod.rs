@@ -61,6 +61,9 @@ pub enum PushStatus {
     Replaced,
     /// Its notification type is muted by the user: never sent, no grant spent.
     Muted,
+    /// Past the user's daily cap (`PUSHES_PER_DAY`) until it expired: never sent, no
+    /// grant spent.
+    Capped,
 }
 
 impl PushStatus {
@@ -76,6 +79,7 @@ impl PushStatus {
             Self::Cancelled => "cancelled",
             Self::Replaced => "replaced",
             Self::Muted => "muted",
+            Self::Capped => "capped",
         }
     }
 
@@ -91,6 +95,7 @@ impl PushStatus {
             OutboxState::Cancelled => Self::Cancelled,
             OutboxState::Replaced => Self::Replaced,
             OutboxState::Muted => Self::Muted,
+            OutboxState::Capped => Self::Capped,
         }
     }
 
@@ -106,6 +111,7 @@ impl PushStatus {
             "cancelled" => Self::Cancelled,
             "replaced" => Self::Replaced,
             "muted" => Self::Muted,
+            "capped" => Self::Capped,
             _ => return None,
         })
     }
@@ -144,10 +150,12 @@ pub enum PushReason {
     InvalidContent,
     /// `unknown`: WeChat's answer was lost; never resent.
     Uncertain,
+    /// `pending`: past the user's daily cap; due again on their next day.
+    Capped,
 }
 
 impl PushReason {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::TemplateMissing,
         Self::TemplateNotConfigured,
         Self::DataInvalid,
@@ -162,6 +170,7 @@ impl PushReason {
         Self::NotSent,
         Self::InvalidContent,
         Self::Uncertain,
+        Self::Capped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -180,6 +189,7 @@ impl PushReason {
             Self::NotSent => "not_sent",
             Self::InvalidContent => "invalid_content",
             Self::Uncertain => "uncertain",
+            Self::Capped => "capped",
         }
     }
 

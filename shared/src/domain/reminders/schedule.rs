@@ -35,6 +35,10 @@ pub enum ScheduleError {
 pub struct Timezone(Tz);
 
 impl Timezone {
+    /// China's zone, where WeChat's users are: the default wherever a user has named
+    /// none.
+    pub const SHANGHAI: Self = Self(Tz::Asia__Shanghai);
+
     pub fn parse(name: &str) -> Result<Self, ScheduleError> {
         Tz::from_str(name)
             .map(Self)

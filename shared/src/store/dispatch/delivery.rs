@@ -65,6 +65,10 @@ pub(crate) struct DeliveryItem {
     /// throttled database left.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) void_others: bool,
+    /// Under a daily cap, the user's day the claim counted its send on: a grant given
+    /// back unsent gives the count back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) counted_on: Option<chrono::NaiveDate>,
 }
 
 impl DeliveryItem {

@@ -79,6 +79,8 @@ pub struct Claim {
     claimed_at: DateTime<Utc>,
     pub source: ClaimSource,
     grant_sk: String,
+    /// Under a daily cap, the user's day the send counted on.
+    counted_on: Option<chrono::NaiveDate>,
 }
 
 /// What was claimed: a reminder plan or a notification's push.

@@ -9,13 +9,14 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::DeliveryState;
+use crate::domain::dispatch::cap::Counted;
 use crate::domain::grants::open::{
     GrantPick, OpenGrantIds, PickFrom, SetFix, pick, pick_from_ledger,
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;
-use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants};
+use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, sent_on};
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
@@ -62,6 +63,7 @@ impl Store {
             released_at: None,
             kept_answer: None,
             void_others: false,
+            counted_on: grant.counted.as_ref().map(|c| c.day),
         };
         let reserve = Update::builder()
             .table_name(&self.table)
@@ -92,24 +94,43 @@ impl Store {
         counters = counters
             .expression_attribute_names("#inflight", INFLIGHT)
             .expression_attribute_values(":flight", AttributeValue::Ss(vec![flight]));
+        // Under a daily cap the send counts on the user's day, on the condition that
+        // the day's count is still under the cap: racing claims never pass it.
+        let (mut remove, mut add, mut cap) = (String::new(), String::new(), String::new());
+        if let Some(counted) = &grant.counted {
+            add = ", #day :one".into();
+            cap = " AND (attribute_not_exists(#day) OR #day < :cap)".into();
+            counters = counters
+                .expression_attribute_names("#day", sent_on(counted.day))
+                .expression_attribute_values(":cap", n(i64::from(counted.cap)));
+            let names: Vec<String> = (0..counted.stale.len())
+                .map(|i| format!("#old{i}"))
+                .collect();
+            for (name, day) in names.iter().zip(&counted.stale) {
+                counters = counters.expression_attribute_names(name, sent_on(*day));
+            }
+            if !names.is_empty() {
+                remove = format!(" REMOVE {}", names.join(", "));
+            }
+        }
+        let expression = format!(
+            "SET updated_at = :now{remove} ADD available :minus, reserved :one, #reserved :id, \
+             #inflight :flight{add} DELETE #available :id"
+        );
         counters = if grant.listed {
             counters
-                .update_expression(
-                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
-                     #inflight :flight DELETE #available :id",
-                )
-                .condition_expression("available > :zero AND contains(#available, :idv)")
+                .update_expression(expression)
+                .condition_expression(format!(
+                    "available > :zero AND contains(#available, :idv){cap}"
+                ))
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
                 .expression_attribute_values(":idv", s(grant.request.as_str()))
         } else {
             // Found through the ledger: out of the available set too, should it be there
             // (deleting an absent member changes nothing).
             counters
-                .update_expression(
-                    "SET updated_at = :now ADD available :minus, reserved :one, #reserved :id, \
-                     #inflight :flight DELETE #available :id",
-                )
-                .condition_expression("available > :zero")
+                .update_expression(expression)
+                .condition_expression(format!("available > :zero{cap}"))
                 .expression_attribute_names("#available", OPEN_AVAILABLE)
         };
         let counters = drop_marks(counters, &grant.stale)
@@ -150,6 +171,7 @@ impl Store {
             request: pick.request,
             listed: pick.listed,
             stale: Default::default(),
+            counted: None,
         };
         match pick(counters, &open.ids, ledger_only) {
             PickFrom::Nothing => return Ok(None),
@@ -265,6 +287,9 @@ pub(crate) struct Reserve {
     /// Marks on the quota item that no event can match any more, by attribute: the
     /// reservation drops them, as it writes the quota item anyway.
     pub(crate) stale: Vec<(&'static str, Vec<String>)>,
+    /// Under a daily cap: the day the send counts on (under the cap, as a condition)
+    /// and the old days' counts to drop.
+    pub(crate) counted: Option<Counted>,
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of

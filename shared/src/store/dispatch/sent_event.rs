@@ -303,6 +303,7 @@ impl Store {
                     sk: &delivery.grant_sk,
                     from: GrantState::Invalid,
                     to: GrantState::Consumed,
+                    uncount: None,
                 }),
                 retry_whole: true,
                 source: writes,

@@ -17,7 +17,7 @@ use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT, sent_on,
 };
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
@@ -26,6 +26,9 @@ pub(crate) struct GrantMove<'a> {
     pub(crate) sk: &'a str,
     pub(crate) from: GrantState,
     pub(crate) to: GrantState,
+    /// Under a daily cap, the day the claim counted its send on: a grant given back
+    /// unsent (`reserved → available`) gives that count back too.
+    pub(crate) uncount: Option<chrono::NaiveDate>,
 }
 
 /// What a settle writes to the delivery.
@@ -287,6 +290,14 @@ impl Store {
             if grant.to == GrantState::Available {
                 adds.push("#open_available :id");
                 update = update.expression_attribute_names("#open_available", OPEN_AVAILABLE);
+            }
+            // (`invalid → available`: a late answer that the message did not go out.)
+            if let Some(day) = grant.uncount
+                && grant.to == GrantState::Available
+                && grant.from != GrantState::Available
+            {
+                adds.push("#counted :minus");
+                update = update.expression_attribute_names("#counted", sent_on(day));
             }
             if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
                 // Bound only when a set clause uses it: DynamoDB refuses unused values.

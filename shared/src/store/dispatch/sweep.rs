@@ -376,6 +376,7 @@ impl Store {
                 sk: &delivery.grant_sk,
                 from: GrantState::Reserved,
                 to: settlement.grant,
+                uncount: delivery.counted_on,
             }),
             retry_whole: false,
             source,

@@ -7,6 +7,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem,
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use crate::domain::dispatch::cap::SentDays;
 use crate::domain::grants::open::OpenGrantIds;
 use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
@@ -41,6 +42,28 @@ pub(crate) const INFLIGHT: &str = "inflight";
 /// The quota item's sent events kept for when a send in flight settles (create time,
 /// `<msgid>:<errcode>`).
 pub(crate) const PENDING_EVENTS: &str = "pending_events";
+
+/// The prefix of the quota item's daily counts of sends (`sent_on_20261202`), kept
+/// while a daily cap is configured (`domain::dispatch::cap`).
+const SENT_ON: &str = "sent_on_";
+
+/// The quota item's attribute counting the sends of `day`.
+pub(crate) fn sent_on(day: chrono::NaiveDate) -> String {
+    format!("{SENT_ON}{}", day.format("%Y%m%d"))
+}
+
+/// The quota item's daily counts of sends.
+fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
+    quota
+        .iter()
+        .filter_map(|(name, value)| {
+            let day = name.strip_prefix(SENT_ON)?;
+            let day = chrono::NaiveDate::parse_from_str(day, "%Y%m%d").ok()?;
+            let count = value.as_n().ok()?.parse::<i64>().ok()?;
+            Some((day, count))
+        })
+        .collect()
+}
 
 /// The quota item's marks of client-reported grants not yet confirmed.
 pub(crate) const TAPS_REPORTED: &str = "taps_reported";
@@ -121,6 +144,8 @@ pub(crate) struct OpenGrants {
     pub(crate) inflight_marks: Vec<String>,
     /// Sent events kept pending.
     pub(crate) pending_marks: Vec<String>,
+    /// The sends counted per day, for the daily cap.
+    pub(crate) sent_days: SentDays,
 }
 
 impl OpenGrants {
@@ -152,6 +177,7 @@ impl OpenGrants {
             unknown_marks: members(OPEN_UNKNOWN),
             inflight_marks: members(INFLIGHT),
             pending_marks: members(PENDING_EVENTS),
+            sent_days: sent_days(quota),
         }
     }
 

@@ -43,6 +43,9 @@ pub enum PlanEvent {
     Claimed,
     /// The dispatcher found no grant to reserve.
     GrantMissing,
+    /// The dispatcher found the user's daily cap reached: due again at `due`, on their
+    /// next day.
+    Capped { due: DateTime<Utc> },
     /// WeChat accepted the message.
     Sent,
     /// A definite, retryable failure: grant restored, try again at `due`.
@@ -165,6 +168,10 @@ impl PlanStatus {
                 Scheduled { .. } => Ok(Paused {
                     reason: PauseReason::NeedsGrant,
                 }),
+                Disabled | Sending | AwaitingCheckin | Paused { .. } => illegal,
+            },
+            PlanEvent::Capped { due } => match self {
+                Scheduled { .. } => Ok(Scheduled { due }),
                 Disabled | Sending | AwaitingCheckin | Paused { .. } => illegal,
             },
             PlanEvent::Sent => match self {

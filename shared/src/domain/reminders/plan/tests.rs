@@ -29,6 +29,7 @@ fn arb_event() -> impl Strategy<Value = PlanEvent> {
         Just(PlanEvent::Refused(Refusal::Ban)),
         Just(PlanEvent::Claimed),
         Just(PlanEvent::GrantMissing),
+        due.clone().prop_map(|due| PlanEvent::Capped { due }),
         Just(PlanEvent::Sent),
         due.prop_map(|due| PlanEvent::RetryLater { due }),
         reason.prop_map(PlanEvent::SendStopped),
@@ -444,4 +445,26 @@ fn during_a_send_the_later_of_a_refusal_and_a_new_accept_wins() {
             reason: PauseReason::Banned
         }
     );
+}
+
+#[test]
+fn a_capped_plan_is_due_again_later_and_only_a_scheduled_one_is_capped() {
+    let (now, later) = (at(1_000), at(90_000));
+    assert_eq!(
+        PlanStatus::Scheduled { due: now }.apply(PlanEvent::Capped { due: later }),
+        Ok(PlanStatus::Scheduled { due: later })
+    );
+    for from in [
+        PlanStatus::Disabled,
+        PlanStatus::Sending,
+        PlanStatus::AwaitingCheckin,
+        PlanStatus::Paused {
+            reason: PauseReason::NeedsGrant,
+        },
+    ] {
+        assert!(
+            from.apply(PlanEvent::Capped { due: later }).is_err(),
+            "{from:?}"
+        );
+    }
 }

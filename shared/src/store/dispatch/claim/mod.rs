@@ -2,25 +2,25 @@
 //! ([`read`]), decide (the domain's gates and the grant to reserve), commit.
 
 mod read;
+mod unsent;
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
+use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::inbox::cancel::{AtClaim, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
-use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
-use crate::domain::reminders::plan::{Plan, PlanEvent};
+use crate::domain::reminders::plan::Plan;
+use crate::domain::reminders::schedule::Timezone;
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim};
-use crate::store::items::outbox::{
-    OutboxItem, Publication, note_push_update, only_note_updates_failed, versioned_put,
-};
+use crate::store::items::outbox::{OutboxItem, Publication, versioned_put};
 use crate::store::items::quota::{INFLIGHT, OpenGrants};
-use crate::store::items::{key, n, to_item};
-use crate::store::keys::{delivery_sk, quota_sk};
+use crate::store::items::to_item;
+use crate::store::keys::delivery_sk;
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -41,6 +41,10 @@ pub enum ClaimOutcome {
     Cancelled,
     /// A push in the user's quiet hours: due again at their end.
     Held(DateTime<Utc>),
+    /// Past the user's daily cap: due again at the start of their next day (a plan at
+    /// its first waking moment), or, None, a push that would expire first, recorded
+    /// `capped`. Nothing sent or spent.
+    Capped(Option<DateTime<Utc>>),
     /// A publication (`Store::claim_published`) whose scheduled notification changed
     /// since it was read, or whose push is not to go now (muted, held, no grant):
     /// nothing was written; publish it the ordinary way (`Store::publish`), then
@@ -62,6 +66,10 @@ enum Unsent {
     Cancelled,
     /// Quiet hours: due again at their end.
     Held(DateTime<Utc>),
+    /// The daily cap reached: due again at the start of the user's next day.
+    Capped(DateTime<Utc>),
+    /// The daily cap reached by a push that expires before the next day.
+    CappedOut,
 }
 
 /// A claimed item's write, what the dispatcher keeps of it, its attempts so far and,
@@ -108,6 +116,22 @@ impl Claimable {
             Self::Plan { kind, .. } => Ok(kind.template_id.clone()),
             Self::Outbox { outbox, .. } => TemplateId::parse(outbox.template_id.clone())
                 .map_err(|_| StoreError::Corrupt(format!("outbox {}: template id", outbox.sk))),
+        }
+    }
+
+    /// The zone of the user's day, for the daily cap.
+    fn day_zone(&self) -> Timezone {
+        match self {
+            Self::Plan { plan, .. } => day_zone(None, Some(plan.settings.schedule.timezone())),
+            Self::Outbox { prefs, .. } => day_zone(prefs.quiet_hours.map(|q| q.timezone), None),
+        }
+    }
+
+    /// When a push expires (a plan never does).
+    fn send_by(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Self::Plan { .. } => None,
+            Self::Outbox { outbox, .. } => outbox.send_by.and_then(DateTime::from_timestamp_millis),
         }
     }
 
@@ -215,6 +239,8 @@ impl Store {
                             Unsent::Muted => ClaimOutcome::Muted,
                             Unsent::Cancelled => ClaimOutcome::Cancelled,
                             Unsent::Expired | Unsent::NoGrant => ClaimOutcome::Expired,
+                            Unsent::Capped(until) => ClaimOutcome::Capped(Some(until)),
+                            Unsent::CappedOut => ClaimOutcome::Capped(None),
                         })
                     } else {
                         Attempt::Retry
@@ -223,6 +249,33 @@ impl Store {
             }
             let template = claimable.template()?;
             let (counters, open) = claimable.grants();
+            // Past the user's daily cap: not now (before the grant: none is spent).
+            let cap = self.limits.pushes_per_day;
+            let counted = match at_cap(
+                cap,
+                &open.sent_days,
+                claimable.day_zone(),
+                claimable.send_by(),
+                now,
+            ) {
+                AtCap::Go(counted) => counted,
+                _ if publication.is_some() => return Ok(Attempt::Done(ClaimOutcome::Republish)),
+                capped => {
+                    let (why, until) = match capped {
+                        AtCap::Wait(until) => (Unsent::Capped(until), Some(until)),
+                        AtCap::Go(_) | AtCap::Capped => (Unsent::CappedOut, None),
+                    };
+                    let mut writes = self.unsent_writes(item, &claimable, why, now)?;
+                    let day = day_of(claimable.day_zone(), now);
+                    writes.push(self.still_capped(&item.pk, &template, day, cap)?);
+                    // Else a count was given back (or the item moved): read again.
+                    return Ok(if self.commit_unsent(writes).await? {
+                        Attempt::Done(ClaimOutcome::Capped(until))
+                    } else {
+                        Attempt::Retry
+                    });
+                }
+            };
             let grant = self
                 .pick_grant(
                     &item.pk,
@@ -252,6 +305,7 @@ impl Store {
                 .into_iter()
                 .filter(|(name, _)| *name != INFLIGHT)
                 .collect();
+            grant.counted = counted;
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
@@ -287,6 +341,7 @@ impl Store {
                 claimed_at: now,
                 source,
                 grant_sk: grant.sk.clone(),
+                counted_on: grant.counted.as_ref().map(|c| c.day),
             };
             match self.transact(writes).await? {
                 TxOutcome::Committed => {
@@ -340,98 +395,6 @@ impl Store {
             Ok(Attempt::Retry)
         })
         .await
-    }
-
-    /// Why a due item is not sent: no grant when it came due (the plan pauses
-    /// `needs_grant`; the push is skipped), or, a push only, its `expires_at` passed.
-    /// The notification stays either way.
-    fn unsent_writes(
-        &self,
-        item: &DueItem,
-        claimable: &Claimable,
-        why: Unsent,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<TransactWriteItem>, StoreError> {
-        match claimable {
-            Claimable::Plan { plan, .. } => {
-                let mut paused = plan.clone();
-                paused.status = plan
-                    .status
-                    .apply(PlanEvent::GrantMissing)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                Ok(vec![self.plan_put(&paused, &item.pk, now)?])
-            }
-            Claimable::Outbox { outbox, .. } => {
-                let (state, status, reason) = match why {
-                    Unsent::NoGrant => (
-                        OutboxState::Skipped,
-                        PushStatus::Skipped,
-                        Some(PushReason::NoGrant),
-                    ),
-                    Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
-                    Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
-                    Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
-                    Unsent::Held(until) => {
-                        // Still pending, due again when the quiet hours end; the
-                        // notification's push status stays `pending`.
-                        let held = outbox.moved(
-                            OutboxState::Pending,
-                            Some(until),
-                            self.shards,
-                            now,
-                            self.limits.retention.outbox,
-                        );
-                        return Ok(vec![versioned_put(
-                            &self.table,
-                            to_item("outbox", &held)?,
-                            outbox.version,
-                        )?]);
-                    }
-                };
-                let moved =
-                    outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
-                Ok(vec![
-                    versioned_put(&self.table, to_item("outbox", &moved)?, outbox.version)?,
-                    note_push_update(&self.table, &item.pk, &outbox.note_id, status, reason)?,
-                ])
-            }
-        }
-    }
-
-    /// Commits an unsent item's writes; false if it moved (read it again). Only the
-    /// notification gone (its retention removed it): the rest lands without it, never
-    /// recreating it.
-    async fn commit_unsent(&self, mut writes: Vec<TransactWriteItem>) -> Result<bool, StoreError> {
-        Ok(match self.transact(writes.clone()).await? {
-            TxOutcome::Committed => true,
-            TxOutcome::Cancelled(reasons) => {
-                if only_note_updates_failed(&writes, &reasons) {
-                    writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
-                    matches!(self.transact(writes).await?, TxOutcome::Committed)
-                } else {
-                    false
-                }
-            }
-            TxOutcome::Contended => false,
-        })
-    }
-
-    /// A condition that the template still has no available grant: a grant report
-    /// landing between the read and the write makes the pause (or skip) lose, and the
-    /// item is claimed with that grant on the next try.
-    fn still_no_grant(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression("attribute_not_exists(available) OR available <= :zero")
-            .expression_attribute_values(":zero", n(0))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 
     /// The claimed item's write (`sending`, naming the delivery, on the lease index for

@@ -1,0 +1,177 @@
+//! A claim's other ending: the due item not sent now (no grant, expired, muted,
+//! cancelled, held in quiet hours, past the daily cap), written down with the
+//! conditions that make that decision lose to a grant or a count arriving meanwhile.
+
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use chrono::{DateTime, Utc};
+
+use super::{Claimable, Unsent};
+use crate::domain::TemplateId;
+use crate::domain::dispatch::OutboxState;
+use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::reminders::plan::PlanEvent;
+use crate::store::dispatch::DueItem;
+use crate::store::items::outbox::{note_push_update, only_note_updates_failed, versioned_put};
+use crate::store::items::quota::sent_on;
+use crate::store::items::{key, n, to_item};
+use crate::store::keys::quota_sk;
+use crate::store::tx::TxOutcome;
+use crate::store::{Store, StoreError};
+
+impl Store {
+    /// The writes of a due item not sent (`why`): no grant when it came due (the plan
+    /// pauses `needs_grant`; the push is skipped); past the daily cap (due again on the
+    /// user's next day, or a push that expires first ends `capped`); a push only: its
+    /// `expires_at` passed, muted, cancelled, held in quiet hours. The notification
+    /// stays whatever the reason.
+    pub(super) fn unsent_writes(
+        &self,
+        item: &DueItem,
+        claimable: &Claimable,
+        why: Unsent,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        match claimable {
+            Claimable::Plan { plan, .. } => {
+                let event = match why {
+                    // Due again at the next day's first waking moment.
+                    Unsent::Capped(until) => PlanEvent::Capped {
+                        due: plan.settings.schedule.first_awake_from(until),
+                    },
+                    Unsent::NoGrant
+                    | Unsent::Expired
+                    | Unsent::Muted
+                    | Unsent::Cancelled
+                    | Unsent::Held(_)
+                    | Unsent::CappedOut => PlanEvent::GrantMissing,
+                };
+                let mut moved = plan.clone();
+                moved.status = plan
+                    .status
+                    .apply(event)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(vec![self.plan_put(&moved, &item.pk, now)?])
+            }
+            Claimable::Outbox { outbox, .. } => {
+                let (state, status, reason) = match why {
+                    Unsent::NoGrant => (
+                        OutboxState::Skipped,
+                        PushStatus::Skipped,
+                        Some(PushReason::NoGrant),
+                    ),
+                    Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
+                    Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
+                    Unsent::CappedOut => (OutboxState::Capped, PushStatus::Capped, None),
+                    Unsent::Capped(until) => {
+                        // Still pending, due again on the user's next day; the
+                        // notification says why it waits.
+                        let waiting = outbox.moved(
+                            OutboxState::Pending,
+                            Some(until),
+                            self.shards,
+                            now,
+                            self.limits.retention.outbox,
+                        );
+                        return Ok(vec![
+                            versioned_put(
+                                &self.table,
+                                to_item("outbox", &waiting)?,
+                                outbox.version,
+                            )?,
+                            note_push_update(
+                                &self.table,
+                                &item.pk,
+                                &outbox.note_id,
+                                PushStatus::Pending,
+                                Some(PushReason::Capped),
+                            )?,
+                        ]);
+                    }
+                    Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
+                    Unsent::Held(until) => {
+                        // Still pending, due again when the quiet hours end; the
+                        // notification's push status stays `pending`.
+                        let held = outbox.moved(
+                            OutboxState::Pending,
+                            Some(until),
+                            self.shards,
+                            now,
+                            self.limits.retention.outbox,
+                        );
+                        return Ok(vec![versioned_put(
+                            &self.table,
+                            to_item("outbox", &held)?,
+                            outbox.version,
+                        )?]);
+                    }
+                };
+                let moved =
+                    outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
+                Ok(vec![
+                    versioned_put(&self.table, to_item("outbox", &moved)?, outbox.version)?,
+                    note_push_update(&self.table, &item.pk, &outbox.note_id, status, reason)?,
+                ])
+            }
+        }
+    }
+
+    /// Commits an unsent item's writes; false if it moved (read it again). Only the
+    /// notification gone (its retention removed it): the rest lands without it, never
+    /// recreating it.
+    pub(super) async fn commit_unsent(
+        &self,
+        mut writes: Vec<TransactWriteItem>,
+    ) -> Result<bool, StoreError> {
+        Ok(match self.transact(writes.clone()).await? {
+            TxOutcome::Committed => true,
+            TxOutcome::Cancelled(reasons) => {
+                if only_note_updates_failed(&writes, &reasons) {
+                    writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
+                    matches!(self.transact(writes).await?, TxOutcome::Committed)
+                } else {
+                    false
+                }
+            }
+            TxOutcome::Contended => false,
+        })
+    }
+
+    /// A condition that the template still has no available grant: a grant report
+    /// landing between the read and the write makes the pause (or skip) lose, and the
+    /// item is claimed with that grant on the next try.
+    pub(super) fn still_no_grant(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression("attribute_not_exists(available) OR available <= :zero")
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// A condition that the user's day `day` still counts `cap` sends or more: a count
+    /// given back between the read and the write makes the wait lose, and the item is
+    /// claimed on the next try.
+    pub(super) fn still_capped(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        day: chrono::NaiveDate,
+        cap: Option<u32>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression("#day >= :cap")
+            .expression_attribute_names("#day", sent_on(day))
+            .expression_attribute_values(":cap", n(i64::from(cap.unwrap_or(0))))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+}
