@@ -72,6 +72,9 @@ export interface Plan {
   next_due_at: string | null;
   pause_reason: string | null;
   template_id: string;
+  /** The template of the notice sent when this plan's grants run out, asked for in
+   *  the same tap; null when the template names none. */
+  refill_template_id: string | null;
   settings: {
     interval_minutes: number;
     wake_time: string;
@@ -121,6 +124,9 @@ export interface CheckInResult {
   asked: boolean;
   /** What the user chose in the popup, if asked. */
   result: SubscribeResult | null;
+  /** What the user chose for the refill notice's template asked in the same popup (its
+   *  grant reported on its own); null when not asked or not answered. */
+  refill: SubscribeResult | null;
   /** The plan the server answered (the cached one when another page sent the
    *  check-in); null while it waits in the queue; absent with `error`. */
   plan?: Plan | null;

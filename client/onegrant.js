@@ -256,6 +256,13 @@ class Client {
     return plan ? Boolean(plan.needs_grant) : true;
   }
 
+  /** Whether a template's grant should be asked for: the cached quota's `needs_grant`;
+   *  asked when nothing is cached for it. */
+  needsGrantOf(templateId) {
+    const quota = (this.cache().quotas || []).find((q) => q.template_id === templateId);
+    return quota ? Boolean(quota.needs_grant) : true;
+  }
+
   getPlan(kind) {
     return this.call('GET', `/v1/reminders/${encodeURIComponent(kind)}`).then((plan) => {
       this.remember((cache) => { cache.plans = cache.plans || {}; cache.plans[kind] = plan; });
@@ -322,8 +329,13 @@ class Client {
     const plan = this.cachedPlan(kind);
     const templateId = (plan && plan.template_id) || this.templates[kind];
     const ask = Boolean(templateId) && this.needsGrant(kind);
+    // The template's refill notice (the server's pairing), asked for in the same tap:
+    // the one message that tells the user their reminders ran out.
+    const refillId = ask && plan && plan.refill_template_id && plan.refill_template_id !== templateId
+      && this.needsGrantOf(plan.refill_template_id) ? plan.refill_template_id : null;
     const actionId = this.newId('wc_');
     const grantId = ask ? this.newId('wr_') : undefined;
+    const refillRequestId = refillId ? this.newId('wr_') : undefined;
     const body = {
       action_id: actionId,
       occurred_at: new Date(this.now()).toISOString(),
@@ -336,9 +348,16 @@ class Client {
       id: actionId, type: 'checkin', path: `/v1/reminders/${encodeURIComponent(kind)}/checkins`,
       body, templateId, awaitingTap: ask, createdAt: this.now(),
     });
-    const tap = ask ? this.subscribe([templateId]) : Promise.resolve(null);
+    if (refillId) {
+      this.enqueue({
+        id: refillRequestId, type: 'grants', path: '/v1/grants',
+        body: { request_id: refillRequestId }, awaitingTap: true, createdAt: this.now(),
+      });
+    }
+    const tap = ask ? this.subscribe(refillId ? [templateId, refillId] : [templateId]) : Promise.resolve(null);
     return tap.then((res) => {
       const result = res && isSubscribeResult(res[templateId]) ? res[templateId] : null;
+      const refill = refillId && res && isSubscribeResult(res[refillId]) ? res[refillId] : null;
       let waiting = false;
       this.updateQueued(actionId, (item) => {
         if (!item.awaitingTap) return item;
@@ -353,8 +372,35 @@ class Client {
         // after two minutes): the grant is reported on its own, by the same id.
         this.enqueueReport(grantId, { [templateId]: result });
       }
-      return this.settle(actionId, { actionId, asked: ask, result }, () => ({ plan: this.cachedPlan(kind) }));
+      if (refillId) this.settleRefill(refillRequestId, refillId, refill);
+      return this.settle(actionId, { actionId, asked: ask, result, refill }, () => ({ plan: this.cachedPlan(kind) }));
     });
+  }
+
+  /** The refill template's answer from a check-in's tap: its queued report completed
+   *  (or, dropped as stale while the popup was open, queued again by the same id), or
+   *  taken off the queue when the popup gave no answer for it. */
+  settleRefill(requestId, templateId, result) {
+    if (!result) {
+      this.dequeue(requestId);
+      return;
+    }
+    const results = { [templateId]: result };
+    const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, {
+      awaitingTap: false, body: { request_id: requestId, results },
+    }));
+    if (!waiting) this.enqueueReport(requestId, results);
+    if (result === 'accept') {
+      // Held now (once the report lands): the next taps ask for the main template only.
+      this.remember((cache) => {
+        (cache.quotas || []).forEach((q) => {
+          if (q.template_id === templateId) {
+            q.available = (q.available || 0) + 1;
+            q.needs_grant = false;
+          }
+        });
+      });
+    }
   }
 
   /**

@@ -11,6 +11,7 @@ const { startStack, httpRequest, standinLogin, notify } = require('./stack.js');
 
 const WATER = 'tmpl_water_reminder';
 const ORDER = 'tmpl_order_status';
+const USED_UP = 'tmpl_grants_used_up';
 
 let stack;
 test.before(async () => { stack = await startStack(); });
@@ -56,6 +57,13 @@ test('a check-in whose plan needs a grant asks in the tap and the grant reaches 
   assert.equal(result.plan.state, 'scheduled');
   const water = await quota(client, WATER);
   assert.deepEqual([water.accepted, water.available], [1, 1]);
+  // The same tap asked for the refill notice's template (the server's pairing), and
+  // its grant reached the server on its own.
+  assert.equal(plans.water.refill_template_id, USED_UP);
+  assert.deepEqual(wx.subscribeCalls.map((c) => c.tmplIds), [[WATER, USED_UP]]);
+  assert.equal(result.refill, 'accept');
+  const usedUp = await quota(client, USED_UP);
+  assert.deepEqual([usedUp.accepted, usedUp.available], [1, 1]);
   // The next tap does not ask: the answer said no grant is needed.
   const next = await wx.tap(() => client.checkIn('water', { count: 2, goal: 8 }));
   assert.equal(next.asked, false);
@@ -88,7 +96,8 @@ test('offline: stored and queued; back online: one check-in and one grant, whate
     assert.equal(request.body.grant_request_id, queued.body.grant_request_id, 'the same grant id every time');
   }
   // Every submit got the first answer again: one check-in, replayed.
-  const answers = flushes.flatMap((f) => Object.values(f.answers)).map((a) => JSON.stringify(a.data));
+  const answers = flushes.flatMap((f) => Object.entries(f.answers))
+    .filter(([id]) => id === result.actionId).map(([, a]) => JSON.stringify(a.data));
   assert.ok(answers.length >= 2);
   assert.equal(new Set(answers).size, 1, 'identical answers: the server recorded one check-in');
   const water = await quota(a.client, WATER);
@@ -123,7 +132,10 @@ test('a session that expires mid-queue means one new login and the queue drains'
   for (let i = 1; i <= 3; i += 1) {
     await wx.tap(() => client.checkIn('water', { count: i, goal: 8 }));
   }
-  assert.equal(client.pendingCount(), 3);
+  // Three check-ins, and the refill template's grant from the first tap only (held
+  // once accepted).
+  assert.equal(client.pendingCount(), 4);
+  assert.deepEqual(wx.subscribeCalls.map((c) => c.tmplIds), [[WATER, USED_UP], [WATER], [WATER]]);
   net.offline = false;
   // After the first check-in lands, the stored session stops being accepted.
   let expired = false;
@@ -136,11 +148,19 @@ test('a session that expires mid-queue means one new login and the queue drains'
   const flushed = await client.flush();
   assert.equal(flushed.pending, 0, 'the queue drained');
   assert.equal(counter.logins, logins + 1, 'exactly one new login');
+  // In the queue's order: the first check-in, the refill grant's report (refused once,
+  // then sent again under the new session), the other two check-ins.
+  const queued = net.log.filter((r) => r.method === 'POST'
+    && ['/v1/reminders/water/checkins', '/v1/grants'].includes(r.path));
+  assert.deepEqual(queued.map((r) => [r.path, r.status]), [
+    ['/v1/reminders/water/checkins', 200], ['/v1/grants', 401], ['/v1/grants', 200],
+    ['/v1/reminders/water/checkins', 200], ['/v1/reminders/water/checkins', 200],
+  ]);
   const checkins = posts(net, '/v1/reminders/water/checkins');
-  assert.deepEqual(checkins.map((r) => r.status), [200, 401, 200, 200]);
   assert.equal(new Set(checkins.map((r) => r.body.action_id)).size, 3);
   const water = await quota(client, WATER);
   assert.equal(water.accepted, 3, 'each tap reported its grant once');
+  assert.equal((await quota(client, USED_UP)).accepted, 1, 'the refill grant once');
 });
 
 test('a definite refusal is surfaced and never retried; a retryable one keeps the action queued', async () => {

@@ -230,3 +230,64 @@ test('a refused check-in still reports the grant the user accepted; an action ol
   assert.equal(server.log.length, before, 'never sent');
   assert.deepEqual(errors, ['not_found', 'expired']);
 });
+
+const REFILL = 'tmpl_grants_used_up';
+const paired = Object.assign({}, needing, { refill_template_id: REFILL });
+
+test('a check-in asks for the refill notice in the same tap and reports its answer on its own', async () => {
+  for (const [decision, expected] of [['accept', 'accept'], ['reject', 'reject']]) {
+    const wx = new FakeWx({ decisions: { [REFILL]: decision } });
+    const client = offlineClient(wx, paired);
+    const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+    assert.deepEqual(wx.subscribeCalls, [{ tmplIds: [WATER, REFILL], inGesture: true }], 'one popup, both templates');
+    assert.equal(result.result, 'accept');
+    assert.equal(result.refill, expected);
+    const queue = wx.getStorageSync(client.keys.queue);
+    assert.deepEqual(queue.map((i) => i.type), ['checkin', 'grants']);
+    assert.equal(queue[0].body.subscription_status, 'accept');
+    assert.notEqual(queue[1].body.request_id, queue[0].body.grant_request_id, 'its own request id');
+    assert.deepEqual(queue[1].body.results, { [REFILL]: expected });
+    assert.equal(queue[1].awaitingTap, false);
+  }
+});
+
+test('no refill is asked without a pairing, without a need, or left queued when the popup fails', async () => {
+  // No pairing: one template.
+  const plain = new FakeWx();
+  await plain.tap(() => offlineClient(plain, needing).checkIn('water', { count: 1, goal: 8 }));
+  assert.deepEqual(plain.subscribeCalls.map((c) => c.tmplIds), [[WATER]]);
+  // No grant needed: no popup at all.
+  const full = new FakeWx();
+  const enough = Object.assign({}, paired, { needs_grant: false });
+  const quiet = await full.tap(() => offlineClient(full, enough).checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(full.subscribeCalls.length, 0);
+  assert.equal(quiet.refill, null);
+  // The popup fails (called outside the tap): the refill report is taken off the queue.
+  const late = new FakeWx();
+  const client = offlineClient(late, paired);
+  const failed = await late.tap(async () => {
+    await later(1);
+    return client.checkIn('water', { count: 1, goal: 8 });
+  });
+  assert.equal(failed.refill, null);
+  assert.deepEqual(late.getStorageSync(client.keys.queue).map((i) => i.type), ['checkin']);
+});
+
+test('the refill template is asked only while no grant of it is held, as the cached quotas say', async () => {
+  const wx = new FakeWx();
+  const client = offlineClient(wx, paired);
+  wx.setStorageSync(client.keys.cache, {
+    quotas: [{ template_id: REFILL, available: 0, needs_grant: true }], plans: { water: paired },
+  });
+  await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  // Accepted once: held now, so the next needing tap asks for the main template only.
+  await wx.tap(() => client.checkIn('water', { count: 2, goal: 8 }));
+  assert.deepEqual(wx.subscribeCalls.map((c) => c.tmplIds), [[WATER, REFILL], [WATER]]);
+  const held = new FakeWx();
+  const other = createClient({ baseUrl: 'http://127.0.0.1:9', wx: held, templates: { water: WATER } });
+  held.setStorageSync(other.keys.cache, {
+    quotas: [{ template_id: REFILL, available: 1, needs_grant: false }], plans: { water: paired },
+  });
+  await held.tap(() => other.checkIn('water', { count: 1, goal: 8 }));
+  assert.deepEqual(held.subscribeCalls.map((c) => c.tmplIds), [[WATER]]);
+});

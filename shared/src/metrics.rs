@@ -62,6 +62,11 @@ pub mod name {
     /// Pushes past the user's daily cap that expire before the next day: inbox-only
     /// (`capped`, no grant spent).
     pub const CAPPED: &str = "Capped";
+    /// Refill notices published: a reminder used up the user's grants of a template
+    /// naming a refill template, and the user held a refill grant.
+    pub const REFILLS: &str = "RefillNotices";
+    /// Such depletions with no refill grant held: the user was not told.
+    pub const REFILLS_WITHOUT_GRANT: &str = "DepletionsWithoutRefillGrant";
     /// Pushes cancelled at their claim: the cancel came while an earlier attempt was in
     /// flight, and that attempt did not go out.
     pub const CANCELLED: &str = "CancelledAtClaim";
@@ -88,7 +93,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 34] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -110,6 +115,10 @@ pub const ALL: [&str; 30] = [
     name::EXPIRED,
     name::MUTED,
     name::HELD,
+    name::CAP_WAITS,
+    name::CAPPED,
+    name::REFILLS,
+    name::REFILLS_WITHOUT_GRANT,
     name::CANCELLED,
     name::SEND_LAG,
     name::REQUESTS,

@@ -209,7 +209,7 @@ async fn quotas_list_every_configured_template_even_before_any_grant() {
         .iter()
         .filter_map(|q| q["template_id"].as_str())
         .collect();
-    assert_eq!(ids, vec![ORDER, WATER]);
+    assert_eq!(ids, vec!["tmpl_grants_used_up", ORDER, WATER]);
     assert_eq!(quota(&answer.body, WATER)["title"], "喝水提醒");
 }
 

@@ -22,6 +22,7 @@ mod logs;
 mod operations;
 mod preferences;
 mod publication;
+mod refill;
 mod reminders;
 mod scheduled;
 mod secrets;

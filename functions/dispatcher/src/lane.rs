@@ -14,6 +14,7 @@ use onegrant::telemetry::{error_chain, openid_hash};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
+use crate::refill::Refill;
 use crate::send::{Dispatched, dispatch_one};
 use crate::summary::Summary;
 use crate::{Budget, FINALIZE_MARGIN};
@@ -176,8 +177,14 @@ impl Lane<'_> {
             Ok(Dispatched::Done {
                 finalized,
                 latency_ms,
+                refill,
             }) => {
                 s.claimed += 1;
+                match refill {
+                    Refill::Published => s.refills += 1,
+                    Refill::NoRefillGrant => s.refills_without_grant += 1,
+                    Refill::Nothing => {}
+                }
                 s.latencies_ms.push(latency_ms);
                 if finalized.superseded {
                     // The sweep had settled it; its outcome is counted there.

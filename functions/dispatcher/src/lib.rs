@@ -37,6 +37,7 @@ use crate::summary::report;
 
 pub mod fanout;
 mod lane;
+mod refill;
 mod send;
 mod summary;
 

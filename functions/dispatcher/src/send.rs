@@ -18,6 +18,7 @@ use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use tokio::sync::Semaphore;
 
+use crate::refill::Refill;
 use crate::{Budget, FINALIZE_MARGIN, FINALIZE_RETRY_ROOM, FINALIZE_TRIES};
 
 /// How long before its instant a scheduled notification is read for its claim.
@@ -27,6 +28,8 @@ pub(crate) enum Dispatched {
     Done {
         finalized: Finalized,
         latency_ms: i64,
+        /// What the send left for a refill notice.
+        refill: Refill,
     },
     Released(Finalized),
     Unreadable,
@@ -267,9 +270,14 @@ pub(crate) async fn dispatch_one(
             "delivery finalized"
         ),
     }
+    // A reminder that used up the user's grants: the refill notice, once.
+    let room = budget.left().saturating_sub(FINALIZE_MARGIN);
+    // (Boxed: its ingest would grow every item's future past a test thread's stack.)
+    let refill = Box::pin(crate::refill::after_send(deps, &claim, &finalized, room)).await;
     Ok(Dispatched::Done {
         finalized,
         latency_ms,
+        refill,
     })
 }
 

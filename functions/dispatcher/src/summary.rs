@@ -42,6 +42,11 @@ pub struct Summary {
     pub cap_waits: u32,
     /// Pushes past the user's daily cap that expire first: inbox-only (`capped`).
     pub capped: u32,
+    /// Refill notices published: reminders that used up a user's grants of a template
+    /// naming a refill template, while the user held a refill grant.
+    pub refills: u32,
+    /// Such depletions with no refill grant held: nothing could tell the user.
+    pub refills_without_grant: u32,
     /// Pushes cancelled at their claim (the cancel came while an attempt was in flight).
     pub cancelled: u32,
     pub lost: u32,
@@ -87,6 +92,8 @@ impl Summary {
             held,
             cap_waits,
             capped,
+            refills,
+            refills_without_grant,
             cancelled,
             lost,
             deferred,
@@ -118,6 +125,8 @@ impl Summary {
         self.held += held;
         self.cap_waits += cap_waits;
         self.capped += capped;
+        self.refills += refills;
+        self.refills_without_grant += refills_without_grant;
         self.cancelled += cancelled;
         self.lost += lost;
         self.deferred += deferred;
@@ -150,6 +159,8 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         held = summary.held,
         cap_waits = summary.cap_waits,
         capped = summary.capped,
+        refills = summary.refills,
+        refills_without_grant = summary.refills_without_grant,
         cancelled = summary.cancelled,
         deferred = summary.deferred,
         no_token = summary.no_token,
@@ -179,6 +190,8 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::HELD, summary.held);
     count(name::CAP_WAITS, summary.cap_waits);
     count(name::CAPPED, summary.capped);
+    count(name::REFILLS, summary.refills);
+    count(name::REFILLS_WITHOUT_GRANT, summary.refills_without_grant);
     count(name::CANCELLED, summary.cancelled);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);

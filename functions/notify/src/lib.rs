@@ -41,8 +41,15 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         );
         return Ok(json!({"status": "refused", "reason": "detail_type"}));
     }
-    if let Some(allowed) = &deps.config.notify_sources
-        && !allowed.iter().any(|s| s == source)
+    // onegrant's own notices (the refill notice) are published under its own name:
+    // no event on the bus may take their keys.
+    let reserved = source == onegrant::domain::inbox::refill::PUBLISHER;
+    if reserved
+        || deps
+            .config
+            .notify_sources
+            .as_ref()
+            .is_some_and(|allowed| !allowed.iter().any(|s| s == source))
     {
         tracing::error!(
             source,

@@ -46,10 +46,28 @@ async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions)?;
     let kind = kind(deps, req)?;
     let snapshot = deps.store.plan(&openid, kind).await?;
-    json_response(
-        200,
-        &snapshot.plan.view(snapshot.counters.available, Utc::now()),
-    )
+    let view = snapshot.plan.view(snapshot.counters.available, Utc::now());
+    json_response(200, &with_refill(deps, kind, &view)?)
+}
+
+/// A plan's answer with the template of its refill notice (`refill_template_id`, null
+/// when its template names none), for the client to ask for both in one tap.
+fn with_refill(
+    deps: &Deps,
+    kind: &ReminderKind,
+    answer: &impl serde::Serialize,
+) -> Result<serde_json::Value, ApiError> {
+    let mut value = serde_json::to_value(answer).map_err(|_| ApiError::Internal)?;
+    let refill = deps
+        .config
+        .templates
+        .get(kind.template_id.as_str())
+        .and_then(|t| t.refill_template.as_ref())
+        .map(|t| t.to_string());
+    if let Some(object) = value.as_object_mut() {
+        object.insert("refill_template_id".into(), serde_json::json!(refill));
+    }
+    Ok(value)
 }
 
 async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
@@ -72,7 +90,8 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         state = saved.plan.status.name(),
         "plan settings saved"
     );
-    json_response(200, &saved.plan.view(saved.counters.available, now))
+    let view = saved.plan.view(saved.counters.available, now);
+    json_response(200, &with_refill(deps, kind, &view)?)
 }
 
 async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
@@ -100,5 +119,5 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         }
         CheckInOutcome::Replayed(answer) => answer,
     };
-    json_response(200, &answer)
+    json_response(200, &with_refill(deps, kind, &answer)?)
 }

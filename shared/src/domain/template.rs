@@ -48,6 +48,16 @@ impl KeywordType {
         ("time", KeywordType::Time),
     ];
 
+    /// Whether a refill notice (`domain::inbox::refill`) can fill a keyword of
+    /// this type: with the stopped template's title (`thing`, `short_thing`) or the
+    /// depletion's time (`time`, `date`).
+    pub fn fills_refill(self) -> bool {
+        matches!(
+            self,
+            KeywordType::Thing | KeywordType::ShortThing | KeywordType::Time | KeywordType::Date
+        )
+    }
+
     /// The type of a keyword key such as `thing1` or `character_string13`: a known
     /// prefix followed by one or more digits.
     pub fn of_key(key: &str) -> Option<KeywordType> {
@@ -80,6 +90,9 @@ pub struct TemplateDef {
     pub keywords: Vec<Keyword>,
     /// The mini-program page the message opens, e.g. `pages/water/index`.
     pub page: Option<String>,
+    /// The template of the notice sent once when a user's grants of this one run out
+    /// (`domain::inbox::refill`); the client asks for both in one tap.
+    pub refill_template: Option<TemplateId>,
 }
 
 /// The configured templates, looked up by id, listed in id order.
@@ -101,6 +114,8 @@ pub enum TemplateConfigError {
     NoKeywords(TemplateId),
     #[error("template {template}: keyword {key} lists values but is not an enum")]
     Values { template: TemplateId, key: String },
+    #[error("template {template}: refill_template {why}")]
+    Refill { template: TemplateId, why: String },
 }
 
 #[derive(Deserialize)]
@@ -111,6 +126,8 @@ struct RawTemplate {
     keywords: Vec<RawKeyword>,
     #[serde(default)]
     page: Option<String>,
+    #[serde(default)]
+    refill_template: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -125,8 +142,9 @@ struct RawKeyword {
 
 impl Templates {
     /// Parses the `ONEGRANT_TEMPLATES` JSON: an array of
-    /// `{"id", "title", "keywords": [{"key", "name", "values"}], "page"}` (`values`: an
-    /// `enum` keyword's list).
+    /// `{"id", "title", "keywords": [{"key", "name", "values"}], "page",
+    /// "refill_template"}` (`values`: an `enum` keyword's list; `refill_template`: another
+    /// configured template, itself naming none, whose keywords a refill notice can fill).
     pub fn from_json(json: &str) -> Result<Self, TemplateConfigError> {
         let raw: Vec<RawTemplate> = serde_json::from_str(json)?;
         let mut map = BTreeMap::new();
@@ -157,14 +175,46 @@ impl Templates {
                     }),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            let refill_template = t
+                .refill_template
+                .map(|r| {
+                    TemplateId::parse(r).map_err(|_| TemplateConfigError::Refill {
+                        template: id.clone(),
+                        why: "is not a valid template id".into(),
+                    })
+                })
+                .transpose()?;
             let def = TemplateDef {
                 id: id.clone(),
                 title: t.title,
                 keywords,
                 page: t.page,
+                refill_template,
             };
             if map.insert(id.clone(), def).is_some() {
                 return Err(TemplateConfigError::Duplicate(id));
+            }
+        }
+        for def in map.values() {
+            let Some(refill) = &def.refill_template else {
+                continue;
+            };
+            let why = match map.get(refill) {
+                _ if refill == &def.id => Some("names the template itself"),
+                None => Some("is not a configured template"),
+                Some(r) if r.refill_template.is_some() => {
+                    Some("names a refill template of its own")
+                }
+                Some(r) if !r.keywords.iter().all(|k| k.kind.fills_refill()) => Some(
+                    "has keywords a refill notice cannot fill (only thing, short_thing, time, date)",
+                ),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                return Err(TemplateConfigError::Refill {
+                    template: def.id.clone(),
+                    why: why.into(),
+                });
             }
         }
         Ok(Self(map))
@@ -226,6 +276,54 @@ mod tests {
             Templates::from_json(bad),
             Err(TemplateConfigError::KeywordKey { .. })
         ));
+        let dup = r#"[{"id":"T1","title":"x","keywords":[{"key":"thing1"}]},{"id":"T1","title":"y","keywords":[{"key":"thing1"}]}]"#;
+        assert!(matches!(
+            Templates::from_json(dup),
+            Err(TemplateConfigError::Duplicate(_))
+        ));
+    }
+
+    #[test]
+    fn a_refill_template_must_be_another_configured_one_a_notice_can_fill() {
+        let with = |refill: &str, other: &str| {
+            format!(
+                r#"[{{"id":"T1","title":"x","keywords":[{{"key":"thing1"}}],"refill_template":{refill}}},{other}]"#
+            )
+        };
+        let used_up = r#"{"id":"T2","title":"y","keywords":[{"key":"thing1"},{"key":"time2"}]}"#;
+        let ok = Templates::from_json(&with(r#""T2""#, used_up)).expect("valid");
+        assert_eq!(
+            ok.get("T1")
+                .and_then(|t| t.refill_template.as_ref())
+                .map(|t| t.as_str()),
+            Some("T2")
+        );
+        let bad = [
+            with(r#""T1""#, used_up),
+            with(r#""T9""#, used_up),
+            with(r#""bad id!""#, used_up),
+            with(
+                r#""T2""#,
+                r#"{"id":"T2","title":"y","keywords":[{"key":"thing1"},{"key":"number2"}]}"#,
+            ),
+            with(
+                r#""T2""#,
+                r#"{"id":"T2","title":"y","keywords":[{"key":"thing1"}],"refill_template":"T1"}"#,
+            ),
+        ];
+        for json in bad {
+            assert!(
+                matches!(
+                    Templates::from_json(&json),
+                    Err(TemplateConfigError::Refill { .. })
+                ),
+                "{json}"
+            );
+        }
+    }
+
+    #[test]
+    fn duplicates_are_refused() {
         let dup = r#"[{"id":"T1","title":"x","keywords":[{"key":"thing1"}]},{"id":"T1","title":"y","keywords":[{"key":"thing1"}]}]"#;
         assert!(matches!(
             Templates::from_json(dup),

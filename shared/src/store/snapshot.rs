@@ -6,9 +6,11 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
 use crate::domain::QuotaCounters;
+use crate::domain::inbox::preferences::Preferences;
 use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::{ActionItem, PlanItem};
+use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
 use crate::store::items::{key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
@@ -21,6 +23,8 @@ pub(crate) struct Read {
     pub(crate) open: OpenGrants,
     pub(crate) action: Option<ActionItem>,
     pub(crate) ledger: Option<GrantItem>,
+    /// The user's preferences, when asked for ([`Store::read_with_preferences`]).
+    pub(crate) preferences: Option<Preferences>,
 }
 
 impl Store {
@@ -73,9 +77,32 @@ impl Store {
         kind: &ReminderKind,
         action: Option<&CheckIn>,
     ) -> Result<Read, StoreError> {
+        self.read_keys(pk, kind, action, false).await
+    }
+
+    /// [`Store::read`] with the user's preferences too, in the same round trip (a
+    /// claim under the daily cap: they name the user's day).
+    pub(crate) async fn read_with_preferences(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+    ) -> Result<Read, StoreError> {
+        self.read_keys(pk, kind, None, true).await
+    }
+
+    async fn read_keys(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        action: Option<&CheckIn>,
+        preferences: bool,
+    ) -> Result<Read, StoreError> {
         let plan_key = plan_sk(&kind.name);
         let quota_key = quota_sk(&kind.template_id);
         let mut sks = vec![plan_key.clone(), quota_key.clone()];
+        if preferences {
+            sks.push(PREFS_SK.to_string());
+        }
         let action_key = action.map(|c| action_sk(&c.action_id));
         let ledger_key = action
             .and_then(|c| c.grant.as_ref())
@@ -90,7 +117,13 @@ impl Store {
             ),
             None => (QuotaCounters::default(), OpenGrants::default()),
         };
+        let preferences = if preferences {
+            Some(PreferencesItem::of(items.remove(PREFS_SK))?.0)
+        } else {
+            None
+        };
         Ok(Read {
+            preferences,
             open,
             plan: items
                 .remove(&plan_key)

@@ -39,10 +39,10 @@ pub struct Counted {
     pub stale: Vec<NaiveDate>,
 }
 
-/// The zone of a user's day: their quiet hours' (`preferences`), else `fallback` (a
-/// reminder plan's own), else China's, where WeChat's users are.
-pub fn day_zone(preferred: Option<Timezone>, fallback: Option<Timezone>) -> Timezone {
-    preferred.or(fallback).unwrap_or(Timezone::SHANGHAI)
+/// The zone of a user's day, the same for their reminders and pushes: their quiet
+/// hours' (`preferences`), else China's, where WeChat's users are.
+pub fn day_zone(quiet_hours: Option<Timezone>) -> Timezone {
+    quiet_hours.unwrap_or(Timezone::SHANGHAI)
 }
 
 /// The user's day at `now` in `zone`.

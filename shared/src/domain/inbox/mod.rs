@@ -19,6 +19,7 @@ use crate::domain::text::{clean_line, clean_lines};
 
 pub mod cancel;
 pub mod preferences;
+pub mod refill;
 pub mod schedule;
 
 use schedule::Timing;

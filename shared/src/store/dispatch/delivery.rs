@@ -114,22 +114,38 @@ pub(crate) fn describe(result: &SendResult) -> String {
 }
 
 /// A plan as the dispatcher reads it.
+// (A read's transient result, moved once: its size does not matter.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum PlanRead {
-    Found(Box<Plan>, crate::domain::QuotaCounters, OpenGrants),
+    /// The plan, its template's counters and open grants, and the user's preferences
+    /// when asked for.
+    Found(
+        Box<Plan>,
+        crate::domain::QuotaCounters,
+        OpenGrants,
+        Option<Box<crate::domain::inbox::preferences::Preferences>>,
+    ),
     Missing,
     /// The plan item itself cannot be read: why.
     Unreadable(String),
 }
 
 impl Store {
-    /// The user's plan of `kind` and its template's counters (one read), telling a
-    /// plan item that is itself unreadable apart from a failure of anything else.
+    /// The user's plan of `kind` and its template's counters (one read; with the
+    /// user's preferences when `preferences`), telling a plan item that is itself
+    /// unreadable apart from a failure of anything else.
     pub(crate) async fn read_plan(
         &self,
         pk: &str,
         kind: &ReminderKind,
+        preferences: bool,
     ) -> Result<PlanRead, StoreError> {
-        let read = match self.read(pk, kind, None).await {
+        let read = if preferences {
+            self.read_with_preferences(pk, kind).await
+        } else {
+            self.read(pk, kind, None).await
+        };
+        let read = match read {
             Ok(read) => read,
             Err(e) => {
                 // Is it the plan item, or a neighbour in the read (or the database)?
@@ -148,7 +164,12 @@ impl Store {
             return Ok(PlanRead::Missing);
         };
         Ok(match item.into_plan(kind) {
-            Ok(plan) => PlanRead::Found(Box::new(plan), read.counters, read.open),
+            Ok(plan) => PlanRead::Found(
+                Box::new(plan),
+                read.counters,
+                read.open,
+                read.preferences.map(Box::new),
+            ),
             Err(why) => PlanRead::Unreadable(why.to_string()),
         })
     }

@@ -457,8 +457,8 @@ impl Store {
             // swept once the kind is configured again.
             return Ok(Step::Later(format!("{sk}: no configured kind")));
         };
-        let plan = match self.read_plan(pk, kind).await? {
-            PlanRead::Found(plan, _, _) => *plan,
+        let plan = match self.read_plan(pk, kind, false).await? {
+            PlanRead::Found(plan, ..) => *plan,
             PlanRead::Missing => return Ok(Step::Idle),
             PlanRead::Unreadable(why) => return Ok(Step::Unreadable(why)),
         };

@@ -37,11 +37,13 @@ mod list;
 mod preferences;
 mod publish;
 mod read;
+mod refill;
 
 pub use cancel::Cancelled;
 pub use list::LIST_BUDGET;
 pub use publish::Published;
 pub use read::ReadAll;
+pub use refill::Refilled;
 
 use publish::{PushPayload, ScheduledItem};
 
@@ -133,6 +135,9 @@ impl EventItem {
 /// How one ingest try ended.
 enum Ingest {
     Done(Ingested),
+    /// One of the caller's condition checks failed (its index among them): nothing
+    /// was written.
+    Refused(usize),
     /// The record is a cancel's mark: ingest again replacing it, the push cancelled if
     /// the mark names this event's user.
     Marked {
@@ -225,11 +230,26 @@ impl Store {
         event: &NotifyEvent,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
+        match self.ingest_checked(event, &[], now).await? {
+            Ok(ingested) => Ok(ingested),
+            Err(_) => Err(StoreError::Corrupt("a check no ingest makes failed".into())),
+        }
+    }
+
+    /// [`Store::ingest`] in one transaction with the condition checks `checks`: if one
+    /// fails, nothing is written and its index is answered.
+    async fn ingest_checked(
+        &self,
+        event: &NotifyEvent,
+        checks: &[TransactWriteItem],
+        now: DateTime<Utc>,
+    ) -> Result<Result<Ingested, usize>, StoreError> {
         let mut record = Record::New;
         // At most: new, then replacing a mark, then new again if the mark expired.
         for _ in 0..3 {
-            match self.ingest_as(event, now, record).await? {
-                Ingest::Done(ingested) => return Ok(ingested),
+            match self.ingest_as(event, now, record, checks).await? {
+                Ingest::Done(ingested) => return Ok(Ok(ingested)),
+                Ingest::Refused(check) => return Ok(Err(check)),
                 Ingest::Marked { cancelled } => record = Record::ReplaceMark { cancelled },
                 Ingest::MarkGone => record = Record::New,
             }
@@ -239,12 +259,14 @@ impl Store {
         ))
     }
 
-    /// One ingest, writing the event's record as `record` says.
+    /// One ingest, writing the event's record as `record` says, with the caller's
+    /// condition `checks`.
     async fn ingest_as(
         &self,
         event: &NotifyEvent,
         now: DateTime<Utc>,
         record_as: Record,
+        checks: &[TransactWriteItem],
     ) -> Result<Ingest, StoreError> {
         let cancelled_first = record_as == (Record::ReplaceMark { cancelled: true });
         let pk = user_pk(&event.openid);
@@ -349,6 +371,8 @@ impl Store {
                         .await?,
                 );
             }
+            let checked_from = items.len();
+            items.extend(checks.iter().cloned());
             match self.transact(items.clone()).await? {
                 TxOutcome::Committed => {
                     return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
@@ -388,6 +412,13 @@ impl Store {
                                 note_id: old.note_id,
                             }
                         })));
+                    }
+                    if let Some(check) = (checked_from..items.len()).find(|i| {
+                        reasons
+                            .get(*i)
+                            .is_some_and(|(code, _)| is_condition_failed(code))
+                    }) {
+                        return Ok(Attempt::Done(Ingest::Refused(check - checked_from)));
                     }
                     let record_failed = reasons
                         .first()

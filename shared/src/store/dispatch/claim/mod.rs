@@ -12,6 +12,7 @@ use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::inbox::cancel::{AtClaim, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
+use crate::domain::inbox::refill::takes_last_grant;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::reminders::schedule::Timezone;
@@ -96,6 +97,8 @@ pub(super) enum Claimable {
         plan: Plan,
         counters: QuotaCounters,
         open: OpenGrants,
+        /// The user's preferences, read under a daily cap (they name the user's day).
+        prefs: Option<Preferences>,
     },
     Outbox {
         outbox: OutboxItem,
@@ -122,8 +125,12 @@ impl Claimable {
     /// The zone of the user's day, for the daily cap.
     fn day_zone(&self) -> Timezone {
         match self {
-            Self::Plan { plan, .. } => day_zone(None, Some(plan.settings.schedule.timezone())),
-            Self::Outbox { prefs, .. } => day_zone(prefs.quiet_hours.map(|q| q.timezone), None),
+            Self::Plan { prefs, .. } => day_zone(
+                prefs
+                    .as_ref()
+                    .and_then(|p| p.quiet_hours.map(|q| q.timezone)),
+            ),
+            Self::Outbox { prefs, .. } => day_zone(prefs.quiet_hours.map(|q| q.timezone)),
         }
     }
 
@@ -267,7 +274,7 @@ impl Store {
                     };
                     let mut writes = self.unsent_writes(item, &claimable, why, now)?;
                     let day = day_of(claimable.day_zone(), now);
-                    writes.push(self.still_capped(&item.pk, &template, day, cap)?);
+                    writes.push(self.still_capped(&item.pk, &template, day, cap.unwrap_or(0))?);
                     // Else a count was given back (or the item moved): read again.
                     return Ok(if self.commit_unsent(writes).await? {
                         Attempt::Done(ClaimOutcome::Capped(until))
@@ -306,6 +313,7 @@ impl Store {
                 .filter(|(name, _)| *name != INFLIGHT)
                 .collect();
             grant.counted = counted;
+            let last_grant = takes_last_grant(counters);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
@@ -342,6 +350,7 @@ impl Store {
                 source,
                 grant_sk: grant.sk.clone(),
                 counted_on: grant.counted.as_ref().map(|c| c.day),
+                last_grant,
             };
             match self.transact(writes).await? {
                 TxOutcome::Committed => {

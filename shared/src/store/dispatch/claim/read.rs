@@ -32,8 +32,11 @@ impl Store {
             | SortKey::Event
             | SortKey::Other => None,
         } {
-            let (plan, counters, open) = match self.read_plan(&item.pk, kind).await? {
-                PlanRead::Found(plan, counters, open) => (*plan, counters, open),
+            // Under a daily cap the user's preferences name their day.
+            let capped = self.limits.pushes_per_day.is_some();
+            let (plan, counters, open, prefs) = match self.read_plan(&item.pk, kind, capped).await?
+            {
+                PlanRead::Found(plan, counters, open, prefs) => (*plan, counters, open, prefs),
                 PlanRead::Missing => return Ok(Found::Gone),
                 PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
             };
@@ -45,6 +48,7 @@ impl Store {
                 plan,
                 counters,
                 open,
+                prefs: prefs.map(|p| *p),
             })));
         }
         if let SortKey::Outbox(_) = named {

@@ -162,14 +162,14 @@ impl Store {
         pk: &str,
         template: &TemplateId,
         day: chrono::NaiveDate,
-        cap: Option<u32>,
+        cap: u32,
     ) -> Result<TransactWriteItem, StoreError> {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
             .condition_expression("#day >= :cap")
             .expression_attribute_names("#day", sent_on(day))
-            .expression_attribute_values(":cap", n(i64::from(cap.unwrap_or(0))))
+            .expression_attribute_values(":cap", n(i64::from(cap)))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())

@@ -1,0 +1,91 @@
+//! Publishing a refill notice ([`crate::domain::inbox::refill`]): the notice's ingest
+//! — once per depletion, by its idempotency key — in one transaction with two checks,
+//! that the stopped template is still used up and that the user holds a grant of the
+//! refill template.
+
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use chrono::{DateTime, Utc};
+
+use crate::domain::TemplateId;
+use crate::domain::inbox::NotifyEvent;
+use crate::store::inbox::Ingested;
+use crate::store::items::quota::VOIDED_AT;
+use crate::store::items::{key, n, rfc3339, s};
+use crate::store::keys::{quota_sk, user_pk};
+use crate::store::{Store, StoreError};
+
+/// How publishing a refill notice ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refilled {
+    /// Published: the notification, its push pending with the refill template.
+    Published { note_id: String },
+    /// This depletion's notice was published before: nothing changed.
+    Already,
+    /// The user holds no grant of the refill template: nothing written.
+    NoRefillGrant,
+    /// The template is not used up any more (a grant arrived, a send is in flight), or
+    /// since the send was claimed the user refused it or turned its plan off (its grants
+    /// voided on purpose): nothing written. A refusal wins over the notice.
+    NotUsedUp,
+}
+
+impl Store {
+    /// Publishes `notice` (a refill notice for the user's grants of `stopped`, used up
+    /// by a send claimed at `claimed_at`, sent with `refill`'s grant) if `stopped` is
+    /// still used up — none available, none reserved, no refusal recorded and no grant
+    /// voided on purpose since the claim — and the user holds a grant of `refill`; one
+    /// transaction either way.
+    pub async fn refill(
+        &self,
+        notice: &NotifyEvent,
+        stopped: &TemplateId,
+        refill: &TemplateId,
+        claimed_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Refilled, StoreError> {
+        let pk = user_pk(&notice.openid);
+        let used_up = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&pk, &quota_sk(stopped))))
+            .condition_expression(
+                "available <= :zero AND reserved <= :zero \
+                 AND (attribute_not_exists(#voided) OR #voided < :claimed) \
+                 AND (attribute_not_exists(last_refusal_at) OR last_refusal_at < :claimed_at)",
+            )
+            .expression_attribute_names("#voided", VOIDED_AT)
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()))
+            .expression_attribute_values(":claimed_at", s(rfc3339(claimed_at)))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let used_up = TransactWriteItem::builder()
+            .condition_check(used_up)
+            .build();
+        let held = self.quota_check(&pk, refill, "available > :zero")?;
+        Ok(
+            match Box::pin(self.ingest_checked(notice, &[used_up, held], now)).await? {
+                Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
+                Ok(Ingested::Duplicate { .. } | Ingested::Conflict { .. }) => Refilled::Already,
+                Err(0) => Refilled::NotUsedUp,
+                Err(_) => Refilled::NoRefillGrant,
+            },
+        )
+    }
+
+    /// A condition on the user's quota item of `template` (`:zero` bound).
+    fn quota_check(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        condition: &str,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression(condition)
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+}

@@ -1,0 +1,259 @@
+//! The refill notice: when a reminder spends the user's last grant of a template that
+//! names a refill template, one notice goes out with the refill template's own grant —
+//! once per depletion, never without a grant, recorded in the inbox.
+
+use chrono::Utc;
+use onegrant::domain::inbox::refill::{NOTE_TYPE, notice};
+use onegrant::store::inbox::Refilled;
+use onegrant_tests::{
+    TestApp, User, WATER, assert_ledger_agrees_with_counters, attr_n, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+/// The local stack's refill template for water reminders.
+const USED_UP: &str = "tmpl_grants_used_up";
+
+async fn available(app: &TestApp, user: &User, template: &str) -> i64 {
+    app.item(user, &format!("QUOTA#{template}"))
+        .await
+        .and_then(|q| attr_n(&q, "available"))
+        .unwrap_or(0)
+}
+
+/// The user's notifications of the refill type, from the API.
+async fn refill_notes(app: &TestApp, user: &User) -> Vec<Value> {
+    let notes = app.get("/v1/notifications", Some(&user.token)).await;
+    assert_eq!(notes.status, 200, "{}", notes.body);
+    notes.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|n| n["type"] == NOTE_TYPE)
+        .cloned()
+        .collect()
+}
+
+/// Ticks until `done` says the summaries so far are enough (a loaded machine may leave
+/// an item for the next tick).
+async fn ticks_until(
+    app: &TestApp,
+    done: impl Fn(&dispatcher::Summary) -> bool,
+) -> dispatcher::Summary {
+    let mut all = dispatcher::Summary::default();
+    for _ in 0..5 {
+        let tick = app.tick(30).await;
+        all.sent += tick.sent;
+        all.refills += tick.refills;
+        all.refills_without_grant += tick.refills_without_grant;
+        if done(&all) {
+            break;
+        }
+    }
+    all
+}
+
+#[tokio::test]
+async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_only_with_its_grant() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    // One water grant, one refill grant, the plan on.
+    let user = app.scheduled_user("alice", 1).await;
+    app.accept(&user, USED_UP, "wr_refill_1").await;
+    let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
+    assert_eq!(
+        plan.body["refill_template_id"], USED_UP,
+        "the client learns the pairing"
+    );
+    app.make_due(&user, "water", Utc::now()).await;
+    let first = ticks_until(&app, |s| s.sent >= 1).await;
+    assert_eq!((first.sent, first.refills), (1, 1), "{first:?}");
+    assert_eq!(available(&app, &user, WATER).await, 0);
+    // The notice is in the inbox, its push pending with the refill template.
+    let notes = refill_notes(&app, &user).await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0]["push"]["status"], "pending");
+    // The next tick sends it, with the refill grant.
+    let second = ticks_until(&app, |s| s.sent >= 1).await;
+    assert_eq!((second.sent, second.refills), (1, 0), "{second:?}");
+    let deliveries = app.deliveries().await;
+    assert_eq!(deliveries.len(), 2, "{deliveries:?}");
+    assert_eq!(deliveries[1]["template_id"], USED_UP);
+    assert_eq!(deliveries[1]["data"]["thing1"]["value"], "喝水提醒");
+    assert_eq!(available(&app, &user, USED_UP).await, 0, "its grant spent");
+    assert_eq!(refill_notes(&app, &user).await[0]["push"]["status"], "sent");
+    // The same depletion again (a finalize run twice): nothing new.
+    let templates = &app.deps.config.templates;
+    let (water, used_up) = (
+        templates.get(WATER).expect("water"),
+        templates.get(USED_UP).expect("used up"),
+    );
+    let last = app
+        .items_of(&user, "grant")
+        .await
+        .iter()
+        .find_map(|g| {
+            let sk = g.get("sk")?.as_s().ok()?;
+            sk.strip_prefix(&format!("GRANT#{WATER}#"))
+                .map(str::to_string)
+        })
+        .expect("the water grant");
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    let again = notice(water, used_up, openid, &last, Utc::now()).expect("notice");
+    let replay =
+        Box::pin(
+            app.deps
+                .store
+                .refill(&again, &water.id, &used_up.id, Utc::now(), Utc::now()),
+        )
+        .await
+        .expect("refill");
+    assert_eq!(replay, Refilled::Already);
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
+
+    // A second depletion: the user checks in with one new water grant, and holds no
+    // refill grant.
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+    )
+    .await;
+    let checked_in = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": "wc_1", "occurred_at": Utc::now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8,
+                    "grant_request_id": "wr_water_2", "subscription_status": "accept"}),
+        )
+        .await;
+    assert_eq!(checked_in.status, 200, "{}", checked_in.body);
+    assert_eq!(checked_in.body["state"], "scheduled", "{}", checked_in.body);
+    assert_eq!(checked_in.body["refill_template_id"], USED_UP);
+    app.make_due(&user, "water", Utc::now()).await;
+    let third = ticks_until(&app, |s| s.sent >= 1).await;
+    assert_eq!(
+        (third.sent, third.refills, third.refills_without_grant),
+        (1, 0, 1),
+        "no refill notice without its grant, and the metric counts it: {third:?}"
+    );
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
+    let quiet = app.tick(5).await;
+    assert_eq!(quiet.sent, 0, "{quiet:?}");
+    assert_eq!(app.deliveries().await.len(), 3);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    // Two water grants: the reminder leaves one, so nothing is used up.
+    let user = app.scheduled_user("bob", 2).await;
+    app.accept(&user, USED_UP, "wr_refill_b").await;
+    app.make_due(&user, "water", Utc::now()).await;
+    let tick = ticks_until(&app, |s| s.sent >= 1).await;
+    assert_eq!(
+        (tick.sent, tick.refills, tick.refills_without_grant),
+        (1, 0, 0)
+    );
+    assert!(refill_notes(&app, &user).await.is_empty());
+    assert_eq!(
+        available(&app, &user, USED_UP).await,
+        1,
+        "the refill grant kept"
+    );
+    // An order push that spends the last order grant: its template names no refill.
+    let other = app.user("carol").await;
+    app.accept(&other, onegrant_tests::ORDER, "wr_order_1")
+        .await;
+    app.notify(json!({"idempotency_key": "o-1", "openid": other.openid, "type": "order", "title": "t",
+                      "wechat": {"template_id": onegrant_tests::ORDER,
+                                 "data": {"character_string1": "o-1", "phrase2": "已发货", "thing3": "顺丰速运"}}}))
+        .await;
+    let pushed = ticks_until(&app, |s| s.sent >= 1).await;
+    assert_eq!(
+        (pushed.sent, pushed.refills, pushed.refills_without_grant),
+        (1, 0, 0)
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
+        ("WECHAT_TIMEOUT_MS", "10000"),
+    ])
+    .await;
+    let user = app.scheduled_user("dora", 1).await;
+    app.accept(&user, USED_UP, "wr_refill_d").await;
+    app.make_due(&user, "water", Utc::now()).await;
+    // WeChat holds the send until the user has refused the template meanwhile.
+    app.control(
+        "POST",
+        "hold",
+        Some(json!({"openid": user.openid, "held": true})),
+    )
+    .await;
+    let tick = app.tick(120);
+    let refuse = async {
+        app.until_sending(&user, "water").await;
+        let refused = app
+            .post(
+                "/v1/grants",
+                Some(&user.token),
+                &json!({"request_id": "wr_reject_d", "results": {WATER: "reject"}}),
+            )
+            .await;
+        assert_eq!(refused.status, 200, "{}", refused.body);
+        app.control(
+            "POST",
+            "hold",
+            Some(json!({"openid": user.openid, "held": false})),
+        )
+        .await;
+    };
+    let (summary, ()) = tokio::join!(tick, refuse);
+    assert_eq!(
+        (summary.sent, summary.refills, summary.refills_without_grant),
+        (1, 0, 0),
+        "the reminder went out; the refusal made during it wins: {summary:?}"
+    );
+    assert!(refill_notes(&app, &user).await.is_empty());
+    assert_eq!(
+        available(&app, &user, USED_UP).await,
+        1,
+        "the refill grant kept"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+#[tokio::test]
+async fn no_event_on_the_bus_may_publish_as_onegrant_itself() {
+    let app = spawn_app_with(&[]).await;
+    let user = app.user("mallory").await;
+    for detail_type in ["onegrant.notification", "onegrant.cancel"] {
+        let answer = app
+            .notify_as(
+                onegrant::domain::inbox::refill::PUBLISHER,
+                detail_type,
+                json!({"idempotency_key": "refill:tmpl_water_reminder:wr_guess", "openid": user.openid,
+                       "type": "order", "title": "t"}),
+            )
+            .await;
+        assert_eq!(
+            (answer["status"].as_str(), answer["reason"].as_str()),
+            (Some("refused"), Some("source")),
+            "{detail_type}: {answer}"
+        );
+    }
+    assert!(
+        app.items_of(&user, "note").await.is_empty(),
+        "nothing stored"
+    );
+    assert!(app.items().await.iter().all(|i| {
+        i.get("kind")
+            .and_then(|k| k.as_s().ok())
+            .map(String::as_str)
+            != Some("event")
+    }));
+}
