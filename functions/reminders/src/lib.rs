@@ -47,27 +47,34 @@ async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let kind = kind(deps, req)?;
     let snapshot = deps.store.plan(&openid, kind).await?;
     let view = snapshot.plan.view(snapshot.counters.available, Utc::now());
-    json_response(200, &with_refill(deps, kind, &view)?)
+    json_response(200, &with_refill(deps, kind, &view))
 }
 
 /// A plan's answer with the template of its refill notice (`refill_template_id`, null
-/// when its template names none), for the client to ask for both in one tap.
-fn with_refill(
+/// when its template names none) after the plan's own fields, for the client to ask for
+/// both in one tap.
+#[derive(serde::Serialize)]
+struct WithRefill<'a, T: serde::Serialize> {
+    #[serde(flatten)]
+    plan: &'a T,
+    refill_template_id: Option<String>,
+}
+
+fn with_refill<'a, T: serde::Serialize>(
     deps: &Deps,
     kind: &ReminderKind,
-    answer: &impl serde::Serialize,
-) -> Result<serde_json::Value, ApiError> {
-    let mut value = serde_json::to_value(answer).map_err(|_| ApiError::Internal)?;
-    let refill = deps
+    plan: &'a T,
+) -> WithRefill<'a, T> {
+    let refill_template_id = deps
         .config
         .templates
         .get(kind.template_id.as_str())
         .and_then(|t| t.refill_template.as_ref())
         .map(|t| t.to_string());
-    if let Some(object) = value.as_object_mut() {
-        object.insert("refill_template_id".into(), serde_json::json!(refill));
+    WithRefill {
+        plan,
+        refill_template_id,
     }
-    Ok(value)
 }
 
 async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
@@ -91,7 +98,7 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         "plan settings saved"
     );
     let view = saved.plan.view(saved.counters.available, now);
-    json_response(200, &with_refill(deps, kind, &view)?)
+    json_response(200, &with_refill(deps, kind, &view))
 }
 
 async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
@@ -119,5 +126,5 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         }
         CheckInOutcome::Replayed(answer) => answer,
     };
-    json_response(200, &with_refill(deps, kind, &answer)?)
+    json_response(200, &with_refill(deps, kind, &answer))
 }
