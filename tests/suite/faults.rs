@@ -397,7 +397,15 @@ async fn the_dispatchers_claim_and_finalize_meeting_each_fault_once_send_once_on
             let (app, proxy) = spawn_faulty_app(&FAST).await;
             let user = due_user(&app, "dispatched", 1).await;
             proxy.inject("TransactWriteItems", Some(pattern), fault, 1);
-            let summary = app.tick(20).await;
+            let mut summary = app.tick(20).await;
+            // On a loaded machine a tick may skip a shard the emulator did not answer in
+            // time (nothing claimed, nothing written): the next tick takes it.
+            for _ in 0..4 {
+                if summary.claimed > 0 || injected(&proxy, fault) > 0 {
+                    break;
+                }
+                summary = app.tick(20).await;
+            }
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
             sent_once(&app, &user, &summary, &case).await;
             // Nothing left for a later tick to send again.
