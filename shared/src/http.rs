@@ -11,6 +11,7 @@ use lambda_http::{Body, Request, Response};
 use serde::Serialize;
 
 use crate::domain::OpenId;
+use crate::domain::consent::standing::SettingError;
 use crate::domain::grants::ReportError;
 use crate::domain::inbox::preferences::PreferencesError;
 use crate::domain::reminders::schedule::ScheduleError;
@@ -315,6 +316,18 @@ impl From<PreferencesError> for ApiError {
             }
             PreferencesError::QuietHours(_) => unprocessable("invalid_quiet_hours", message),
             PreferencesError::MutedTypes => unprocessable("invalid_muted_types", message),
+        }
+    }
+}
+
+impl From<SettingError> for ApiError {
+    fn from(err: SettingError) -> Self {
+        let message = err.to_string();
+        match err {
+            SettingError::Shape(m) => Self::InvalidBody(m),
+            SettingError::TooManyItems(_) | SettingError::InvalidItem { .. } => {
+                unprocessable("invalid_subscriptions_setting", message)
+            }
         }
     }
 }

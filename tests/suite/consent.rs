@@ -2,12 +2,11 @@
 //! nothing — through the HTTP API, WeChat's push callback and the stand-in.
 
 use onegrant_tests::{
-    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, spawn_app,
-    spawn_pushing_app,
+    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, plan_state,
+    spawn_app, spawn_pushing_app,
 };
 use serde_json::{Value, json};
 
-const PLAN: &str = "/v1/reminders/water";
 const CHECKINS: &str = "/v1/reminders/water/checkins";
 
 /// `POST /v1/grants` with one water result; the answer's body.
@@ -47,17 +46,11 @@ async fn check_in(
 
 /// The plan as `GET /v1/reminders/water` shows it: (state, pause reason, needs_grant).
 async fn plan(app: &TestApp, user: &User) -> (String, Option<String>, bool) {
-    let answer = app.get(PLAN, Some(&user.token)).await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    view(&answer.body)
+    app.plan_state(user, "water").await
 }
 
 fn view(plan: &Value) -> (String, Option<String>, bool) {
-    (
-        plan["state"].as_str().unwrap_or_default().to_string(),
-        plan["pause_reason"].as_str().map(str::to_string),
-        plan["needs_grant"].as_bool().unwrap_or(false),
-    )
+    plan_state(plan)
 }
 
 fn paused(reason: &str) -> (String, Option<String>, bool) {

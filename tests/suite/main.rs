@@ -29,5 +29,6 @@ mod secrets;
 mod sent_event;
 mod session;
 mod standin;
+mod standing;
 mod sweep;
 mod taps;

@@ -15,7 +15,26 @@ pub struct User {
     pub token: String,
 }
 
+/// A plan answer's (state, pause reason, needs_grant).
+pub fn plan_state(plan: &Value) -> (String, Option<String>, bool) {
+    (
+        plan["state"].as_str().unwrap_or_default().to_string(),
+        plan["pause_reason"].as_str().map(str::to_string),
+        plan["needs_grant"].as_bool().unwrap_or(false),
+    )
+}
+
 impl TestApp {
+    /// `GET /v1/reminders/{kind}` for `user`: the plan's (state, pause reason,
+    /// needs_grant).
+    pub async fn plan_state(&self, user: &User, kind: &str) -> (String, Option<String>, bool) {
+        let answer = self
+            .get(&format!("/v1/reminders/{kind}"), Some(&user.token))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        plan_state(&answer.body)
+    }
+
     /// Logs a user in and returns their session and openid.
     pub async fn user(&self, name: &str) -> User {
         let (code, openid) = self.login_code(name).await;

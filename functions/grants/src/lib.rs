@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, Response};
 use onegrant::Deps;
+use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::grants::GrantEntry;
 use onegrant::domain::{GrantReport, Quota};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
@@ -50,8 +51,16 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let openid = authenticate(req, &deps.sessions)?;
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
+    let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
     let now = Utc::now();
     let cause = format!("report {}", report.request_id);
+    // The standing choice first (the tap's answer came after the setting was read),
+    // and only on the report's first application: a replay changes nothing.
+    if let Some(setting) = &setting
+        && !deps.store.report_recorded(&openid, &report).await?
+    {
+        attributed(cause.clone(), deps.store.stand(&openid, setting, now)).await?;
+    }
     let recorded = attributed(cause.clone(), async {
         // The plans that use a reported template move with the report's first
         // application (a grant resumes them, a refusal pauses them); a replay moves none.
@@ -70,23 +79,31 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
         written = recorded.written,
         "grant report recorded"
     );
-    let counters = deps.store.quota_counters(&openid).await?;
+    let stored = deps.store.quota_counters(&openid).await?;
     json_response(
         200,
         &ReportAnswer {
             grants: recorded.grants,
-            quotas: Quota::for_templates(&deps.config.templates, &counters),
+            quotas: Quota::for_templates(
+                &deps.config.templates,
+                &stored.counters,
+                &stored.standings,
+            ),
         },
     )
 }
 
 async fn quotas(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions)?;
-    let counters = deps.store.quota_counters(&openid).await?;
+    let stored = deps.store.quota_counters(&openid).await?;
     json_response(
         200,
         &QuotasAnswer {
-            quotas: Quota::for_templates(&deps.config.templates, &counters),
+            quotas: Quota::for_templates(
+                &deps.config.templates,
+                &stored.counters,
+                &stored.standings,
+            ),
         },
     )
 }

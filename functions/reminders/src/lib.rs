@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
+use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::reminders::{CheckIn, ReminderKind, SettingsPatch};
 use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::audit::attributed;
@@ -107,6 +108,21 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let body = json_body(req)?;
     let now = Utc::now();
     let checkin = CheckIn::from_json(&body)?;
+    let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
+    // The standing choice first, and only on the check-in's first application: a
+    // replay changes nothing.
+    if let Some(setting) = &setting
+        && !deps
+            .store
+            .check_in_recorded(&openid, &checkin.action_id)
+            .await?
+    {
+        attributed(
+            format!("check-in {}", checkin.action_id),
+            deps.store.stand(&openid, setting, now),
+        )
+        .await?;
+    }
     let outcome = attributed(
         format!("check-in {}", checkin.action_id),
         deps.store.check_in(&openid, kind, &checkin, now),

@@ -242,6 +242,17 @@ impl Templates {
     }
 }
 
+/// Two templates, `A` and `B`, each with one `thing1` keyword: the domain's tests share
+/// them.
+#[cfg(test)]
+pub(crate) fn test_templates() -> Templates {
+    Templates::from_json(
+        r#"[{"id":"A","title":"a","keywords":[{"key":"thing1"}]},
+            {"id":"B","title":"b","keywords":[{"key":"thing1"}]}]"#,
+    )
+    .expect("valid templates")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,18 +1,20 @@
-//! Plans moved by a user's choice: a grant report's first application, and a
-//! refusal WeChat told of.
+//! Plans moved by a user's choice: a grant report's first application, a refusal
+//! WeChat told of, and the standing choices of the user's settings.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::TransactWriteItem;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::consent::Refusal;
+use crate::domain::consent::standing::{Standing, SubscriptionsSetting};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, SubscribeResult, TemplateId};
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
-use crate::store::keys::{plan_sk, user_pk};
+use crate::store::items::quota::STANDING;
+use crate::store::keys::{plan_sk, quota_sk, user_pk};
 use crate::store::tx::TxOutcome;
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -102,5 +104,75 @@ impl Store {
             )
         })
         .await
+    }
+}
+
+impl Store {
+    /// The user's standing choices, as a report or check-in carried them
+    /// ([`SubscriptionsSetting`]): each configured template's quota item keeps its
+    /// standing choice (`standing`, written only when it changes, conditional on the
+    /// value read), and the plans of the kinds that use it move by [`Plan::stand`] (a
+    /// plan never stored is written, off, only to remember a refusing one). One read of
+    /// the quota and plan items, one transaction, none when nothing changes; a race with
+    /// another write reads again. The caller applies a request's setting only on its
+    /// first application, so a replay changes nothing.
+    pub async fn stand(
+        &self,
+        openid: &OpenId,
+        setting: &SubscriptionsSetting,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let pk = &user_pk(openid);
+        retry_contended("standing choice", self.limits.write_budget, || async move {
+            let mut sks: Vec<String> = setting.standings().map(|(t, _)| quota_sk(t)).collect();
+            sks.extend(self.kinds.iter().map(|k| plan_sk(&k.name)));
+            let mut stored = HashMap::new();
+            for chunk in sks.chunks(100) {
+                stored.extend(self.read_items(pk, chunk).await?);
+            }
+            let mut writes = Vec::new();
+            for (template, standing) in setting.standings() {
+                let kept = match stored.get(&quota_sk(template)) {
+                    Some(item) => stored_standing(item)?,
+                    None => None,
+                };
+                if kept != standing {
+                    writes.push(self.standing_put(pk, template, kept, standing, now)?);
+                }
+                for kind in self.kinds.using_template(template) {
+                    let mut plan = match stored.remove(&plan_sk(&kind.name)) {
+                        Some(item) => parse::<PlanItem>("plan", item)?.into_plan(kind)?,
+                        None => Plan::new(kind),
+                    };
+                    let before = plan.clone();
+                    plan.stand(standing)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    if plan != before {
+                        writes.push(self.plan_put(&plan, pk, now)?);
+                    }
+                }
+            }
+            if writes.is_empty() {
+                return Ok(Attempt::Done(()));
+            }
+            Ok(match self.transact(writes).await? {
+                TxOutcome::Committed => Attempt::Done(()),
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+            })
+        })
+        .await
+    }
+}
+
+/// The standing choice a quota item keeps, if any.
+fn stored_standing(item: &HashMap<String, AttributeValue>) -> Result<Option<Standing>, StoreError> {
+    match item.get(STANDING) {
+        None => Ok(None),
+        Some(value) => value
+            .as_s()
+            .ok()
+            .and_then(|s| Standing::parse(s))
+            .map(Some)
+            .ok_or_else(|| StoreError::Corrupt(format!("bad standing {value:?}"))),
     }
 }

@@ -22,6 +22,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::grants::report::{
     AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
 };
@@ -29,7 +30,7 @@ use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
 use crate::store::items::{key, n, rfc3339, s};
-use crate::store::keys::{QUOTA_PREFIX, report_rate_sk, user_pk};
+use crate::store::keys::{QUOTA_PREFIX, grant_sk, report_rate_sk, user_pk};
 use crate::store::tx::{TxOutcome, condition_failed};
 use crate::store::{
     Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_contended,
@@ -40,6 +41,15 @@ struct QuotaItem {
     template_id: TemplateId,
     #[serde(flatten)]
     counters: QuotaCounters,
+    #[serde(default)]
+    standing: Option<String>,
+}
+
+/// A user's stored quotas: counters and standing choices, by template.
+#[derive(Debug, Clone, Default)]
+pub struct StoredQuotas {
+    pub counters: BTreeMap<TemplateId, QuotaCounters>,
+    pub standings: BTreeMap<TemplateId, Standing>,
 }
 
 /// Where each part of a report's transaction sits, to read its failed conditions.
@@ -192,12 +202,27 @@ impl Store {
         Ok(progress.recorded())
     }
 
-    /// The stored quota counters of `openid`, by template (one strongly consistent query).
-    pub async fn quota_counters(
+    /// Whether every template of `report` is recorded already: the report is a replay
+    /// (one strongly consistent read of its ledger items). A standing choice it
+    /// carries is applied only when it is not ([`Store::stand`]).
+    pub async fn report_recorded(
         &self,
         openid: &OpenId,
-    ) -> Result<BTreeMap<TemplateId, QuotaCounters>, StoreError> {
-        let mut counters = BTreeMap::new();
+        report: &GrantReport,
+    ) -> Result<bool, StoreError> {
+        let sks: Vec<String> = report
+            .results
+            .keys()
+            .map(|t| grant_sk(t, &report.request_id))
+            .collect();
+        let found = self.read_items(&user_pk(openid), &sks).await?;
+        Ok(sks.iter().all(|sk| found.contains_key(sk)))
+    }
+
+    /// The stored quota counters and standing choices of `openid`, by template (one
+    /// strongly consistent query).
+    pub async fn quota_counters(&self, openid: &OpenId) -> Result<StoredQuotas, StoreError> {
+        let mut stored = StoredQuotas::default();
         let mut pages = self
             .client
             .query()
@@ -213,9 +238,14 @@ impl Store {
             let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
             let quota: QuotaItem =
                 serde_dynamo::from_item(item).map_err(|e| corrupt("quota", e))?;
-            counters.insert(quota.template_id, quota.counters);
+            if let Some(name) = &quota.standing {
+                let standing = Standing::parse(name)
+                    .ok_or_else(|| StoreError::Corrupt(format!("bad standing {name:?}")))?;
+                stored.standings.insert(quota.template_id.clone(), standing);
+            }
+            stored.counters.insert(quota.template_id, quota.counters);
         }
-        Ok(counters)
+        Ok(stored)
     }
 
     /// `ADD 1` on the user's report counter of this minute, conditional on it being

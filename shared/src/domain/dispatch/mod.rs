@@ -325,7 +325,10 @@ impl Settlement {
                 | PauseReason::Banned
                 | PauseReason::ConfigError
                 | PauseReason::SendFailed
-                | PauseReason::Refused,
+                | PauseReason::Refused
+                | PauseReason::AlwaysRejected
+                | PauseReason::AlwaysBanned
+                | PauseReason::MainSwitchOff,
             ) => OutboxState::Failed,
         }
     }

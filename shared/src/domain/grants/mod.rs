@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::ids::{IdError, RequestId, TemplateId};
 use crate::domain::template::Templates;
 
@@ -155,6 +156,11 @@ pub struct Quota {
     /// How many of the accepted grants WeChat's popup events confirmed.
     pub confirmed: u64,
     pub needs_grant: bool,
+    /// The standing choice the user's settings keep for the template (`accept`,
+    /// `reject`, `ban`, `main_switch_off`), absent while none is known. A refusing one
+    /// makes `needs_grant` false: asking is pointless until the setting changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub standing: Option<&'static str>,
 }
 
 impl Quota {
@@ -163,11 +169,13 @@ impl Quota {
     pub fn for_templates(
         templates: &Templates,
         counters: &BTreeMap<TemplateId, QuotaCounters>,
+        standings: &BTreeMap<TemplateId, Standing>,
     ) -> Vec<Quota> {
         templates
             .iter()
             .map(|t| {
                 let c = counters.get(&t.id).copied().unwrap_or_default();
+                let standing = standings.get(&t.id).copied();
                 Quota {
                     template_id: t.id.clone(),
                     title: t.title.clone(),
@@ -175,7 +183,8 @@ impl Quota {
                     used: c.consumed,
                     accepted: c.accepted,
                     confirmed: c.confirmed,
-                    needs_grant: c.available == 0,
+                    needs_grant: c.available == 0 && !standing.is_some_and(Standing::refuses),
+                    standing: standing.map(Standing::as_str),
                 }
             })
             .collect()
@@ -263,11 +272,7 @@ mod tests {
     use serde_json::json;
 
     fn templates() -> Templates {
-        Templates::from_json(
-            r#"[{"id":"A","title":"a","keywords":[{"key":"thing1"}]},
-                {"id":"B","title":"b","keywords":[{"key":"thing1"}]}]"#,
-        )
-        .expect("valid templates")
+        crate::domain::template::test_templates()
     }
 
     #[test]
@@ -343,7 +348,7 @@ mod tests {
                 confirmed: 0,
             },
         );
-        let quotas = Quota::for_templates(&templates(), &counters);
+        let quotas = Quota::for_templates(&templates(), &counters, &BTreeMap::new());
         assert_eq!(quotas.len(), 2);
         assert_eq!(
             (

@@ -70,6 +70,9 @@ fn refusal_name(refusal: Refusal) -> &'static str {
     match refusal {
         Refusal::Reject => "reject",
         Refusal::Ban => "ban",
+        Refusal::AlwaysReject => "always_reject",
+        Refusal::AlwaysBan => "always_ban",
+        Refusal::MainSwitchOff => "main_switch_off",
     }
 }
 
@@ -77,6 +80,9 @@ fn parse_refusal(name: &str) -> Option<Refusal> {
     match name {
         "reject" => Some(Refusal::Reject),
         "ban" => Some(Refusal::Ban),
+        "always_reject" => Some(Refusal::AlwaysReject),
+        "always_ban" => Some(Refusal::AlwaysBan),
+        "main_switch_off" => Some(Refusal::MainSwitchOff),
         _ => None,
     }
 }

@@ -7,6 +7,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem,
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::cap::SentDays;
 use crate::domain::grants::open::OpenGrantIds;
 use crate::domain::grants::report::{CounterChange, TemplateWrite};
@@ -64,6 +65,10 @@ fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
         })
         .collect()
 }
+
+/// The template's standing choice in the user's settings, as last reported
+/// (`domain::consent::standing::Standing`); absent while none is kept.
+pub(crate) const STANDING: &str = "standing";
 
 /// The quota item's marks of client-reported grants not yet confirmed.
 pub(crate) const TAPS_REPORTED: &str = "taps_reported";
@@ -216,6 +221,47 @@ pub(crate) struct QuotaItemCounters {
 }
 
 impl Store {
+    /// Writes the template's standing choice (`None` removes it), conditional on the
+    /// one read (`kept`), so two settings racing are ordered by the item.
+    pub(crate) fn standing_put(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        kept: Option<Standing>,
+        standing: Option<Standing>,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .expression_attribute_names("#standing", STANDING)
+            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
+            .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
+            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)));
+        let update = match standing {
+            Some(standing) => update
+                .update_expression(
+                    "SET template_id = :t, kind = :kind, updated_at = :now, #standing = :standing",
+                )
+                .expression_attribute_values(
+                    ":standing",
+                    AttributeValue::S(standing.as_str().into()),
+                ),
+            None => update.update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now REMOVE #standing",
+            ),
+        };
+        let update = match kept {
+            Some(kept) => update
+                .condition_expression("#standing = :kept")
+                .expression_attribute_values(":kept", AttributeValue::S(kept.as_str().into())),
+            None => update.condition_expression("attribute_not_exists(#standing)"),
+        };
+        Ok(TransactWriteItem::builder()
+            .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+
     pub(crate) fn grant_check(
         &self,
         pk: &str,

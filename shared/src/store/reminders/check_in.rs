@@ -130,6 +130,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Whether the check-in `action_id` is recorded already (a replay): a standing
+    /// choice it carries is applied only when it is not ([`Store::stand`]).
+    pub async fn check_in_recorded(
+        &self,
+        openid: &OpenId,
+        action_id: &crate::domain::RequestId,
+    ) -> Result<bool, StoreError> {
+        let sk = action_sk(action_id);
+        let found = self
+            .read_items(&user_pk(openid), std::slice::from_ref(&sk))
+            .await?;
+        Ok(found.contains_key(&sk))
+    }
+}
+
 fn replay(action: ActionItem, fingerprint: &str) -> Result<CheckInOutcome, StoreError> {
     if action.fingerprint != fingerprint {
         return Err(StoreError::IdempotencyConflict(

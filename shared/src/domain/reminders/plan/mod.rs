@@ -9,6 +9,7 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::consent::{GrantOnHand, PauseReason, Refusal};
 use crate::domain::dispatch::{FollowUp, Settlement};
 use crate::domain::grants::SubscribeResult;
@@ -141,7 +142,12 @@ impl Plan {
     /// so turning it on again finds it paused (until a new accept lifts it).
     pub fn refuse(&mut self, refusal: Refusal) -> Result<(), IllegalTransition> {
         match self.status {
-            PlanStatus::Sending | PlanStatus::Disabled => self.pending_refusal = Some(refusal),
+            PlanStatus::Sending | PlanStatus::Disabled => {
+                self.pending_refusal = Some(match self.pending_refusal {
+                    Some(remembered) => remembered.then(refusal),
+                    None => refusal,
+                });
+            }
             PlanStatus::Scheduled { .. }
             | PlanStatus::AwaitingCheckin
             | PlanStatus::Paused { .. } => {
@@ -149,6 +155,21 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// The template's standing choice in the user's settings, as a report or check-in
+    /// carried it (`None`: no choice kept): a refusing one pauses the plan as a refusal
+    /// does (remembered while off or sending); otherwise a pause for a standing choice
+    /// becomes the refusal it was, which holds until a new accept.
+    pub fn stand(&mut self, standing: Option<Standing>) -> Result<(), IllegalTransition> {
+        match standing.and_then(Standing::refusal) {
+            Some(refusal) => self.refuse(refusal),
+            None => {
+                self.status = self.status.apply(PlanEvent::StandingLifted)?;
+                self.pending_refusal = self.pending_refusal.map(Refusal::lifted);
+                Ok(())
+            }
+        }
     }
 
     /// The user turns the plan on, or saves its settings while it is on; `grant` says
@@ -227,16 +248,20 @@ impl Plan {
     }
 
     /// Whether the user has to accept the template again before the plan can send: no
-    /// grant is available, or a refusal holds.
+    /// grant is available, or a refusal holds — but never while a standing choice of
+    /// the user's settings refuses it (asking is pointless until the setting changes).
     pub fn needs_grant(&self, available_grants: u64) -> bool {
-        let refused = match self.status {
-            PlanStatus::Paused { reason } => reason.holds_until_accept(),
-            PlanStatus::Disabled => self.pending_refusal.is_some(),
+        let (refused, standing) = match self.status {
+            PlanStatus::Paused { reason } => (reason.holds_until_accept(), reason.is_standing()),
+            PlanStatus::Disabled => (
+                self.pending_refusal.is_some(),
+                self.pending_refusal.is_some_and(Refusal::is_standing),
+            ),
             PlanStatus::Scheduled { .. } | PlanStatus::Sending | PlanStatus::AwaitingCheckin => {
-                false
+                (false, false)
             }
         };
-        available_grants == 0 || refused
+        !standing && (available_grants == 0 || refused)
     }
 
     /// After a user's check-in or enable moved the plan from `before`: one that resumes

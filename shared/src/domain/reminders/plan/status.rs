@@ -37,8 +37,10 @@ pub enum PlanEvent {
     },
     /// A grant report's first application brought a new grant for the kind's template.
     GrantAdded { due: DateTime<Utc> },
-    /// The user rejected or banned the template.
+    /// The user rejected or banned the template, once or as a standing choice.
     Refused(Refusal),
+    /// The user's settings no longer keep the standing choice a plan paused for.
+    StandingLifted,
     /// A dispatcher claimed the due plan.
     Claimed,
     /// The dispatcher found no grant to reserve.
@@ -149,17 +151,28 @@ impl PlanStatus {
                 Disabled | Scheduled { .. } | Sending | AwaitingCheckin => Ok(self),
             },
             PlanEvent::Refused(refusal) => {
-                let reason = match refusal {
-                    Refusal::Reject => PauseReason::Rejected,
-                    Refusal::Ban => PauseReason::Banned,
-                };
+                let reason = refusal.reason();
                 match self {
+                    // A standing choice is not replaced by a one-time refusal: it says
+                    // more (asking is pointless until the setting changes).
+                    Paused { reason: current }
+                        if current.is_standing() && !reason.is_standing() =>
+                    {
+                        Ok(self)
+                    }
                     Scheduled { .. } | AwaitingCheckin | Paused { .. } => Ok(Paused { reason }),
                     // Off stays off; an in-flight send finalizes by its own outcome, then
                     // the refusal applies (see `Plan::refuse`).
                     Disabled | Sending => Ok(self),
                 }
             }
+            PlanEvent::StandingLifted => match self {
+                // The refusal it was holds until a new accept.
+                Paused { reason } => Ok(Paused {
+                    reason: reason.lifted(),
+                }),
+                Disabled | Scheduled { .. } | Sending | AwaitingCheckin => Ok(self),
+            },
             PlanEvent::Claimed => match self {
                 Scheduled { .. } => Ok(Sending),
                 Disabled | Sending | AwaitingCheckin | Paused { .. } => illegal,

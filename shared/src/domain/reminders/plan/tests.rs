@@ -17,6 +17,9 @@ fn arb_event() -> impl Strategy<Value = PlanEvent> {
         PauseReason::ConfigError,
         PauseReason::SendFailed,
         PauseReason::Refused,
+        PauseReason::AlwaysRejected,
+        PauseReason::AlwaysBanned,
+        PauseReason::MainSwitchOff,
     ]);
     let grant = prop::sample::select(vec![GrantOnHand::None, GrantOnHand::Held, GrantOnHand::New]);
     prop_oneof![
@@ -27,6 +30,10 @@ fn arb_event() -> impl Strategy<Value = PlanEvent> {
         due.clone().prop_map(|due| PlanEvent::GrantAdded { due }),
         Just(PlanEvent::Refused(Refusal::Reject)),
         Just(PlanEvent::Refused(Refusal::Ban)),
+        Just(PlanEvent::Refused(Refusal::AlwaysReject)),
+        Just(PlanEvent::Refused(Refusal::AlwaysBan)),
+        Just(PlanEvent::Refused(Refusal::MainSwitchOff)),
+        Just(PlanEvent::StandingLifted),
         Just(PlanEvent::Claimed),
         Just(PlanEvent::GrantMissing),
         due.clone().prop_map(|due| PlanEvent::Capped { due }),
@@ -467,4 +474,110 @@ fn a_capped_plan_is_due_again_later_and_only_a_scheduled_one_is_capped() {
             "{from:?}"
         );
     }
+}
+
+fn paused(reason: PauseReason) -> PlanStatus {
+    PlanStatus::Paused { reason }
+}
+
+/// A standing reject in the user's settings pauses the plan without asking (asking
+/// is pointless); once the setting no longer keeps it, the plan waits for a new accept
+/// as after any refusal, and asks for it; the next grant resumes it.
+#[test]
+fn a_standing_choice_pauses_without_asking_and_its_lifting_waits_for_a_new_accept() {
+    use crate::domain::consent::standing::Standing;
+    for (standing, reason, lifted) in [
+        (
+            Standing::Reject,
+            PauseReason::AlwaysRejected,
+            PauseReason::Rejected,
+        ),
+        (
+            Standing::Ban,
+            PauseReason::AlwaysBanned,
+            PauseReason::Banned,
+        ),
+        (
+            Standing::MainSwitchOff,
+            PauseReason::MainSwitchOff,
+            PauseReason::Rejected,
+        ),
+    ] {
+        let mut plan = sending_plan();
+        plan.status = PlanStatus::Scheduled { due: at(10) };
+        plan.stand(Some(standing)).expect("legal");
+        assert_eq!(plan.status, paused(reason));
+        assert!(
+            !plan.view(0, at(5)).needs_grant,
+            "{standing:?} asks nothing"
+        );
+        assert_eq!(plan.view(0, at(5)).pause_reason, Some(reason.as_str()));
+        // A one-time refusal does not hide the standing one; the same setting again
+        // changes nothing.
+        plan.refuse(Refusal::Reject).expect("legal");
+        plan.stand(Some(standing)).expect("legal");
+        assert_eq!(plan.status, paused(reason));
+        // Grants held from before, a check-in with one and a settings save do not
+        // lift it.
+        plan.check_in(GrantOnHand::Held, at(20)).expect("legal");
+        plan.enable(true, at(20)).expect("legal");
+        assert_eq!(plan.status, paused(reason));
+        // The setting changes (to accept, or no kept choice): the refusal it was.
+        for after in [Some(Standing::Accept), None] {
+            let mut lifted_plan = plan.clone();
+            lifted_plan.stand(after).expect("legal");
+            assert_eq!(lifted_plan.status, paused(lifted));
+            assert!(
+                lifted_plan.view(3, at(5)).needs_grant,
+                "asks for a new accept"
+            );
+            lifted_plan.accepted(at(30)).expect("legal");
+            assert_eq!(lifted_plan.status, PlanStatus::Scheduled { due: at(30) });
+        }
+    }
+}
+
+/// Lifting touches only pauses for a standing choice; a standing choice that arrives
+/// while the plan is off or sending applies when it is turned on or the send ends.
+#[test]
+fn a_standing_choice_is_remembered_while_off_or_sending_and_lifting_leaves_the_rest() {
+    use crate::domain::consent::standing::Standing;
+    for status in [
+        PlanStatus::Scheduled { due: at(10) },
+        PlanStatus::AwaitingCheckin,
+        paused(PauseReason::Rejected),
+        paused(PauseReason::NeedsGrant),
+        PlanStatus::Disabled,
+    ] {
+        let mut plan = sending_plan();
+        plan.status = status;
+        plan.stand(Some(Standing::Accept)).expect("legal");
+        plan.stand(None).expect("legal");
+        assert_eq!(plan.status, status, "nothing to lift");
+    }
+    let mut off = sending_plan();
+    off.status = PlanStatus::Disabled;
+    off.stand(Some(Standing::MainSwitchOff)).expect("legal");
+    off.refuse(Refusal::Reject).expect("legal");
+    assert!(!off.view(0, at(5)).needs_grant);
+    off.enable(true, at(9)).expect("legal");
+    assert_eq!(off.status, paused(PauseReason::MainSwitchOff));
+
+    let mut sending = sending_plan();
+    sending.stand(Some(Standing::Reject)).expect("legal");
+    assert_eq!(sending.status, PlanStatus::Sending);
+    sending
+        .finish_send(FollowUp::Delivered, 0, false, at(50))
+        .expect("legal");
+    assert_eq!(sending.status, paused(PauseReason::AlwaysRejected));
+
+    let mut lifted_while_sending = sending_plan();
+    lifted_while_sending
+        .stand(Some(Standing::Ban))
+        .expect("legal");
+    lifted_while_sending.stand(None).expect("legal");
+    lifted_while_sending
+        .finish_send(FollowUp::Delivered, 0, false, at(50))
+        .expect("legal");
+    assert_eq!(lifted_while_sending.status, paused(PauseReason::Banned));
 }

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::grants::SubscribeResult;
 
+pub mod standing;
+
 /// Why a plan is paused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -28,6 +30,13 @@ pub enum PauseReason {
     /// WeChat refused a send as not subscribed (43101): the user's refusal, as WeChat
     /// holds it.
     Refused,
+    /// The user's settings keep `reject` for the template ("always keep"): asking is
+    /// pointless until the setting changes.
+    AlwaysRejected,
+    /// The user's settings keep `ban` for the template.
+    AlwaysBanned,
+    /// The user's main switch of subscriptions is off.
+    MainSwitchOff,
 }
 
 impl PauseReason {
@@ -40,6 +49,34 @@ impl PauseReason {
             Self::ConfigError => "config_error",
             Self::SendFailed => "send_failed",
             Self::Refused => "refused",
+            Self::AlwaysRejected => "always_rejected",
+            Self::AlwaysBanned => "always_banned",
+            Self::MainSwitchOff => "main_switch_off",
+        }
+    }
+
+    /// Whether the pause is a standing choice of the user's settings
+    /// ([`standing::Standing`]): asking for a grant is pointless while it holds.
+    pub fn is_standing(self) -> bool {
+        match self {
+            Self::AlwaysRejected | Self::AlwaysBanned | Self::MainSwitchOff => true,
+            Self::NeedsGrant
+            | Self::Rejected
+            | Self::Banned
+            | Self::Uncertain
+            | Self::ConfigError
+            | Self::SendFailed
+            | Self::Refused => false,
+        }
+    }
+
+    /// The pause once the standing choice behind it is gone from the user's settings:
+    /// the refusal it was, which holds until a new accept.
+    pub fn lifted(self) -> Self {
+        match self {
+            Self::AlwaysRejected | Self::MainSwitchOff => Self::Rejected,
+            Self::AlwaysBanned => Self::Banned,
+            other => other,
         }
     }
 
@@ -48,7 +85,12 @@ impl PauseReason {
     /// before it, a plain check-in, a settings save or a replay.
     pub fn holds_until_accept(self) -> bool {
         match self {
-            Self::Rejected | Self::Banned | Self::Refused => true,
+            Self::Rejected
+            | Self::Banned
+            | Self::Refused
+            | Self::AlwaysRejected
+            | Self::AlwaysBanned
+            | Self::MainSwitchOff => true,
             Self::NeedsGrant | Self::Uncertain | Self::ConfigError | Self::SendFailed => false,
         }
     }
@@ -62,6 +104,9 @@ impl PauseReason {
             "config_error" => Self::ConfigError,
             "send_failed" => Self::SendFailed,
             "refused" => Self::Refused,
+            "always_rejected" => Self::AlwaysRejected,
+            "always_banned" => Self::AlwaysBanned,
+            "main_switch_off" => Self::MainSwitchOff,
             _ => return None,
         })
     }
@@ -72,9 +117,51 @@ impl PauseReason {
 pub enum Refusal {
     Reject,
     Ban,
+    /// The settings keep `reject` ([`standing::Standing::Reject`]).
+    AlwaysReject,
+    /// The settings keep `ban`.
+    AlwaysBan,
+    /// The settings' main switch is off.
+    MainSwitchOff,
 }
 
 impl Refusal {
+    /// The pause it makes.
+    pub fn reason(self) -> PauseReason {
+        match self {
+            Self::Reject => PauseReason::Rejected,
+            Self::Ban => PauseReason::Banned,
+            Self::AlwaysReject => PauseReason::AlwaysRejected,
+            Self::AlwaysBan => PauseReason::AlwaysBanned,
+            Self::MainSwitchOff => PauseReason::MainSwitchOff,
+        }
+    }
+
+    /// Whether it is a standing choice of the user's settings.
+    pub fn is_standing(self) -> bool {
+        self.reason().is_standing()
+    }
+
+    /// The refusal once the standing choice behind it is gone (see
+    /// [`PauseReason::lifted`]).
+    pub fn lifted(self) -> Self {
+        match self {
+            Self::AlwaysReject | Self::MainSwitchOff => Self::Reject,
+            Self::AlwaysBan => Self::Ban,
+            Self::Reject | Self::Ban => self,
+        }
+    }
+
+    /// The refusal kept when `self` is remembered and `next` arrives: a standing
+    /// choice is not replaced by a one-time refusal (it says more: asking is pointless).
+    pub fn then(self, next: Self) -> Self {
+        if self.is_standing() && !next.is_standing() {
+            self
+        } else {
+            next
+        }
+    }
+
     /// The refusal a subscription result makes, if any.
     pub fn of(result: SubscribeResult) -> Option<Self> {
         match result {

@@ -1,0 +1,284 @@
+//! The user's standing choice (`wx.getSetting({withSubscriptions: true})`'s
+//! `subscriptionsSetting`), reported with a grant report or a check-in: a kept reject,
+//! a ban or the main switch off pauses the template's plans with a reason that says so
+//! and stops `needs_grant` asking; once the setting no longer keeps it, the plan waits
+//! for the next grant; replays change nothing — through the HTTP API.
+
+use futures::future::join_all;
+use onegrant_tests::{
+    ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
+    attr_s, plan_state, quota, spawn_app,
+};
+use serde_json::{Value, json};
+
+const CHECKINS: &str = "/v1/reminders/water/checkins";
+
+/// `POST /v1/grants` with `results` and `setting` (`subscriptions_setting`); the answer.
+async fn report(
+    app: &TestApp,
+    user: &User,
+    request_id: &str,
+    results: Value,
+    setting: Value,
+) -> Value {
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": request_id, "results": results, "subscriptions_setting": setting}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+fn check_in_body(action_id: &str, setting: Value) -> Value {
+    json!({
+        "action_id": action_id,
+        "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "current_count": 1,
+        "daily_goal": 8,
+        "subscriptions_setting": setting,
+    })
+}
+
+/// The plan as `GET /v1/reminders/water` shows it: (state, pause reason, needs_grant).
+async fn plan(app: &TestApp, user: &User) -> (String, Option<String>, bool) {
+    app.plan_state(user, "water").await
+}
+
+fn view(plan: &Value) -> (String, Option<String>, bool) {
+    plan_state(plan)
+}
+
+fn paused(reason: &str, asks: bool) -> (String, Option<String>, bool) {
+    ("paused".to_string(), Some(reason.to_string()), asks)
+}
+
+/// The water quota as `GET /v1/grants` shows it: (standing, needs_grant, available).
+async fn water_quota(app: &TestApp, user: &User) -> (Option<String>, bool, u64) {
+    let answer = app.get("/v1/grants", Some(&user.token)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let water = quota(&answer.body, WATER);
+    (
+        water["standing"].as_str().map(str::to_string),
+        water["needs_grant"].as_bool().unwrap_or(true),
+        water["available"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The stored items, but for the audit trail's (which a replay adds nothing to either).
+async fn state(
+    app: &TestApp,
+) -> Vec<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    let mut items = app.items().await;
+    items.sort_by_key(|i| format!("{:?}{:?}", attr_s(i, "pk"), attr_s(i, "sk")));
+    items
+}
+
+/// The case: a report carrying a kept reject pauses the plan `always_rejected`
+/// and stops asking (grants held from before or not); one whose setting keeps accept
+/// afterwards leaves it waiting for a new accept, which the next report brings. Every
+/// replay of the reports, in any order, changes nothing.
+#[tokio::test]
+async fn a_standing_reject_pauses_without_asking_and_accept_lets_the_next_grant_resume() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("alice", 2).await;
+    let reject =
+        json!({"main_switch": true, "item_settings": {WATER: "reject", "not_ours": "accept"}});
+    let kept_no = || {
+        let body = json!({WATER: "reject"});
+        report(&app, &user, "wr_kept_no", body, reject.clone())
+    };
+    let answer = kept_no().await;
+    assert_eq!(quota(&answer, WATER)["standing"], "reject", "{answer}");
+    assert_eq!(plan(&app, &user).await, paused("always_rejected", false));
+    assert_eq!(
+        water_quota(&app, &user).await,
+        (Some("reject".into()), false, 2)
+    );
+    assert!(
+        quota(&answer, ORDER).get("standing").is_none(),
+        "no choice kept for it"
+    );
+    // Time passing sends nothing: the plan is on no due index.
+    assert_eq!(app.tick(3).await.claimed, 0);
+
+    // The user changes the setting to "always accept"; this tap was for another
+    // template: the water plan now asks for a new accept.
+    let accept = json!({"main_switch": true, "item_settings": {WATER: "accept"}});
+    report(
+        &app,
+        &user,
+        "wr_order",
+        json!({ORDER: "accept"}),
+        accept.clone(),
+    )
+    .await;
+    assert_eq!(plan(&app, &user).await, paused("rejected", true));
+    assert_eq!(
+        water_quota(&app, &user).await,
+        (Some("accept".into()), false, 2)
+    );
+    let before = state(&app).await;
+    // The first report replayed: answered as before, nothing moves.
+    let again = kept_no().await;
+    assert_eq!(again["grants"], answer["grants"]);
+    assert_eq!(state(&app).await, before, "a replay changes nothing");
+    assert_eq!(plan(&app, &user).await, paused("rejected", true));
+
+    // The next tap's silent accept is one grant, like any other: the plan resumes.
+    report(
+        &app,
+        &user,
+        "wr_silent_yes",
+        json!({WATER: "accept"}),
+        accept.clone(),
+    )
+    .await;
+    assert_eq!(plan(&app, &user).await.0, "scheduled");
+    assert_eq!(
+        water_quota(&app, &user).await,
+        (Some("accept".into()), false, 3)
+    );
+    let before = state(&app).await;
+    for (id, results, setting) in [
+        ("wr_kept_no", json!({WATER: "reject"}), reject),
+        ("wr_order", json!({ORDER: "accept"}), accept.clone()),
+        ("wr_silent_yes", json!({WATER: "accept"}), accept),
+    ] {
+        report(&app, &user, id, results, setting).await;
+    }
+    assert_eq!(state(&app).await, before, "replays change nothing");
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
+/// A check-in carries the setting too: the main switch off pauses the plan
+/// `main_switch_off` and every template's quota stops asking; the check-in's own
+/// answer shows it. A replay of that check-in after the switch is back on changes
+/// nothing; a plan off when the switch went off finds it paused when turned on.
+#[tokio::test]
+async fn the_main_switch_off_through_a_check_in_pauses_every_template_until_it_is_on() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("bob", 1).await;
+    let off = json!({"main_switch": false, "item_settings": {WATER: "accept"}});
+    let body = check_in_body("wc_off", off);
+    let answered = app.post(CHECKINS, Some(&user.token), &body).await;
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(view(&answered.body), paused("main_switch_off", false));
+    let quotas = app.get("/v1/grants", Some(&user.token)).await;
+    for template in [WATER, ORDER] {
+        let q = quota(&quotas.body, template);
+        assert_eq!(
+            (q["standing"].as_str(), q["needs_grant"].as_bool()),
+            (Some("main_switch_off"), Some(false)),
+            "{q}"
+        );
+    }
+    // Off and on again: the pause holds (a settings save is not an accept).
+    assert_eq!(app.disable(&user, "water").await.status, 200);
+    let on = app.enable(&user, "water").await;
+    assert_eq!(view(&on.body).0, "paused", "{}", on.body);
+
+    let on_again = check_in_body("wc_on", json!({"main_switch": true}));
+    let answered = app.post(CHECKINS, Some(&user.token), &on_again).await;
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(water_quota(&app, &user).await.0, None, "no choice kept now");
+    let before = state(&app).await;
+    let replay = app.post(CHECKINS, Some(&user.token), &body).await;
+    assert_eq!(replay.status, 200, "{}", replay.body);
+    assert_eq!(state(&app).await, before, "the replay changes nothing");
+    assert_eq!(water_quota(&app, &user).await.0, None);
+    assert_plans_consistent(&app).await;
+}
+
+/// Bad settings are refused with their own error and nothing is stored, on both routes.
+#[tokio::test]
+async fn bad_settings_are_refused_and_store_nothing() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("carol", 1).await;
+    let cases = [
+        (json!("on"), 400, "invalid_body"),
+        (json!({}), 400, "invalid_body"),
+        (json!({"main_switch": 1}), 400, "invalid_body"),
+        (
+            json!({"main_switch": true, "item_settings": [WATER]}),
+            400,
+            "invalid_body",
+        ),
+        (
+            json!({"main_switch": true, "item_settings": {WATER: "always"}}),
+            422,
+            "invalid_subscriptions_setting",
+        ),
+        (
+            json!({"main_switch": true, "item_settings": {WATER: true}}),
+            422,
+            "invalid_subscriptions_setting",
+        ),
+    ];
+    let before = state(&app).await;
+    for (i, (setting, status, code)) in cases.into_iter().enumerate() {
+        let grants = app
+            .post(
+                "/v1/grants",
+                Some(&user.token),
+                &json!({"request_id": format!("wr_bad_{i}"), "results": {WATER: "reject"}, "subscriptions_setting": setting}),
+            )
+            .await;
+        let checkin = app
+            .post(
+                CHECKINS,
+                Some(&user.token),
+                &check_in_body(&format!("wc_bad_{i}"), setting.clone()),
+            )
+            .await;
+        for answer in [grants, checkin] {
+            assert_eq!(answer.status, status, "{setting}: {}", answer.body);
+            assert_eq!(
+                answer.body["error"]["code"], code,
+                "{setting}: {}",
+                answer.body
+            );
+        }
+    }
+    assert_eq!(state(&app).await, before, "nothing stored");
+    assert_eq!(plan(&app, &user).await.0, "scheduled");
+}
+
+/// Reports racing with opposite settings: whichever lands last decides, and the quota's
+/// standing and the plan always agree, checked from the stored items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_settings_leave_the_quota_and_the_plan_agreeing() {
+    let app = spawn_app().await;
+    let user = app.scheduled_user("dan", 1).await;
+    for round in 0..3 {
+        let reports = (0..8).map(|i| {
+            let item = if i % 2 == 0 { "reject" } else { "accept" };
+            let body = json!({"request_id": format!("wr_race_{round}_{i}"), "results": {WATER: "filter"},
+                "subscriptions_setting": {"main_switch": true, "item_settings": {WATER: item}}});
+            let (app, token) = (&app, user.token.clone());
+            async move { app.post("/v1/grants", Some(&token), &body).await }
+        });
+        for answer in join_all(reports).await {
+            assert_eq!(answer.status, 200, "{}", answer.body);
+        }
+        let items = app.items().await;
+        let standing = items
+            .iter()
+            .find(|i| attr_s(i, "kind") == Some("quota") && attr_s(i, "template_id") == Some(WATER))
+            .and_then(|q| attr_s(q, "standing"));
+        let stored_plan = items
+            .iter()
+            .find(|i| attr_s(i, "kind") == Some("plan"))
+            .expect("the plan");
+        let reason = attr_s(stored_plan, "pause_reason");
+        match standing {
+            Some("reject") => assert_eq!(reason, Some("always_rejected"), "round {round}"),
+            Some("accept") => assert_ne!(reason, Some("always_rejected"), "round {round}"),
+            other => panic!("round {round}: standing {other:?}"),
+        }
+        assert_plans_consistent(&app).await;
+    }
+}
