@@ -32,6 +32,8 @@ export interface ClientOptions {
       success(res: Record<string, string>): void;
       fail(err: { errMsg?: string; errCode?: number }): void;
     }): void;
+    /** Optional (base library 2.10.1+): read with `withSubscriptions: true` only. */
+    getSetting?: GetSetting;
   };
   /** Adapters instead of (or over) `wx`. */
   storage?: Storage;
@@ -42,6 +44,7 @@ export interface ClientOptions {
     success(res: Record<string, string>): void;
     fail(err: { errMsg?: string; errCode?: number }): void;
   }) => void;
+  getSetting?: GetSetting;
   /** Reminder kinds `prefetch` caches plans of (default ['water']). */
   kinds?: string[];
   /** Template id per kind, used before the first prefetch (the plan's otherwise). */
@@ -54,6 +57,21 @@ export interface ClientOptions {
   /** Definite refusals of queued actions, and subscribe failures. */
   onError?: (error: OnegrantError | { code: string; message: string }) => void;
 }
+
+/** `wx.getSetting`, as the client calls it: only for the standing choice. */
+export type GetSetting = (options: {
+  withSubscriptions: true;
+  success(res: { subscriptionsSetting?: { mainSwitch: boolean; itemSettings?: Record<string, string> } }): void;
+  fail(err: { errMsg?: string }): void;
+}) => void;
+
+/** The standing choice as reported (`subscriptions_setting`) and cached. */
+export interface SubscriptionsSetting {
+  main_switch: boolean;
+  item_settings: Record<string, 'accept' | 'reject' | 'ban' | 'filter'>;
+}
+
+export type Standing = 'accept' | 'reject' | 'ban' | 'main_switch_off';
 
 export interface Quota {
   template_id: string;
@@ -151,6 +169,13 @@ export class Client {
   /** `fresh` when everything was fetched now; else the cache as it was. */
   prefetch(): Promise<{ quotas: Quota[]; plans: Record<string, Plan>; fresh: boolean }>;
   needsGrant(kind: string): boolean;
+  /** Whether a check-in's tap asks: never while the settings keep a refusing choice. */
+  asks(kind: string, templateId: string): boolean;
+  /** The setting as last read (at `prefetch` and after each popup), or null. */
+  subscriptionsSetting(): SubscriptionsSetting | null;
+  /** The template's standing choice; a refusing one is the cue for `wx.openSetting`. */
+  standingOf(templateId: string): Standing | null;
+  refreshSetting(): Promise<SubscriptionsSetting | null>;
   cachedPlan(kind: string): Plan | null;
   cachedQuotas(): Quota[];
   getPlan(kind: string): Promise<Plan>;

@@ -1,13 +1,12 @@
 'use strict';
 /**
- * onegrant-miniprogram: the mini-program half of onegrant.
- *
- * It gets right what is lost before the server sees anything (README, "The
- * mini-program client"):
+ * onegrant-miniprogram: the mini-program half of onegrant. It gets right what is lost
+ * before the server sees anything (README, "The mini-program client"):
  * - the tap: `wx.requestSubscribeMessage` is called synchronously inside the tap's call
  *   stack (`checkIn`, `requestGrants`), never after an `await`, which WeChat refuses;
  * - the grant: whether to ask comes from the server's `needs_grant` (cached by
- *   `prefetch`), never from the mini-program's own settings;
+ *   `prefetch`), never from a local count; only a standing refusal in the user's
+ *   settings (`setting.js`, reported with each check-in and tap) skips the popup;
  * - the offline queue: every action is stored locally before anything else, with its
  *   ids generated once; a failed submit stays queued and is retried with the same ids
  *   until the server answers 2xx or a definite 4xx (surfaced, never retried).
@@ -21,8 +20,10 @@ const VERSION = '0.1.0';
 
 const {
   ERROR_CODES, SUBSCRIBE_RESULTS, SESSION_MARGIN_MS, STALE_TAP_MS, MAX_QUEUED_MS, DEFAULT_RETRY_AFTER_S,
-  storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, query, deadline, merge,
+  storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, deadline, merge,
 } = require('./support.js');
+const { STANDING_REASONS, readSetting, standingOf, standingRefuses } = require('./setting.js');
+const { inbox } = require('./inbox.js');
 
 /** Logins in flight, by session key: pages of one mini-program share one login. */
 const logins = new Map();
@@ -43,6 +44,8 @@ class Client {
     this.requestAdapter = o.request || bound('request');
     this.loginAdapter = o.login || bound('login');
     this.subscribeAdapter = o.requestSubscribeMessage || bound('requestSubscribeMessage');
+    // Optional: without it (a base library before 2.10.1) no standing choice is reported.
+    this.settingAdapter = o.getSetting || bound('getSetting');
     if (!this.storage || !this.requestAdapter || !this.loginAdapter || !this.subscribeAdapter) {
       throw new TypeError('createClient: no wx found; give storage, request, login and requestSubscribeMessage');
     }
@@ -237,6 +240,7 @@ class Client {
     return this.flush().catch(() => null).then(() => Promise.all([
       get('/v1/grants'),
       Promise.all(this.kinds.map((kind) => get(`/v1/reminders/${encodeURIComponent(kind)}`))),
+      this.refreshSetting(),
     ])).then(([grants, plans]) => {
       this.remember((cache) => {
         if (grants.data) cache.quotas = grants.data.quotas;
@@ -254,6 +258,37 @@ class Client {
   needsGrant(kind) {
     const plan = this.cachedPlan(kind);
     return plan ? Boolean(plan.needs_grant) : true;
+  }
+
+  /** Whether a check-in of `kind` (template `templateId`) asks for a grant: never while
+   *  the user's settings keep a refusing choice for it (no popup would show, or 20004);
+   *  else the server's `needs_grant`, or a plan the server paused for a standing choice
+   *  the settings no longer keep (the tap's silent accept, reported with the setting,
+   *  resumes it). */
+  asks(kind, templateId) {
+    if (!templateId || standingRefuses(this.subscriptionsSetting(), templateId)) return false;
+    const plan = this.cachedPlan(kind);
+    return this.needsGrant(kind) || Boolean(plan && STANDING_REASONS.indexOf(plan.pause_reason) >= 0);
+  }
+
+  /** subscriptionsSetting as last read, as reported (`{main_switch, item_settings}`), or null. */
+  subscriptionsSetting() {
+    return this.cache().setting || null;
+  }
+
+  /** The standing choice the user's settings keep for `templateId`: 'accept', 'reject',
+   *  'ban', 'main_switch_off', or null. A refusing one is the page's cue to guide the
+   *  user to `wx.openSetting({withSubscriptions: true})`. */
+  standingOf(templateId) {
+    return standingOf(this.subscriptionsSetting(), templateId);
+  }
+
+  /** Reads the setting again into the cache; resolves it (else the cached one). */
+  refreshSetting() {
+    return readSetting(this.settingAdapter).then((setting) => {
+      if (setting) this.remember((cache) => { cache.setting = setting; });
+      return setting || this.subscriptionsSetting();
+    });
   }
 
   /** Whether a template's grant should be asked for: the cached quota's `needs_grant`;
@@ -328,7 +363,7 @@ class Client {
     const o = options || {};
     const plan = this.cachedPlan(kind);
     const templateId = (plan && plan.template_id) || this.templates[kind];
-    const ask = Boolean(templateId) && this.needsGrant(kind);
+    const ask = this.asks(kind, templateId);
     // The template's refill notice (the server's pairing), asked for in the same tap:
     // the one message that tells the user their reminders ran out.
     const refillId = ask && plan && plan.refill_template_id && plan.refill_template_id !== templateId
@@ -343,6 +378,8 @@ class Client {
       daily_goal: o.goal,
     };
     if (grantId) body.grant_request_id = grantId;
+    const known = this.subscriptionsSetting();
+    if (known) body.subscriptions_setting = known;
     // Recorded before anything else: a closed page or a dead network loses nothing.
     this.enqueue({
       id: actionId, type: 'checkin', path: `/v1/reminders/${encodeURIComponent(kind)}/checkins`,
@@ -355,7 +392,8 @@ class Client {
       });
     }
     const tap = ask ? this.subscribe(refillId ? [templateId, refillId] : [templateId]) : Promise.resolve(null);
-    return tap.then((res) => {
+    // After a popup, the setting read again: the user may have just kept a choice.
+    return tap.then((res) => (ask ? this.refreshSetting() : Promise.resolve(null)).then((setting) => {
       const result = res && isSubscribeResult(res[templateId]) ? res[templateId] : null;
       const refill = refillId && res && isSubscribeResult(res[refillId]) ? res[refillId] : null;
       let waiting = false;
@@ -365,6 +403,7 @@ class Client {
         const next = Object.assign({}, item, { awaitingTap: false, body: Object.assign({}, item.body) });
         if (result) next.body.subscription_status = result;
         else delete next.body.grant_request_id;
+        if (setting) next.body.subscriptions_setting = setting;
         return next;
       });
       if (ask && !waiting && result) {
@@ -374,7 +413,7 @@ class Client {
       }
       if (refillId) this.settleRefill(refillRequestId, refillId, refill);
       return this.settle(actionId, { actionId, asked: ask, result, refill }, () => ({ plan: this.cachedPlan(kind) }));
-    });
+    }));
   }
 
   /** The refill template's answer from a check-in's tap: its queued report completed
@@ -417,7 +456,7 @@ class Client {
       id: requestId, type: 'grants', path: '/v1/grants',
       body: { request_id: requestId }, awaitingTap: true, createdAt: this.now(),
     });
-    return this.subscribe(templateIds).then((res) => {
+    return this.subscribe(templateIds).then((res) => this.refreshSetting().then((setting) => {
       const results = {};
       templateIds.forEach((id) => {
         if (res && isSubscribeResult(res[id])) results[id] = res[id];
@@ -426,13 +465,13 @@ class Client {
         this.dequeue(requestId);
         return { requestId, results, grants: null, queued: false };
       }
-      const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, {
-        awaitingTap: false, body: { request_id: requestId, results },
-      }));
+      const body = { request_id: requestId, results };
+      if (setting) body.subscriptions_setting = setting;
+      const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, { awaitingTap: false, body }));
       // Dropped as stale while the popup was open: reported now, by the same id.
       if (!waiting) this.enqueueReport(requestId, results);
       return this.settle(requestId, { requestId, results }, () => ({ grants: null }));
-    });
+    }));
   }
 
   /** Submits the queue and answers for action `id`: the server's answer, or (sent by
@@ -542,47 +581,9 @@ class Client {
       this.remember((cache) => { cache.quotas = data.quotas; });
     }
   }
-
-  // ---- the inbox ----------------------------------------------------------------
-
-  /** One page, newest first: `{items, next_cursor}`. */
-  notifications(params) {
-    const p = params || {};
-    return this.call('GET', `/v1/notifications${query({
-      limit: p.limit, cursor: p.cursor, read: p.read, type: p.type,
-    })}`);
-  }
-
-  unreadCount() {
-    return this.call('GET', '/v1/notifications/unread-count').then((answer) => answer.unread);
-  }
-
-  markRead(id) {
-    return this.call('POST', `/v1/notifications/${encodeURIComponent(id)}/read`);
-  }
-
-  /** Marks everything read, in the server's bounded steps; resolves with how many. */
-  markAllRead() {
-    let updated = 0;
-    const step = (left) => this.call('POST', '/v1/notifications/read-all').then((answer) => {
-      updated += answer.updated;
-      return answer.more && left > 0 ? step(left - 1) : updated;
-    });
-    return step(100);
-  }
-
-  // ---- push preferences ---------------------------------------------------------
-
-  /** `{quiet_hours: {start, end, timezone} | null, muted_types: [...]}`. */
-  getPreferences() {
-    return this.call('GET', '/v1/preferences');
-  }
-
-  /** Replaces the preferences (both fields required; `quiet_hours` may be null). */
-  setPreferences(preferences) {
-    return this.call('PUT', '/v1/preferences', preferences);
-  }
 }
+
+Object.assign(Client.prototype, inbox);
 
 function createClient(options) {
   return new Client(options);

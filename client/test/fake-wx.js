@@ -12,6 +12,11 @@ class FakeWx {
     this.loginImpl = o.login || ((opts) => setTimeout(() => opts.fail({ errMsg: 'login:fail offline' }), 0));
     this.inGesture = false;
     this.subscribeCalls = [];
+    // wx.getSetting's subscriptionsSetting ({mainSwitch, itemSettings}); undefined: the
+    // answer carries none (a base library before 2.10.1). `settingFails`: it fails.
+    this.subscriptionsSetting = o.subscriptionsSetting;
+    this.settingFails = Boolean(o.settingFails);
+    this.settingReads = 0;
   }
 
   getStorageSync(key) {
@@ -64,8 +69,17 @@ class FakeWx {
     this.loginImpl(options);
   }
 
-  getSetting() {
-    throw new Error('wx.getSetting must not be used: quota comes from the server');
+  getSetting(options) {
+    if (!options || options.withSubscriptions !== true) {
+      throw new Error('wx.getSetting without withSubscriptions: quota comes from the server');
+    }
+    this.settingReads += 1;
+    // A copy of the setting as it is when asked (a test may change it meanwhile).
+    const setting = this.subscriptionsSetting === undefined ? undefined : structuredClone(this.subscriptionsSetting);
+    setTimeout(() => {
+      if (this.settingFails) options.fail({ errMsg: 'getSetting:fail' });
+      else options.success({ authSetting: {}, ...(setting ? { subscriptionsSetting: setting } : {}) });
+    }, 1);
   }
 }
 

@@ -70,6 +70,35 @@ test('a check-in whose plan needs a grant asks in the tap and the grant reaches 
   assert.equal(wx.subscribeCalls.length, 1);
 });
 
+test('the standing choice: a kept reject pauses the plan without a popup; kept accept again, the next tap resumes it', async () => {
+  const { page } = phone('cai');
+  const { wx, client } = page();
+  wx.subscriptionsSetting = { mainSwitch: true, itemSettings: { [WATER]: 'accept' } };
+  await client.updatePlan('water', { enabled: true });
+  await client.prefetch();
+  const first = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(first.result, 'accept', 'a kept accept is a silent accept: one grant');
+  assert.equal(first.plan.state, 'scheduled');
+  assert.equal((await quota(client, WATER)).standing, 'accept');
+  // In WeChat's settings the user now keeps reject; the page shows again.
+  wx.subscriptionsSetting = { mainSwitch: true, itemSettings: { [WATER]: 'reject' } };
+  await client.prefetch();
+  const second = await wx.tap(() => client.checkIn('water', { count: 2, goal: 8 }));
+  assert.equal(second.asked, false, 'no popup: WeChat would answer reject');
+  assert.deepEqual([second.plan.state, second.plan.pause_reason, second.plan.needs_grant],
+    ['paused', 'always_rejected', false]);
+  const water = await quota(client, WATER);
+  assert.deepEqual([water.standing, water.needs_grant, water.available], ['reject', false, 1]);
+  // Kept accept again: the next tap asks, its silent accept resumes the plan.
+  wx.subscriptionsSetting = { mainSwitch: true, itemSettings: { [WATER]: 'accept' } };
+  await client.prefetch();
+  const third = await wx.tap(() => client.checkIn('water', { count: 3, goal: 8 }));
+  assert.equal(third.asked, true);
+  assert.deepEqual([third.plan.state, third.plan.needs_grant], ['scheduled', false]);
+  assert.equal(wx.subscribeCalls.length, 2);
+  assert.equal((await quota(client, WATER)).accepted, 2, 'each tap counted once');
+});
+
 test('offline: stored and queued; back online: one check-in and one grant, whatever retries and pages race', async () => {
   const { net, page } = phone('bea');
   const a = page();

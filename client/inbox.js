@@ -1,0 +1,47 @@
+'use strict';
+/**
+ * The client's inbox and push-preference calls, mixed into `Client.prototype` by
+ * `onegrant.js`: each is one authenticated call (`this.call`), nothing queued.
+ */
+
+const { query } = require('./support.js');
+
+const inbox = {
+  /** One page, newest first: `{items, next_cursor}`. */
+  notifications(params) {
+    const p = params || {};
+    return this.call('GET', `/v1/notifications${query({
+      limit: p.limit, cursor: p.cursor, read: p.read, type: p.type,
+    })}`);
+  },
+
+  unreadCount() {
+    return this.call('GET', '/v1/notifications/unread-count').then((answer) => answer.unread);
+  },
+
+  markRead(id) {
+    return this.call('POST', `/v1/notifications/${encodeURIComponent(id)}/read`);
+  },
+
+  /** Marks everything read, in the server's bounded steps; resolves with how many. */
+  markAllRead() {
+    let updated = 0;
+    const step = (left) => this.call('POST', '/v1/notifications/read-all').then((answer) => {
+      updated += answer.updated;
+      return answer.more && left > 0 ? step(left - 1) : updated;
+    });
+    return step(100);
+  },
+
+  /** `{quiet_hours: {start, end, timezone} | null, muted_types: [...]}`. */
+  getPreferences() {
+    return this.call('GET', '/v1/preferences');
+  },
+
+  /** Replaces the preferences (both fields required; `quiet_hours` may be null). */
+  setPreferences(preferences) {
+    return this.call('PUT', '/v1/preferences', preferences);
+  },
+};
+
+module.exports = { inbox };
