@@ -22,7 +22,7 @@ const {
   ERROR_CODES, SUBSCRIBE_RESULTS, SESSION_MARGIN_MS, STALE_TAP_MS, MAX_QUEUED_MS, DEFAULT_RETRY_AFTER_S,
   storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, deadline, merge,
 } = require('./support.js');
-const { STANDING_REASONS, readSetting, standingOf, standingRefuses } = require('./setting.js');
+const { standingRefuses, standingMethods } = require('./setting.js');
 const { inbox } = require('./inbox.js');
 
 /** Logins in flight, by session key: pages of one mini-program share one login. */
@@ -260,42 +260,14 @@ class Client {
     return plan ? Boolean(plan.needs_grant) : true;
   }
 
-  /** Whether a check-in of `kind` (template `templateId`) asks for a grant: never while
-   *  the user's settings keep a refusing choice for it (no popup would show, or 20004);
-   *  else the server's `needs_grant`, or a plan the server paused for a standing choice
-   *  the settings no longer keep (the tap's silent accept, reported with the setting,
-   *  resumes it). */
-  asks(kind, templateId) {
-    if (!templateId || standingRefuses(this.subscriptionsSetting(), templateId)) return false;
-    const plan = this.cachedPlan(kind);
-    return this.needsGrant(kind) || Boolean(plan && STANDING_REASONS.indexOf(plan.pause_reason) >= 0);
-  }
-
-  /** subscriptionsSetting as last read, as reported (`{main_switch, item_settings}`), or null. */
-  subscriptionsSetting() {
-    return this.cache().setting || null;
-  }
-
-  /** The standing choice the user's settings keep for `templateId`: 'accept', 'reject',
-   *  'ban', 'main_switch_off', or null. A refusing one is the page's cue to guide the
-   *  user to `wx.openSetting({withSubscriptions: true})`. */
-  standingOf(templateId) {
-    return standingOf(this.subscriptionsSetting(), templateId);
-  }
-
-  /** Reads the setting again into the cache; resolves it (else the cached one). */
-  refreshSetting() {
-    return readSetting(this.settingAdapter).then((setting) => {
-      if (setting) this.remember((cache) => { cache.setting = setting; });
-      return setting || this.subscriptionsSetting();
-    });
-  }
-
-  /** Whether a template's grant should be asked for: the cached quota's `needs_grant`;
-   *  asked when nothing is cached for it. */
+  /** Whether a template's grant should be asked for: the cached quota's `needs_grant`
+   *  (asked when nothing is cached), or a standing refusal the server holds that the
+   *  settings no longer keep (the tap's report carries the setting that lifts it). */
   needsGrantOf(templateId) {
     const quota = (this.cache().quotas || []).find((q) => q.template_id === templateId);
-    return quota ? Boolean(quota.needs_grant) : true;
+    if (!quota) return true;
+    const held = ['reject', 'ban', 'main_switch_off'].indexOf(quota.standing) >= 0;
+    return Boolean(quota.needs_grant) || (held && !standingRefuses(this.subscriptionsSetting(), templateId));
   }
 
   getPlan(kind) {
@@ -392,8 +364,7 @@ class Client {
       });
     }
     const tap = ask ? this.subscribe(refillId ? [templateId, refillId] : [templateId]) : Promise.resolve(null);
-    // After a popup, the setting read again: the user may have just kept a choice.
-    return tap.then((res) => (ask ? this.refreshSetting() : Promise.resolve(null)).then((setting) => {
+    return tap.then((res) => {
       const result = res && isSubscribeResult(res[templateId]) ? res[templateId] : null;
       const refill = refillId && res && isSubscribeResult(res[refillId]) ? res[refillId] : null;
       let waiting = false;
@@ -403,7 +374,6 @@ class Client {
         const next = Object.assign({}, item, { awaitingTap: false, body: Object.assign({}, item.body) });
         if (result) next.body.subscription_status = result;
         else delete next.body.grant_request_id;
-        if (setting) next.body.subscriptions_setting = setting;
         return next;
       });
       if (ask && !waiting && result) {
@@ -412,8 +382,9 @@ class Client {
         this.enqueueReport(grantId, { [templateId]: result });
       }
       if (refillId) this.settleRefill(refillRequestId, refillId, refill);
-      return this.settle(actionId, { actionId, asked: ask, result, refill }, () => ({ plan: this.cachedPlan(kind) }));
-    }));
+      return this.withSetting(actionId)
+        .then(() => this.settle(actionId, { actionId, asked: ask, result, refill }, () => ({ plan: this.cachedPlan(kind) })));
+    });
   }
 
   /** The refill template's answer from a check-in's tap: its queued report completed
@@ -456,7 +427,7 @@ class Client {
       id: requestId, type: 'grants', path: '/v1/grants',
       body: { request_id: requestId }, awaitingTap: true, createdAt: this.now(),
     });
-    return this.subscribe(templateIds).then((res) => this.refreshSetting().then((setting) => {
+    return this.subscribe(templateIds).then((res) => {
       const results = {};
       templateIds.forEach((id) => {
         if (res && isSubscribeResult(res[id])) results[id] = res[id];
@@ -465,13 +436,14 @@ class Client {
         this.dequeue(requestId);
         return { requestId, results, grants: null, queued: false };
       }
-      const body = { request_id: requestId, results };
-      if (setting) body.subscriptions_setting = setting;
-      const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, { awaitingTap: false, body }));
+      const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, {
+        awaitingTap: false, body: { request_id: requestId, results },
+      }));
       // Dropped as stale while the popup was open: reported now, by the same id.
       if (!waiting) this.enqueueReport(requestId, results);
-      return this.settle(requestId, { requestId, results }, () => ({ grants: null }));
-    }));
+      return this.withSetting(requestId)
+        .then(() => this.settle(requestId, { requestId, results }, () => ({ grants: null })));
+    });
   }
 
   /** Submits the queue and answers for action `id`: the server's answer, or (sent by
@@ -583,7 +555,7 @@ class Client {
   }
 }
 
-Object.assign(Client.prototype, inbox);
+Object.assign(Client.prototype, standingMethods, inbox);
 
 function createClient(options) {
   return new Client(options);

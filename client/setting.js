@@ -5,7 +5,8 @@
  * tap (the popup may have just kept a choice), and reported with the next check-in or
  * grant report as `subscriptions_setting` — the server pauses the template's plans
  * while the main switch is off or a kept `reject`/`ban` makes asking pointless, and
- * says so in `pause_reason`. No state here.
+ * says so in `pause_reason`. The helpers are pure; `standingMethods` are the client's
+ * methods for it.
  */
 
 /** The pause reasons of a standing choice: the server stops asking (needs_grant false)
@@ -63,6 +64,52 @@ function standingRefuses(setting, templateId) {
   return ['main_switch_off', 'reject', 'ban'].indexOf(standingOf(setting, templateId)) >= 0;
 }
 
+/** The client's standing-choice methods, mixed into `Client.prototype` by
+ *  `onegrant.js` (they use its cache, `cachedPlan`, `needsGrant` and queue). */
+const standingMethods = {
+  /** Whether a check-in of `kind` (template `templateId`) asks for a grant: never while
+   *  the user's settings keep a refusing choice for it (no popup would show, or 20004);
+   *  else the server's `needs_grant`, or a plan the server paused for a standing choice
+   *  the settings no longer keep (the tap's silent accept, reported with the setting,
+   *  resumes it). */
+  asks(kind, templateId) {
+    if (!templateId || standingRefuses(this.subscriptionsSetting(), templateId)) return false;
+    const plan = this.cachedPlan(kind);
+    return this.needsGrant(kind) || Boolean(plan && STANDING_REASONS.indexOf(plan.pause_reason) >= 0);
+  },
+
+  /** subscriptionsSetting as last read, as reported (`{main_switch, item_settings}`), or null. */
+  subscriptionsSetting() {
+    return this.cache().setting || null;
+  },
+
+  /** The standing choice the user's settings keep for `templateId`: 'accept', 'reject',
+   *  'ban', 'main_switch_off', or null. A refusing one is the page's cue to guide the
+   *  user to `wx.openSetting({withSubscriptions: true})`. */
+  standingOf(templateId) {
+    return standingOf(this.subscriptionsSetting(), templateId);
+  },
+
+  /** Reads the setting again into the cache; resolves it (else the cached one). */
+  refreshSetting() {
+    return readSetting(this.settingAdapter).then((setting) => {
+      if (setting) this.remember((cache) => { cache.setting = setting; });
+      return setting || this.subscriptionsSetting();
+    });
+  },
+
+  /** The setting read again (a popup may have just kept a choice) and added to the
+   *  queued action `id`, if it is still queued: the tap's answer is stored first. */
+  withSetting(id) {
+    return this.refreshSetting().then((setting) => {
+      if (!setting) return;
+      this.updateQueued(id, (item) => Object.assign({}, item, {
+        body: Object.assign({}, item.body, { subscriptions_setting: setting }),
+      }));
+    });
+  },
+};
+
 module.exports = {
-  STANDING_REASONS, SETTING_TIMEOUT_MS, toReported, readSetting, standingOf, standingRefuses,
+  STANDING_REASONS, SETTING_TIMEOUT_MS, toReported, readSetting, standingOf, standingRefuses, standingMethods,
 };

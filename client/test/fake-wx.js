@@ -16,6 +16,8 @@ class FakeWx {
     // answer carries none (a base library before 2.10.1). `settingFails`: it fails.
     this.subscriptionsSetting = o.subscriptionsSetting;
     this.settingFails = Boolean(o.settingFails);
+    // `settingHangs`: no answer until `answerSetting()` (an app killed meanwhile).
+    this.settingHangs = Boolean(o.settingHangs);
     this.settingReads = 0;
   }
 
@@ -76,10 +78,12 @@ class FakeWx {
     this.settingReads += 1;
     // A copy of the setting as it is when asked (a test may change it meanwhile).
     const setting = this.subscriptionsSetting === undefined ? undefined : structuredClone(this.subscriptionsSetting);
-    setTimeout(() => {
+    const answer = () => {
       if (this.settingFails) options.fail({ errMsg: 'getSetting:fail' });
       else options.success({ authSetting: {}, ...(setting ? { subscriptionsSetting: setting } : {}) });
-    }, 1);
+    };
+    if (this.settingHangs) this.answerSetting = answer;
+    else setTimeout(answer, 1);
   }
 }
 

@@ -124,3 +124,46 @@ test('only WeChat\'s values are reported, at most 50 items', () => {
   assert.equal(toReported({ itemSettings: {} }), null, 'no main switch: not a setting');
   assert.equal(standingOf(null, WATER), null);
 });
+
+test('the tap\'s answer is stored before the setting is read: an app killed meanwhile loses no grant', async () => {
+  const wx = new FakeWx({ settingHangs: true, subscriptionsSetting: { mainSwitch: true } });
+  const c = client(wx, needing);
+  const pending = wx.tap(() => c.checkIn('water', { count: 1, goal: 8 }));
+  await new Promise((resolve) => setTimeout(resolve, 30));
+  // The popup answered; wx.getSetting has not: the queue already holds the grant.
+  const [queued] = wx.getStorageSync(c.keys.queue);
+  assert.equal(queued.awaitingTap, false);
+  assert.equal(queued.body.subscription_status, 'accept');
+  assert.match(queued.body.grant_request_id, /^wr_/);
+  assert.equal(queued.body.subscriptions_setting, undefined, 'not read yet');
+  wx.answerSetting();
+  await pending;
+  const [after] = wx.getStorageSync(c.keys.queue);
+  assert.deepEqual(after.body.subscriptions_setting, { main_switch: true, item_settings: {} });
+});
+
+test('a check-in that asks nothing still reports the setting read now, not the cached one', async () => {
+  const wx = new FakeWx({ subscriptionsSetting: { mainSwitch: true, itemSettings: { [WATER]: 'reject' } } });
+  const c = client(wx, { kind: 'water', template_id: WATER, needs_grant: false, pause_reason: 'always_rejected' });
+  await c.refreshSetting();
+  // The user turned the main switch off in WeChat's settings; no page show since.
+  wx.subscriptionsSetting = { mainSwitch: false };
+  const result = await wx.tap(() => c.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(result.asked, false);
+  const [queued] = wx.getStorageSync(c.keys.queue);
+  assert.deepEqual(queued.body.subscriptions_setting, { main_switch: false, item_settings: {} });
+});
+
+test('needsGrantOf asks for a template the server holds refused once the settings no longer keep it', async () => {
+  const wx = new FakeWx({ subscriptionsSetting: { mainSwitch: true, itemSettings: { [ORDER]: 'accept' } } });
+  const c = client(wx, needing);
+  wx.setStorageSync(c.keys.cache, { plans: {}, quotas: [
+    { template_id: ORDER, available: 0, needs_grant: false, standing: 'reject' },
+  ] });
+  assert.equal(c.needsGrantOf(ORDER), true, 'unknown setting: ask');
+  await c.refreshSetting();
+  assert.equal(c.needsGrantOf(ORDER), true, 'kept accept now');
+  wx.subscriptionsSetting = { mainSwitch: true, itemSettings: { [ORDER]: 'reject' } };
+  await c.refreshSetting();
+  assert.equal(c.needsGrantOf(ORDER), false, 'still kept reject');
+});

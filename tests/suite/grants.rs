@@ -2,7 +2,9 @@
 
 use futures::future::join_all;
 use onegrant_tests::attr_n;
-use onegrant_tests::{ORDER, WATER, assert_ledger_agrees_with_counters, attr_s, quota, spawn_app};
+use onegrant_tests::{
+    ORDER, WATER, assert_ledger_agrees_with_counters, attr_s, early_in_a_minute, quota, spawn_app,
+};
 use serde_json::{Value, json};
 
 fn report(request_id: &str, results: Value) -> Value {
@@ -287,15 +289,6 @@ async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_tem
         vec!["Query"],
         "quotas never scan grants"
     );
-}
-
-/// Waits, if needed, so the next few seconds fall within one wall-clock minute (the
-/// report rate counts per minute).
-async fn early_in_a_minute() {
-    let into = chrono::Utc::now().timestamp().rem_euclid(60);
-    if into > 40 {
-        tokio::time::sleep(std::time::Duration::from_secs((61 - into) as u64)).await;
-    }
 }
 
 #[tokio::test]

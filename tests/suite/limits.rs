@@ -8,19 +8,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::faults::Fault;
-use onegrant_tests::{Answer, TestApp, User, WATER, attr_s, spawn_app_with, spawn_faulty_app};
+use onegrant_tests::{
+    Answer, TestApp, User, WATER, attr_s, early_in_a_minute, spawn_app_with, spawn_faulty_app,
+};
 use serde_json::{Value, json};
 
 const LIMIT: usize = 10;
-
-/// Waits for the start of a minute when less than 20 s of this one are left (the rate
-/// limits count per minute).
-async fn early_in_a_minute() {
-    let into = Utc::now().timestamp().rem_euclid(60);
-    if into > 40 {
-        tokio::time::sleep(Duration::from_secs((61 - into) as u64)).await;
-    }
-}
 
 fn minute() -> i64 {
     Utc::now().timestamp().div_euclid(60)

@@ -156,8 +156,9 @@ async fn a_standing_reject_pauses_without_asking_and_accept_lets_the_next_grant_
 
 /// A check-in carries the setting too: the main switch off pauses the plan
 /// `main_switch_off` and every template's quota stops asking; the check-in's own
-/// answer shows it. A replay of that check-in after the switch is back on changes
-/// nothing; a plan off when the switch went off finds it paused when turned on.
+/// answer shows it. Turning the plan off and on keeps the pause (it is about the
+/// settings, not grants), and a check-in carrying a new accept does not lift it; the
+/// switch back on does. A replay of the first check-in afterwards changes nothing.
 #[tokio::test]
 async fn the_main_switch_off_through_a_check_in_pauses_every_template_until_it_is_on() {
     let app = spawn_app().await;
@@ -179,11 +180,25 @@ async fn the_main_switch_off_through_a_check_in_pauses_every_template_until_it_i
     // Off and on again: the pause holds (a settings save is not an accept).
     assert_eq!(app.disable(&user, "water").await.status, 200);
     let on = app.enable(&user, "water").await;
-    assert_eq!(view(&on.body).0, "paused", "{}", on.body);
+    assert_eq!(
+        view(&on.body),
+        paused("main_switch_off", false),
+        "{}",
+        on.body
+    );
+    // A check-in carrying an accept (whose setting was not read) does not lift it.
+    let mut accept = check_in_body("wc_accept", Value::Null);
+    accept["grant_request_id"] = json!("wr_unread_setting");
+    accept["subscription_status"] = json!("accept");
+    let answered = app.post(CHECKINS, Some(&user.token), &accept).await;
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(view(&answered.body), paused("main_switch_off", false));
 
     let on_again = check_in_body("wc_on", json!({"main_switch": true}));
     let answered = app.post(CHECKINS, Some(&user.token), &on_again).await;
     assert_eq!(answered.status, 200, "{}", answered.body);
+    // The refusal it was: with the grant the accept brought, a new accept resumes it.
+    assert_eq!(view(&answered.body), paused("rejected", true));
     assert_eq!(water_quota(&app, &user).await.0, None, "no choice kept now");
     let before = state(&app).await;
     let replay = app.post(CHECKINS, Some(&user.token), &body).await;
@@ -281,4 +296,46 @@ async fn racing_settings_leave_the_quota_and_the_plan_agreeing() {
         }
         assert_plans_consistent(&app).await;
     }
+}
+
+/// Settings that change something count against the user's reports of the minute
+/// (`REPORTS_PER_MINUTE`): past it, a check-in carrying yet another change is refused
+/// 429 and stores nothing; one carrying the setting as it stands writes nothing and
+/// is not refused.
+#[tokio::test]
+async fn changing_settings_are_rate_limited_like_reports() {
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
+    // The setup's grant report counts one: two changes make three.
+    onegrant_tests::early_in_a_minute().await;
+    let user = app.scheduled_user("erin", 1).await;
+    let setting = |item: &str| json!({"main_switch": true, "item_settings": {WATER: item}});
+    for (i, item) in ["reject", "accept"].into_iter().enumerate() {
+        let answer = app
+            .post(
+                CHECKINS,
+                Some(&user.token),
+                &check_in_body(&format!("wc_rate_{i}"), setting(item)),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let before = state(&app).await;
+    let third = app
+        .post(
+            CHECKINS,
+            Some(&user.token),
+            &check_in_body("wc_rate_2", setting("reject")),
+        )
+        .await;
+    assert_eq!(third.status, 429, "{}", third.body);
+    assert_eq!(third.body["error"]["code"], "rate_limited");
+    assert_eq!(state(&app).await, before, "nothing stored");
+    let same = app
+        .post(
+            CHECKINS,
+            Some(&user.token),
+            &check_in_body("wc_rate_3", setting("accept")),
+        )
+        .await;
+    assert_eq!(same.status, 200, "the setting as it stands: {}", same.body);
 }

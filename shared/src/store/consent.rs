@@ -15,8 +15,8 @@ use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::STANDING;
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
-use crate::store::tx::TxOutcome;
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::{Attempt, Limit, Store, StoreError, retry_contended};
 
 impl Store {
     /// The plan writes a report's first application makes: for each template it
@@ -110,12 +110,16 @@ impl Store {
 impl Store {
     /// The user's standing choices, as a report or check-in carried them
     /// ([`SubscriptionsSetting`]): each configured template's quota item keeps its
-    /// standing choice (`standing`, written only when it changes, conditional on the
-    /// value read), and the plans of the kinds that use it move by [`Plan::stand`] (a
-    /// plan never stored is written, off, only to remember a refusing one). One read of
-    /// the quota and plan items, one transaction, none when nothing changes; a race with
-    /// another write reads again. The caller applies a request's setting only on its
-    /// first application, so a replay changes nothing.
+    /// standing choice (`standing`, written only when it changes), and the plans of the
+    /// kinds that use it move by [`Plan::stand`] (a plan never stored is written, off,
+    /// only to remember a refusing one). One read of the quota and plan items, then one
+    /// transaction per template whose items change, each conditional on everything of
+    /// that template as read (the standing choice and every plan's version), so two
+    /// settings racing leave the quota and its plans agreeing; a race reads again. A
+    /// transaction that writes counts against the user's `REPORTS_PER_MINUTE` (refused
+    /// past it, `Limited`), so settings cannot be written faster than reports. The
+    /// caller applies a request's setting only on its first application: a replay
+    /// changes nothing.
     pub async fn stand(
         &self,
         openid: &OpenId,
@@ -130,15 +134,13 @@ impl Store {
             for chunk in sks.chunks(100) {
                 stored.extend(self.read_items(pk, chunk).await?);
             }
-            let mut writes = Vec::new();
             for (template, standing) in setting.standings() {
                 let kept = match stored.get(&quota_sk(template)) {
                     Some(item) => stored_standing(item)?,
                     None => None,
                 };
-                if kept != standing {
-                    writes.push(self.standing_put(pk, template, kept, standing, now)?);
-                }
+                let mut changed = kept != standing;
+                let mut plans = Vec::new();
                 for kind in self.kinds.using_template(template) {
                     let mut plan = match stored.remove(&plan_sk(&kind.name)) {
                         Some(item) => parse::<PlanItem>("plan", item)?.into_plan(kind)?,
@@ -148,17 +150,35 @@ impl Store {
                     plan.stand(standing)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     if plan != before {
-                        writes.push(self.plan_put(&plan, pk, now)?);
+                        changed = true;
+                        plans.push(self.plan_put(&plan, pk, now)?);
+                    } else if plan.version > 0 {
+                        plans.push(self.plan_unchanged(pk, &plan)?);
                     }
                 }
+                if !changed {
+                    continue;
+                }
+                let mut writes = vec![if kept != standing {
+                    self.standing_put(pk, template, kept, standing, now)?
+                } else {
+                    self.standing_check(pk, template, kept)?
+                }];
+                writes.extend(plans);
+                let (rate, retry_after) = self.report_rate(pk, now)?;
+                let rate_at = writes.len();
+                writes.push(rate);
+                match self.transact(writes).await? {
+                    TxOutcome::Committed => {}
+                    TxOutcome::Cancelled(reasons) if condition_failed(&reasons, rate_at) => {
+                        return Err(StoreError::Limited(Limit::Rate { retry_after }));
+                    }
+                    // Something moved since the read: read again (templates done
+                    // already change nothing the next time).
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => return Ok(Attempt::Retry),
+                }
             }
-            if writes.is_empty() {
-                return Ok(Attempt::Done(()));
-            }
-            Ok(match self.transact(writes).await? {
-                TxOutcome::Committed => Attempt::Done(()),
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-            })
+            Ok(Attempt::Done(()))
         })
         .await
     }

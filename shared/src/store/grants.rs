@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
@@ -29,8 +29,8 @@ use crate::domain::grants::report::{
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
-use crate::store::items::{key, n, rfc3339, s};
-use crate::store::keys::{QUOTA_PREFIX, grant_sk, report_rate_sk, user_pk};
+use crate::store::items::rfc3339;
+use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
 use crate::store::tx::{TxOutcome, condition_failed};
 use crate::store::{
     Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_contended,
@@ -246,34 +246,5 @@ impl Store {
             stored.counters.insert(quota.template_id, quota.counters);
         }
         Ok(stored)
-    }
-
-    /// `ADD 1` on the user's report counter of this minute, conditional on it being
-    /// under the limit (part of the report's transaction, so only reports that land
-    /// count), and the seconds until the next minute.
-    fn report_rate(
-        &self,
-        pk: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(TransactWriteItem, u64), StoreError> {
-        let minute = now.timestamp().div_euclid(60);
-        let next = (minute + 1) * 60;
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &report_rate_sk(minute))))
-            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
-            .condition_expression("attribute_not_exists(#n) OR #n < :max")
-            .expression_attribute_names("#n", "reports")
-            .expression_attribute_values(":kind", s("rate"))
-            .expression_attribute_values(":expires", n(next + 60))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":max", n(self.limits.reports_per_minute))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let retry_after = u64::try_from(next - now.timestamp()).unwrap_or(60).max(1);
-        Ok((
-            TransactWriteItem::builder().update(update).build(),
-            retry_after,
-        ))
     }
 }

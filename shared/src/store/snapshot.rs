@@ -68,6 +68,13 @@ impl Store {
                 crate::store::contended_pause("read", attempt).await;
             }
         }
+        // Keys left unread are not absent: a caller deciding on absence (a replay, a
+        // plan never stored) must not see them so. Try later.
+        if !pending.is_empty() {
+            return Err(StoreError::Unavailable(
+                "keys left unprocessed by BatchGetItem after every retry".into(),
+            ));
+        }
         Ok(found)
     }
 

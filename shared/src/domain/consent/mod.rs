@@ -82,7 +82,8 @@ impl PauseReason {
 
     /// Whether the pause is a refusal, which holds until the user accepts the template
     /// again: only a grant accepted after it resumes the plan — never a grant recorded
-    /// before it, a plain check-in, a settings save or a replay.
+    /// before it, a plain check-in, a settings save or a replay. (A standing choice
+    /// holds longer: only the setting changing lifts it, see [`Self::is_standing`].)
     pub fn holds_until_accept(self) -> bool {
         match self {
             Self::Rejected
@@ -140,6 +141,22 @@ impl Refusal {
     /// Whether it is a standing choice of the user's settings.
     pub fn is_standing(self) -> bool {
         self.reason().is_standing()
+    }
+
+    /// The standing refusal a pause for a standing choice stands for.
+    pub fn standing_of(reason: PauseReason) -> Option<Self> {
+        match reason {
+            PauseReason::AlwaysRejected => Some(Self::AlwaysReject),
+            PauseReason::AlwaysBanned => Some(Self::AlwaysBan),
+            PauseReason::MainSwitchOff => Some(Self::MainSwitchOff),
+            PauseReason::NeedsGrant
+            | PauseReason::Rejected
+            | PauseReason::Banned
+            | PauseReason::Uncertain
+            | PauseReason::ConfigError
+            | PauseReason::SendFailed
+            | PauseReason::Refused => None,
+        }
     }
 
     /// The refusal once the standing choice behind it is gone (see

@@ -18,6 +18,7 @@ pub(crate) mod outbox;
 pub(crate) mod plan;
 pub(crate) mod preferences;
 pub(crate) mod quota;
+pub(crate) mod rate;
 
 /// A raw DynamoDB item.
 pub(crate) type Item = HashMap<String, AttributeValue>;

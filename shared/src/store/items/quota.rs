@@ -214,6 +214,17 @@ impl OpenGrants {
     }
 }
 
+/// The condition that the standing choice is `kept` (and its value, if any).
+fn standing_condition(kept: Option<Standing>) -> (&'static str, Option<AttributeValue>) {
+    match kept {
+        Some(kept) => (
+            "#standing = :kept",
+            Some(AttributeValue::S(kept.as_str().into())),
+        ),
+        None => ("attribute_not_exists(#standing)", None),
+    }
+}
+
 #[derive(Deserialize)]
 pub(crate) struct QuotaItemCounters {
     #[serde(flatten)]
@@ -251,14 +262,37 @@ impl Store {
                 "SET template_id = :t, kind = :kind, updated_at = :now REMOVE #standing",
             ),
         };
-        let update = match kept {
-            Some(kept) => update
-                .condition_expression("#standing = :kept")
-                .expression_attribute_values(":kept", AttributeValue::S(kept.as_str().into())),
-            None => update.condition_expression("attribute_not_exists(#standing)"),
+        let (condition, value) = standing_condition(kept);
+        let update = update.condition_expression(condition);
+        let update = match value {
+            Some(value) => update.expression_attribute_values(":kept", value),
+            None => update,
         };
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+
+    /// A condition that the template's standing choice is still `kept`: a plan moved
+    /// by it is written only while it stands.
+    pub(crate) fn standing_check(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        kept: Option<Standing>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let (condition, value) = standing_condition(kept);
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .condition_expression(condition)
+            .expression_attribute_names("#standing", STANDING);
+        let check = match value {
+            Some(value) => check.expression_attribute_values(":kept", value),
+            None => check,
+        };
+        Ok(TransactWriteItem::builder()
+            .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
     }
 

@@ -188,18 +188,26 @@ impl Plan {
 
     /// The user turns the plan off: every unconsumed grant of its template is voided
     /// with it, so a refusal before it needs no remembering (any grant after it is a
-    /// new accept).
+    /// new accept) — but for a standing choice of the user's settings, which is kept.
     pub fn disable(&mut self) -> Result<(), IllegalTransition> {
+        // A standing choice is about the user's settings, not grants: it is kept, so
+        // turning the plan on again finds it paused until the setting changes.
+        let standing = match self.status {
+            PlanStatus::Paused { reason } => Refusal::standing_of(reason),
+            _ => None,
+        }
+        .or(self.pending_refusal.filter(|r| r.is_standing()));
         self.status = self.status.apply(PlanEvent::Disable)?;
-        self.pending_refusal = None;
+        self.pending_refusal = standing;
         Ok(())
     }
 
     /// The first application of a report that brings a grant the user just accepted:
     /// a paused plan resumes (a refusal included), and a refusal waiting for a send to
-    /// end, or for the plan to be turned on, is lifted — the accept came after it.
+    /// end, or for the plan to be turned on, is lifted — the accept came after it. A
+    /// standing choice holds (only the setting changing lifts it).
     pub fn accepted(&mut self, due: DateTime<Utc>) -> Result<(), IllegalTransition> {
-        self.pending_refusal = None;
+        self.pending_refusal = self.pending_refusal.filter(|r| r.is_standing());
         if self.status == PlanStatus::Sending {
             self.accepted_while_sending = true;
         }
@@ -235,7 +243,7 @@ impl Plan {
         due: DateTime<Utc>,
     ) -> Result<(), IllegalTransition> {
         if grant == GrantOnHand::New {
-            self.pending_refusal = None;
+            self.pending_refusal = self.pending_refusal.filter(|r| r.is_standing());
         }
         if self.status == PlanStatus::Sending {
             self.checked_in_while_sending = true;

@@ -135,6 +135,8 @@ impl PlanStatus {
                 Scheduled { .. } | AwaitingCheckin => Ok(scheduled_or_waiting(grant.any(), due)),
                 // A refusal holds until the user accepts again: a check-in resumes it
                 // only with the new accept it carries.
+                // A standing choice holds until the setting changes, whatever comes.
+                Paused { reason } if reason.is_standing() => Ok(self),
                 Paused { reason } if reason.holds_until_accept() => match grant {
                     GrantOnHand::New => Ok(Scheduled { due }),
                     GrantOnHand::Held | GrantOnHand::None => Ok(self),
@@ -144,6 +146,9 @@ impl PlanStatus {
                 Paused { .. } => Ok(self),
             },
             PlanEvent::GrantAdded { due } => match self {
+                // A standing choice holds until the setting changes (an accept cannot
+                // come while it stands: one that does came with a setting not read).
+                Paused { reason } if reason.is_standing() => Ok(self),
                 // A new accept: it lifts a refusal too.
                 Paused { .. } => Ok(Scheduled { due }),
                 // A sent reminder waits for the check-in (§3): only a check-in brings

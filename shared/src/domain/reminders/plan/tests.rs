@@ -517,11 +517,21 @@ fn a_standing_choice_pauses_without_asking_and_its_lifting_waits_for_a_new_accep
         plan.refuse(Refusal::Reject).expect("legal");
         plan.stand(Some(standing)).expect("legal");
         assert_eq!(plan.status, paused(reason));
-        // Grants held from before, a check-in with one and a settings save do not
-        // lift it.
+        // Grants held from before, a check-in with one, a settings save, even a new
+        // accept (one cannot come while the setting stands: it came with a setting
+        // not read) do not lift it; nor does turning the plan off and on.
         plan.check_in(GrantOnHand::Held, at(20)).expect("legal");
         plan.enable(true, at(20)).expect("legal");
+        plan.check_in(GrantOnHand::New, at(20)).expect("legal");
+        plan.accepted(at(20)).expect("legal");
         assert_eq!(plan.status, paused(reason));
+        plan.disable().expect("legal");
+        assert!(
+            !plan.view(0, at(5)).needs_grant,
+            "off, it still asks nothing"
+        );
+        plan.enable(true, at(20)).expect("legal");
+        assert_eq!(plan.status, paused(reason), "off and on again");
         // The setting changes (to accept, or no kept choice): the refusal it was.
         for after in [Some(Standing::Accept), None] {
             let mut lifted_plan = plan.clone();
