@@ -56,6 +56,9 @@ pub mod name {
     pub const MUTED: &str = "Muted";
     /// Pushes held by the user's quiet hours (due again at their end).
     pub const HELD: &str = "Held";
+    /// Pushes that wait for a grant of their template (none available, or a better push
+    /// waits for those there are): pending until a grant wakes them (no grant spent).
+    pub const GRANT_WAITS: &str = "GrantWaits";
     /// Reminders and pushes past the user's daily cap (`PUSHES_PER_DAY`), due again on
     /// their next day (no grant spent).
     pub const CAP_WAITS: &str = "CapWaits";
@@ -93,7 +96,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 35] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -115,6 +118,7 @@ pub const ALL: [&str; 34] = [
     name::EXPIRED,
     name::MUTED,
     name::HELD,
+    name::GRANT_WAITS,
     name::CAP_WAITS,
     name::CAPPED,
     name::REFILLS,

@@ -433,21 +433,6 @@ async fn reading_twice_decrements_once_and_the_counter_never_goes_negative() {
 }
 
 #[tokio::test]
-async fn a_push_without_a_grant_is_skipped() {
-    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
-    let user = app.user("alice").await;
-    app.notify(event(&user, "k1", true)).await;
-    let summary = app.tick(30).await;
-    assert_eq!((summary.no_grant, summary.claimed), (1, 0), "{summary:?}");
-    assert!(app.deliveries().await.is_empty());
-    let page = list(&app, &user, "").await;
-    assert_eq!(page["items"][0]["push"]["status"], "skipped");
-    let outbox = app.items_of(&user, "outbox").await;
-    assert_eq!(attr_s(&outbox[0], "state"), Some("skipped"));
-    assert!(!outbox[0].contains_key("due_pk"));
-}
-
-#[tokio::test]
 async fn a_push_that_fails_retryably_then_succeeds_sends_once_and_consumes_one_grant() {
     let app = spawn_app_with(&[
         ("DISPATCH_LOOKAHEAD_SECONDS", "0"),

@@ -21,6 +21,7 @@ mod limits;
 mod logs;
 mod operations;
 mod preferences;
+mod priority;
 mod publication;
 mod refill;
 mod reminders;

@@ -115,8 +115,8 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
  {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
     // What happens between the dispatcher's read and its claim; what the ordinary way
-    // then makes of the push: (published, sent, cancelled, muted, no grant), and
-    // whether the user's grant is left.
+    // then makes of the push: (published, sent, cancelled, muted, waiting for a
+    // grant), and whether the user's grant is left.
     type Counts = (u32, u32, u32, u32, u32);
     let cases: Vec<(&str, bool, Counts, bool)> = vec![
         ("cancelled", true, (1, 0, 0, 0, 0), true),
@@ -226,7 +226,7 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
                 summary.sent,
                 summary.cancelled,
                 summary.muted,
-                summary.no_grant
+                summary.grant_waits
             ),
             expect,
             "{case}: {summary:?}"

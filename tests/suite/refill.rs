@@ -33,25 +33,6 @@ async fn refill_notes(app: &TestApp, user: &User) -> Vec<Value> {
         .collect()
 }
 
-/// Ticks until `done` says the summaries so far are enough (a loaded machine may leave
-/// an item for the next tick).
-async fn ticks_until(
-    app: &TestApp,
-    done: impl Fn(&dispatcher::Summary) -> bool,
-) -> dispatcher::Summary {
-    let mut all = dispatcher::Summary::default();
-    for _ in 0..5 {
-        let tick = app.tick(30).await;
-        all.sent += tick.sent;
-        all.refills += tick.refills;
-        all.refills_without_grant += tick.refills_without_grant;
-        if done(&all) {
-            break;
-        }
-    }
-    all
-}
-
 #[tokio::test]
 async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_only_with_its_grant() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
@@ -64,7 +45,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         "the client learns the pairing"
     );
     app.make_due(&user, "water", Utc::now()).await;
-    let first = ticks_until(&app, |s| s.sent >= 1).await;
+    let first = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!((first.sent, first.refills), (1, 1), "{first:?}");
     assert_eq!(available(&app, &user, WATER).await, 0);
     // The notice is in the inbox, its push pending with the refill template.
@@ -72,7 +53,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert_eq!(notes[0]["push"]["status"], "pending");
     // The next tick sends it, with the refill grant.
-    let second = ticks_until(&app, |s| s.sent >= 1).await;
+    let second = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!((second.sent, second.refills), (1, 0), "{second:?}");
     let deliveries = app.deliveries().await;
     assert_eq!(deliveries.len(), 2, "{deliveries:?}");
@@ -130,7 +111,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     assert_eq!(checked_in.body["state"], "scheduled", "{}", checked_in.body);
     assert_eq!(checked_in.body["refill_template_id"], USED_UP);
     app.make_due(&user, "water", Utc::now()).await;
-    let third = ticks_until(&app, |s| s.sent >= 1).await;
+    let third = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (third.sent, third.refills, third.refills_without_grant),
         (1, 0, 1),
@@ -150,7 +131,7 @@ async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
     let user = app.scheduled_user("bob", 2).await;
     app.accept(&user, USED_UP, "wr_refill_b").await;
     app.make_due(&user, "water", Utc::now()).await;
-    let tick = ticks_until(&app, |s| s.sent >= 1).await;
+    let tick = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (tick.sent, tick.refills, tick.refills_without_grant),
         (1, 0, 0)
@@ -169,7 +150,7 @@ async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
                       "wechat": {"template_id": onegrant_tests::ORDER,
                                  "data": {"character_string1": "o-1", "phrase2": "已发货", "thing3": "顺丰速运"}}}))
         .await;
-    let pushed = ticks_until(&app, |s| s.sent >= 1).await;
+    let pushed = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (pushed.sent, pushed.refills, pushed.refills_without_grant),
         (1, 0, 0)

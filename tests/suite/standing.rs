@@ -266,7 +266,8 @@ async fn bad_settings_are_refused_and_store_nothing() {
 /// standing and the plan always agree, checked from the stored items.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_settings_leave_the_quota_and_the_plan_agreeing() {
-    let app = spawn_app().await;
+    // (Each report and each setting that changes something counts on the minute's rate.)
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "600")]).await;
     let user = app.scheduled_user("dan", 1).await;
     for round in 0..3 {
         let reports = (0..8).map(|i| {

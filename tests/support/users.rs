@@ -304,6 +304,22 @@ impl TestApp {
             .unwrap_or_default()
     }
 
+    /// Runs ticks (up to five, 30 s of budget each) until `done` holds for their counts
+    /// together: a loaded emulator may make a tick skip a shard, which the next takes.
+    pub async fn ticks_until(
+        &self,
+        done: impl Fn(&dispatcher::Summary) -> bool,
+    ) -> dispatcher::Summary {
+        let mut all = dispatcher::Summary::default();
+        for _ in 0..5 {
+            all.absorb(self.tick(30).await);
+            if done(&all) {
+                break;
+            }
+        }
+        all
+    }
+
     /// Runs one dispatcher tick with `seconds` of budget.
     pub async fn tick(&self, seconds: u64) -> dispatcher::Summary {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);

@@ -156,6 +156,7 @@ impl Lane<'_> {
             Ok(Dispatched::NoToken) => s.no_token += 1,
             Ok(Dispatched::Lost) => s.lost += 1,
             Ok(Dispatched::NoGrant) => s.no_grant += 1,
+            Ok(Dispatched::WaitGrant) => s.grant_waits += 1,
             // (Counted with every publication, below.)
             Ok(Dispatched::Published) => {}
             Ok(Dispatched::Expired) => s.expired += 1,

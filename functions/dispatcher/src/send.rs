@@ -35,6 +35,8 @@ pub(crate) enum Dispatched {
     Unreadable,
     Lost,
     NoGrant,
+    /// A push waiting for a grant of its template.
+    WaitGrant,
     /// A scheduled notification published, with no push to send.
     Published,
     /// A push not sent: its `expires_at` passed.
@@ -150,6 +152,7 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
+        ClaimOutcome::WaitGrant => return Ok(Dispatched::WaitGrant),
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
         ClaimOutcome::Held(_) => return Ok(Dispatched::Held),

@@ -38,6 +38,9 @@ pub struct Summary {
     pub muted: u32,
     /// Pushes held by the user's quiet hours (due again at their end).
     pub held: u32,
+    /// Pushes waiting for a grant of their template (none available, or a better push
+    /// waits for those there are): pending until a grant wakes them.
+    pub grant_waits: u32,
     /// Reminders and pushes past the user's daily cap, due again on their next day.
     pub cap_waits: u32,
     /// Pushes past the user's daily cap that expire first: inbox-only (`capped`).
@@ -68,7 +71,7 @@ pub struct Summary {
 /// The time budget of one item: what must be left before each step.
 impl Summary {
     /// Adds `other`'s counts to these (a tick doing a worker's shards itself).
-    pub(crate) fn absorb(&mut self, other: Summary) {
+    pub fn absorb(&mut self, other: Summary) {
         let Summary {
             due,
             claimed,
@@ -90,6 +93,7 @@ impl Summary {
             expired,
             muted,
             held,
+            grant_waits,
             cap_waits,
             capped,
             refills,
@@ -123,6 +127,7 @@ impl Summary {
         self.expired += expired;
         self.muted += muted;
         self.held += held;
+        self.grant_waits += grant_waits;
         self.cap_waits += cap_waits;
         self.capped += capped;
         self.refills += refills;
@@ -157,6 +162,7 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         expired = summary.expired,
         muted = summary.muted,
         held = summary.held,
+        grant_waits = summary.grant_waits,
         cap_waits = summary.cap_waits,
         capped = summary.capped,
         refills = summary.refills,
@@ -188,6 +194,7 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::EXPIRED, summary.expired);
     count(name::MUTED, summary.muted);
     count(name::HELD, summary.held);
+    count(name::GRANT_WAITS, summary.grant_waits);
     count(name::CAP_WAITS, summary.cap_waits);
     count(name::CAPPED, summary.capped);
     count(name::REFILLS, summary.refills);

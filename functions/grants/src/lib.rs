@@ -80,6 +80,13 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
         "grant report recorded"
     );
     let stored = deps.store.quota_counters(&openid).await?;
+    // A grant for a template some push waits for wakes the best of them (a replay
+    // too: waking is idempotent, and its first try may have been cut short).
+    for (template, result) in &report.results {
+        if result.grants() && stored.waiting.contains(template) {
+            Box::pin(deps.store.wake_waiting_logged(&openid, template, now)).await;
+        }
+    }
     json_response(
         200,
         &ReportAnswer {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::ids::TemplateId;
+use crate::domain::inbox::schedule::Priority;
 
 /// The value type of a template keyword, named by the key's prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +94,9 @@ pub struct TemplateDef {
     /// The template of the notice sent once when a user's grants of this one run out
     /// (`domain::inbox::refill`); the client asks for both in one tap.
     pub refill_template: Option<TemplateId>,
+    /// The `priority` of its pushes whose event names none (`normal` when unset):
+    /// when grants are scarce it decides which waiting push goes first.
+    pub priority: Option<Priority>,
 }
 
 /// The configured templates, looked up by id, listed in id order.
@@ -128,6 +132,8 @@ struct RawTemplate {
     page: Option<String>,
     #[serde(default)]
     refill_template: Option<String>,
+    #[serde(default)]
+    priority: Option<Priority>,
 }
 
 #[derive(Deserialize)]
@@ -143,8 +149,10 @@ struct RawKeyword {
 impl Templates {
     /// Parses the `ONEGRANT_TEMPLATES` JSON: an array of
     /// `{"id", "title", "keywords": [{"key", "name", "values"}], "page",
-    /// "refill_template"}` (`values`: an `enum` keyword's list; `refill_template`: another
-    /// configured template, itself naming none, whose keywords a refill notice can fill).
+    /// "refill_template", "priority"}` (`values`: an `enum` keyword's list;
+    /// `refill_template`: another configured template, itself naming none, whose keywords
+    /// a refill notice can fill; `priority`: `high`, `normal` or `low`, its pushes'
+    /// default).
     pub fn from_json(json: &str) -> Result<Self, TemplateConfigError> {
         let raw: Vec<RawTemplate> = serde_json::from_str(json)?;
         let mut map = BTreeMap::new();
@@ -190,6 +198,7 @@ impl Templates {
                 keywords,
                 page: t.page,
                 refill_template,
+                priority: t.priority,
             };
             if map.insert(id.clone(), def).is_some() {
                 return Err(TemplateConfigError::Duplicate(id));

@@ -43,6 +43,9 @@ struct QuotaItem {
     counters: QuotaCounters,
     #[serde(default)]
     standing: Option<String>,
+    /// Pushes waiting for a grant of the template (a string set).
+    #[serde(default)]
+    waiting: Vec<String>,
 }
 
 /// A user's stored quotas: counters and standing choices, by template.
@@ -50,6 +53,8 @@ struct QuotaItem {
 pub struct StoredQuotas {
     pub counters: BTreeMap<TemplateId, QuotaCounters>,
     pub standings: BTreeMap<TemplateId, Standing>,
+    /// The templates some push waits for a grant of.
+    pub waiting: std::collections::BTreeSet<TemplateId>,
 }
 
 /// Where each part of a report's transaction sits, to read its failed conditions.
@@ -113,6 +118,8 @@ impl Store {
                         &report.request_id,
                         now,
                         &self.limits,
+                        // (A report's handler reads the waiting pushes after it lands.)
+                        false,
                     )? {
                         items.push(update);
                         parts.push(Part::Counters);
@@ -242,6 +249,9 @@ impl Store {
                 let standing = Standing::parse(name)
                     .ok_or_else(|| StoreError::Corrupt(format!("bad standing {name:?}")))?;
                 stored.standings.insert(quota.template_id.clone(), standing);
+            }
+            if !quota.waiting.is_empty() {
+                stored.waiting.insert(quota.template_id.clone());
             }
             stored.counters.insert(quota.template_id, quota.counters);
         }

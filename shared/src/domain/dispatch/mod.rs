@@ -13,6 +13,7 @@ use crate::domain::consent::PauseReason;
 pub mod cap;
 pub mod claim;
 pub mod delivery;
+pub mod priority;
 mod states;
 pub mod sweep;
 

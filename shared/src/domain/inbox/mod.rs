@@ -350,7 +350,7 @@ impl NotifyEvent {
             Some(Value::Object(wechat)) => Some(Self::push(wechat, templates)),
             Some(_) => return Err(EventError::Shape("wechat must be an object".into())),
         };
-        let timing = Timing::from_json(object, now)?;
+        let mut timing = Timing::from_json(object, now)?;
         let mut canonical = serde_json::json!({
             "openid": openid.as_str(), "type": kind, "title": title, "body": body,
             "page": page, "wechat": object.get("wechat"),
@@ -363,6 +363,14 @@ impl NotifyEvent {
         }
         let canonical = canonical.to_string();
         let fingerprint = hex::encode(Sha256::digest(canonical.as_bytes()));
+        // An event naming no priority takes its template's (after the fingerprint: it
+        // is configuration, not the event's payload).
+        if object.get("priority").is_none_or(Value::is_null)
+            && let Some(Push::Ready { template_id, .. }) = &push
+            && let Some(priority) = templates.get(template_id.as_str()).and_then(|t| t.priority)
+        {
+            timing.priority = priority;
+        }
         Ok(Self {
             publisher: publisher.to_string(),
             idempotency_key: key,
@@ -510,66 +518,4 @@ pub fn decode_cursor(cursor: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn templates() -> Templates {
-        Templates::from_json(
-            r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#,
-        )
-        .expect("templates")
-    }
-
-    #[test]
-    fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
-        let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
-                        "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
-        let e = NotifyEvent::from_json(&ok, "tests", &templates(), Utc::now()).expect("valid");
-        assert!(matches!(e.push, Some(Push::Ready { .. })));
-        let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
-                         "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
-        let e = NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now())
-            .expect("still a notification");
-        assert!(matches!(e.push, Some(Push::Rejected { .. })));
-        let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
-        assert!(matches!(
-            NotifyEvent::from_json(&unknown, "tests", &templates(), Utc::now())
-                .expect("kept")
-                .push,
-            Some(Push::Rejected { .. })
-        ));
-    }
-
-    #[test]
-    fn events_without_their_essentials_are_refused() {
-        for bad in [
-            json!({}),
-            json!({"idempotency_key": "k", "openid": "o#1", "type": "t", "title": "x"}),
-            json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
-            json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
-        ] {
-            assert!(
-                NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now()).is_err(),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn cursors_round_trip_and_forgeries_are_refused() {
-        let id = new_notification_id(Utc::now());
-        assert!(is_notification_id(&id));
-        assert_eq!(decode_cursor(&encode_cursor(&id)), Some(id));
-        for bad in [
-            "",
-            "bm90IGEgY3Vyc29y",
-            "n1:USER#x",
-            "n1.USER#x",
-            "%%%",
-            "n1.",
-        ] {
-            assert_eq!(decode_cursor(bad), None, "{bad}");
-        }
-    }
-}
+mod tests;

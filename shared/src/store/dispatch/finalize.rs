@@ -87,8 +87,18 @@ impl Store {
             policy,
             now,
         );
-        self.finalize_with(claim, settlement, result, false, now)
-            .await
+        let finalized = self
+            .finalize_with(claim, settlement, result, false, now)
+            .await?;
+        self.after_restore(claim, &finalized, now).await;
+        Ok(finalized)
+    }
+
+    /// A grant given back wakes the best push waiting for one of its template.
+    async fn after_restore(&self, claim: &Claim, finalized: &Finalized, now: DateTime<Utc>) {
+        if finalized.restored {
+            Box::pin(self.wake_waiting_logged(&claim.openid, &claim.template_id, now)).await;
+        }
     }
 
     /// Gives a claim back unsent, for want of time: the grant restored, the item due
@@ -103,8 +113,11 @@ impl Store {
         let result = SendResult::NotSent {
             reason: format!("released unsent: {reason}"),
         };
-        self.finalize_with(claim, settlement, &result, true, now)
-            .await
+        let finalized = self
+            .finalize_with(claim, settlement, &result, true, now)
+            .await?;
+        self.after_restore(claim, &finalized, now).await;
+        Ok(finalized)
     }
 
     async fn finalize_with(

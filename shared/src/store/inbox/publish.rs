@@ -191,6 +191,7 @@ impl Store {
             send_by: push.send_by,
             priority: push.priority,
             note_type: Some(note.note_type.clone()),
+            waiting_grant: false,
         }
     }
 

@@ -49,6 +49,10 @@ pub(crate) struct OutboxItem {
     /// it was kept: never muted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) note_type: Option<String>,
+    /// Pending for a grant of its template (listed on the quota item as waiting; on the
+    /// due index only at its `send_by`, until a grant wakes it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) waiting_grant: bool,
 }
 
 impl OutboxItem {
@@ -69,6 +73,7 @@ impl OutboxItem {
         next.due_at = due.map(|d| d.timestamp_millis());
         next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
         next.delivery_id = None;
+        next.waiting_grant = false;
         next.version = self.version + 1;
         next.updated_at = rfc3339(now);
         next

@@ -70,6 +70,10 @@ fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
 /// (`domain::consent::standing::Standing`); absent while none is kept.
 pub(crate) const STANDING: &str = "standing";
 
+/// The pushes of the template waiting for a grant (`domain::dispatch::priority`'s
+/// members: `<rank>:<note id>`, best first when sorted).
+pub(crate) const WAITING: &str = "waiting";
+
 /// The quota item's marks of client-reported grants not yet confirmed.
 pub(crate) const TAPS_REPORTED: &str = "taps_reported";
 
@@ -80,6 +84,10 @@ pub(crate) const TAPS_POPUP: &str = "taps_popup";
 /// `ADD accepted 1, available 1` for a grant (and its request id to the open-grant
 /// set, see [`OPEN_AVAILABLE`]) while fewer than `cap` are available, the refusal
 /// recorded for reject/ban, nothing for filter.
+///
+/// With `none_waiting` (a check-in that read no push waiting for a grant of the
+/// template), a grant also requires that none began waiting since: else the check-in
+/// reads again, and wakes it once its grant lands.
 pub(crate) fn quota_update_item(
     table: &str,
     pk: &str,
@@ -87,6 +95,7 @@ pub(crate) fn quota_update_item(
     request_id: &RequestId,
     now: DateTime<Utc>,
     limits: &crate::config::Limits,
+    none_waiting: bool,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
     let (template, result) = (&write.template, write.result);
     if write.counters == CounterChange::None {
@@ -116,8 +125,17 @@ pub(crate) fn quota_update_item(
                  ADD accepted :one, available :one, #open :id",
             )
         };
+        let update = if none_waiting {
+            update
+                .condition_expression(
+                    "(attribute_not_exists(available) OR available < :cap) \
+                     AND attribute_not_exists(#waiting)",
+                )
+                .expression_attribute_names("#waiting", WAITING)
+        } else {
+            update.condition_expression("attribute_not_exists(available) OR available < :cap")
+        };
         update
-            .condition_expression("attribute_not_exists(available) OR available < :cap")
             .expression_attribute_names("#open", OPEN_AVAILABLE)
             .expression_attribute_values(
                 ":cap",
@@ -151,6 +169,8 @@ pub(crate) struct OpenGrants {
     pub(crate) pending_marks: Vec<String>,
     /// The sends counted per day, for the daily cap.
     pub(crate) sent_days: SentDays,
+    /// The pushes waiting for a grant (members as stored).
+    pub(crate) waiting: Vec<String>,
 }
 
 impl OpenGrants {
@@ -183,6 +203,7 @@ impl OpenGrants {
             inflight_marks: members(INFLIGHT),
             pending_marks: members(PENDING_EVENTS),
             sent_days: sent_days(quota),
+            waiting: members(WAITING),
         }
     }
 

@@ -27,8 +27,13 @@ impl Store {
     ) -> Result<CheckInOutcome, StoreError> {
         let pk = &user_pk(openid);
         let fingerprint = &checkin.fingerprint(&kind.name);
+        // Whether pushes of the template wait for a grant, as last read: a grant the
+        // check-in carries is written only while that still holds, and then wakes them.
+        let waiting = &std::sync::atomic::AtomicBool::new(false);
         let outcome = retry_contended("check-in", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, Some(checkin)).await?;
+            let none_waiting = read.open.waiting.is_empty();
+            waiting.store(!none_waiting, std::sync::atomic::Ordering::Relaxed);
             if let Some(action) = read.action {
                 return replay(action, fingerprint).map(Attempt::Done);
             }
@@ -86,6 +91,7 @@ impl Store {
                     request_id,
                     now,
                     &self.limits,
+                    none_waiting,
                 )? {
                     items.push(update);
                 }
@@ -116,15 +122,18 @@ impl Store {
             Ok(Attempt::Retry)
         })
         .await?;
-        // A grant the check-in carried: confirmed by a popup event already recorded?
-        if self.limits.push_events
-            && matches!(outcome, CheckInOutcome::Applied(_))
+        let granted = matches!(outcome, CheckInOutcome::Applied(_))
             && checkin
                 .grant
                 .as_ref()
-                .is_some_and(|(_, result)| result.grants())
-        {
+                .is_some_and(|(_, result)| result.grants());
+        // A grant the check-in carried: confirmed by a popup event already recorded?
+        if self.limits.push_events && granted {
             self.pair_taps_logged(openid, &kind.template_id, now).await;
+        }
+        // …and for the best push of the template waiting for one.
+        if granted && waiting.load(std::sync::atomic::Ordering::Relaxed) {
+            Box::pin(self.wake_waiting_logged(openid, &kind.template_id, now)).await;
         }
         Ok(outcome)
     }

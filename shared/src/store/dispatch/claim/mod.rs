@@ -1,6 +1,7 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`]: read it
 //! ([`read`]), decide (the domain's gates and the grant to reserve), commit.
 
+mod priority;
 mod read;
 mod unsent;
 
@@ -10,6 +11,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::domain::dispatch::OutboxState;
 use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
+use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
 use crate::domain::inbox::cancel::{AtClaim, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
 use crate::domain::inbox::refill::takes_last_grant;
@@ -19,7 +21,7 @@ use crate::domain::reminders::schedule::Timezone;
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim};
 use crate::store::items::outbox::{OutboxItem, Publication, versioned_put};
-use crate::store::items::quota::{INFLIGHT, OpenGrants};
+use crate::store::items::quota::{INFLIGHT, OpenGrants, WAITING};
 use crate::store::items::to_item;
 use crate::store::keys::delivery_sk;
 use crate::store::tx::{TxOutcome, is_condition_failed};
@@ -31,8 +33,12 @@ pub enum ClaimOutcome {
     Claimed(Box<Claim>),
     /// Someone else claimed it first, or it changed since the index was read.
     Lost,
-    /// No grant to reserve: the plan was paused `needs_grant` / the push skipped.
+    /// No grant to reserve: the plan was paused `needs_grant` / the push skipped (its
+    /// template's waiting list full).
     NoGrant,
+    /// A push that waits for a grant of its template (none available, or a better push
+    /// waits for those there are): `pending`, listed on the quota item, woken by a grant.
+    WaitGrant,
     /// A push whose `expires_at` passed: recorded `expired`, nothing sent or spent.
     Expired,
     /// A push of a type the user muted: recorded `muted`, nothing sent or spent.
@@ -60,6 +66,8 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone, Copy)]
 enum Unsent {
     NoGrant,
+    /// A push waits for a grant (due only at its `expires_at`, until a grant wakes it).
+    WaitGrant,
     Expired,
     /// Its notification type is muted.
     Muted,
@@ -131,6 +139,17 @@ impl Claimable {
                     .and_then(|p| p.quiet_hours.map(|q| q.timezone)),
             ),
             Self::Outbox { prefs, .. } => day_zone(prefs.quiet_hours.map(|q| q.timezone)),
+        }
+    }
+
+    /// A push's member of its template's waiting list (a plan has none: it pauses
+    /// `needs_grant` instead).
+    fn waiting_member(&self) -> Option<String> {
+        match self {
+            Self::Plan { .. } => None,
+            Self::Outbox { outbox, .. } => {
+                Some(member(outbox.priority.unwrap_or_default(), &outbox.note_id))
+            }
         }
     }
 
@@ -240,12 +259,26 @@ impl Store {
                 if let Some(why) = why {
                     let writes = self.unsent_writes(item, &claimable, why, now)?;
                     // Else it moved meanwhile: read again.
-                    return Ok(if self.commit_unsent(writes).await? {
+                    let committed = self.commit_unsent(writes).await?;
+                    // A push that waited for a grant and ends (or is put off) here may
+                    // have been woken for one: the next waiting push is woken instead
+                    // (its own member, no longer waiting, is dropped on the way).
+                    let (_, open) = claimable.grants();
+                    let listed = claimable
+                        .waiting_member()
+                        .is_some_and(|own| open.waiting.contains(&own));
+                    if committed && listed {
+                        Box::pin(self.wake_waiting_logged(openid, &claimable.template()?, now))
+                            .await;
+                    }
+                    return Ok(if committed {
                         Attempt::Done(match why {
                             Unsent::Held(until) => ClaimOutcome::Held(until),
                             Unsent::Muted => ClaimOutcome::Muted,
                             Unsent::Cancelled => ClaimOutcome::Cancelled,
-                            Unsent::Expired | Unsent::NoGrant => ClaimOutcome::Expired,
+                            Unsent::Expired | Unsent::NoGrant | Unsent::WaitGrant => {
+                                ClaimOutcome::Expired
+                            }
                             Unsent::Capped(until) => ClaimOutcome::Capped(Some(until)),
                             Unsent::CappedOut => ClaimOutcome::Capped(None),
                         })
@@ -283,27 +316,39 @@ impl Store {
                     });
                 }
             };
-            let grant = self
-                .pick_grant(
-                    &item.pk,
-                    &template,
-                    counters,
-                    open,
-                    ledger_only.load(std::sync::atomic::Ordering::Relaxed),
-                )
-                .await?;
+            // A push yields to a better one waiting for the grants there are.
+            let own = claimable.waiting_member();
+            let at = match &own {
+                Some(own) => at_grant(own, counters.available, &open.waiting),
+                None => AtGrant::Take,
+            };
+            let grant = match at {
+                AtGrant::Take => {
+                    self.pick_grant(
+                        &item.pk,
+                        &template,
+                        counters,
+                        open,
+                        ledger_only.load(std::sync::atomic::Ordering::Relaxed),
+                    )
+                    .await?
+                }
+                AtGrant::Wait { .. } | AtGrant::Skip { .. } => None,
+            };
             let Some(mut grant) = grant else {
                 if publication.is_some() {
                     return Ok(Attempt::Done(ClaimOutcome::Republish));
                 }
-                let mut writes = self.unsent_writes(item, &claimable, Unsent::NoGrant, now)?;
-                writes.push(self.still_no_grant(&item.pk, &template)?);
-                // Else a grant arrived (or the item moved): read again.
-                return Ok(if self.commit_unsent(writes).await? {
-                    Attempt::Done(ClaimOutcome::NoGrant)
-                } else {
-                    Attempt::Retry
-                });
+                // Boxed: a claim's future stays small on a dispatcher's stack.
+                return Box::pin(self.not_granted(
+                    item,
+                    &claimable,
+                    &template,
+                    at,
+                    own.as_deref(),
+                    now,
+                ))
+                .await;
             };
             // (Not the in-flight set: the reservation adds to it, and one update cannot
             // both add to and delete from an attribute. Events prune it.)
@@ -312,6 +357,10 @@ impl Store {
                 .into_iter()
                 .filter(|(name, _)| *name != INFLIGHT)
                 .collect();
+            // Listed as waiting: it leaves the list with its claim.
+            if let Some(own) = own.filter(|own| open.waiting.contains(own)) {
+                grant.stale.push((WAITING, vec![own]));
+            }
             grant.counted = counted;
             let last_grant = takes_last_grant(counters);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();

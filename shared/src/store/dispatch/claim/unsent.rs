@@ -11,7 +11,9 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::plan::PlanEvent;
 use crate::store::dispatch::DueItem;
-use crate::store::items::outbox::{note_push_update, only_note_updates_failed, versioned_put};
+use crate::store::items::outbox::{
+    OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
+};
 use crate::store::items::quota::sent_on;
 use crate::store::items::{key, n, to_item};
 use crate::store::keys::quota_sk;
@@ -39,6 +41,7 @@ impl Store {
                         due: plan.settings.schedule.first_awake_from(until),
                     },
                     Unsent::NoGrant
+                    | Unsent::WaitGrant
                     | Unsent::Expired
                     | Unsent::Muted
                     | Unsent::Cancelled
@@ -62,32 +65,22 @@ impl Store {
                     Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
                     Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
                     Unsent::CappedOut => (OutboxState::Capped, PushStatus::Capped, None),
+                    // Still pending, due again on the user's next day; the
+                    // notification says why it waits.
                     Unsent::Capped(until) => {
-                        // Still pending, due again on the user's next day; the
-                        // notification says why it waits.
-                        let waiting = outbox.moved(
-                            OutboxState::Pending,
-                            Some(until),
-                            self.shards,
-                            now,
-                            self.limits.retention.outbox,
-                        );
-                        return Ok(vec![
-                            versioned_put(
-                                &self.table,
-                                to_item("outbox", &waiting)?,
-                                outbox.version,
-                            )?,
-                            note_push_update(
-                                &self.table,
-                                &item.pk,
-                                &outbox.note_id,
-                                PushStatus::Pending,
-                                Some(PushReason::Capped),
-                            )?,
-                        ]);
+                        let writes =
+                            self.pending_again(item, outbox, Some(until), PushReason::Capped, now)?;
+                        return Ok(writes);
                     }
                     Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
+                    // Still pending, for a grant: due only at its `expires_at` (to end
+                    // `expired`, inbox-only) until a grant wakes it.
+                    Unsent::WaitGrant => {
+                        let due = outbox.send_by.and_then(DateTime::from_timestamp_millis);
+                        let writes =
+                            self.pending_again(item, outbox, due, PushReason::NoGrant, now)?;
+                        return Ok(writes);
+                    }
                     Unsent::Held(until) => {
                         // Still pending, due again when the quiet hours end; the
                         // notification's push status stays `pending`.
@@ -113,6 +106,37 @@ impl Store {
                 ])
             }
         }
+    }
+
+    /// A push still pending, due again at `due` (or off the due index), its
+    /// notification saying why it waits (`reason`); waiting for a grant when `reason`
+    /// says so (`OutboxItem::waiting_grant`).
+    fn pending_again(
+        &self,
+        item: &DueItem,
+        outbox: &OutboxItem,
+        due: Option<DateTime<Utc>>,
+        reason: PushReason,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let mut waiting = outbox.moved(
+            OutboxState::Pending,
+            due,
+            self.shards,
+            now,
+            self.limits.retention.outbox,
+        );
+        waiting.waiting_grant = reason == PushReason::NoGrant;
+        Ok(vec![
+            versioned_put(&self.table, to_item("outbox", &waiting)?, outbox.version)?,
+            note_push_update(
+                &self.table,
+                &item.pk,
+                &outbox.note_id,
+                PushStatus::Pending,
+                Some(reason),
+            )?,
+        ])
     }
 
     /// Commits an unsent item's writes; false if it moved (read it again). Only the

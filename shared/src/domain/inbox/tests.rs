@@ -1,0 +1,104 @@
+//! The inbox's events and their pushes, table-first.
+
+use super::*;
+use serde_json::json;
+
+fn templates() -> Templates {
+    Templates::from_json(
+        r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#,
+    )
+    .expect("templates")
+}
+
+#[test]
+fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
+    let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
+                    "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
+    let e = NotifyEvent::from_json(&ok, "tests", &templates(), Utc::now()).expect("valid");
+    assert!(matches!(e.push, Some(Push::Ready { .. })));
+    let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
+                     "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
+    let e = NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now())
+        .expect("still a notification");
+    assert!(matches!(e.push, Some(Push::Rejected { .. })));
+    let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
+    assert!(matches!(
+        NotifyEvent::from_json(&unknown, "tests", &templates(), Utc::now())
+            .expect("kept")
+            .push,
+        Some(Push::Rejected { .. })
+    ));
+}
+
+#[test]
+fn an_event_naming_no_priority_takes_its_templates_and_keeps_its_fingerprint() {
+    use crate::domain::inbox::schedule::Priority;
+    let urgent = Templates::from_json(
+        r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}],"priority":"high"}]"#,
+    )
+    .expect("templates");
+    let event = |priority: Option<&str>| {
+        let mut e = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
+            "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": "顺丰"}}});
+        if let Some(p) = priority {
+            e["priority"] = json!(p);
+        }
+        e
+    };
+    let now = Utc::now();
+    let parse =
+        |e: &Value, t: &Templates| NotifyEvent::from_json(e, "tests", t, now).expect("valid");
+    let defaulted = parse(&event(None), &urgent);
+    assert_eq!(defaulted.timing.priority, Priority::High);
+    assert_eq!(
+        parse(&event(Some("low")), &urgent).timing.priority,
+        Priority::Low
+    );
+    assert_eq!(
+        parse(&event(None), &templates()).timing.priority,
+        Priority::Normal
+    );
+    assert_eq!(
+        defaulted.fingerprint,
+        parse(&event(None), &templates()).fingerprint,
+        "configuration is not the event's payload"
+    );
+    assert!(
+        Templates::from_json(
+            r#"[{"id":"T","title":"t","keywords":[{"key":"thing1"}],"priority":"urgent"}]"#
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn events_without_their_essentials_are_refused() {
+    for bad in [
+        json!({}),
+        json!({"idempotency_key": "k", "openid": "o#1", "type": "t", "title": "x"}),
+        json!({"idempotency_key": "a#b", "openid": "oA", "type": "t", "title": "x"}),
+        json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
+    ] {
+        assert!(
+            NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now()).is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn cursors_round_trip_and_forgeries_are_refused() {
+    let id = new_notification_id(Utc::now());
+    assert!(is_notification_id(&id));
+    assert_eq!(decode_cursor(&encode_cursor(&id)), Some(id));
+    for bad in [
+        "",
+        "bm90IGEgY3Vyc29y",
+        "n1:USER#x",
+        "n1.USER#x",
+        "%%%",
+        "n1.",
+    ] {
+        assert_eq!(decode_cursor(bad), None, "{bad}");
+    }
+}

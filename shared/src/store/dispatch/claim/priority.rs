@@ -1,0 +1,97 @@
+//! A claim that takes no grant: a plan pauses `needs_grant`; a push waits for a grant
+//! of its template — listed on the quota item, and, when a grant is there but a better
+//! push waits for it, waking that one (`domain::dispatch::priority`) — or, with the
+//! waiting list full even once pruned of pushes that no longer wait, is skipped.
+
+use chrono::{DateTime, Utc};
+
+use super::{ClaimOutcome, Claimable, Unsent};
+use crate::domain::TemplateId;
+use crate::domain::dispatch::priority::AtGrant;
+use crate::store::dispatch::DueItem;
+use crate::store::items::outbox::{is_note_update, only_note_updates_failed};
+use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::{Attempt, Store, StoreError};
+
+impl Store {
+    /// Commits a claim that takes no grant (`at`, for a push whose member is `own`).
+    pub(super) async fn not_granted(
+        &self,
+        item: &DueItem,
+        claimable: &Claimable,
+        template: &TemplateId,
+        at: AtGrant,
+        own: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Attempt<ClaimOutcome>, StoreError> {
+        let (counters, open) = claimable.grants();
+        let available = counters.available;
+        let (own, wake, skip) = match (own, at) {
+            (Some(own), AtGrant::Wait { wake }) => (own, wake, false),
+            // The counters showed a grant the lists and ledger did not: wait for one.
+            (Some(own), AtGrant::Take) => (own, None, false),
+            (Some(own), AtGrant::Skip { wake }) => (own, wake, true),
+            (None, _) => {
+                // A plan pauses `needs_grant`, losing to a grant arriving meanwhile.
+                let mut writes = self.unsent_writes(item, claimable, Unsent::NoGrant, now)?;
+                writes.push(self.still_no_grant(&item.pk, template)?);
+                return Ok(if self.commit_unsent(writes).await? {
+                    Attempt::Done(ClaimOutcome::NoGrant)
+                } else {
+                    Attempt::Retry
+                });
+            }
+        };
+        // A full list may hold pushes that no longer wait: pruned, the push decides
+        // again.
+        if skip
+            && self
+                .prune_waiting(&item.pk, template, &open.waiting)
+                .await?
+                > 0
+        {
+            return Ok(Attempt::Retry);
+        }
+        let listed = open.waiting.iter().any(|m| m == own);
+        let mut writes = if skip {
+            // Skipped (the list full): losing to a grant arriving meanwhile.
+            let mut writes = self.unsent_writes(item, claimable, Unsent::NoGrant, now)?;
+            if wake.is_none() {
+                writes.push(self.still_no_grant(&item.pk, template)?);
+            }
+            writes
+        } else {
+            let mut writes = self.unsent_writes(item, claimable, Unsent::WaitGrant, now)?;
+            writes.push(self.waiting_add(&item.pk, template, own, available, listed, now)?);
+            writes
+        };
+        let woken_at = writes.len();
+        if let Some(wake) = &wake {
+            writes.push(self.wake_write(&item.pk, wake, now)?);
+        }
+        let done = if skip {
+            ClaimOutcome::NoGrant
+        } else {
+            ClaimOutcome::WaitGrant
+        };
+        match self.transact(writes.clone()).await? {
+            TxOutcome::Committed => return Ok(Attempt::Done(done)),
+            TxOutcome::Cancelled(reasons) => {
+                let failed = |i: usize| reasons.get(i).is_some_and(|(c, _)| is_condition_failed(c));
+                if let Some(stale) = wake.as_deref().filter(|_| failed(woken_at)) {
+                    // That push no longer waits: off the list, and decide again.
+                    self.drop_waiting(&item.pk, template, stale).await?;
+                } else if only_note_updates_failed(&writes, &reasons) {
+                    // The notification is gone (its retention): the rest lands alone.
+                    writes.retain(|w| !is_note_update(w));
+                    if matches!(self.transact(writes).await?, TxOutcome::Committed) {
+                        return Ok(Attempt::Done(done));
+                    }
+                }
+            }
+            TxOutcome::Contended => {}
+        }
+        // A grant arrived or was taken, the list changed, or the item moved: read again.
+        Ok(Attempt::Retry)
+    }
+}

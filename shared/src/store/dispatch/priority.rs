@@ -1,0 +1,236 @@
+//! Priority for scarce grants: the writes that list a push waiting for a grant of its
+//! template on the quota item (`waiting`), wake the best waiting one (due now, on the
+//! due index), and drop a member whose push no longer waits
+//! (`domain::dispatch::priority` decides; the claim commits the wait, see
+//! `claim::priority`). [`Store::wake_waiting`] runs after a grant arrives (a report's
+//! handler, a check-in's store operation) or is given back (a finalize or release that
+//! restored it), and after a listed push ended at its claim.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
+use crate::domain::{OpenId, TemplateId};
+use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING};
+use crate::store::items::{key, n, parse, rfc3339, s};
+use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
+use crate::store::tx::TxOutcome;
+use crate::store::{Store, StoreError};
+
+/// A waiting push's outbox key, from its member.
+fn outbox_of(member: &str) -> Result<String, StoreError> {
+    note_of(member)
+        .map(outbox_sk)
+        .ok_or_else(|| StoreError::Corrupt(format!("bad waiting member {member:?}")))
+}
+
+impl Store {
+    /// Lists `member` on the template's quota item as waiting for a grant, on the
+    /// condition that the grants available are still `available` (a grant arriving or
+    /// taken between the read and the write makes the wait lose: the claim reads
+    /// again) and, for a member not `listed` yet, that the list has room.
+    pub(crate) fn waiting_add(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        member: &str,
+        available: u64,
+        listed: bool,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let grants = if available == 0 {
+            "(attribute_not_exists(available) OR available = :available)"
+        } else {
+            "available = :available"
+        };
+        let room = if listed {
+            ""
+        } else {
+            " AND (attribute_not_exists(#waiting) OR size(#waiting) < :max)"
+        };
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .update_expression(
+                "SET template_id = :t, kind = :kind, updated_at = :now ADD #waiting :member",
+            )
+            .condition_expression(format!("{grants}{room}"))
+            .expression_attribute_names("#waiting", WAITING)
+            .expression_attribute_values(":t", s(template.as_str()))
+            .expression_attribute_values(":kind", s("quota"))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":available", n(available))
+            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]));
+        let update = if listed {
+            update
+        } else {
+            update.expression_attribute_values(":max", n(MAX_WAITING))
+        };
+        Ok(TransactWriteItem::builder()
+            .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+
+    /// Wakes the waiting push `member` names: due now (back on the due index), on the
+    /// condition that it still waits for a grant. It stays listed until its claim.
+    pub(crate) fn wake_write(
+        &self,
+        pk: &str,
+        member: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let sk = outbox_of(member)?;
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &sk)))
+            .update_expression(
+                "SET due_pk = :due_pk, due_at = :now_ms, updated_at = :now ADD version :one",
+            )
+            .condition_expression("#state = :pending AND waiting_grant = :yes")
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":due_pk", s(due_pk(pk, &sk, self.shards)))
+            .expression_attribute_values(":now_ms", n(now.timestamp_millis()))
+            .expression_attribute_values(":now", s(rfc3339(now)))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":yes", AttributeValue::Bool(true))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Drops `member` from the template's waiting list, on the condition that its push
+    /// no longer waits (gone, or not pending for a grant): a push that began waiting
+    /// again meanwhile keeps its place. Whether it was dropped.
+    pub(crate) async fn drop_waiting(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        member: &str,
+    ) -> Result<bool, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &outbox_of(member)?)))
+            .condition_expression(
+                "attribute_not_exists(pk) OR NOT (#state = :pending AND waiting_grant = :yes)",
+            )
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":yes", AttributeValue::Bool(true))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &quota_sk(template))))
+            .update_expression("DELETE #waiting :member")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#waiting", WAITING)
+            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let writes = vec![
+            TransactWriteItem::builder().condition_check(check).build(),
+            TransactWriteItem::builder().update(update).build(),
+        ];
+        Ok(matches!(self.transact(writes).await?, TxOutcome::Committed))
+    }
+
+    /// Drops the members of a full waiting list whose push no longer waits (one read
+    /// of the listed pushes, at most [`MAX_WAITING`]): how many were dropped.
+    pub(crate) async fn prune_waiting(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        waiting: &[String],
+    ) -> Result<usize, StoreError> {
+        let keys: Vec<(String, &String)> = waiting
+            .iter()
+            .filter_map(|m| outbox_of(m).ok().map(|sk| (sk, m)))
+            .collect();
+        let sks: Vec<String> = keys.iter().map(|(sk, _)| sk.clone()).collect();
+        let found = self.read_items(pk, &sks).await?;
+        let mut dropped = 0;
+        for (sk, member) in keys {
+            if !found.get(&sk).is_some_and(still_waits)
+                && self.drop_waiting(pk, template, member).await?
+            {
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// [`Store::wake_waiting`] with its failure logged: the grant is recorded whatever
+    /// happens here, and the next grant, claim or expiry of the template moves the
+    /// waiting pushes on.
+    pub async fn wake_waiting_logged(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) {
+        match self.wake_waiting(openid, template, now).await {
+            Ok(0) => {}
+            Ok(woken) => {
+                tracing::info!(woken, template = %template, "pushes waiting for a grant woken")
+            }
+            Err(e) => tracing::warn!(
+                error = %crate::telemetry::error_chain(&e),
+                "waking pushes waiting for a grant deferred"
+            ),
+        }
+    }
+
+    /// Wakes as many of the best pushes waiting for a grant of `template` as grants
+    /// are available, in one pass over the list (one read of the quota item): a member
+    /// whose push no longer waits is dropped and the next one woken in its place.
+    /// Idempotent (waking a woken push again only re-times it to now), so a replay may
+    /// run it again. How many were woken.
+    pub async fn wake_waiting(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) -> Result<usize, StoreError> {
+        let pk = &user_pk(openid);
+        let Some(quota) = self.get(pk, &quota_sk(template)).await? else {
+            return Ok(0);
+        };
+        let waiting = OpenGrants::of(&quota).waiting;
+        let available = parse::<QuotaItemCounters>("quota", quota)?
+            .counters
+            .available;
+        if waiting.is_empty() || available == 0 {
+            return Ok(0);
+        }
+        let mut woken = 0;
+        for member in best(&waiting, MAX_WAITING as u64) {
+            if woken >= available {
+                break;
+            }
+            match self
+                .transact(vec![self.wake_write(pk, &member, now)?])
+                .await?
+            {
+                TxOutcome::Committed => woken += 1,
+                // Its push no longer waits: off the list, the next one in its place.
+                TxOutcome::Cancelled(_) => {
+                    self.drop_waiting(pk, template, &member).await?;
+                }
+                TxOutcome::Contended => {}
+            }
+        }
+        Ok(usize::try_from(woken).unwrap_or(usize::MAX))
+    }
+}
+
+/// Whether a stored outbox item is a push still waiting for a grant.
+fn still_waits(item: &HashMap<String, AttributeValue>) -> bool {
+    item.get("state")
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+        == Some("pending")
+        && item.get("waiting_grant").and_then(|v| v.as_bool().ok()) == Some(&true)
+}

@@ -1,0 +1,298 @@
+//! Priority for scarce grants: a push with no grant of its template waits for one
+//! (`pending`, reason `no_grant`) instead of being skipped; grants go to the waiting
+//! pushes by `priority`, then the oldest; one that reaches its `expires_at` first ends
+//! `expired`, inbox-only. Nothing waiting spends a grant — through the API, the
+//! dispatcher and the stand-in.
+
+use onegrant_tests::{
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_s, spawn_app_with,
+};
+use serde_json::{Value, json};
+
+/// An order notification for `user` whose push has `priority` (none: the default).
+fn event(user: &User, key: &str, priority: Option<&str>) -> Value {
+    let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+        "title": "订单已发货", "body": format!("订单 {key} 已发货"),
+        "wechat": {"template_id": ORDER,
+            "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}});
+    if let Some(priority) = priority {
+        detail["priority"] = json!(priority);
+    }
+    detail
+}
+
+/// Each notification's push as the inbox shows it, by idempotency key (the order
+/// number): (status, reason).
+async fn pushes(app: &TestApp, user: &User) -> Vec<(String, String, Option<String>)> {
+    let page = app.get("/v1/notifications", Some(&user.token)).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let mut all: Vec<_> = page.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|n| {
+            let key = n["body"]
+                .as_str()
+                .unwrap_or_default()
+                .split(' ')
+                .nth(1)
+                .unwrap_or_default();
+            (
+                key.to_string(),
+                n["push"]["status"].as_str().unwrap_or_default().to_string(),
+                n["push"]["reason"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+fn waiting(key: &str) -> (String, String, Option<String>) {
+    (key.to_string(), "pending".into(), Some("no_grant".into()))
+}
+
+fn sent(key: &str) -> (String, String, Option<String>) {
+    (key.to_string(), "sent".into(), None)
+}
+
+/// The quota item's list of pushes waiting for a grant of the order template.
+async fn listed(app: &TestApp, user: &User) -> usize {
+    app.items_of(user, "quota")
+        .await
+        .iter()
+        .filter(|q| attr_s(q, "template_id") == Some(ORDER))
+        .map(|q| {
+            q.get("waiting")
+                .and_then(|w| w.as_ss().ok())
+                .map_or(0, Vec::len)
+        })
+        .sum()
+}
+
+/// The case: three pushes of priorities low, high, normal find no grant and
+/// wait; one grant sends the high one, the others still wait; a second grant sends the
+/// normal one. Nothing waiting spends a grant.
+#[tokio::test]
+async fn grants_go_to_the_waiting_pushes_by_priority_then_age() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    for (key, priority) in [
+        ("low", Some("low")),
+        ("high", Some("high")),
+        ("normal", None),
+    ] {
+        app.notify(event(&user, key, priority)).await;
+    }
+    let summary = app.ticks_until(|s| s.grant_waits >= 3).await;
+    assert_eq!(
+        (summary.grant_waits, summary.claimed, summary.no_grant),
+        (3, 0, 0),
+        "{summary:?}"
+    );
+    assert_eq!(
+        pushes(&app, &user).await,
+        vec![waiting("high"), waiting("low"), waiting("normal")]
+    );
+    assert_eq!(listed(&app, &user).await, 3);
+    let outbox = app.items_of(&user, "outbox").await;
+    assert!(
+        outbox.iter().all(|o| !o.contains_key("due_pk")),
+        "off the due index: no expiry, no grant"
+    );
+    // Time passing sends nothing.
+    assert_eq!(app.tick(30).await.claimed, 0);
+
+    app.accept(&user, ORDER, "wr_first").await;
+    let summary = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((summary.sent, summary.claimed), (1, 1), "{summary:?}");
+    assert_eq!(
+        pushes(&app, &user).await,
+        vec![sent("high"), waiting("low"), waiting("normal")]
+    );
+    assert_eq!(listed(&app, &user).await, 2);
+
+    app.accept(&user, ORDER, "wr_second").await;
+    app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(
+        pushes(&app, &user).await,
+        vec![sent("high"), waiting("low"), sent("normal")]
+    );
+    assert_eq!(app.deliveries().await.len(), 2, "two sends for two grants");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A push claimed while a better one waits yields the grant there is: it waits too,
+/// and the better one is woken and sent (a grant reported while both were due).
+#[tokio::test]
+async fn a_push_yields_a_grant_to_a_better_one_waiting() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("bob").await;
+    app.notify(event(&user, "urgent", Some("high"))).await;
+    app.ticks_until(|s| s.grant_waits >= 1).await;
+    // A grant recorded without waking anything (straight through the store, as a
+    // wake cut short would leave it), then a low push comes due.
+    let report = onegrant::domain::GrantReport::from_json(
+        &json!({"request_id": "wr_quiet", "results": {ORDER: "accept"}}),
+        &app.deps.config.templates,
+    )
+    .expect("report");
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    Box::pin(
+        app.deps
+            .store
+            .record_grants(&openid, &report, chrono::Utc::now()),
+    )
+    .await
+    .expect("grant");
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": ORDER, "count": 1})),
+    )
+    .await;
+    app.notify(event(&user, "later", Some("low"))).await;
+    app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(
+        pushes(&app, &user).await,
+        vec![waiting("later"), sent("urgent")]
+    );
+    assert_eq!(listed(&app, &user).await, 1, "the low one waits");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A waiting push that reaches its `expires_at` ends `expired`, inbox-only; a waiting
+/// push cancelled ends `cancelled`. Neither spends a grant, and neither, left on the
+/// list, keeps the next grant from the push still waiting.
+#[tokio::test]
+async fn expired_and_cancelled_waiting_pushes_end_inbox_only_and_never_hold_a_grant_back() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("carol").await;
+    let mut soon = event(&user, "soon", Some("high"));
+    soon["expires_at"] = json!((chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339());
+    app.notify(soon).await;
+    app.notify(event(&user, "gone", Some("high"))).await;
+    app.notify(event(&user, "rest", Some("low"))).await;
+    app.ticks_until(|s| s.grant_waits >= 3).await;
+    let cancelled = app.cancel(&user, "gone").await;
+    assert!(cancelled.to_string().contains("cancel"), "{cancelled}");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    app.ticks_until(|s| s.expired >= 1).await;
+    let after = pushes(&app, &user).await;
+    assert_eq!(
+        after[2],
+        ("soon".to_string(), "expired".to_string(), None),
+        "{after:?}"
+    );
+    assert_eq!(after[0].1, "cancelled", "{after:?}");
+    assert_eq!(after[1], waiting("rest"));
+    assert!(app.deliveries().await.is_empty());
+
+    // The stale members are dropped as the grant wakes the one still waiting.
+    app.accept(&user, ORDER, "wr_one").await;
+    app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(pushes(&app, &user).await[1], sent("rest"));
+    assert_eq!(listed(&app, &user).await, 0, "every member gone");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A grant given back wakes the push waiting for one: the push it went to first fails
+/// for good (WeChat refuses its content, 47003: the grant is restored), and the next
+/// waiting push goes out with it — no report needed.
+#[tokio::test]
+async fn a_grant_given_back_by_a_failed_send_wakes_the_next_waiting_push() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("dan").await;
+    app.notify(event(&user, "second", None)).await;
+    app.notify(event(&user, "first", Some("high"))).await;
+    app.ticks_until(|s| s.grant_waits >= 2).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 47003, "times": 1})),
+    )
+    .await;
+    app.accept(&user, ORDER, "wr_only").await;
+    let summary = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((summary.failed, summary.sent), (1, 1), "{summary:?}");
+    let after = pushes(&app, &user).await;
+    assert_eq!(after[0].1, "failed", "{after:?}");
+    assert_eq!(after[1], sent("second"));
+    assert_eq!(listed(&app, &user).await, 0);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A check-in carrying an accept wakes a push of its template waiting for a grant.
+#[tokio::test]
+async fn a_check_in_carrying_an_accept_wakes_a_push_waiting_for_its_template() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("erin").await;
+    app.notify(
+        json!({"idempotency_key": "drink", "openid": user.openid, "type": "water", "title": "t",
+        "wechat": {"template_id": onegrant_tests::WATER,
+                   "data": {"thing1": "喝水", "time2": "2026-12-02 10:00", "number3": "1"}}}),
+    )
+    .await;
+    app.ticks_until(|s| s.grant_waits >= 1).await;
+    let checkin = json!({"action_id": "wc_1", "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "current_count": 1, "daily_goal": 8, "grant_request_id": "wr_tap", "subscription_status": "accept"});
+    let answer = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": onegrant_tests::WATER, "count": 1})),
+    )
+    .await;
+    let summary = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(summary.sent, 1, "{summary:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A full waiting list whose members' pushes no longer wait (left by pushes that
+/// ended long ago) is pruned in one read of them, and the new push waits in their
+/// place instead of being skipped.
+#[tokio::test]
+async fn a_full_waiting_list_of_pushes_that_no_longer_wait_is_pruned() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("fay").await;
+    let stale: Vec<String> = (0..onegrant::domain::dispatch::priority::MAX_WAITING)
+        .map(|i| format!("0:{:013}abcdefabcdef", 1_000_000 + i))
+        .collect();
+    app.table
+        .client
+        .update_item()
+        .table_name(&app.table.name)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("USER#{}", user.openid)),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{ORDER}")),
+        )
+        .update_expression("SET template_id = :t, kind = :k ADD waiting :w")
+        .expression_attribute_values(
+            ":t",
+            aws_sdk_dynamodb::types::AttributeValue::S(ORDER.into()),
+        )
+        .expression_attribute_values(
+            ":k",
+            aws_sdk_dynamodb::types::AttributeValue::S("quota".into()),
+        )
+        .expression_attribute_values(":w", aws_sdk_dynamodb::types::AttributeValue::Ss(stale))
+        .send()
+        .await
+        .expect("a full list");
+    app.notify(event(&user, "new", Some("low"))).await;
+    let summary = app.ticks_until(|s| s.grant_waits >= 1).await;
+    assert_eq!(
+        (summary.grant_waits, summary.no_grant),
+        (1, 0),
+        "{summary:?}"
+    );
+    assert_eq!(pushes(&app, &user).await, vec![waiting("new")]);
+    assert_eq!(listed(&app, &user).await, 1, "only the new push is listed");
+}
