@@ -188,6 +188,9 @@ async fn the_main_switch_off_through_a_check_in_pauses_every_template_until_it_i
     );
     // A check-in carrying an accept (whose setting was not read) does not lift it.
     let mut accept = check_in_body("wc_accept", Value::Null);
+    accept
+        .as_object_mut()
+        .map(|o| o.remove("subscriptions_setting"));
     accept["grant_request_id"] = json!("wr_unread_setting");
     accept["subscription_status"] = json!("accept");
     let answered = app.post(CHECKINS, Some(&user.token), &accept).await;
@@ -215,6 +218,12 @@ async fn bad_settings_are_refused_and_store_nothing() {
     let user = app.scheduled_user("carol", 1).await;
     let cases = [
         (json!("on"), 400, "invalid_body"),
+        (Value::Null, 400, "invalid_body"),
+        (
+            json!({"main_switch": false, "item_settings": null}),
+            400,
+            "invalid_body",
+        ),
         (json!({}), 400, "invalid_body"),
         (json!({"main_switch": 1}), 400, "invalid_body"),
         (
