@@ -238,3 +238,47 @@ async fn no_event_on_the_bus_may_publish_as_onegrant_itself() {
             != Some("event")
     }));
 }
+
+/// A push that spends the user's last grant while other pushes of its template wait
+/// for one sends the refill notice too (those messages are stopped); a push that
+/// spends it with nothing waiting sends none.
+#[tokio::test]
+async fn a_push_that_uses_up_the_grants_while_others_wait_sends_the_refill_notice() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("pia").await;
+    app.accept(&user, USED_UP, "wr_refill").await;
+    let water = |key: &str, priority: &str| {
+        json!({"idempotency_key": key, "openid": user.openid, "type": "water", "title": "t",
+               "priority": priority,
+               "wechat": {"template_id": WATER,
+                          "data": {"thing1": "喝水", "time2": "2026-12-02 10:00", "number3": "1"}}})
+    };
+    // Alone: it takes the last grant, nothing waits, no notice.
+    app.accept(&user, WATER, "wr_alone").await;
+    app.notify(water("alone", "normal")).await;
+    let alone = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((alone.sent, alone.refills), (1, 0), "{alone:?}");
+    // Two wait; one grant: the high one spends it while the other waits.
+    app.notify(water("later", "low")).await;
+    app.notify(water("first", "high")).await;
+    app.ticks_until(|s| s.grant_waits >= 2).await;
+    app.accept(&user, WATER, "wr_one").await;
+    let spent = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((spent.sent, spent.refills), (1, 1), "{spent:?}");
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
+    let told = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(
+        told.sent, 1,
+        "the notice goes out with the refill grant: {told:?}"
+    );
+    let deliveries = app.deliveries().await;
+    assert_eq!(
+        deliveries
+            .iter()
+            .filter(|d| d["template_id"] == USED_UP)
+            .count(),
+        1,
+        "{deliveries:?}"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}

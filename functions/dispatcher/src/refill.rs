@@ -21,10 +21,11 @@ pub(crate) enum Refill {
     NoRefillGrant,
 }
 
-/// The refill notice for a finalized send: only a reminder that went out with the
-/// user's last grant of its template, and only if the user neither refused the template
-/// nor turned the plan off since it was claimed (`Store::refill` checks), within
-/// `room`.
+/// The refill notice for a finalized send: only a send that went out with the user's
+/// last grant of its template while the template still has messages to send — a
+/// reminder (its plan is on), or a push while other pushes of the template wait for a
+/// grant — and only if the user neither refused the template nor turned the plan off
+/// since it was claimed (`Store::refill` checks), within `room`.
 pub(crate) async fn after_send(
     deps: &Deps,
     claim: &Claim,
@@ -32,7 +33,11 @@ pub(crate) async fn after_send(
     room: std::time::Duration,
 ) -> Refill {
     let spent = !finalized.superseded && finalized.settlement.grant == GrantState::Consumed;
-    if !spent || !claim.last_grant || !matches!(claim.source, ClaimSource::Plan { .. }) {
+    let more_to_send = match claim.source {
+        ClaimSource::Plan { .. } => true,
+        ClaimSource::Outbox(_) => claim.others_waiting,
+    };
+    if !spent || !claim.last_grant || !more_to_send {
         return Refill::Nothing;
     }
     let templates = &deps.config.templates;

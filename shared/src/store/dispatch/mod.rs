@@ -87,6 +87,9 @@ pub struct Claim {
     /// The claim took the user's last grant of the template (the only one available,
     /// none other in flight): sent, it used them up (`domain::inbox::refill`).
     pub last_grant: bool,
+    /// Other pushes of the template waited for a grant at the claim: a push that used
+    /// up the grants leaves messages waiting, which the refill notice tells of.
+    pub others_waiting: bool,
 }
 
 impl Claim {

@@ -357,6 +357,10 @@ impl Store {
                 .into_iter()
                 .filter(|(name, _)| *name != INFLIGHT)
                 .collect();
+            let others_waiting = open
+                .waiting
+                .iter()
+                .any(|m| Some(m.as_str()) != own.as_deref());
             // Listed as waiting: it leaves the list with its claim.
             if let Some(own) = own.filter(|own| open.waiting.contains(own)) {
                 grant.stale.push((WAITING, vec![own]));
@@ -400,6 +404,7 @@ impl Store {
                 grant_sk: grant.sk.clone(),
                 counted_on: grant.counted.as_ref().map(|c| c.day),
                 last_grant,
+                others_waiting,
             };
             match self.transact(writes).await? {
                 TxOutcome::Committed => {
