@@ -20,4 +20,4 @@ pub use support::invariants::{
 pub use support::logs::LogCapture;
 pub use support::round_trips::{ItemWrite, RoundTrips, item_size};
 pub use support::table::{TestTable, dynamodb, emulator_endpoint};
-pub use support::users::{User, early_in_a_minute, plan_state};
+pub use support::users::{User, assert_rate_limited, early_in_a_minute, plan_state};

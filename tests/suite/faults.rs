@@ -487,7 +487,7 @@ async fn a_tick_whose_every_third_transaction_loses_its_answer_sends_each_due_pl
 #[tokio::test]
 async fn paths_of_many_transactions_whose_every_other_answer_is_lost_end_as_without_it() {
     // read-all over 120 unread notes (49 per transaction) and a disable voiding 100
-    // grants (97 per transaction): every second transaction commits unseen, so the
+    // grants (96 per transaction): every second transaction commits unseen, so the
     // later steps of each path meet the fault too, not only the first.
     let overrides = [
         ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
@@ -550,13 +550,13 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     );
     let store = &app.deps.store;
     let first = store
-        .record_grants(&openid, &report, Utc::now())
+        .record_grants(&openid, &report, None, Utc::now())
         .await
         .expect("recorded");
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 3);
     assert_eq!(first.written, 1, "{first:?}");
     let again = store
-        .record_grants(&openid, &report, Utc::now())
+        .record_grants(&openid, &report, None, Utc::now())
         .await
         .expect("replayed");
     assert_eq!(again.written, 0, "{again:?}");

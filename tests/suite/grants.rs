@@ -246,7 +246,8 @@ async fn user_b_sees_none_of_user_as_grants_or_quotas() {
 }
 
 #[tokio::test]
-async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_template() {
+async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_per_reminder_template()
+ {
     let app = spawn_app().await;
     let token = app.login("alice").await;
     let order = report("wr_o", json!({ORDER: "accept", "errMsg": "ok"}));
@@ -257,8 +258,9 @@ async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_tem
     );
     assert_eq!(
         app.round_trips.take(),
-        vec!["TransactWriteItems", "Query"],
-        "first report"
+        vec!["BatchGetItem", "TransactWriteItems", "Query"],
+        "first report: its ledger items and the minute's counters read (none there), \
+         written, and the quotas answered"
     );
     assert_eq!(
         app.post("/v1/grants", Some(&token), &order).await.status,
@@ -266,23 +268,36 @@ async fn a_grant_report_costs_two_round_trips_and_one_more_read_per_reminder_tem
     );
     assert_eq!(
         app.round_trips.take(),
-        vec!["TransactWriteItems", "Query"],
-        "a replay is answered from the cancelled transaction's ALL_OLD items"
+        vec!["BatchGetItem", "Query"],
+        "a replay is answered from the ledger items read first: no transaction"
     );
-    // The water template backs a reminder kind: its plan is read first and moves in
-    // the report's own transaction (written only when the grant changes its state), so
-    // a replay reads it again and moves nothing.
+    // The water template backs a reminder kind: its plan is read too and moves in the
+    // report's own transaction (written only when the grant changes its state); a
+    // replay reads neither it nor anything else past the ledger.
     let water = report("wr_w", json!({WATER: "accept"}));
-    for _ in 0..2 {
-        assert_eq!(
-            app.post("/v1/grants", Some(&token), &water).await.status,
-            200
-        );
-        assert_eq!(
-            app.round_trips.take(),
-            vec!["BatchGetItem", "TransactWriteItems", "Query"]
-        );
-    }
+    assert_eq!(
+        app.post("/v1/grants", Some(&token), &water).await.status,
+        200
+    );
+    assert_eq!(
+        app.round_trips.take(),
+        vec![
+            "BatchGetItem",
+            "BatchGetItem",
+            "TransactWriteItems",
+            "Query"
+        ]
+    );
+    app.round_trips.take_writes();
+    assert_eq!(
+        app.post("/v1/grants", Some(&token), &water).await.status,
+        200
+    );
+    assert_eq!(app.round_trips.take(), vec!["BatchGetItem", "Query"]);
+    assert!(
+        app.round_trips.take_writes().is_empty(),
+        "a replay writes nothing"
+    );
     assert_eq!(app.get("/v1/grants", Some(&token)).await.status, 200);
     assert_eq!(
         app.round_trips.take(),
@@ -444,13 +459,13 @@ async fn a_report_with_no_template_writes_nothing_and_counts_no_report() {
     let recorded = app
         .deps
         .store
-        .record_grants(&openid, &report, now)
+        .record_grants(&openid, &report, None, now)
         .await
         .expect("recorded");
     assert_eq!((recorded.grants.len(), recorded.written), (0, 0));
     let minute = now.timestamp().div_euclid(60);
     assert!(
-        app.item(&alice, &onegrant::store::keys::report_rate_sk(minute))
+        app.item(&alice, &onegrant::store::keys::rate_sk(minute))
             .await
             .is_none(),
         "no report counted"

@@ -547,7 +547,8 @@ async fn first_match(app: &TestApp, user: &User, query: &str) -> (usize, Value, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded_number_of_items() {
-    let app = spawn_app().await;
+    // (Marking 499 read one by one is far past a user's CHANGES_PER_MINUTE.)
+    let app = spawn_app_with(&[("CHANGES_PER_MINUTE", "600")]).await;
     let user = app.user("alice").await;
     let mut first = event(&user, "oldest", false);
     first["type"] = json!("system");

@@ -9,7 +9,8 @@ use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::faults::Fault;
 use onegrant_tests::{
-    Answer, TestApp, User, WATER, attr_s, early_in_a_minute, spawn_app_with, spawn_faulty_app,
+    Answer, TestApp, User, WATER, assert_rate_limited, attr_s, early_in_a_minute, spawn_app_with,
+    spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
@@ -23,15 +24,7 @@ fn minute() -> i64 {
 /// `Retry-After` of at most a minute.
 fn admitted(answers: &[Answer], what: &str) -> usize {
     for a in answers.iter().filter(|a| a.status != 200) {
-        assert_eq!(a.status, 429, "{what}: {}", a.body);
-        assert_eq!(a.body["error"]["code"], "rate_limited", "{what}");
-        let retry: u64 = a
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .expect("Retry-After in seconds");
-        assert!((1..=60).contains(&retry), "{what}: Retry-After {retry}");
+        assert_rate_limited(a, what);
     }
     answers.iter().filter(|a| a.status == 200).count()
 }

@@ -33,3 +33,4 @@ mod standin;
 mod standing;
 mod sweep;
 mod taps;
+mod write_limits;

@@ -141,7 +141,7 @@ async fn a_push_yields_a_grant_to_a_better_one_waiting() {
     Box::pin(
         app.deps
             .store
-            .record_grants(&openid, &report, chrono::Utc::now()),
+            .record_grants(&openid, &report, None, chrono::Utc::now()),
     )
     .await
     .expect("grant");

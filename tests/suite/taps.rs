@@ -234,8 +234,15 @@ async fn pairing_costs_a_report_one_read_per_accepted_template_and_a_pair_one_tr
     report(&app, &user, "tap_next").await;
     assert_eq!(
         app.round_trips.take(),
-        vec!["BatchGetItem", "TransactWriteItems", "GetItem", "Query"],
-        "its plan read, the report, the pairing read, the answer's quotas"
+        vec![
+            "BatchGetItem",
+            "BatchGetItem",
+            "TransactWriteItems",
+            "GetItem",
+            "Query"
+        ],
+        "its admission read (ledger and the minute's counters), its plan read, the \
+         report, the pairing read, the answer's quotas"
     );
     popup(&app, &user, Duration::zero()).await;
     let ops = app.round_trips.take();

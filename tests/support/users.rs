@@ -8,6 +8,20 @@ use serde_json::{Value, json};
 use crate::support::app::{Answer, TestApp, WATER};
 use crate::support::invariants::attr_s;
 
+/// Checks that `answer` is a per-user limit's refusal: 429 `rate_limited` with a
+/// `Retry-After` of one to sixty seconds.
+pub fn assert_rate_limited(answer: &Answer, what: &str) {
+    assert_eq!(answer.status, 429, "{what}: {}", answer.body);
+    assert_eq!(answer.body["error"]["code"], "rate_limited", "{what}");
+    let retry: u64 = answer
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=60).contains(&retry), "{what}: Retry-After {retry}");
+}
+
 /// A user with a session, known to the stand-in.
 #[derive(Debug, Clone)]
 pub struct User {

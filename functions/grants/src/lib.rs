@@ -54,17 +54,22 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
     let now = Utc::now();
     let cause = format!("report {}", report.request_id);
+    // A new report past the minute's limit is refused here, before any write.
+    let admitted = deps.store.admit_report(&openid, &report, now).await?;
     // The standing choice first (the tap's answer came after the setting was read),
     // and only on the report's first application: a replay changes nothing.
     if let Some(setting) = &setting
-        && !deps.store.report_recorded(&openid, &report).await?
+        && !admitted.is_replay(&report)
     {
         attributed(cause.clone(), deps.store.stand(&openid, setting, now)).await?;
     }
     let recorded = attributed(cause.clone(), async {
         // The plans that use a reported template move with the report's first
         // application (a grant resumes them, a refusal pauses them); a replay moves none.
-        deps.store.record_grants(&openid, &report, now).await
+        // What the read found recorded is answered as such, not written again.
+        deps.store
+            .record_grants(&openid, &report, Some(&admitted), now)
+            .await
     })
     .await?;
     // New grants only: a replay wrote nothing.

@@ -15,6 +15,10 @@ pub struct Limits {
     /// Most new check-ins one user makes of one reminder kind in a minute (a replay is
     /// never counted): enough for a day's offline queue to drain in one minute.
     pub checkins_per_minute: u32,
+    /// Most changes one user makes in a minute through the other write routes (plan
+    /// settings, preferences, marking notifications read): a request that changes
+    /// nothing is not counted, and writes nothing.
+    pub changes_per_minute: u32,
     /// Whether WeChat's message push is configured: reported grants are paired with
     /// popup events (the store's tap marks) and settled sends look for sent
     /// events kept pending for them.
@@ -74,6 +78,7 @@ impl Default for Limits {
             max_open_grants: 100,
             reports_per_minute: 30,
             checkins_per_minute: 60,
+            changes_per_minute: 60,
             push_events: false,
             // The last attempt may start just before the budget ends and take one SDK
             // call (its attempts and backoff): 4 s leaves that room inside 10 s.

@@ -23,6 +23,7 @@
 //! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000); with the last SDK call (5 s at most) it stays inside the API functions' 10 s | 4000 |
 //! | `NOTIFY_SOURCES` | comma-separated EventBridge `source`s `notify` accepts (the stack sets its `NotifyPublishers`' sources); unset: any | any |
 //! | `CHECKINS_PER_MINUTE` | most new check-ins of one reminder kind per user and minute (1–600); past it 429 | 60 |
+//! | `CHANGES_PER_MINUTE` | most changes one user makes in a minute through the other write routes — plan settings, preferences, marking notifications read (a read-all call counts once) — (1–600); past it 429 with `Retry-After`, checked on the read before any write; a request that changes nothing neither counts nor writes | 60 |
 //! | `PUSHES_PER_DAY` | most messages of one template one user is sent in one of their days (the zone of their quiet hours, else Asia/Shanghai), reminders and pushes alike (0–1000; 0: no cap); past it a push waits for the next day (inbox-only, `capped`, if it expires first) and a reminder is due again on the next day's first waking moment, no grant spent | 0 |
 //! | `HANDLER_BUDGET_MS` | how long an HTTP handler works before answering 503 with `Retry-After` (1000–900000): under the function's timeout (10 s in `template.yaml`) | 9000 |
 //! | `AUDIT_TRAIL` | `true`: every change of a grant, delivery or plan also writes a history entry in its transaction (docs/operations.md, "Audit trail"); `false` saves those writes | `true` |

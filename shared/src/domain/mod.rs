@@ -10,6 +10,7 @@ pub mod grants;
 pub mod ids;
 pub mod inbox;
 pub mod keywords;
+pub mod rate;
 pub mod reconcile;
 pub mod reminders;
 pub mod template;

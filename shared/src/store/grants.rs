@@ -23,12 +23,14 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::consent::standing::Standing;
+use crate::domain::grants::GrantEntry;
 use crate::domain::grants::report::{
     AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
 };
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::quota_update_item;
+use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::rfc3339;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
 use crate::store::tx::{TxOutcome, condition_failed};
@@ -46,6 +48,32 @@ struct QuotaItem {
     /// Pushes waiting for a grant of the template (a string set).
     #[serde(default)]
     waiting: Vec<String>,
+}
+
+/// The error a refused report answers.
+fn refused_error(refused: ReportRefused, report: &GrantReport, retry_after: u64) -> StoreError {
+    match refused {
+        ReportRefused::Conflict { template, recorded } => StoreError::IdempotencyConflict(format!(
+            "request_id {} already recorded {} for template {template}",
+            report.request_id,
+            recorded.as_str()
+        )),
+        ReportRefused::Rate => StoreError::Limited(Limit::Rate { retry_after }),
+        ReportRefused::OpenGrantCap => StoreError::Limited(Limit::OpenGrants),
+    }
+}
+
+/// What of a report is recorded already, as [`Store::admit_report`] read it.
+#[derive(Debug, Clone, Default)]
+pub struct Admitted {
+    recorded: Vec<GrantEntry>,
+}
+
+impl Admitted {
+    /// Every template of `report` is recorded: a replay.
+    pub fn is_replay(&self, report: &GrantReport) -> bool {
+        self.recorded.len() == report.results.len()
+    }
 }
 
 /// A user's stored quotas: counters and standing choices, by template.
@@ -67,14 +95,30 @@ enum Part {
 
 impl Store {
     /// Records a grant report for `openid` (see the module docs for the protocol).
+    /// `admitted`: what [`Store::admit_report`] found recorded, answered as such and
+    /// not written again (None: nothing was read; the transaction finds replays).
     pub async fn record_grants(
         &self,
         openid: &OpenId,
         report: &GrantReport,
+        admitted: Option<&Admitted>,
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
-        let progress = ReportProgress::new(report);
+        let mut progress = ReportProgress::new(report);
+        if let Some(admitted) = admitted {
+            let replays = admitted
+                .recorded
+                .iter()
+                .map(|entry| ReportFailure::Recorded {
+                    entry: entry.clone(),
+                    by_this_call: false,
+                })
+                .collect();
+            progress
+                .cancelled(replays)
+                .map_err(|refused| refused_error(refused, report, 60))?;
+        }
         if progress.is_done() {
             // Nothing to record: no transaction, so no report counted either.
             return Ok(progress.recorded());
@@ -177,17 +221,7 @@ impl Store {
                 }
                 let after = lock()?
                     .cancelled(failures)
-                    .map_err(|refused| match refused {
-                        ReportRefused::Conflict { template, recorded } => {
-                            StoreError::IdempotencyConflict(format!(
-                                "request_id {} already recorded {} for template {template}",
-                                report.request_id,
-                                recorded.as_str()
-                            ))
-                        }
-                        ReportRefused::Rate => StoreError::Limited(Limit::Rate { retry_after }),
-                        ReportRefused::OpenGrantCap => StoreError::Limited(Limit::OpenGrants),
-                    })?;
+                    .map_err(|refused| refused_error(refused, report, retry_after))?;
                 match after {
                     AfterCancel::Continue if lock()?.is_done() => return Ok(Attempt::Done(())),
                     AfterCancel::Continue => continue,
@@ -209,21 +243,43 @@ impl Store {
         Ok(progress.recorded())
     }
 
-    /// Whether every template of `report` is recorded already: the report is a replay
-    /// (one strongly consistent read of its ledger items). A standing choice it
-    /// carries is applied only when it is not ([`Store::stand`]).
-    pub async fn report_recorded(
+    /// Reads what of `report` is recorded already, with the user's counters of the
+    /// minute, in one strongly consistent round trip; a report not wholly recorded is
+    /// refused here, before anything is written, once the minute's
+    /// `REPORTS_PER_MINUTE` are used up (a replay never is). [`Store::record_grants`]
+    /// then writes only what is not recorded: a replay writes nothing. A standing
+    /// choice the report carries is applied only when it is not a replay
+    /// ([`Store::stand`]).
+    pub async fn admit_report(
         &self,
         openid: &OpenId,
         report: &GrantReport,
-    ) -> Result<bool, StoreError> {
-        let sks: Vec<String> = report
+        now: DateTime<Utc>,
+    ) -> Result<Admitted, StoreError> {
+        let mut sks: Vec<String> = report
             .results
             .keys()
             .map(|t| grant_sk(t, &report.request_id))
             .collect();
-        let found = self.read_items(&user_pk(openid), &sks).await?;
-        Ok(sks.iter().all(|sk| found.contains_key(sk)))
+        let rate = rate_key(now);
+        sks.push(rate.clone());
+        let mut found = self.read_items(&user_pk(openid), &sks).await?;
+        let admitted = Admitted {
+            recorded: sks
+                .iter()
+                .filter(|sk| **sk != rate)
+                .filter_map(|sk| found.remove(sk))
+                .map(|item| {
+                    serde_dynamo::from_item::<_, GrantItem>(item)
+                        .map(|g| g.entry())
+                        .map_err(|e| corrupt("grant", e))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        if !admitted.is_replay(report) {
+            self.rate_admits(Counter::Reports, found.get(&rate), now)?;
+        }
+        Ok(admitted)
     }
 
     /// The stored quota counters and standing choices of `openid`, by template (one

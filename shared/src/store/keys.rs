@@ -90,9 +90,10 @@ pub fn plan_sk(kind: &KindName) -> String {
     format!("{PLAN_PREFIX}{kind}")
 }
 
-/// The counter of a user's grant reports in one minute (`minute`: epoch minutes).
-pub fn report_rate_sk(minute: i64) -> String {
-    format!("RATE#reports#{minute}")
+/// The counters of a user's writes in one minute (`minute`: epoch minutes): grant
+/// reports (`reports`) and other changes (`changes`).
+pub fn rate_sk(minute: i64) -> String {
+    format!("RATE#{minute}")
 }
 
 /// A check-in's action record (the idempotency record of `action_id`).

@@ -15,9 +15,9 @@ use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Store, StoreError, classify_sdk_error, corrupt};
 
-/// Most grants one transaction invalidates (100 items per transaction, less the plan,
-/// the counters and the history entry).
-const INVALIDATE_CHUNK: usize = 97;
+/// Most grants one transaction invalidates (100 items per transaction, less the plan
+/// and its count of the minute, the counters and the history entry).
+const INVALIDATE_CHUNK: usize = 96;
 
 /// The most grants one repair transaction checks: with the quota item's update, a
 /// transaction's 100 items.
@@ -53,15 +53,15 @@ impl Store {
 
     /// Invalidates every available or reserved grant of the kind's template, in
     /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
-    /// `first` (the plan). With `reported_before`, only grants recorded before that
-    /// instant: WeChat's 43101 answered a send claimed then, and says nothing of a
+    /// `first` (the plan, and its count of the minute: at most two items). With
+    /// `reported_before`, only grants recorded before that instant: WeChat's 43101 answered a send claimed then, and says nothing of a
     /// grant the user gave while it was in flight. Returns false if anything changed
     /// underneath (retry).
     pub(crate) async fn invalidate_grants(
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
-        first: Option<TransactWriteItem>,
+        first: Vec<TransactWriteItem>,
         include_reserved: bool,
         reported_before: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
@@ -131,9 +131,11 @@ impl Store {
             let mut items = Vec::with_capacity(chunk.len() + 2);
             // Which grant (and the state it was listed in) each item moves.
             let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
-            if let Some(plan) = first.take() {
-                items.push(plan);
-                moves.push(None);
+            if !first.is_empty() {
+                for item in std::mem::take(&mut first) {
+                    items.push(item);
+                    moves.push(None);
+                }
             } else if chunk.is_empty() && !stamp {
                 break;
             }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use chrono::{DateTime, Utc};
 
 use crate::domain::QuotaCounters;
 use crate::domain::inbox::preferences::Preferences;
@@ -12,7 +13,8 @@ use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
-use crate::store::items::{key, parse};
+use crate::store::items::rate::rate_key;
+use crate::store::items::{Item, key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
 use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error};
 
@@ -25,6 +27,9 @@ pub(crate) struct Read {
     pub(crate) ledger: Option<GrantItem>,
     /// The user's preferences, when asked for ([`Store::read_with_preferences`]).
     pub(crate) preferences: Option<Preferences>,
+    /// The user's write counters of the minute, when asked for
+    /// ([`Store::read_counted`]); None too when none were made this minute.
+    pub(crate) rate: Option<Item>,
 }
 
 impl Store {
@@ -84,7 +89,18 @@ impl Store {
         kind: &ReminderKind,
         action: Option<&CheckIn>,
     ) -> Result<Read, StoreError> {
-        self.read_keys(pk, kind, action, false).await
+        self.read_keys(pk, kind, action, false, None).await
+    }
+
+    /// [`Store::read`] with the user's write counters of `now`'s minute too, in the
+    /// same round trip (a write that counts against `CHANGES_PER_MINUTE`).
+    pub(crate) async fn read_counted(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        now: DateTime<Utc>,
+    ) -> Result<Read, StoreError> {
+        self.read_keys(pk, kind, None, false, Some(now)).await
     }
 
     /// [`Store::read`] with the user's preferences too, in the same round trip (a
@@ -94,7 +110,7 @@ impl Store {
         pk: &str,
         kind: &ReminderKind,
     ) -> Result<Read, StoreError> {
-        self.read_keys(pk, kind, None, true).await
+        self.read_keys(pk, kind, None, true, None).await
     }
 
     async fn read_keys(
@@ -103,6 +119,7 @@ impl Store {
         kind: &ReminderKind,
         action: Option<&CheckIn>,
         preferences: bool,
+        rate_at: Option<DateTime<Utc>>,
     ) -> Result<Read, StoreError> {
         let plan_key = plan_sk(&kind.name);
         let quota_key = quota_sk(&kind.template_id);
@@ -116,6 +133,8 @@ impl Store {
             .map(|(rid, _)| grant_sk(&kind.template_id, rid));
         sks.extend(action_key.iter().cloned());
         sks.extend(ledger_key.iter().cloned());
+        let rate_key = rate_at.map(rate_key);
+        sks.extend(rate_key.iter().cloned());
         let mut items = self.read_items(pk, &sks).await?;
         let (counters, open) = match items.remove(&quota_key) {
             Some(item) => (
@@ -130,6 +149,7 @@ impl Store {
             None
         };
         Ok(Read {
+            rate: rate_key.and_then(|k| items.remove(&k)),
             preferences,
             open,
             plan: items

@@ -19,12 +19,16 @@ pub struct SettingsDecision {
     pub checks_grant: bool,
     /// The template's counters once the write lands.
     pub counters: QuotaCounters,
+    /// Whether the save changes anything: one that does not writes nothing (no plan,
+    /// no audit entry) and is not counted against the user's `CHANGES_PER_MINUTE`.
+    pub changes: bool,
 }
 
 /// Applies `update` to the plan as stored (a new one if none) with the template's
 /// `counters` as read. Turning it on schedules it by the next-due rule from the last
 /// check-in (or now) if a grant is available, else it waits for one — never lifting a
-/// refusal; turning it off voids the grants.
+/// refusal; saving the settings a scheduled plan has keeps its time (only a change
+/// re-times it); turning it off voids the grants.
 pub fn decide(
     stored: Option<Plan>,
     kind: &ReminderKind,
@@ -32,25 +36,33 @@ pub fn decide(
     update: &SettingsUpdate,
     now: DateTime<Utc>,
 ) -> Result<SettingsDecision, IllegalTransition> {
-    let mut plan = stored.unwrap_or_else(|| Plan::new(kind));
+    let before = stored.unwrap_or_else(|| Plan::new(kind));
+    let mut plan = before.clone();
+    let same_settings = plan.settings == update.settings;
     plan.settings = update.settings;
     if update.enabled {
         let anchor = plan.last_checkin_at.unwrap_or(now);
-        let due = plan.next_due(anchor, plan.settings.daily_goal, now);
+        let due = match plan.status {
+            PlanStatus::Scheduled { due } if same_settings => due,
+            _ => plan.next_due(anchor, plan.settings.daily_goal, now),
+        };
         plan.enable(counters.available > 0, due)?;
         Ok(SettingsDecision {
             checks_grant: matches!(plan.status, PlanStatus::Scheduled { .. }),
+            changes: plan != before,
             plan,
             voids_grants: false,
             counters,
         })
     } else {
         plan.disable()?;
+        let after = counters.all_voided();
         Ok(SettingsDecision {
+            changes: plan != before || after != counters,
             plan,
             voids_grants: true,
             checks_grant: false,
-            counters: counters.all_voided(),
+            counters: after,
         })
     }
 }
@@ -119,5 +131,76 @@ mod tests {
             (0, 0, 3, 1)
         );
         assert!(c.conserved());
+    }
+
+    #[test]
+    fn a_save_that_changes_nothing_is_told_apart() {
+        let now = at("2026-12-01T10:00:00Z");
+        let later = at("2026-12-01T10:07:00Z");
+        let on = decide(None, &test_kind(), counters(1, 0), &update(true), now).expect("turns on");
+        assert!(on.changes);
+        let plan = on.plan.written();
+        // The same settings again, minutes later: the schedule keeps its time.
+        let again = decide(
+            Some(plan.clone()),
+            &test_kind(),
+            counters(1, 0),
+            &update(true),
+            later,
+        )
+        .expect("saves again");
+        assert!(!again.changes, "{again:?}");
+        assert_eq!(again.plan, plan);
+        // Other settings re-time it.
+        let mut other = update(true);
+        other.settings.daily_goal += 1;
+        let changed = decide(
+            Some(plan.clone()),
+            &test_kind(),
+            counters(1, 0),
+            &other,
+            later,
+        )
+        .expect("saves other settings");
+        assert!(changed.changes);
+        // Off twice: the second voids nothing and changes nothing — unless grants came
+        // meanwhile.
+        let off = decide(
+            Some(plan),
+            &test_kind(),
+            counters(1, 0),
+            &update(false),
+            later,
+        )
+        .expect("turns off");
+        assert!(off.changes);
+        let off = off.plan.written();
+        let none = QuotaCounters {
+            invalid: 1,
+            accepted: 1,
+            ..QuotaCounters::default()
+        };
+        let twice = decide(Some(off.clone()), &test_kind(), none, &update(false), later)
+            .expect("turns off again");
+        assert!(!twice.changes, "{twice:?}");
+        let granted = decide(
+            Some(off),
+            &test_kind(),
+            counters(1, 0),
+            &update(false),
+            later,
+        )
+        .expect("turns off again");
+        assert!(granted.changes);
+        // Never stored, turned off, no grants: nothing to write either.
+        let fresh = decide(
+            None,
+            &test_kind(),
+            QuotaCounters::default(),
+            &update(false),
+            now,
+        )
+        .expect("a new plan stays off");
+        assert!(!fresh.changes);
     }
 }

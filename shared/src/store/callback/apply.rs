@@ -229,7 +229,7 @@ impl Store {
                 // Reserved ones too, as a disable does: a send in flight then spends
                 // it if WeChat took the message, and can never give it back.
                 if self
-                    .invalidate_grants(pk, template, None, true, Some(recorded_before), now)
+                    .invalidate_grants(pk, template, Vec::new(), true, Some(recorded_before), now)
                     .await?
                 {
                     Attempt::Done(())

@@ -29,7 +29,7 @@ impl Store {
             self.limits.write_budget,
             || async move {
                 let done = self
-                    .invalidate_grants(pk, template, None, false, Some(claimed_at), now)
+                    .invalidate_grants(pk, template, Vec::new(), false, Some(claimed_at), now)
                     .await?;
                 Ok(if done {
                     Attempt::Done(())

@@ -1,7 +1,8 @@
 //! Reading and saving the user's preferences (`GET`/`PUT /v1/preferences`). A save
 //! that changes nothing writes nothing; a change is one conditional write on the
 //! version read, so two saves at once never lose one silently (the later one is
-//! applied on top of a fresh read).
+//! applied on top of a fresh read). A change counts against the user's
+//! `CHANGES_PER_MINUTE`, checked on the read before any write.
 
 use chrono::{DateTime, Utc};
 
@@ -9,6 +10,7 @@ use crate::domain::OpenId;
 use crate::domain::inbox::preferences::Preferences;
 use crate::store::items::outbox::versioned_put;
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
+use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{rfc3339, to_item};
 use crate::store::keys::user_pk;
 use crate::store::tx::TxOutcome;
@@ -30,10 +32,16 @@ impl Store {
     ) -> Result<Preferences, StoreError> {
         let pk = &user_pk(openid);
         retry_contended("preferences", self.limits.write_budget, || async move {
-            let (current, version) = PreferencesItem::of(self.get(pk, PREFS_SK).await?)?;
+            let rate = rate_key(now);
+            let mut read = self
+                .read_items(pk, &[PREFS_SK.to_string(), rate.clone()])
+                .await?;
+            let (current, version) = PreferencesItem::of(read.remove(PREFS_SK))?;
             if current == *wanted {
                 return Ok(Attempt::Done(current));
             }
+            // Past the minute's changes: refused on the read, before any write.
+            self.rate_admits(Counter::Changes, read.get(&rate), now)?;
             let item = PreferencesItem {
                 pk: pk.clone(),
                 sk: PREFS_SK.into(),
@@ -48,7 +56,9 @@ impl Store {
             } else {
                 versioned_put(&self.table, item, version)?
             };
-            Ok(match self.transact(vec![write]).await? {
+            // (Refused by the count's condition alone, the next read refuses.)
+            let count = self.rate_count(Counter::Changes, pk, now)?;
+            Ok(match self.transact(vec![write, count]).await? {
                 TxOutcome::Committed => Attempt::Done(wanted.clone()),
                 TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
             })

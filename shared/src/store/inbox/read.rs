@@ -13,13 +13,15 @@ use chrono::{DateTime, Utc};
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::store::inbox::NoteItem;
+use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 
 /// Most notifications one read-all step flips: two items each (the note and its
-/// marker) plus the counter, within a transaction's 100.
+/// marker) plus the unread counter and the first step's count of the minute, within
+/// a transaction's 100.
 const READ_ALL_STEP: usize = 49;
 /// Most steps one read-all call takes (≈ 1,000 notifications); past them the answer
 /// says more are left and the next call goes on.
@@ -36,7 +38,9 @@ pub struct ReadAll {
 
 impl Store {
     /// Marks one notification read (idempotent). `None` if the caller has no such
-    /// notification.
+    /// notification. The note is read first (with the user's counters of the
+    /// minute): one that is not there, or is read already, costs that read and no
+    /// write; one that is unread is flipped, counted against `CHANGES_PER_MINUTE`.
     pub async fn mark_read(
         &self,
         openid: &OpenId,
@@ -45,34 +49,39 @@ impl Store {
     ) -> Result<Option<NotificationView>, StoreError> {
         let pk = &user_pk(openid);
         retry_contended("mark read", self.limits.write_budget, || async move {
-            let flip = self.flip(pk, id, now, true)?;
-            let items = vec![flip, self.unmark(pk, id)?, self.unread_change(pk, -1)?];
+            let (note, rate) = (note_sk(id), rate_key(now));
+            let mut read = self.read_items(pk, &[note.clone(), rate.clone()]).await?;
+            let Some(stored) = read.remove(&note) else {
+                return Ok(Attempt::Done(None));
+            };
+            let stored = parse::<NoteItem>("note", stored)?;
+            if stored.read {
+                return Ok(Attempt::Done(Some(stored.view())));
+            }
+            // Past the minute's changes: refused on the read, before any write.
+            self.rate_admits(Counter::Changes, read.get(&rate), now)?;
+            let items = vec![
+                self.flip(pk, id, now, true)?,
+                self.unmark(pk, id)?,
+                self.unread_change(pk, -1)?,
+                self.rate_count(Counter::Changes, pk, now)?,
+            ];
             match self.transact(items).await? {
                 TxOutcome::Committed => {
-                    let got = self
-                        .client
-                        .get_item()
-                        .table_name(&self.table)
-                        .set_key(Some(key(pk, &note_sk(id))))
-                        .consistent_read(true)
-                        .send()
-                        .await
-                        .map_err(|e| classify_sdk_error(e, |_| false))?;
-                    return got
-                        .item
-                        .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
-                        .transpose()
-                        .map(Attempt::Done);
+                    let mut view = stored.view();
+                    view.read = true;
+                    return Ok(Attempt::Done(Some(view)));
                 }
                 TxOutcome::Cancelled(reasons) => match reasons.first() {
                     Some((code, old)) if is_condition_failed(code) => {
-                        // Absent: not the caller's. Present: already read.
+                        // Read (or removed) since this call's read.
                         return old
                             .clone()
                             .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
                             .transpose()
                             .map(Attempt::Done);
                     }
+                    // The count's condition alone: the next read refuses.
                     _ => {}
                 },
                 TxOutcome::Contended => {}
@@ -83,7 +92,8 @@ impl Store {
     }
 
     /// Marks unread notifications read, newest first, [`READ_ALL_STEP`] per
-    /// transaction and at most [`READ_ALL_STEPS`] steps per call. Each step reads only
+    /// transaction and at most [`READ_ALL_STEPS`] steps per call; a call that flips
+    /// any counts once against `CHANGES_PER_MINUTE`. Each step reads only
     /// unread markers; a step that loses a race to a concurrent read looks again.
     pub async fn read_all(
         &self,
@@ -92,13 +102,22 @@ impl Store {
     ) -> Result<ReadAll, StoreError> {
         let pk = &user_pk(openid);
         let mut updated = 0u64;
-        for _ in 0..READ_ALL_STEPS {
+        for step in 0..READ_ALL_STEPS {
             let flipped = retry_contended("read all", self.limits.write_budget, || async move {
                 let ids = self.unread_ids(pk, READ_ALL_STEP).await?;
                 if ids.is_empty() {
                     return Ok(Attempt::Done(0));
                 }
-                let mut items = Vec::with_capacity(ids.len() * 2 + 1);
+                let mut items = Vec::with_capacity(ids.len() * 2 + 2);
+                if step == 0 {
+                    // The call counts once against the minute's changes, with its
+                    // first step, and is refused before it when they are used up.
+                    let rate = rate_key(now);
+                    let read = self.read_items(pk, std::slice::from_ref(&rate)).await?;
+                    self.rate_admits(Counter::Changes, read.get(&rate), now)?;
+                    items.push(self.rate_count(Counter::Changes, pk, now)?);
+                }
+                let counted = items.len();
                 for id in &ids {
                     items.push(self.flip(pk, id, now, true)?);
                     items.push(self.unmark(pk, id)?);
@@ -113,7 +132,7 @@ impl Store {
                         // read or unreadable would fail every step: take it out, with
                         // its count.
                         for (i, id) in ids.iter().enumerate() {
-                            if let Some((code, old)) = reasons.get(2 * i)
+                            if let Some((code, old)) = reasons.get(counted + 2 * i)
                                 && is_condition_failed(code)
                                 && old.as_ref().is_none_or(|n| {
                                     n.get("read").and_then(|v| v.as_bool().ok()) != Some(&false)

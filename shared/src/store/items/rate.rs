@@ -1,41 +1,105 @@
-//! The user's report counter of the minute (`RATE#<minute>`): `REPORTS_PER_MINUTE`
-//! bounds the grant reports — and the standing choices that change something — a
-//! client can make onegrant store.
+//! The user's write counters of the minute (`RATE#<minute>`): `reports` bounds the
+//! grant reports — and the standing choices that change something — a client can make
+//! onegrant store (`REPORTS_PER_MINUTE`); `changes` bounds the other writes a user
+//! makes (`CHANGES_PER_MINUTE`: plan settings, preferences, marking notifications
+//! read).
+//!
+//! Each is checked twice: on the counter as read with the request's other items,
+//! before any write, so a refused request costs that read and nothing else; and by
+//! the counter's own `ADD 1`, conditional on being under the limit, in the request's
+//! transaction, so only requests that land count and two racing for the last place
+//! cannot both take it (the loser reads again and is refused then).
 
-use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use crate::store::items::{key, n, s};
-use crate::store::keys::report_rate_sk;
-use crate::store::{Store, StoreError};
+use crate::domain::rate::{admit, minute_of, retry_after};
+use crate::store::items::{Item, key, n, s};
+use crate::store::keys::rate_sk;
+use crate::store::{Limit, Store, StoreError};
+
+/// Which of the minute's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counter {
+    Reports,
+    Changes,
+}
+
+impl Counter {
+    fn attribute(self) -> &'static str {
+        match self {
+            Self::Reports => "reports",
+            Self::Changes => "changes",
+        }
+    }
+}
+
+/// The key of the counters of `now`'s minute, to read with a request's other items.
+pub(crate) fn rate_key(now: DateTime<Utc>) -> String {
+    rate_sk(minute_of(now))
+}
 
 impl Store {
-    /// `ADD 1` on the user's report counter of this minute, conditional on it being
-    /// under the limit (part of the report's transaction, so only reports that land
-    /// count), and the seconds until the next minute.
+    fn rate_max(&self, counter: Counter) -> u32 {
+        match counter {
+            Counter::Reports => self.limits.reports_per_minute,
+            Counter::Changes => self.limits.changes_per_minute,
+        }
+    }
+
+    /// Whether one more write counted by `counter` is admitted, by the minute's
+    /// counters as read (`item`: absent when none were made this minute).
+    pub(crate) fn rate_admits(
+        &self,
+        counter: Counter,
+        item: Option<&Item>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let count = item
+            .and_then(|i| i.get(counter.attribute()))
+            .and_then(|v| match v {
+                AttributeValue::N(n) => n.parse::<u64>().ok(),
+                _ => None,
+            })
+            .unwrap_or(0);
+        admit(count, self.rate_max(counter), now)
+            .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))
+    }
+
+    /// `ADD 1` on the user's `counter` of this minute, conditional on it being under
+    /// the limit (part of the write's transaction, so only writes that land count).
+    pub(crate) fn rate_count(
+        &self,
+        counter: Counter,
+        pk: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let minute = minute_of(now);
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, &rate_sk(minute))))
+            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
+            .condition_expression("attribute_not_exists(#n) OR #n < :max")
+            .expression_attribute_names("#n", counter.attribute())
+            .expression_attribute_values(":kind", s("rate"))
+            .expression_attribute_values(":expires", n((minute + 2) * 60))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":max", n(self.rate_max(counter)))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// [`Store::rate_count`] of a grant report, with the seconds until the next
+    /// minute (the `Retry-After` should its condition fail).
     pub(crate) fn report_rate(
         &self,
         pk: &str,
         now: DateTime<Utc>,
     ) -> Result<(TransactWriteItem, u64), StoreError> {
-        let minute = now.timestamp().div_euclid(60);
-        let next = (minute + 1) * 60;
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &report_rate_sk(minute))))
-            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
-            .condition_expression("attribute_not_exists(#n) OR #n < :max")
-            .expression_attribute_names("#n", "reports")
-            .expression_attribute_values(":kind", s("rate"))
-            .expression_attribute_values(":expires", n(next + 60))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":max", n(self.limits.reports_per_minute))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let retry_after = u64::try_from(next - now.timestamp()).unwrap_or(60).max(1);
         Ok((
-            TransactWriteItem::builder().update(update).build(),
-            retry_after,
+            self.rate_count(Counter::Reports, pk, now)?,
+            retry_after(now),
         ))
     }
 }

@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::reminders::{ReminderKind, SettingsUpdate, settings};
+use crate::store::items::rate::Counter;
 use crate::store::keys::user_pk;
 use crate::store::reminders::PlanSnapshot;
 use crate::store::tx::TxOutcome;
@@ -21,19 +22,31 @@ impl Store {
     ) -> Result<PlanSnapshot, StoreError> {
         let pk = &user_pk(openid);
         retry_contended("plan settings", self.limits.write_budget, || async move {
-            let read = self.read(pk, kind, None).await?;
+            let read = self.read_counted(pk, kind, now).await?;
             let stored = match read.plan {
                 Some(item) => Some(item.into_plan(kind)?),
                 None => None,
             };
             let decision = settings::decide(stored, kind, read.counters, update, now)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if !decision.changes {
+                // Nothing to write: not even the audit trail's entry, nor a count.
+                return Ok(Attempt::Done(PlanSnapshot {
+                    plan: decision.plan,
+                    counters: decision.counters,
+                }));
+            }
+            // Past the minute's changes: refused on the read, before any write.
+            self.rate_admits(Counter::Changes, read.rate.as_ref(), now)?;
             let put = self.plan_put(&decision.plan, pk, now)?;
+            let rate = self.rate_count(Counter::Changes, pk, now)?;
+            // (A transaction refused by the counter's condition alone is retried: the
+            // next read finds the minute used up and refuses.)
             let committed = if decision.voids_grants {
-                self.invalidate_grants(pk, &kind.template_id, Some(put), true, None, now)
+                self.invalidate_grants(pk, &kind.template_id, vec![put, rate], true, None, now)
                     .await?
             } else {
-                let mut items = vec![put];
+                let mut items = vec![put, rate];
                 if decision.checks_grant {
                     items.push(self.grant_check(pk, kind)?);
                 }

@@ -1,0 +1,55 @@
+//! Per-user limits counted by the minute (`REPORTS_PER_MINUTE`, `CHANGES_PER_MINUTE`):
+//! whether one more write is admitted, decided on the count as read, so a refused
+//! request writes nothing. (The write itself is conditional on the count too, so two
+//! racing requests cannot both take the last place.)
+
+use chrono::{DateTime, Utc};
+
+/// The minute `now` falls in, in minutes since the epoch.
+pub fn minute_of(now: DateTime<Utc>) -> i64 {
+    now.timestamp().div_euclid(60)
+}
+
+/// Seconds from `now` until the next minute begins (at least 1): a refused request's
+/// `Retry-After`.
+pub fn retry_after(now: DateTime<Utc>) -> u64 {
+    let next = (minute_of(now) + 1) * 60;
+    u64::try_from(next - now.timestamp()).unwrap_or(60).max(1)
+}
+
+/// One more write, when `count` were made in `now`'s minute and `max` may be:
+/// `Err` with the seconds until the next minute once they are used up.
+pub fn admit(count: u64, max: u32, now: DateTime<Utc>) -> Result<(), u64> {
+    if count < u64::from(max) {
+        Ok(())
+    } else {
+        Err(retry_after(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(rfc3339: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(rfc3339)
+            .expect("valid instant")
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn admits_until_the_minutes_count_is_used_up() {
+        let now = at("2026-12-02T10:00:15Z");
+        assert_eq!(admit(0, 3, now), Ok(()));
+        assert_eq!(admit(2, 3, now), Ok(()));
+        assert_eq!(admit(3, 3, now), Err(45));
+        assert_eq!(admit(9, 3, now), Err(45));
+    }
+
+    #[test]
+    fn retry_after_is_the_rest_of_the_minute_and_never_zero() {
+        assert_eq!(retry_after(at("2026-12-02T10:00:00Z")), 60);
+        assert_eq!(retry_after(at("2026-12-02T10:00:59Z")), 1);
+        assert_eq!(minute_of(at("1970-01-01T00:01:00Z")), 1);
+    }
+}
