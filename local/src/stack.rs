@@ -41,8 +41,9 @@ pub fn local_config(overrides: &HashMap<&str, String>) -> anyhow::Result<Config>
 
 /// The message-push settings of local runs: the stand-in seals its pushes with them
 /// and the callback opens them. Development-only values.
-pub const LOCAL_PUSH: [(&str, &str); 4] = [
+pub const LOCAL_PUSH: [(&str, &str); 5] = [
     ("WECHAT_PUSH_TOKEN", "local-push-token"),
+    ("WECHAT_ORIGINAL_ID", crate::standin::push::DEFAULT_TO_USER),
     (
         "WECHAT_PUSH_AES_KEY",
         "LocalPushKeyForDevelopmentOnlyNotProduction",
@@ -73,7 +74,7 @@ pub fn standin_push(config: &Config, api_base: &str) -> Option<crate::standin::P
         ),
         delay_ms: None,
         copies: None,
-        to_user: None,
+        to_user: Some(push.original_id.clone()),
     })
 }
 

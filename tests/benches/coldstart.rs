@@ -144,7 +144,7 @@ fn callback_event(openid: &str, n: usize) -> Value {
     )
     .expect("the local push key");
     let now = chrono::Utc::now().timestamp();
-    let plain = json!({"ToUserName": "gh_123456789abc", "FromUserName": openid,
+    let plain = json!({"ToUserName": setting("WECHAT_ORIGINAL_ID"), "FromUserName": openid,
         "CreateTime": now, "MsgType": "event", "Event": "subscribe_msg_popup_event",
         "List": [{"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept",
                   "PopupScene": "0"}]});
@@ -174,7 +174,8 @@ fn callback_event(openid: &str, n: usize) -> Value {
     e["rawQueryString"] = json!(raw_query);
     e["queryStringParameters"] = query;
     e["headers"]["content-type"] = json!("application/json");
-    e["body"] = json!(json!({"ToUserName": "gh_123456789abc", "Encrypt": encrypt}).to_string());
+    e["body"] =
+        json!(json!({"ToUserName": setting("WECHAT_ORIGINAL_ID"), "Encrypt": encrypt}).to_string());
     e
 }
 

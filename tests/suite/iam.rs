@@ -56,6 +56,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     let app = spawn_app_with(&[
         ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
         ("WECHAT_PUSH_TOKEN", "AAAAA"),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
         ("WECHAT_PUSH_AES_KEY", &key),
         ("WECHAT_PUSH_FORMAT", "json"),
     ])
@@ -219,7 +220,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     ];
     for (nonce, name, list) in events {
         let ts = Utc::now().timestamp().to_string();
-        let event = json!({"ToUserName": "gh_1", "FromUserName": alice.openid,
+        let event = json!({"ToUserName": "gh_123456789abc", "FromUserName": alice.openid,
                            "CreateTime": ts.clone(), "MsgType": "event", "Event": name,
                            "List": list});
         let encrypt = crypto.encrypt(&event.to_string(), &[3; 16]);
@@ -230,7 +231,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
                 app.base_url,
                 crypto.msg_signature(&ts, nonce, &encrypt)
             ))
-            .body(json!({"ToUserName": "gh_1", "Encrypt": encrypt}).to_string())
+            .body(json!({"ToUserName": "gh_123456789abc", "Encrypt": encrypt}).to_string())
             .send()
             .await
             .expect("callback answers");

@@ -5,6 +5,7 @@
 
 mod audit;
 mod callback;
+mod callback_closed;
 mod cap;
 mod consent;
 mod contract;

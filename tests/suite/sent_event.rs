@@ -657,9 +657,14 @@ async fn a_dropped_send_is_settled_by_the_event_in_every_push_mode_and_format() 
         ("safe", "xml"),
     ] {
         let case = format!("{mode} {format}");
+        // (Plain mode only as the explicit insecure opt-in.)
         let app = spawn_pushing_app_with(
             1,
-            &[("WECHAT_PUSH_MODE", mode), ("WECHAT_PUSH_FORMAT", format)],
+            &[
+                ("WECHAT_PUSH_MODE", mode),
+                ("WECHAT_PUSH_FORMAT", format),
+                ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
+            ],
         )
         .await;
         let user = due_user(

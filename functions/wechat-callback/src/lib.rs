@@ -2,9 +2,12 @@
 //! `POST /wechat/callback` (events), plain, compatible or safe mode, XML or JSON.
 //!
 //! Identity comes only from WeChat's signature (I8): `signature` over the token,
-//! timestamp and nonce for URL verification and plain pushes; `msg_signature`, which
-//! also covers the ciphertext, for encrypted ones — checked in constant time before the
-//! body is decrypted or parsed. A timestamp outside ±5 minutes, a body over 64 KiB, or
+//! timestamp and nonce for URL verification and plain pushes (plain mode only as an
+//! explicit insecure opt-in, `WECHAT_PUSH_INSECURE_PLAIN`); `msg_signature`, which also
+//! covers the ciphertext, for encrypted ones — checked in constant time before the
+//! body is decrypted or parsed. A push whose `ToUserName` is not the configured
+//! original id (`WECHAT_ORIGINAL_ID`) is refused in every mode. URL verification
+//! echoes only a plain `echostr`, decrypts nothing and writes nothing. A timestamp outside ±5 minutes, a body over 64 KiB, or
 //! any failed check answers 401 (413) and changes nothing. A push that verifies but
 //! cannot be read is answered `success` (WeChat's retries would not make it readable)
 //! and logged; one that reads is recorded once (`store::callback`), applied once (a
@@ -43,9 +46,11 @@ pub fn handler(deps: &Deps, req: Request) -> BoxFuture<'_, Response<Body>> {
 
 /// The function's handler: one request in, one response out.
 pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
+    // Without a push token the deployed stack has no callback routes; here too,
+    // nothing answers but 404.
     let Some(push) = deps.config.push.as_ref() else {
-        tracing::error!("a push arrived but WECHAT_PUSH_TOKEN is not configured");
-        return respond(Err(ApiError::Unavailable));
+        tracing::warn!("a push arrived but WECHAT_PUSH_TOKEN is not configured");
+        return respond(Err(ApiError::NotFound));
     };
     let appid = &deps.config.wechat.appid;
     let crypto = match &push.aes_key {
@@ -59,7 +64,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         },
     };
     let result = match *req.method() {
-        Method::GET => verify_url(deps, push, &crypto, &req).await,
+        Method::GET => verify_url(&crypto, &req),
         Method::POST => receive(deps, push, &crypto, &req).await,
         _ => Err(ApiError::NotFound),
     };
@@ -96,35 +101,20 @@ fn fresh(req: &Request) -> Result<(String, String), ApiError> {
     Ok((timestamp, nonce))
 }
 
-/// URL verification: `echostr` back when the signature verifies; with a
-/// `msg_signature`, the echostr is encrypted and answered decrypted. The nonce is
-/// remembered, so the same signed query cannot be used again (for a push either).
-async fn verify_url(
-    deps: &Deps,
-    push: &PushConfig,
-    crypto: &PushCrypto,
-    req: &Request,
-) -> Result<Response<Body>, ApiError> {
+/// URL verification: `echostr` back, verbatim, when `signature` verifies. Only a plain
+/// echostr is echoed (WeChat's are short strings of letters and digits): nothing is
+/// decrypted, so no signed query turns this into an oracle for a push's ciphertext.
+/// Nothing is written either (an echo reveals nothing the caller did not send), so a
+/// verification never spends the nonce of a push signed alike.
+fn verify_url(crypto: &PushCrypto, req: &Request) -> Result<Response<Body>, ApiError> {
     let (timestamp, nonce) = fresh(req)?;
-    let echostr = query(req, "echostr").ok_or(ApiError::Unauthorized)?;
-    if let Some(msg_signature) = query(req, "msg_signature")
-        && push.mode != PushMode::Plain
-    {
-        if !crypto.verify_msg_signature(&timestamp, &nonce, &echostr, &msg_signature) {
-            return Err(ApiError::Unauthorized);
-        }
-        let plain = crypto.decrypt(&echostr).map_err(|_| {
-            tracing::error!("a signed echostr did not decrypt: is WECHAT_PUSH_AES_KEY right?");
-            ApiError::Unauthorized
-        })?;
-        fresh_nonce(deps, &timestamp, &nonce).await?;
-        return text(200, &plain);
-    }
+    let echostr = query(req, "echostr")
+        .filter(|e| callback::is_plain_echostr(e))
+        .ok_or(ApiError::Unauthorized)?;
     let signature = query(req, "signature").ok_or(ApiError::Unauthorized)?;
     if !crypto.verify_signature(&timestamp, &nonce, &signature) {
         return Err(ApiError::Unauthorized);
     }
-    fresh_nonce(deps, &timestamp, &nonce).await?;
     text(200, &echostr)
 }
 
@@ -193,6 +183,12 @@ async fn receive(
             return text(200, "success");
         }
     };
+    if !message.is_for(&push.original_id) {
+        // Signed, but for another mini-program (or forged under a plain-mode query):
+        // nothing of it is taken, nor its nonce.
+        tracing::warn!("a push addressed to another account was refused");
+        return Err(ApiError::Unauthorized);
+    }
     let now = Utc::now();
     let taps = deps.store.popup_accepts(&message, &deps.config.templates);
     let recorded = deps

@@ -189,12 +189,16 @@ impl Config {
             };
         let configured = u32::try_from(number("DISPATCH_WORKERS", 1, 1..=64)?).unwrap_or(1);
         // Workers past the reserved concurrency would be throttled and their shards
-        // left for the next tick: the tick fans out to as many as fit.
+        // left for the next tick: the tick fans out to as many as fit. 0: nothing is
+        // reserved (the account's unreserved pool serves the dispatcher).
         let fit = match lookup("DISPATCHER_RESERVED_CONCURRENCY") {
-            Some(_) => u32::try_from(number("DISPATCHER_RESERVED_CONCURRENCY", 1, 1..=10_000)?)
-                .unwrap_or(1)
-                .saturating_sub(2)
-                .max(1),
+            Some(_) => match number("DISPATCHER_RESERVED_CONCURRENCY", 1, 0..=10_000)? {
+                0 => configured,
+                reserved => u32::try_from(reserved)
+                    .unwrap_or(1)
+                    .saturating_sub(2)
+                    .max(1),
+            },
             None => configured,
         };
         let dispatch = DispatchConfig {
@@ -327,7 +331,20 @@ impl Config {
                 let mode = match lookup("WECHAT_PUSH_MODE").as_deref() {
                     None | Some("safe") => PushMode::Safe,
                     Some("compatible") => PushMode::Compatible,
-                    Some("plain") => PushMode::Plain,
+                    Some("plain") => {
+                        // Plain mode's `signature` covers no body: anyone who sees
+                        // one signed push can send any event under its query.
+                        if lookup("WECHAT_PUSH_INSECURE_PLAIN").as_deref() != Some("true") {
+                            return Err(ConfigError::Invalid {
+                                name: "WECHAT_PUSH_MODE",
+                                reason: "plain mode signs no body, so one captured push \
+                                         lets anyone forge events; use safe mode, or set \
+                                         WECHAT_PUSH_INSECURE_PLAIN=true to accept that"
+                                    .into(),
+                            });
+                        }
+                        PushMode::Plain
+                    }
                     Some(_) => {
                         return Err(ConfigError::Invalid {
                             name: "WECHAT_PUSH_MODE",
@@ -356,7 +373,19 @@ impl Config {
                             .into(),
                     });
                 }
+                // Every push names the account it is for: one for another is refused.
+                let original_id = lookup("WECHAT_ORIGINAL_ID")
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| crate::domain::callback::is_original_id(v))
+                    .ok_or(ConfigError::Invalid {
+                        name: "WECHAT_ORIGINAL_ID",
+                        reason: "needed with WECHAT_PUSH_TOKEN: the mini-program's original \
+                                 id (gh_ and letters or digits), which every push names as \
+                                 ToUserName"
+                            .into(),
+                    })?;
                 Some(PushConfig {
+                    original_id,
                     token: Secret::new(token),
                     aes_key: aes_key.map(Secret::new),
                     mode,

@@ -116,6 +116,9 @@ pub struct Config {
 /// How WeChat's message push is set up in the MP console (消息推送配置).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushConfig {
+    /// The mini-program's original id (`gh_…`, `WECHAT_ORIGINAL_ID`): a push whose
+    /// `ToUserName` is another is refused, in every mode.
+    pub original_id: String,
     /// The Token: signs every push.
     pub token: Secret,
     /// The EncodingAESKey (43 characters): safe and compatible mode.

@@ -38,6 +38,7 @@ fn the_message_push_is_optional_and_checked_when_set() {
     let with = |pairs: &[(&'static str, &str)]| {
         let mut e = env();
         e.insert("WECHAT_PUSH_TOKEN", "token".into());
+        e.insert("WECHAT_ORIGINAL_ID", "gh_123456789abc".into());
         for (k, v) in pairs {
             e.insert(k, v.to_string());
         }
@@ -47,12 +48,15 @@ fn the_message_push_is_optional_and_checked_when_set() {
     let push = safe.push.expect("push");
     assert_eq!(push.mode, PushMode::Safe);
     assert_eq!(push.format, crate::domain::callback::Format::Xml);
+    assert_eq!(push.original_id, "gh_123456789abc");
     let plain = with(&[
         ("WECHAT_PUSH_MODE", "plain"),
+        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
         ("WECHAT_PUSH_FORMAT", "json"),
     ])
     .expect("plain needs no key");
     assert_eq!(plain.push.map(|p| p.mode), Some(PushMode::Plain));
+    let key = "A".repeat(43);
     for (pairs, name) in [
         (vec![], "WECHAT_PUSH_AES_KEY"),
         (
@@ -67,9 +71,33 @@ fn the_message_push_is_optional_and_checked_when_set() {
             "WECHAT_PUSH_AES_KEY",
         ),
         (vec![("WECHAT_PUSH_MODE", "loud")], "WECHAT_PUSH_MODE"),
+        // Plain mode only as the explicit insecure opt-in.
+        (vec![("WECHAT_PUSH_MODE", "plain")], "WECHAT_PUSH_MODE"),
         (
             vec![
                 ("WECHAT_PUSH_MODE", "plain"),
+                ("WECHAT_PUSH_INSECURE_PLAIN", "yes"),
+            ],
+            "WECHAT_PUSH_MODE",
+        ),
+        (
+            vec![
+                ("WECHAT_PUSH_AES_KEY", key.as_str()),
+                ("WECHAT_ORIGINAL_ID", ""),
+            ],
+            "WECHAT_ORIGINAL_ID",
+        ),
+        (
+            vec![
+                ("WECHAT_PUSH_AES_KEY", key.as_str()),
+                ("WECHAT_ORIGINAL_ID", "wx1234"),
+            ],
+            "WECHAT_ORIGINAL_ID",
+        ),
+        (
+            vec![
+                ("WECHAT_PUSH_MODE", "plain"),
+                ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
                 ("WECHAT_PUSH_FORMAT", "yaml"),
             ],
             "WECHAT_PUSH_FORMAT",
@@ -115,6 +143,7 @@ fn workers_never_outnumber_what_the_reserved_concurrency_leaves_room_for() {
     assert_eq!(with("8", Some("9")), (7, Some(8)));
     assert_eq!(with("4", Some("3")), (1, Some(4)));
     assert_eq!(with("1", Some("1")), (1, None));
+    assert_eq!(with("8", Some("0")), (8, None), "0: nothing reserved");
     let mut e = env();
     e.insert("DISPATCHER_RESERVED_CONCURRENCY", "none".into());
     assert!(Config::from_lookup(|k| e.get(k).cloned()).is_err());

@@ -41,6 +41,27 @@ pub struct PushMessage {
     pub event: PushEvent,
 }
 
+impl PushMessage {
+    /// Whether the push is addressed to the mini-program whose original id is `ours`.
+    pub fn is_for(&self, ours: &str) -> bool {
+        self.to_user == ours
+    }
+}
+
+/// Whether `id` has the shape of a mini-program's original id: `gh_` and up to 32
+/// letters or digits (WeChat's own have 12).
+pub fn is_original_id(id: &str) -> bool {
+    id.strip_prefix("gh_").is_some_and(|rest| {
+        (1..=32).contains(&rest.len()) && rest.chars().all(|c| c.is_ascii_alphanumeric())
+    })
+}
+
+/// Whether `echostr` is one WeChat's URL verification sends: 1 to 64 letters or digits.
+/// Anything else (a push's `Encrypt`, say) is refused unread.
+pub fn is_plain_echostr(echostr: &str) -> bool {
+    (1..=64).contains(&echostr.len()) && echostr.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
 /// A user's choice in the popup or the settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {

@@ -1,0 +1,244 @@
+"""Runs SAM's own transform (samtranslator, as `sam deploy` does) on template.yaml with
+the parameter sets a team may deploy, resolves the conditions of each, and checks the
+generated resources: what cfn-lint and `sam validate` cannot see.
+
+Run by scripts/lint-template with the SAM CLI's Python (.venv-sam), offline.
+"""
+
+import copy
+import logging
+import os
+import sys
+from pathlib import Path
+
+# The transform names resources by region; offline, it has to be told one.
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+logging.disable(logging.WARNING)
+
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = {
+    "WechatAppId": "wx1234567890abcdef",
+    "WechatSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:onegrant/app-AbCdEf",
+    "Templates": '[{"id":"tmpl_water_reminder","title":"t","keywords":{}}]',
+    "Reminders": '[{"kind":"water","template_id":"tmpl_water_reminder"}]',
+}
+PUSH = {
+    "WechatPushTokenSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:onegrant/push-AbCdEf",
+    "WechatPushAesKeySecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:onegrant/aes-AbCdEf",
+    "WechatOriginalId": "gh_123456789abc",
+}
+PSEUDO = {
+    "AWS::Region": "us-east-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::Partition": "aws",
+    "AWS::StackName": "onegrant",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+NO_VALUE = object()
+
+
+class NoManagedPolicies:
+    """The template names no managed policy by name: nothing to look up."""
+
+    def load(self):
+        return {}
+
+
+class Stack:
+    """The transformed template with one parameter set, conditions resolved."""
+
+    def __init__(self, overrides):
+        template = yaml_parse((ROOT / "template.yaml").read_text())
+        params = {
+            name: str(spec.get("Default", ""))
+            for name, spec in template.get("Parameters", {}).items()
+        }
+        params.update(BASE)
+        params.update(overrides)
+        self.params = params
+        self.rules_failed = failed_rules(template, params)
+        # As `sam deploy` hands it over: each function's code uploaded to S3.
+        for name, res in template["Resources"].items():
+            if res["Type"] == "AWS::Serverless::Function":
+                res["Properties"]["CodeUri"] = f"s3://onegrant-artifacts/{name}.zip"
+        out = transform(copy.deepcopy(template), dict(params), NoManagedPolicies())
+        self.conditions = {}
+        self.raw_conditions = out.get("Conditions", {})
+        self.resources = {
+            name: res
+            for name, res in out["Resources"].items()
+            if "Condition" not in res or self.condition(res["Condition"])
+        }
+
+    def condition(self, name):
+        if name not in self.conditions:
+            self.conditions[name] = bool(self.value(self.raw_conditions[name]))
+        return self.conditions[name]
+
+    def value(self, node):
+        """`node` with Ref, Fn::If, Fn::Equals, Fn::Not, Fn::And, Fn::Or and Condition
+        resolved; other functions are left as they are."""
+        if isinstance(node, list):
+            return [v for v in (self.value(x) for x in node) if v is not NO_VALUE]
+        if not isinstance(node, dict):
+            return node
+        if len(node) == 1:
+            (key, arg), = node.items()
+            if key == "Ref":
+                if arg == "AWS::NoValue":
+                    return NO_VALUE
+                if arg in self.params:
+                    return self.params[arg]
+                if arg in PSEUDO:
+                    return PSEUDO[arg]
+                return node
+            if key == "Fn::If":
+                name, then, other = arg
+                return self.value(then if self.condition(name) else other)
+            if key == "Fn::Equals":
+                a, b = (self.value(x) for x in arg)
+                return str(a) == str(b)
+            if key == "Fn::Not":
+                return not self.value(arg[0])
+            if key == "Fn::And":
+                return all(self.value(x) for x in arg)
+            if key == "Fn::Or":
+                return any(self.value(x) for x in arg)
+            if key == "Condition":
+                return self.condition(arg)
+        return {
+            k: v for k, v in ((k, self.value(v)) for k, v in node.items()) if v is not NO_VALUE
+        }
+
+    def of_type(self, kind):
+        return {n: self.value(r) for n, r in self.resources.items() if r["Type"] == kind}
+
+    def function(self, logical_id):
+        res = self.resources.get(logical_id)
+        return self.value(res)["Properties"] if res else None
+
+    def routes(self):
+        """The HTTP API's routes ("GET /path"), from the API's body and route resources."""
+        found = set()
+        for api in self.of_type("AWS::ApiGatewayV2::Api").values():
+            for path, methods in api["Properties"].get("Body", {}).get("paths", {}).items():
+                for method in methods:
+                    found.add(f"{method.upper()} {path}")
+        for route in self.of_type("AWS::ApiGatewayV2::Route").values():
+            found.add(route["Properties"]["RouteKey"])
+        return found
+
+
+def failed_rules(template, params):
+    """The template's Rules whose assertions fail with `params` (evaluated as
+    CloudFormation does before creating anything)."""
+    stack = Stack.__new__(Stack)
+    stack.params, stack.conditions, stack.raw_conditions = params, {}, {}
+    failed = []
+    for name, rule in template.get("Rules", {}).items():
+        if "RuleCondition" in rule and not stack.value(rule["RuleCondition"]):
+            continue
+        if not all(stack.value(a["Assert"]) for a in rule["Assertions"]):
+            failed.append(name)
+    return failed
+
+
+def schedule_states(stack):
+    return [
+        rule["Properties"].get("State")
+        for rule in stack.of_type("AWS::Events::Rule").values()
+        if "ScheduleExpression" in rule["Properties"]
+    ]
+
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+def the_dispatcher_switch_turns_the_schedule_off():
+    assert schedule_states(Stack({"DispatcherEnabled": "true"})) == ["ENABLED"]
+    off = Stack({"DispatcherEnabled": "false"})
+    assert schedule_states(off) == ["DISABLED"], schedule_states(off)
+    assert not off.of_type("AWS::CloudWatch::Alarm").get("MissedTicksAlarm")
+
+
+@check
+def reserved_concurrency_is_optional():
+    default = Stack({})
+    assert default.function("DispatcherFunction")["ReservedConcurrentExecutions"] == "20"
+    assert default.function("NotifyFunction")["ReservedConcurrentExecutions"] == "5"
+    none = Stack({"DispatcherConcurrency": "0", "NotifyConcurrency": "0"})
+    for name in ["DispatcherFunction", "NotifyFunction"]:
+        props = none.function(name)
+        assert "ReservedConcurrentExecutions" not in props, (name, props)
+    env = none.function("DispatcherFunction")["Environment"]["Variables"]
+    assert env["DISPATCHER_RESERVED_CONCURRENCY"] == "0"
+
+
+@check
+def the_callback_routes_exist_only_with_a_push_token():
+    without = Stack({})
+    assert without.function("WechatCallbackFunction") is None
+    assert not any("/wechat/callback" in r for r in without.routes()), without.routes()
+    assert "POST /v1/grants" in without.routes(), without.routes()
+    with_push = Stack(PUSH)
+    assert {"GET /wechat/callback", "POST /wechat/callback"} <= with_push.routes()
+    env = with_push.function("WechatCallbackFunction")["Environment"]["Variables"]
+    assert env["WECHAT_ORIGINAL_ID"] == "gh_123456789abc"
+    assert env["WECHAT_PUSH_INSECURE_PLAIN"] == "false"
+    perms = [
+        p
+        for p in with_push.of_type("AWS::Lambda::Permission").values()
+        if "WechatCallback" in str(p["Properties"]["FunctionName"])
+    ]
+    assert perms, "API Gateway may invoke the callback"
+
+
+@check
+def combinations_that_cannot_work_are_refused():
+    assert Stack(PUSH).rules_failed == []
+    assert Stack({}).rules_failed == []
+    no_id = dict(PUSH, WechatOriginalId="")
+    assert Stack(no_id).rules_failed == ["PushNeedsOriginalId"]
+    no_key = dict(PUSH, WechatPushAesKeySecretArn="")
+    assert Stack(no_key).rules_failed == ["EncryptedPushNeedsItsKey"]
+    plain = dict(PUSH, WechatPushMode="plain", WechatPushAesKeySecretArn="")
+    assert Stack(plain).rules_failed == ["PlainPushIsAnExplicitOptIn"]
+    assert Stack(dict(plain, WechatPushInsecurePlain="true")).rules_failed == []
+
+
+@check
+def the_table_is_protected():
+    table = Stack({}).of_type("AWS::DynamoDB::Table")["Table"]
+    assert table["Properties"]["DeletionProtectionEnabled"] is True
+    assert table["Properties"]["PointInTimeRecoverySpecification"] == {
+        "PointInTimeRecoveryEnabled": True
+    }
+    assert table["DeletionPolicy"] == "Retain"
+
+
+def main():
+    failed = 0
+    for fn in CHECKS:
+        try:
+            fn()
+            print(f"ok   {fn.__name__}")
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL {fn.__name__}: {e!r}")
+    if failed:
+        sys.exit(f"template-test: {failed} of {len(CHECKS)} failed")
+    print(f"template-test: {len(CHECKS)} checks passed")
+
+
+if __name__ == "__main__":
+    main()
