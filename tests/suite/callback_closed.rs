@@ -84,7 +84,6 @@ async fn a_push_addressed_to_another_account_is_refused_in_every_mode() {
         ("WECHAT_PUSH_FORMAT", "json"),
     ])
     .await;
-    let c = crypto();
     for (mode, app) in [
         ("safe", &safe),
         ("plain", &plain),
@@ -92,33 +91,15 @@ async fn a_push_addressed_to_another_account_is_refused_in_every_mode() {
     ] {
         let alice = app.user("alice").await;
         app.accept(&alice, WATER, "closed_2").await;
-        let ts = now();
         let event = change_to(&alice.openid, "gh_0ther0account");
-        let (query, body) = if mode == "plain" {
-            let query = format!(
-                "signature={}&timestamp={ts}&nonce=n_other",
-                c.signature(&ts, "n_other")
-            );
-            (query, event)
-        } else {
-            sealed(&c, &c, &event, &ts, "n_other")
-        };
+        let (query, body) = signed(mode, event, "n_other");
         let answer = hit(app, "POST", &query, Some(body)).await;
         assert_eq!(answer.0, 401, "{mode}: {answer:?}");
         assert_eq!(recorded(app).await, 0, "{mode}: nothing recorded");
         assert_eq!(available(app, &alice).await, json!(1), "{mode}: grant kept");
         // The same event for this account, signed alike, is taken.
-        let ts = now();
         let event = change_to(&alice.openid, "gh_123456789abc");
-        let (query, body) = if mode == "plain" {
-            let query = format!(
-                "signature={}&timestamp={ts}&nonce=n_ours",
-                c.signature(&ts, "n_ours")
-            );
-            (query, event)
-        } else {
-            sealed(&c, &c, &event, &ts, "n_ours")
-        };
+        let (query, body) = signed(mode, event, "n_ours");
         assert_eq!(
             hit(app, "POST", &query, Some(body)).await,
             (200, "success".into()),
@@ -147,6 +128,21 @@ async fn a_forged_change_under_a_captured_signed_query_is_refused_by_default() {
     assert_eq!(available(&app, &alice).await, json!(1), "the grant kept");
     let plan = app.get("/v1/reminders/water", Some(&alice.token)).await;
     assert_ne!(plan.body["pause_reason"], "rejected", "{}", plan.body);
+}
+
+/// `event` as WeChat pushes it in `mode`: sealed and signed by `msg_signature`, or in
+/// plain mode as it is, under `signature`.
+fn signed(mode: &str, event: String, nonce: &str) -> (String, String) {
+    let (c, ts) = (crypto(), now());
+    if mode == "plain" {
+        let query = format!(
+            "signature={}&timestamp={ts}&nonce={nonce}",
+            c.signature(&ts, nonce)
+        );
+        (query, event)
+    } else {
+        sealed(&c, &c, &event, &ts, nonce)
+    }
 }
 
 /// `value` percent-encoded for a query string.
