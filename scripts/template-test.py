@@ -6,9 +6,12 @@ Run by scripts/lint-template with the SAM CLI's Python (.venv-sam), offline.
 """
 
 import copy
+import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # The transform names resources by region; offline, it has to be told one.
@@ -16,6 +19,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 logging.disable(logging.WARNING)
 
+from samcli.cli.types import CfnParameterOverridesType
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
@@ -224,6 +228,82 @@ def the_table_is_protected():
         "PointInTimeRecoveryEnabled": True
     }
     assert table["DeletionPolicy"] == "Retain"
+
+
+def deploy_params(*args):
+    """scripts/deploy-params' exit status, output and errors."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "deploy-params"), *args],
+        capture_output=True,
+        text=True,
+    )
+    return run.returncode, run.stdout, run.stderr
+
+
+def as_sam_cli_parses(argument):
+    """`--parameter-overrides <argument>` as SAM CLI parses it."""
+    return CfnParameterOverridesType().convert((argument,), None, None)
+
+
+def environment_bytes(variables):
+    """A function's environment as Lambda counts it (keys and values, UTF-8); a value
+    only known at deploy time (a physical name, an ARN) counted as 100 bytes."""
+    return sum(
+        len(k.encode()) + (len(v.encode()) if isinstance(v, str) else 100)
+        for k, v in variables.items()
+    )
+
+
+@check
+def the_documented_deploy_parameters_reach_the_functions_intact():
+    templates = (ROOT / "config" / "local.templates.json").read_text()
+    reminders = (ROOT / "config" / "local.reminders.json").read_text()
+    # The old way, Templates="$(cat my-templates.json)": SAM CLI cuts it.
+    cut = as_sam_cli_parses(f"WechatAppId=wx1 Templates={templates}")
+    assert cut.get("Templates") != templates, "a raw JSON argument survived SAM CLI"
+    # The documented way: scripts/deploy-params, then file://params.yaml.
+    status, out, err = deploy_params(
+        str(ROOT / "config" / "local.templates.json"),
+        str(ROOT / "config" / "local.reminders.json"),
+        "WechatAppId=wx1234567890abcdef",
+        f"WechatSecretArn={BASE['WechatSecretArn']}",
+        "NotifySources=com.example.shop,com.example.pay",
+    )
+    assert status == 0, err
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "params.yaml"
+        path.write_text(out)
+        parsed = as_sam_cli_parses(f"file://{path}")
+    assert json.loads(parsed["Templates"]) == json.loads(templates)
+    assert json.loads(parsed["Reminders"]) == json.loads(reminders)
+    assert parsed["NotifySources"] == "com.example.shop,com.example.pay"
+    stack = Stack(dict(parsed, **PUSH))
+    functions = stack.of_type("AWS::Lambda::Function")
+    assert len(functions) == 7, sorted(functions)
+    for name, fn in functions.items():
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert env["ONEGRANT_TEMPLATES"] == parsed["Templates"], name
+        assert env["ONEGRANT_REMINDERS"] == parsed["Reminders"], name
+        # What deploy-params leaves the other variables is enough for each function.
+        others = {k: v for k, v in env.items() if not k.startswith("ONEGRANT_")}
+        assert environment_bytes(others) <= 1200, (name, environment_bytes(others))
+
+
+@check
+def deploy_params_refuses_what_sam_cli_or_lambda_would_break():
+    with tempfile.TemporaryDirectory() as tmp:
+        quoted = Path(tmp) / "quoted.json"
+        quoted.write_text(json.dumps([{"id": "t", "title": 'say "hi"', "keywords": []}]))
+        status, _, err = deploy_params(str(quoted), str(quoted))
+        assert status != 0 and "quotes" in err, err
+        big = Path(tmp) / "big.json"
+        big.write_text(json.dumps([{"id": f"t{i}", "title": "提醒" * 40} for i in range(20)]))
+        status, _, err = deploy_params(str(big), str(big))
+        assert status != 0 and "4 KB" in err, err
+        broken = Path(tmp) / "broken.json"
+        broken.write_text("[{")
+        status, _, err = deploy_params(str(broken), str(broken))
+        assert status != 0 and "not readable JSON" in err, err
 
 
 def main():
