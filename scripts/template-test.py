@@ -255,6 +255,35 @@ def environment_bytes(variables):
 
 
 @check
+def logs_expire_and_abuse_and_spend_are_alarmed():
+    for params, callback in [({}, False), (PUSH, True)]:
+        stack = Stack(dict(params, LogRetentionDays="30"))
+        groups = stack.of_type("AWS::Logs::LogGroup")
+        assert all(g["Properties"]["RetentionInDays"] == "30" for g in groups.values()), groups
+        functions = stack.of_type("AWS::Lambda::Function")
+        assert len(functions) == (7 if callback else 6), sorted(functions)
+        for name, fn in functions.items():
+            logging_config = fn["Properties"]["LoggingConfig"]
+            assert logging_config["LogFormat"] == "JSON", name
+            group = logging_config["LogGroup"]
+            assert group.get("Ref") in groups, (name, group)
+        api = next(iter(stack.of_type("AWS::ApiGatewayV2::Stage").values()))
+        access = api["Properties"]["AccessLogSettings"]
+        assert access["DestinationArn"] == {"Fn::GetAtt": ["ApiAccessLogGroup", "Arn"]}
+        assert "$context.routeKey" in access["Format"] and "$context.status" in access["Format"]
+        alarms = stack.of_type("AWS::CloudWatch::Alarm")
+        wanted = {"RateLimitedAlarm", "ApiClientErrorsAlarm", "NotifyRefusedAlarm", "ThrottlesAlarm"}
+        assert wanted <= set(alarms), sorted(alarms)
+        assert ("CallbackRefusedAlarm" in alarms) == callback
+        throttled = alarms["ThrottlesAlarm"]["Properties"]["Metrics"]
+        assert len(throttled) == (8 if callback else 7), throttled
+    table = Stack({}).of_type("AWS::DynamoDB::Table")["Table"]["Properties"]
+    assert "OnDemandThroughput" not in table
+    capped = Stack({"TableMaxWriteUnits": "500"}).of_type("AWS::DynamoDB::Table")["Table"]
+    assert capped["Properties"]["OnDemandThroughput"] == {"MaxWriteRequestUnits": "500"}
+
+
+@check
 def the_documented_deploy_parameters_reach_the_functions_intact():
     templates = (ROOT / "config" / "local.templates.json").read_text()
     reminders = (ROOT / "config" / "local.reminders.json").read_text()

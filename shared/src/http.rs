@@ -371,7 +371,8 @@ pub fn budget(req: &Request, configured: std::time::Duration) -> std::time::Dura
 /// HTTP handler answers in the error shape before its function's timeout, never with
 /// API Gateway's bare 503. A write cut short this way is safe to retry: every write is
 /// idempotent by its request or action id (a committed one answers as a replay).
-/// The answer is counted ([`crate::metrics::name::REQUESTS`]) by `route` and status class.
+/// The answer is counted ([`crate::metrics::name::REQUESTS`]) by `route` and status
+/// class (`429` apart).
 pub async fn within(
     budget: std::time::Duration,
     route: String,
@@ -387,7 +388,12 @@ pub async fn within(
             ApiError::Unavailable.into_response()
         }
     };
-    let status = format!("{}xx", response.status().as_u16() / 100);
+    // 429 on its own (a per-user limit refusing: the abuse alarm's signal), else the
+    // status class.
+    let status = match response.status().as_u16() {
+        429 => "429".to_string(),
+        code => format!("{}xx", code / 100),
+    };
     metrics::counter!(crate::metrics::name::REQUESTS, "Route" => route, "Status" => status)
         .increment(1);
     response

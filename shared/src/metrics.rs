@@ -76,7 +76,7 @@ pub mod name {
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
-    /// Answers, by label `Route` (API Gateway's route key) and `Status` (2xx, 4xx, 5xx).
+    /// Answers, by label `Route` (API Gateway's route key) and `Status` (2xx, 4xx, 429, 5xx).
     pub const REQUESTS: &str = "Requests";
     /// Template results newly recorded by grant reports (replays not counted), and
     /// check-ins' carried results that were recorded.
