@@ -9,15 +9,27 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::Utc;
-use onegrant::store::audit::{HistoryItem, Line, UNATTRIBUTED, timeline};
+use onegrant::store::audit::{HistoryItem, HistoryWindow, Line, UNATTRIBUTED, timeline};
 use onegrant_tests::{TestApp, User, WATER, attr_n, attr_s, spawn_pushing_app};
 use serde_json::json;
 
 type Item = HashMap<String, AttributeValue>;
 
+/// The user's whole history (the tests' histories are short).
 async fn history(app: &TestApp, user: &User) -> Vec<HistoryItem> {
     let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
-    app.deps.store.history(&openid).await.expect("history")
+    let window = HistoryWindow {
+        since: None,
+        limit: 10_000,
+    };
+    let read = app
+        .deps
+        .store
+        .history(&openid, window)
+        .await
+        .expect("history");
+    assert!(read.from_start && !read.more);
+    read.entries
 }
 
 /// The history agrees with the items: each grant's, delivery's and plan's last entry is
@@ -25,7 +37,7 @@ async fn history(app: &TestApp, user: &User) -> Vec<HistoryItem> {
 /// every entry written before is still there, unchanged.
 async fn assert_history_holds(app: &TestApp, user: &User, before: &mut Vec<Item>) {
     let entries = history(app, user).await;
-    let lines = timeline(&entries, None, None);
+    let lines = timeline(&entries, None, true);
     let mut last: HashMap<&str, &str> = HashMap::new();
     for line in &lines {
         last.insert(line.sk.as_str(), line.to.as_str());
@@ -115,7 +127,7 @@ async fn a_users_timeline_tells_every_step_with_its_cause_and_always_matches_the
     assert_history_holds(&app, &user, &mut seen).await;
 
     let entries = history(&app, &user).await;
-    let lines = timeline(&entries, Some(WATER), None);
+    let lines = timeline(&entries, Some(WATER), true);
     let printed: Vec<String> = lines.iter().map(ToString::to_string).collect();
     let delivery = app.items_of(&user, "delivery").await;
     let msgid = delivery
@@ -240,7 +252,7 @@ async fn disabling_a_plan_with_a_hundred_open_grants_leaves_a_trace_of_every_one
     let user = app.scheduled_user("many", 99).await;
     let off = app.disable(&user, "water").await;
     assert_eq!(off.status, 200, "{}", off.body);
-    let lines = timeline(&history(&app, &user).await, Some(WATER), None);
+    let lines = timeline(&history(&app, &user).await, Some(WATER), true);
     let voided = lines
         .iter()
         .filter(|l| l.entity == "grant" && l.to == "invalid" && l.cause == "settings")
@@ -256,4 +268,98 @@ async fn disabling_a_plan_with_a_hundred_open_grants_leaves_a_trace_of_every_one
     );
     let mut seen = Vec::new();
     assert_history_holds(&app, &user, &mut seen).await;
+}
+
+#[tokio::test]
+async fn an_operators_read_of_a_long_history_is_bounded_by_its_window() {
+    let app = onegrant_tests::spawn_app().await;
+    let user = app.user("long").await;
+    let pk = format!("USER#{}", user.openid);
+    // 250 entries a second apart (as 250 changes would leave them), written directly.
+    let t0 = Utc::now() - chrono::Duration::days(30);
+    let entries: Vec<HistoryItem> = (0..250)
+        .map(|i| {
+            let at = t0 + chrono::Duration::seconds(i);
+            HistoryItem {
+                pk: pk.clone(),
+                sk: format!("HIST#{:013}#{i:08x}", at.timestamp_millis()),
+                kind: "history".into(),
+                at: at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                cause: format!("report r{i}"),
+                changes: vec![onegrant::store::audit::Change {
+                    entity: "grant".into(),
+                    sk: format!("GRANT#{WATER}#r{}", i / 2),
+                    to: if i % 2 == 0 { "available" } else { "consumed" }.into(),
+                    template_id: Some(WATER.into()),
+                    msgid: None,
+                    errcode: None,
+                    reason: None,
+                }],
+                expires_at: (Utc::now() + chrono::Duration::days(1)).timestamp(),
+            }
+        })
+        .collect();
+    for chunk in entries.chunks(25) {
+        let writes = chunk
+            .iter()
+            .map(|e| {
+                aws_sdk_dynamodb::types::WriteRequest::builder()
+                    .put_request(
+                        aws_sdk_dynamodb::types::PutRequest::builder()
+                            .set_item(Some(serde_dynamo::to_item(e).expect("item")))
+                            .build()
+                            .expect("put"),
+                    )
+                    .build()
+            })
+            .collect();
+        app.table
+            .client
+            .batch_write_item()
+            .request_items(&app.table.name, writes)
+            .send()
+            .await
+            .expect("history written");
+    }
+    let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
+    let (app, openid) = (&app, &openid);
+    let read = |since, limit| async move {
+        app.round_trips.take_items_read();
+        let read = app
+            .deps
+            .store
+            .history(openid, HistoryWindow { since, limit })
+            .await
+            .expect("history");
+        (read, app.round_trips.take_items_read())
+    };
+    // The newest 50: 51 items read (one more says more are left), not 250.
+    let (newest, items) = read(None, 50).await;
+    assert_eq!(newest.entries.len(), 50);
+    assert!(newest.more && !newest.from_start);
+    assert_eq!(newest.entries[49].cause, "report r249", "the newest last");
+    assert_eq!(newest.entries[0].cause, "report r200");
+    assert!(items <= 51, "{items} items read for 50 entries");
+    // From an instant on, in the key condition: nothing earlier is read.
+    let (recent, items) = read(Some(t0 + chrono::Duration::seconds(200)), 1000).await;
+    assert_eq!(recent.entries.len(), 50);
+    assert!(!recent.more);
+    assert!(items <= 50, "{items} items read for the 50 entries since");
+    let (window, items) = read(Some(t0 + chrono::Duration::seconds(100)), 20).await;
+    assert_eq!(window.entries.len(), 20);
+    assert_eq!(window.entries[0].cause, "report r100");
+    assert!(window.more);
+    assert!(items <= 21, "{items} items read for 20 entries");
+    // A state left before the window is not taken for a new one.
+    let lines = timeline(&window.entries, Some(WATER), window.from_start);
+    assert_eq!(
+        lines[0].from.as_deref(),
+        Some(onegrant::store::audit::EARLIER)
+    );
+    assert_eq!(lines[1].from.as_deref(), Some("available"), "{}", lines[1]);
+    // The whole of it, when asked: from the first entry, every state known.
+    let (all, _) = read(None, 10_000).await;
+    assert_eq!(all.entries.len(), 250);
+    assert!(all.from_start && !all.more);
+    assert_eq!(timeline(&all.entries, None, true)[0].from, None);
 }

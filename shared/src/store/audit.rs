@@ -386,24 +386,29 @@ fn template_of(change: &Change) -> Option<String> {
     })
 }
 
+/// What an entity's first change in a window read left, when the window does not
+/// start at the user's first entry: unknown here.
+pub const EARLIER: &str = "…";
+
 /// A user's history entries, oldest first, as timeline lines: each change with the
-/// state it left, those of `template` only (all when `None`), from `since` on (the
-/// earlier ones still tell where an entity came from).
-pub fn timeline(entries: &[HistoryItem], template: Option<&str>, since: Option<&str>) -> Vec<Line> {
+/// state it left, those of `template` only (all when `None`). `from_start`: the entries
+/// begin with the user's first; otherwise an entity's first change in them left a
+/// state read earlier ([`EARLIER`]).
+pub fn timeline(entries: &[HistoryItem], template: Option<&str>, from_start: bool) -> Vec<Line> {
     let mut last: HashMap<String, String> = HashMap::new();
     // An update names no template: the entity's earlier entry (its creation) did.
     let mut templates: HashMap<String, String> = HashMap::new();
     let mut lines = Vec::new();
     for entry in entries {
         for change in &entry.changes {
-            let from = last.insert(change.sk.clone(), change.to.clone());
+            let from = last
+                .insert(change.sk.clone(), change.to.clone())
+                .or_else(|| (!from_start).then(|| EARLIER.to_string()));
             let template_id = template_of(change).or_else(|| templates.get(&change.sk).cloned());
             if let Some(template) = &template_id {
                 templates.insert(change.sk.clone(), template.clone());
             }
-            if template.is_some_and(|t| template_id.as_deref() != Some(t))
-                || since.is_some_and(|s| entry.at.as_str() < s)
-            {
+            if template.is_some_and(|t| template_id.as_deref() != Some(t)) {
                 continue;
             }
             lines.push(Line {
@@ -423,29 +428,85 @@ pub fn timeline(entries: &[HistoryItem], template: Option<&str>, since: Option<&
     lines
 }
 
+/// Which part of a user's history an operator reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryWindow {
+    /// From this instant on, oldest first (in the key condition: nothing earlier is
+    /// read); `None`: the newest entries.
+    pub since: Option<DateTime<Utc>>,
+    /// Most entries read.
+    pub limit: usize,
+}
+
+/// A window of a user's history, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryRead {
+    pub entries: Vec<HistoryItem>,
+    /// The entries begin with the user's first (for [`timeline`]).
+    pub from_start: bool,
+    /// Entries past the limit were left unread.
+    pub more: bool,
+}
+
+/// The sort key of the first history entry at or after `at`.
+fn history_from(at: DateTime<Utc>) -> String {
+    format!("{HISTORY_PREFIX}{:013}", at.timestamp_millis().max(0))
+}
+
 impl super::Store {
-    /// Every history entry of `openid`, oldest first (an operator's read: it pages
-    /// through the whole retained history).
+    /// `openid`'s history entries in `window`, oldest first: an operator's read of at
+    /// most `window.limit` + 1 items (the one more says whether any are left),
+    /// whatever the length of the user's history.
     pub async fn history(
         &self,
         openid: &crate::domain::OpenId,
-    ) -> Result<Vec<HistoryItem>, StoreError> {
-        let mut pages = self
-            .client()
-            .query()
-            .table_name(self.table())
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .expression_attribute_values(":pk", AttributeValue::S(super::keys::user_pk(openid)))
-            .expression_attribute_values(":prefix", AttributeValue::S(HISTORY_PREFIX.into()))
-            .into_paginator()
-            .items()
-            .send();
-        let mut entries = Vec::new();
-        while let Some(item) = pages.next().await {
-            let item = item.map_err(|e| super::classify_sdk_error(e, |_| false))?;
-            entries.push(serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?);
+        window: HistoryWindow,
+    ) -> Result<HistoryRead, StoreError> {
+        let limit = window.limit.clamp(1, 10_000);
+        let from = window
+            .since
+            .map_or_else(|| HISTORY_PREFIX.into(), history_from);
+        let mut entries: Vec<HistoryItem> = Vec::new();
+        let mut more = false;
+        let mut start = None;
+        loop {
+            // One more than the window, to know whether any are left.
+            let wanted = limit + 1 - entries.len();
+            let page = self
+                .client()
+                .query()
+                .table_name(self.table())
+                .consistent_read(true)
+                .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
+                .expression_attribute_values(":pk", AttributeValue::S(super::keys::user_pk(openid)))
+                .expression_attribute_values(":from", AttributeValue::S(from.clone()))
+                // (Past every entry's millisecond stamp: digits and `#` sort below `~`.)
+                .expression_attribute_values(":to", AttributeValue::S(format!("{HISTORY_PREFIX}~")))
+                .scan_index_forward(window.since.is_some())
+                .limit(i32::try_from(wanted).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| super::classify_sdk_error(e, |_| false))?;
+            for item in page.items().iter().cloned() {
+                if entries.len() == limit {
+                    more = true;
+                    break;
+                }
+                entries.push(serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?);
+            }
+            match page.last_evaluated_key {
+                Some(key) if !more && entries.len() < limit + 1 => start = Some(key),
+                _ => break,
+            }
         }
-        Ok(entries)
+        if window.since.is_none() {
+            entries.reverse();
+        }
+        Ok(HistoryRead {
+            entries,
+            from_start: window.since.is_none() && !more,
+            more,
+        })
     }
 }
