@@ -283,6 +283,50 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
     assert capped["Properties"]["OnDemandThroughput"] == {"MaxWriteRequestUnits": "500"}
 
 
+def readers(policy):
+    """The principals a secret's resource policy leaves able to read it."""
+    (statement,) = policy["Properties"]["ResourcePolicy"]["Statement"]
+    assert statement["Effect"] == "Deny" and statement["Principal"] == "*", statement
+    assert statement["Action"] == "secretsmanager:GetSecretValue", statement
+    allowed = statement["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+    return sorted(
+        a["Fn::GetAtt"][0] if isinstance(a, dict) else a for a in allowed
+    )
+
+
+@check
+def each_secret_is_readable_only_by_the_functions_that_use_it():
+    stack = Stack(PUSH)
+    policies = stack.of_type("AWS::SecretsManager::ResourcePolicy")
+    assert readers(policies["SessionSecretPolicy"]) == [
+        "GrantsFunctionRole", "InboxFunctionRole", "RemindersFunctionRole", "SessionFunctionRole"
+    ]
+    assert readers(policies["WechatSecretPolicy"]) == ["DispatcherFunctionRole", "SessionFunctionRole"]
+    assert readers(policies["PushTokenPolicy"]) == ["WechatCallbackFunctionRole"]
+    assert readers(policies["PushAesKeyPolicy"]) == ["WechatCallbackFunctionRole"]
+    assert policies["WechatSecretPolicy"]["Properties"]["SecretId"] == BASE["WechatSecretArn"]
+    # The roles named are the ones SAM gives the functions.
+    roles = stack.of_type("AWS::IAM::Role")
+    for name in ["SessionFunctionRole", "DispatcherFunctionRole", "WechatCallbackFunctionRole"]:
+        assert name in roles, sorted(roles)
+    glass = "arn:aws:iam::123456789012:role/ops-break-glass"
+    with_glass = Stack(dict(PUSH, BreakGlassRoleArn=glass))
+    policy = with_glass.of_type("AWS::SecretsManager::ResourcePolicy")["SessionSecretPolicy"]
+    assert glass in readers(policy)
+    unfenced = Stack(dict(PUSH, FenceExternalSecrets="false"))
+    assert sorted(unfenced.of_type("AWS::SecretsManager::ResourcePolicy")) == ["SessionSecretPolicy"]
+    without_push = Stack({})
+    assert sorted(without_push.of_type("AWS::SecretsManager::ResourcePolicy")) == [
+        "SessionSecretPolicy", "WechatSecretPolicy"
+    ]
+    # A pending session key is trusted only while a rotation names it.
+    env = stack.function("GrantsFunction")["Environment"]["Variables"]
+    assert env["SESSION_SECRET_PENDING_VERSION"] == ""
+    rotating = Stack(dict(PUSH, SessionKeyRotationVersion="0f1e2d3c-aaaa-4bbb-8ccc-1234567890ab"))
+    env = rotating.function("InboxFunction")["Environment"]["Variables"]
+    assert env["SESSION_SECRET_PENDING_VERSION"] == "0f1e2d3c-aaaa-4bbb-8ccc-1234567890ab"
+
+
 @check
 def the_documented_deploy_parameters_reach_the_functions_intact():
     templates = (ROOT / "config" / "local.templates.json").read_text()

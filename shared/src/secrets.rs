@@ -162,16 +162,22 @@ impl SecretsReader {
         }
     }
 
-    /// The secret `id` (an ARN or name) at `stage` (`AWSCURRENT`, `AWSPREVIOUS`);
-    /// `None` when no version has that stage (a secret never rotated has no previous).
-    /// `name` is the variable it is read for, for errors and logs.
+    /// The secret `id` (an ARN or name) at `stage` (`AWSCURRENT`, `AWSPREVIOUS`), and
+    /// with `version` only that version, only while it has that stage; `None` when no
+    /// version has it (a secret never rotated has no previous; a rotation's version no
+    /// longer pending). `name` is the variable it is read for, for errors and logs.
     pub async fn read(
         &self,
         name: &'static str,
         id: &str,
         stage: &str,
+        version: Option<&str>,
     ) -> Result<Option<Secret>, SecretsError> {
-        let body = json!({"SecretId": id, "VersionStage": stage}).to_string();
+        let mut body = json!({"SecretId": id, "VersionStage": stage});
+        if let Some(version) = version {
+            body["VersionId"] = json!(version);
+        }
+        let body = body.to_string();
         let answer = self
             .call(name, "secretsmanager.GetSecretValue", &body)
             .await?;
@@ -187,6 +193,15 @@ impl SecretsReader {
                 .to_string();
             // A stage no version carries (AWSPREVIOUS before the first rotation).
             if kind == "ResourceNotFoundException" && stage != "AWSCURRENT" {
+                return Ok(None);
+            }
+            // A named version that does not carry the stage (any more): a rotation
+            // that ended, or a name that is wrong. Nothing is trusted for it.
+            if version.is_some() && kind == "InvalidRequestException" {
+                tracing::warn!(
+                    secret = name,
+                    "the named version does not carry {stage}: not read"
+                );
                 return Ok(None);
             }
             return Err(SecretsError::Refused { name, status, kind });

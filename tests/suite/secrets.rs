@@ -45,14 +45,22 @@ async fn operate(target: &str, body: Value) -> Value {
 }
 
 /// The rotation of docs/deployment.md: the new value staged AWSPENDING, then made AWSCURRENT (the old
-/// one becomes AWSPREVIOUS). Between the two, `between` runs.
-async fn rotate<F: std::future::Future<Output = ()>>(arn: &str, value: &str, between: F) {
+/// one becomes AWSPREVIOUS) and no longer pending. Between the two, `between` runs with the staged version's id.
+async fn rotate<F: std::future::Future<Output = ()>>(
+    arn: &str,
+    value: &str,
+    between: impl FnOnce(String) -> F,
+) -> String {
     let staged = operate(
         "secretsmanager.PutSecretValue",
         json!({"SecretId": arn, "SecretString": value, "VersionStages": ["AWSPENDING"]}),
     )
     .await;
-    between.await;
+    let version = staged["VersionId"]
+        .as_str()
+        .expect("a version id")
+        .to_string();
+    between(version.clone()).await;
     let current = operate("secretsmanager.DescribeSecret", json!({"SecretId": arn})).await;
     let old = current["VersionIdsToStages"]
         .as_object()
@@ -71,6 +79,13 @@ async fn rotate<F: std::future::Future<Output = ()>>(arn: &str, value: &str, bet
                "MoveToVersionId": staged["VersionId"], "RemoveFromVersionId": old}),
     )
     .await;
+    operate(
+        "secretsmanager.UpdateSecretVersionStage",
+        json!({"SecretId": arn, "VersionStage": "AWSPENDING",
+               "RemoveFromVersionId": staged["VersionId"]}),
+    )
+    .await;
+    version
 }
 
 fn environment(extra: &[(&'static str, &str)]) -> HashMap<&'static str, String> {
@@ -136,10 +151,29 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         .token;
 
     // Staged first: a verifier's cold start then accepts tokens of the new key before
-    // the session function signs with it; then made current.
+    // the session function signs with it — only while the rotation is named (its
+    // version id); an AWSPENDING key nobody named is never trusted. Then made current.
     let inbox_env = environment(&[("SESSION_SECRET_ARN", &session_arn)]);
-    rotate(&session_arn, &new_key, async {
-        let staged = load(&inbox_env).await.expect("secrets read");
+    let named = |version: &str| {
+        let mut env = inbox_env.clone();
+        env.insert("SESSION_SECRET_PENDING_VERSION", version.to_string());
+        env
+    };
+    let (inbox, named, new, old, id, token) =
+        (&inbox_env, &named, &new_key, &old_key, &openid, &old_token);
+    let version = rotate(&session_arn, &new_key, |version| async move {
+        let (inbox_env, named, new_key, old_key, openid, old_token) =
+            (inbox, named, new, old, id, token);
+        let unnamed = load(inbox_env).await.expect("secrets read");
+        assert!(
+            unnamed.session.pending.is_none(),
+            "a pending key is read only for a named rotation"
+        );
+        let other = load(&named("00000000-0000-4000-8000-000000000000"))
+            .await
+            .expect("secrets read");
+        assert!(other.session.pending.is_none(), "another version is not it");
+        let staged = load(&named(&version)).await.expect("secrets read");
         assert_eq!(
             staged.session.secret.as_ref().map(|s| s.expose()),
             Some(old_key.as_str())
@@ -152,14 +186,22 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         signer.secret = staged.session.pending.clone();
         let early = Sessions::new(&signer)
             .expect("keys")
-            .issue(&openid, chrono::Utc::now())
+            .issue(openid, chrono::Utc::now())
             .expect("signed")
             .token;
         let verifier = Sessions::new(&staged.session).expect("keys");
-        assert_eq!(verifier.verify(&early).expect("pending key"), openid);
-        assert_eq!(verifier.verify(&old_token).expect("current key"), openid);
+        assert_eq!(verifier.verify(&early).expect("pending key"), *openid);
+        assert_eq!(verifier.verify(old_token).expect("current key"), *openid);
+        let unnamed = Sessions::new(&unnamed.session).expect("keys");
+        assert!(
+            unnamed.verify(&early).is_err(),
+            "a token of an unnamed pending key"
+        );
     })
     .await;
+    // Once current, the named version is no longer pending: nothing is read for it.
+    let finished = load(&named(&version)).await.expect("secrets read");
+    assert!(finished.session.pending.is_none());
     // After it: a cold start reads both versions; old tokens still verify.
     let after = load(&inbox_env).await.expect("secrets read");
     assert_eq!(

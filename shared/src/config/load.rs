@@ -28,21 +28,30 @@ impl Config {
                     reason: format!("set either {name} or {arn_name}, not both"),
                 });
             }
-            wanted.push((name, arn, stage));
+            // The key a rotation stages is trusted only while that rotation is named
+            // (its version id): an AWSPENDING someone else staged is not read.
+            let version = if name == "SESSION_SECRET_PENDING" {
+                match lookup("SESSION_SECRET_PENDING_VERSION").filter(|v| !v.trim().is_empty()) {
+                    Some(version) => Some(version),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            wanted.push((name, arn, stage, version));
         }
         let mut read = std::collections::HashMap::new();
         if !wanted.is_empty() {
             let reader =
                 crate::secrets::SecretsReader::from_lookup(&lookup).map_err(ConfigError::Secret)?;
             // At once: a cold start waits for the slowest read, not for their sum.
-            let values = futures::future::try_join_all(
-                wanted
-                    .iter()
-                    .map(|(name, arn, stage)| reader.read(name, arn, stage)),
-            )
-            .await
-            .map_err(ConfigError::Secret)?;
-            for ((name, _, _), value) in wanted.iter().zip(values) {
+            let values =
+                futures::future::try_join_all(wanted.iter().map(|(name, arn, stage, version)| {
+                    reader.read(name, arn, stage, version.as_deref())
+                }))
+                .await
+                .map_err(ConfigError::Secret)?;
+            for ((name, _, _, _), value) in wanted.iter().zip(values) {
                 if let Some(secret) = value {
                     read.insert(*name, secret.expose().to_string());
                 }
