@@ -327,6 +327,36 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
     assert env["SESSION_SECRET_PENDING_VERSION"] == "0f1e2d3c-aaaa-4bbb-8ccc-1234567890ab"
 
 
+def role_statements(stack, role):
+    props = stack.of_type("AWS::IAM::Role")[role]["Properties"]
+    return [st for p in props.get("Policies", []) for st in p["PolicyDocument"]["Statement"]]
+
+
+@check
+def a_customer_managed_key_is_usable_through_secrets_manager_only():
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    readers = ["Session", "Grants", "Reminders", "Inbox", "Dispatcher", "WechatCallback"]
+    with_key = Stack(dict(PUSH, SecretsKmsKeyArn=key))
+    for name in readers:
+        decrypts = [
+            st for st in role_statements(with_key, f"{name}FunctionRole")
+            if st.get("Action") == "kms:Decrypt"
+        ]
+        assert len(decrypts) == 1, (name, decrypts)
+        assert decrypts[0]["Resource"] == key
+        via = decrypts[0]["Condition"]["StringEquals"]["kms:ViaService"]
+        assert "secretsmanager" in str(via), via
+    assert not any(
+        st.get("Action") == "kms:Decrypt" for st in role_statements(with_key, "NotifyFunctionRole")
+    )
+    without = Stack(PUSH)
+    for name in readers:
+        assert not any(
+            st.get("Action") == "kms:Decrypt"
+            for st in role_statements(without, f"{name}FunctionRole")
+        ), name
+
+
 @check
 def the_documented_deploy_parameters_reach_the_functions_intact():
     templates = (ROOT / "config" / "local.templates.json").read_text()
