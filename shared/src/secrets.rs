@@ -193,6 +193,14 @@ impl SecretsReader {
                 .to_string();
             // A stage no version carries (AWSPREVIOUS before the first rotation).
             if kind == "ResourceNotFoundException" && stage != "AWSCURRENT" {
+                if version.is_some() {
+                    // A named rotation whose version is not there: a wrong name, and
+                    // its tokens will be refused. Say so where an operator looks.
+                    tracing::error!(
+                        secret = name,
+                        "the named version does not exist: no pending key is trusted"
+                    );
+                }
                 return Ok(None);
             }
             // A named version that does not carry the stage (any more): a rotation

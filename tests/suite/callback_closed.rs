@@ -9,6 +9,18 @@ use serde_json::json;
 
 use crate::callback::{TOKEN, change, crypto, hit, key, now, recorded, safe_json_app, sealed};
 
+/// A stack taking plain-mode JSON pushes (the explicit insecure opt-in).
+async fn plain_json_app() -> TestApp {
+    spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
+        ("WECHAT_PUSH_MODE", "plain"),
+        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
+        ("WECHAT_PUSH_FORMAT", "json"),
+    ])
+    .await
+}
+
 /// The user's water grants still available.
 async fn available(app: &TestApp, user: &User) -> serde_json::Value {
     let grants = app.get("/v1/grants", Some(&user.token)).await;
@@ -68,14 +80,7 @@ async fn the_verification_echoes_only_a_plain_echostr_and_spends_no_nonce_of_a_p
 async fn a_push_addressed_to_another_account_is_refused_in_every_mode() {
     let safe = safe_json_app().await;
     let key = key();
-    let plain = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_MODE", "plain"),
-        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
-        ("WECHAT_PUSH_FORMAT", "json"),
-    ])
-    .await;
+    let plain = plain_json_app().await;
     let compatible = spawn_app_with(&[
         ("WECHAT_PUSH_TOKEN", TOKEN),
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
@@ -107,6 +112,22 @@ async fn a_push_addressed_to_another_account_is_refused_in_every_mode() {
         );
         assert_eq!(available(app, &alice).await, json!(0), "{mode}: applied");
     }
+}
+
+#[tokio::test]
+async fn in_plain_mode_a_verification_query_cannot_be_replayed_as_a_push() {
+    let app = plain_json_app().await;
+    let alice = app.user("alice").await;
+    app.accept(&alice, WATER, "closed_4").await;
+    let (query, _) = signed("plain", String::new(), "n_verify");
+    let verify = format!("{query}&echostr=4375120948345356249");
+    assert_eq!(hit(&app, "GET", &verify, None).await.0, 200);
+    let forged = change_to(&alice.openid, "gh_123456789abc");
+    // Its nonce is spent: taken as a replay, acknowledged, nothing applied.
+    let answer = hit(&app, "POST", &query, Some(forged)).await;
+    assert_eq!(answer, (200, "success".into()));
+    assert_eq!(recorded(&app).await, 0);
+    assert_eq!(available(&app, &alice).await, json!(1), "the grant kept");
 }
 
 #[tokio::test]

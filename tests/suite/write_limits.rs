@@ -7,7 +7,7 @@
 use chrono::Utc;
 use futures::StreamExt;
 use onegrant_tests::{
-    Answer, TestApp, User, WATER, assert_rate_limited, early_in_a_minute, spawn_app_with,
+    Answer, ORDER, TestApp, User, WATER, assert_rate_limited, early_in_a_minute, spawn_app_with,
 };
 use serde_json::{Value, json};
 
@@ -261,6 +261,57 @@ async fn a_report_past_the_limit_is_refused_before_any_transaction() {
         // A replay of an admitted report is never limited, and writes nothing.
         let replay = json!({"request_id": "limit_0", "results": {WATER: "accept"}});
         let answer = app.post("/v1/grants", Some(&alice.token), &replay).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+}
+
+/// The user's standing choice for the water template, as the quotas show it.
+async fn standing(app: &TestApp, user: &User) -> Value {
+    let quotas = app.get("/v1/grants", Some(&user.token)).await;
+    onegrant_tests::quota(&quotas.body, WATER)["standing"].clone()
+}
+
+#[tokio::test]
+async fn a_report_refused_by_its_limit_or_a_conflict_leaves_its_standing_choice_unwritten() {
+    let app = spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
+    let alice = app.user("alice").await;
+    let reject = json!({"main_switch": true, "item_settings": {WATER: "reject"}});
+    early_in_a_minute().await;
+    let first = minute();
+    // A partly conflicting replay (the same request id: one template recorded with
+    // another result, one new) carrying a setting that would change something: 409,
+    // and the setting is not applied.
+    let accepted = json!({"request_id": "wl_1", "results": {WATER: "accept"}});
+    let answer = app.post("/v1/grants", Some(&alice.token), &accepted).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let conflicting = json!({"request_id": "wl_1", "results": {WATER: "reject", ORDER: "accept"},
+                             "subscriptions_setting": reject});
+    let answer = app
+        .post("/v1/grants", Some(&alice.token), &conflicting)
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert_eq!(standing(&app, &alice).await, Value::Null);
+    // Two more reports fill the minute but one place; a report whose setting would
+    // take that place and leave none for the report itself is refused whole.
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(&alice.token),
+            &json!({"request_id": "wl_2", "results": {WATER: "accept"}}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    app.round_trips.take_writes();
+    let carrying = json!({"request_id": "wl_3", "results": {WATER: "accept"},
+                          "subscriptions_setting": reject});
+    let answer = app.post("/v1/grants", Some(&alice.token), &carrying).await;
+    if minute() == first {
+        assert_rate_limited(&answer, "a report whose setting needs the last place");
+        assert!(app.round_trips.take_writes().is_empty(), "nothing written");
+        assert_eq!(standing(&app, &alice).await, Value::Null);
+        // Without a setting to apply, the same report takes the last place.
+        let plain = json!({"request_id": "wl_3", "results": {WATER: "accept"}});
+        let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
 }

@@ -61,7 +61,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     if let Some(setting) = &setting
         && !admitted.is_replay(&report)
     {
-        attributed(cause.clone(), deps.store.stand(&openid, setting, now)).await?;
+        attributed(cause.clone(), deps.store.stand(&openid, setting, 1, now)).await?;
     }
     let recorded = attributed(cause.clone(), async {
         // The plans that use a reported template move with the report's first

@@ -114,12 +114,12 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     if let Some(setting) = &setting
         && !deps
             .store
-            .check_in_recorded(&openid, &checkin.action_id)
+            .admit_check_in(&openid, kind, &checkin, now)
             .await?
     {
         attributed(
             format!("check-in {}", checkin.action_id),
-            deps.store.stand(&openid, setting, now),
+            deps.store.stand(&openid, setting, 0, now),
         )
         .await?;
     }

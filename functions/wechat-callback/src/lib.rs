@@ -64,7 +64,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         },
     };
     let result = match *req.method() {
-        Method::GET => verify_url(&crypto, &req),
+        Method::GET => verify_url(deps, push, &crypto, &req).await,
         Method::POST => receive(deps, push, &crypto, &req).await,
         _ => Err(ApiError::NotFound),
     };
@@ -104,9 +104,16 @@ fn fresh(req: &Request) -> Result<(String, String), ApiError> {
 /// URL verification: `echostr` back, verbatim, when `signature` verifies. Only a plain
 /// echostr is echoed (WeChat's are short strings of letters and digits): nothing is
 /// decrypted, so no signed query turns this into an oracle for a push's ciphertext.
-/// Nothing is written either (an echo reveals nothing the caller did not send), so a
-/// verification never spends the nonce of a push signed alike.
-fn verify_url(crypto: &PushCrypto, req: &Request) -> Result<Response<Body>, ApiError> {
+/// In safe and compatible mode nothing is written either (an echo reveals nothing the
+/// caller did not send, and a push there needs `msg_signature`), so a verification
+/// never spends the nonce of a push signed alike. In plain mode, where `signature`
+/// alone admits a push, its nonce is remembered: the query cannot be replayed as one.
+async fn verify_url(
+    deps: &Deps,
+    push: &PushConfig,
+    crypto: &PushCrypto,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let (timestamp, nonce) = fresh(req)?;
     let echostr = query(req, "echostr")
         .filter(|e| callback::is_plain_echostr(e))
@@ -115,7 +122,16 @@ fn verify_url(crypto: &PushCrypto, req: &Request) -> Result<Response<Body>, ApiE
     if !crypto.verify_signature(&timestamp, &nonce, &signature) {
         return Err(ApiError::Unauthorized);
     }
+    if push.mode == PushMode::Plain {
+        fresh_nonce(deps, &timestamp, &nonce).await?;
+    }
     text(200, &echostr)
+}
+
+/// A verified push addressed to another account (or to none): refused, unrecorded.
+fn another_account() -> Result<Response<Body>, ApiError> {
+    tracing::warn!("a push addressed to another account was refused");
+    Err(ApiError::Unauthorized)
 }
 
 /// 401 if this verified request's nonce was seen before.
@@ -174,20 +190,22 @@ async fn receive(
             body.to_string()
         }
     };
+    // Signed, but for another mini-program (or forged for ours under a plain-mode
+    // query): nothing of it is taken, nor its nonce.
+    if callback::addressee(&plain, push.format).is_some_and(|to| to != push.original_id) {
+        return another_account();
+    }
     let message = match callback::parse(&plain, push.format) {
         Ok(message) => message,
         Err(e) => {
-            // Authentic but unreadable: a retry would not help.
+            // Authentic but unreadable: a retry would not help. Nothing is written for
+            // it (its addressee unknown, its nonce is not spent either).
             tracing::warn!(error = %e, "a verified push could not be read; acknowledged");
-            fresh_nonce(deps, &timestamp, &nonce).await?;
             return text(200, "success");
         }
     };
-    if !message.is_for(&push.original_id) {
-        // Signed, but for another mini-program (or forged under a plain-mode query):
-        // nothing of it is taken, nor its nonce.
-        tracing::warn!("a push addressed to another account was refused");
-        return Err(ApiError::Unauthorized);
+    if message.to_user != push.original_id {
+        return another_account();
     }
     let now = Utc::now();
     let taps = deps.store.popup_accepts(&message, &deps.config.templates);

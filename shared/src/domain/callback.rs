@@ -41,13 +41,6 @@ pub struct PushMessage {
     pub event: PushEvent,
 }
 
-impl PushMessage {
-    /// Whether the push is addressed to the mini-program whose original id is `ours`.
-    pub fn is_for(&self, ours: &str) -> bool {
-        self.to_user == ours
-    }
-}
-
 /// Whether `id` has the shape of a mini-program's original id: `gh_` and up to 32
 /// letters or digits (WeChat's own have 12).
 pub fn is_original_id(id: &str) -> bool {
@@ -206,6 +199,14 @@ pub fn parse(body: &str, format: Format) -> Result<PushMessage, PushParseError> 
         create_time,
         event,
     })
+}
+
+/// The account a verified push body is addressed to (its `ToUserName`), read before
+/// anything else of it; `None` when the body cannot be read that far.
+pub fn addressee(body: &str, format: Format) -> Option<String> {
+    flatten(body, format)
+        .ok()
+        .and_then(|flat| flat.fields.get("ToUserName").cloned())
 }
 
 fn flatten(body: &str, format: Format) -> Result<Flat, PushParseError> {

@@ -20,7 +20,12 @@ pub fn retry_after(now: DateTime<Utc>) -> u64 {
 /// One more write, when `count` were made in `now`'s minute and `max` may be:
 /// `Err` with the seconds until the next minute once they are used up.
 pub fn admit(count: u64, max: u32, now: DateTime<Utc>) -> Result<(), u64> {
-    if count < u64::from(max) {
+    admit_n(count, 1, max, now)
+}
+
+/// `n` more writes (a request that writes several counted items): all fit, or none.
+pub fn admit_n(count: u64, n: u64, max: u32, now: DateTime<Utc>) -> Result<(), u64> {
+    if count.saturating_add(n) <= u64::from(max) {
         Ok(())
     } else {
         Err(retry_after(now))
@@ -44,6 +49,9 @@ mod tests {
         assert_eq!(admit(2, 3, now), Ok(()));
         assert_eq!(admit(3, 3, now), Err(45));
         assert_eq!(admit(9, 3, now), Err(45));
+        assert_eq!(admit_n(1, 2, 3, now), Ok(()));
+        assert_eq!(admit_n(2, 2, 3, now), Err(45), "all fit, or none");
+        assert_eq!(admit_n(3, 0, 3, now), Ok(()), "nothing to count");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::domain::{OpenId, SubscribeResult, TemplateId};
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::STANDING;
+use crate::store::items::rate::{Counter, rate_key};
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
 use crate::store::tx::{TxOutcome, condition_failed};
 use crate::store::{Attempt, Limit, Store, StoreError, retry_contended};
@@ -116,24 +117,30 @@ impl Store {
     /// transaction per template whose items change, each conditional on everything of
     /// that template as read (the standing choice and every plan's version), so two
     /// settings racing leave the quota and its plans agreeing; a race reads again. A
-    /// transaction that writes counts against the user's `REPORTS_PER_MINUTE` (refused
-    /// past it, `Limited`), so settings cannot be written faster than reports. The
+    /// transaction that writes counts against the user's `REPORTS_PER_MINUTE`, so
+    /// settings cannot be written faster than reports: all of them and `reserve` more
+    /// (the request's own counted write, after them) must fit in the minute as read, or
+    /// nothing is written (`Limited`). The
     /// caller applies a request's setting only on its first application: a replay
     /// changes nothing.
     pub async fn stand(
         &self,
         openid: &OpenId,
         setting: &SubscriptionsSetting,
+        reserve: u64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let pk = &user_pk(openid);
         retry_contended("standing choice", self.limits.write_budget, || async move {
             let mut sks: Vec<String> = setting.standings().map(|(t, _)| quota_sk(t)).collect();
             sks.extend(self.kinds.iter().map(|k| plan_sk(&k.name)));
+            let rate = rate_key(now);
+            sks.push(rate.clone());
             let mut stored = HashMap::new();
             for chunk in sks.chunks(100) {
                 stored.extend(self.read_items(pk, chunk).await?);
             }
+            let mut changes = Vec::new();
             for (template, standing) in setting.standings() {
                 let kept = match stored.get(&quota_sk(template)) {
                     Some(item) => stored_standing(item)?,
@@ -165,6 +172,18 @@ impl Store {
                     self.standing_check(pk, template, kept)?
                 }];
                 writes.extend(plans);
+                changes.push(writes);
+            }
+            // Every change, and the `reserve` places the request's own write needs
+            // after them, fit in the minute — or nothing is written.
+            let n = u64::try_from(changes.len()).unwrap_or(u64::MAX);
+            self.rate_admits_n(
+                Counter::Reports,
+                stored.get(&rate),
+                n.saturating_add(reserve),
+                now,
+            )?;
+            for mut writes in changes {
                 let (rate, retry_after) = self.report_rate(pk, now)?;
                 let rate_at = writes.len();
                 writes.push(rate);

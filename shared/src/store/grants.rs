@@ -119,8 +119,15 @@ impl Store {
                 .cancelled(replays)
                 .map_err(|refused| refused_error(refused, report, 60))?;
         }
-        if progress.is_done() {
+        if report.results.is_empty() {
             // Nothing to record: no transaction, so no report counted either.
+            return Ok(progress.recorded());
+        }
+        if progress.is_done() {
+            // A replay, answered from the admission read: no transaction. Its pairing
+            // with popup events is still tried (the first try may have been cut off
+            // after the commit), as pairing is idempotent.
+            self.pair_report_taps(openid, report, now).await;
             return Ok(progress.recorded());
         }
         // Shared by the attempts below; never held across an await.
@@ -230,17 +237,21 @@ impl Store {
             }
         })
         .await?;
-        // The report landed; confirming its grants by popup events already recorded
-        // is extra (a failure is logged; the popup's own pairing still comes).
+        self.pair_report_taps(openid, report, now).await;
+        let progress = progress
+            .into_inner()
+            .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))?;
+        Ok(progress.recorded())
+    }
+
+    /// The report landed; confirming its grants by popup events already recorded is
+    /// extra (a failure is logged; the popup's own pairing still comes).
+    async fn pair_report_taps(&self, openid: &OpenId, report: &GrantReport, now: DateTime<Utc>) {
         for (template, result) in &report.results {
             if result.grants() && self.limits.push_events {
                 self.pair_taps_logged(openid, template, now).await;
             }
         }
-        let progress = progress
-            .into_inner()
-            .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))?;
-        Ok(progress.recorded())
     }
 
     /// Reads what of `report` is recorded already, with the user's counters of the
@@ -276,6 +287,17 @@ impl Store {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        // A template recorded with another result refuses the whole report, before
+        // anything of it (its standing choice included) is written.
+        for entry in &admitted.recorded {
+            if report.results.get(&entry.template_id) != Some(&entry.result) {
+                let refused = ReportRefused::Conflict {
+                    template: entry.template_id.clone(),
+                    recorded: entry.result,
+                };
+                return Err(refused_error(refused, report, 60));
+            }
+        }
         if !admitted.is_replay(report) {
             self.rate_admits(Counter::Reports, found.get(&rate), now)?;
         }

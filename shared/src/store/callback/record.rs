@@ -78,8 +78,8 @@ fn nonce_item(
 pub const APPLY_GRACE: Duration = Duration::seconds(60);
 
 impl Store {
-    /// Remembers a verified request's nonce (URL verifications, pushes that are not
-    /// subscription events); false if it was seen before (a replay).
+    /// Remembers a verified request's nonce (a plain-mode URL verification, pushes that
+    /// are not subscription events); false if it was seen before (a replay).
     pub async fn record_nonce(
         &self,
         timestamp: &str,

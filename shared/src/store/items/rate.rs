@@ -13,7 +13,7 @@
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use crate::domain::rate::{admit, minute_of, retry_after};
+use crate::domain::rate::{admit_n, minute_of, retry_after};
 use crate::store::items::{Item, key, n, s};
 use crate::store::keys::rate_sk;
 use crate::store::{Limit, Store, StoreError};
@@ -55,6 +55,17 @@ impl Store {
         item: Option<&Item>,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        self.rate_admits_n(counter, item, 1, now)
+    }
+
+    /// Whether `n` more writes counted by `counter` fit in the minute, all of them.
+    pub(crate) fn rate_admits_n(
+        &self,
+        counter: Counter,
+        item: Option<&Item>,
+        n: u64,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
         let count = item
             .and_then(|i| i.get(counter.attribute()))
             .and_then(|v| match v {
@@ -62,7 +73,7 @@ impl Store {
                 _ => None,
             })
             .unwrap_or(0);
-        admit(count, self.rate_max(counter), now)
+        admit_n(count, n, self.rate_max(counter), now)
             .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))
     }
 

@@ -8,10 +8,11 @@ use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRef
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::items::grant::GrantItem;
-use crate::store::items::plan::ActionItem;
+use crate::store::items::parse;
+use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::quota::quota_update_item;
 use crate::store::items::rfc3339;
-use crate::store::keys::{action_sk, user_pk};
+use crate::store::keys::{action_sk, plan_sk, user_pk};
 use crate::store::reminders::CheckInOutcome;
 use crate::store::tx::{TxOutcome, condition_failed};
 use crate::store::{Attempt, Limit, Store, StoreError, corrupt, retry_contended};
@@ -140,18 +141,30 @@ impl Store {
 }
 
 impl Store {
-    /// Whether the check-in `action_id` is recorded already (a replay): a standing
-    /// choice it carries is applied only when it is not ([`Store::stand`]).
-    pub async fn check_in_recorded(
+    /// Whether the check-in is recorded already (a replay): a standing choice it
+    /// carries is applied only when it is not ([`Store::stand`]) — and only when the
+    /// check-in itself is admitted (`CHECKINS_PER_MINUTE`, on its plan as read), so a
+    /// check-in refused by its limit writes nothing, its setting included.
+    pub async fn admit_check_in(
         &self,
         openid: &OpenId,
-        action_id: &crate::domain::RequestId,
+        kind: &ReminderKind,
+        checkin: &CheckIn,
+        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let sk = action_sk(action_id);
-        let found = self
-            .read_items(&user_pk(openid), std::slice::from_ref(&sk))
+        let (action, plan) = (action_sk(&checkin.action_id), plan_sk(&kind.name));
+        let mut found = self
+            .read_items(&user_pk(openid), &[action.clone(), plan.clone()])
             .await?;
-        Ok(found.contains_key(&sk))
+        if found.contains_key(&action) {
+            return Ok(true);
+        }
+        if let Some(item) = found.remove(&plan) {
+            let mut plan = parse::<PlanItem>("plan", item)?.into_plan(kind)?;
+            plan.admit_checkin(now, self.limits.checkins_per_minute)
+                .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))?;
+        }
+        Ok(false)
     }
 }
 
