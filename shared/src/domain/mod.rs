@@ -16,6 +16,14 @@ pub mod reminders;
 pub mod template;
 pub mod text;
 
+/// An RFC 3339 instant, in UTC: the domain's tests write their instants so.
+#[cfg(test)]
+pub(crate) fn at(rfc3339: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(rfc3339)
+        .expect("a valid RFC 3339 instant")
+        .with_timezone(&chrono::Utc)
+}
+
 pub use grants::{GrantReport, GrantState, GrantStatus, Quota, QuotaCounters, SubscribeResult};
 pub use ids::{IdError, OpenId, RequestId, TemplateId};
 pub use template::{Keyword, KeywordType, TemplateDef, Templates};

@@ -35,12 +35,7 @@ pub fn admit_n(count: u64, n: u64, max: u32, now: DateTime<Utc>) -> Result<(), u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(rfc3339: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(rfc3339)
-            .expect("valid instant")
-            .with_timezone(&Utc)
-    }
+    use crate::domain::at;
 
     #[test]
     fn admits_until_the_minutes_count_is_used_up() {

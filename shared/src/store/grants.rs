@@ -74,6 +74,25 @@ impl Admitted {
     pub fn is_replay(&self, report: &GrantReport) -> bool {
         self.recorded.len() == report.results.len()
     }
+
+    /// `report`'s progress with what was found recorded taken as replays (the
+    /// domain's rule: a template recorded with another result refuses the report).
+    fn progress(&self, report: &GrantReport) -> Result<ReportProgress, StoreError> {
+        let mut progress = ReportProgress::new(report);
+        let replays = self
+            .recorded
+            .iter()
+            .map(|entry| ReportFailure::Recorded {
+                entry: entry.clone(),
+                by_this_call: false,
+            })
+            .collect();
+        // (Only recorded entries: no limit can refuse here, so no Retry-After.)
+        progress
+            .cancelled(replays)
+            .map_err(|refused| refused_error(refused, report, 60))?;
+        Ok(progress)
+    }
 }
 
 /// A user's stored quotas: counters and standing choices, by template.
@@ -105,20 +124,10 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<GrantsRecorded, StoreError> {
         let pk = user_pk(openid);
-        let mut progress = ReportProgress::new(report);
-        if let Some(admitted) = admitted {
-            let replays = admitted
-                .recorded
-                .iter()
-                .map(|entry| ReportFailure::Recorded {
-                    entry: entry.clone(),
-                    by_this_call: false,
-                })
-                .collect();
-            progress
-                .cancelled(replays)
-                .map_err(|refused| refused_error(refused, report, 60))?;
-        }
+        let progress = match admitted {
+            Some(admitted) => admitted.progress(report)?,
+            None => ReportProgress::new(report),
+        };
         if report.results.is_empty() {
             // Nothing to record: no transaction, so no report counted either.
             return Ok(progress.recorded());
@@ -289,15 +298,7 @@ impl Store {
         };
         // A template recorded with another result refuses the whole report, before
         // anything of it (its standing choice included) is written.
-        for entry in &admitted.recorded {
-            if report.results.get(&entry.template_id) != Some(&entry.result) {
-                let refused = ReportRefused::Conflict {
-                    template: entry.template_id.clone(),
-                    recorded: entry.result,
-                };
-                return Err(refused_error(refused, report, 60));
-            }
-        }
+        admitted.progress(report)?;
         if !admitted.is_replay(report) {
             self.rate_admits(Counter::Reports, found.get(&rate), now)?;
         }

@@ -88,12 +88,7 @@ pub fn at_cap(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(s: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(s)
-            .expect("instant")
-            .with_timezone(&Utc)
-    }
+    use crate::domain::at;
 
     fn date(s: &str) -> NaiveDate {
         NaiveDate::parse_from_str(s, "%Y-%m-%d").expect("date")

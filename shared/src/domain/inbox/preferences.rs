@@ -201,11 +201,7 @@ mod tests {
         Preferences::from_json(&body).expect("valid")
     }
 
-    fn utc(text: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(text)
-            .expect("time")
-            .with_timezone(&Utc)
-    }
+    use crate::domain::at as utc;
 
     #[test]
     fn bad_preferences_are_refused_with_their_reason() {

@@ -70,13 +70,8 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::at;
     use crate::domain::reminders::test_kind;
-
-    fn at(rfc3339: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(rfc3339)
-            .expect("valid instant")
-            .with_timezone(&Utc)
-    }
 
     fn counters(available: u64, reserved: u64) -> QuotaCounters {
         QuotaCounters {
