@@ -123,6 +123,9 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
     assert_plans_consistent(&app).await;
 }
 
+/// Compared in read units, which DynamoDB bills for a key asked whether or not its
+/// item exists: the items found would differ by the minute's `RATE#` item, which the
+/// disable finds only when it runs in the same minute as the user's setup.
 #[tokio::test]
 async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants_as_with_none() {
     let app = spawn_app_with(&FAST).await;
@@ -136,11 +139,11 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
         // A reminder.
         app.make_due(user, "water", Utc::now()).await;
         app.round_trips.take();
-        app.round_trips.take_items_read();
+        app.round_trips.take_read_units();
         assert_eq!(app.tick(30).await.sent, 1);
         let dispatch = (
             tally(app.round_trips.take()),
-            app.round_trips.take_items_read(),
+            app.round_trips.take_read_units(),
         );
         // A push of the same template that meets 43101: the other grants are voided.
         app.control(
@@ -155,18 +158,18 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
                                      "data": {"thing1": "喝水", "time2": "2026年11月30日 15:00", "number3": "1"}}}))
             .await;
         app.round_trips.take();
-        app.round_trips.take_items_read();
+        app.round_trips.take_read_units();
         assert_eq!(app.tick(30).await.failed, 1);
         let refused = (
             tally(app.round_trips.take()),
-            app.round_trips.take_items_read(),
+            app.round_trips.take_read_units(),
         );
         // Disabling the plan.
         let off = app.disable(user, "water").await;
         assert_eq!(off.status, 200);
         let disable = (
             tally(app.round_trips.take()),
-            app.round_trips.take_items_read(),
+            app.round_trips.take_read_units(),
         );
         // A dispatch is its read, the claim and the finalize; the rest of the tick is
         // its own (the shard registry, the index queries).
@@ -200,10 +203,10 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
     }
     assert_eq!(
         costs[0], costs[1],
-        "the same requests and items read with 0 and 1,000 past grants"
+        "the same requests and read units with 0 and 1,000 past grants"
     );
     eprintln!(
-        "(requests, items read) with 0 and with 1,000 past grants: {:?}",
+        "(requests, read units) with 0 and with 1,000 past grants: {:?}",
         costs[0]
     );
     assert_ledger_agrees_with_counters(&app).await;
