@@ -4,7 +4,7 @@
 export interface RequestOptions {
   url: string;
   method: 'GET' | 'POST' | 'PUT';
-  data?: unknown;
+  data?: Record<string, any>;
   header: Record<string, string>;
   timeout: number;
   success(res: { statusCode: number; data: any; header?: Record<string, string> }): void;
@@ -20,7 +20,8 @@ export type SubscribeResult =
   | 'accept' | 'acceptWithAudio' | 'acceptWithAlert' | 'reject' | 'ban' | 'filter';
 
 export interface ClientOptions {
-  /** onegrant's API, e.g. the stack's ApiUrl. */
+  /** onegrant's API on its custom domain: an ICP-filed HTTPS domain listed in the
+   *  mini-program's request domains (never the stack's execute-api URL). */
   baseUrl: string;
   /** The mini-program's `wx` (found globally when not given): storage, request, login
    *  and requestSubscribeMessage. */
@@ -37,6 +38,16 @@ export interface ClientOptions {
   };
   /** Adapters instead of (or over) `wx`. */
   storage?: Storage;
+  /** The host app's session, instead of onegrant's own wx.login (which can replace the
+   *  host's session_key): resolves `{token, expires_in}` as `POST /v1/session` answers,
+   *  made by the host's backend (docs/client.md). Called again once on a 401. */
+  session?: () => Promise<{ token: string; expires_in: number }>;
+  /** Where the app's events come from (`onAppShow`, `onNetworkStatusChange`); `wx`
+   *  when not given. */
+  events?: {
+    onAppShow?(listener: (options: unknown) => void): void;
+    onNetworkStatusChange?(listener: (res: { isConnected: boolean; networkType: string }) => void): void;
+  };
   request?: (options: RequestOptions) => void;
   login?: (options: { success(res: { code: string }): void; fail(err: { errMsg?: string }): void }) => void;
   requestSubscribeMessage?: (options: {
@@ -47,16 +58,38 @@ export interface ClientOptions {
   getSetting?: GetSetting;
   /** Reminder kinds `prefetch` caches plans of (default ['water']). */
   kinds?: string[];
-  /** Template id per kind, used before the first prefetch (the plan's otherwise). */
+  /** Template id per kind. Needed for the very first tap: before any prefetch has
+   *  answered, nothing else names the template to ask for (the plan's once fetched). */
   templates?: Record<string, string>;
   /** Request timeout in ms (default 10000). */
   timeout?: number;
   /** Clock and id source, for tests. */
   now?: () => number;
   newId?: (prefix: string) => string;
-  /** Definite refusals of queued actions, and subscribe failures. */
-  onError?: (error: OnegrantError | { code: string; message: string }) => void;
+  /** Definite refusals of queued actions, configuration errors, actions not stored or
+   *  dropped, and subscribe failures. */
+  onError?: (error: OnegrantError | SubscribeFailure) => void;
 }
+
+/** Why a `wx.requestSubscribeMessage` failed, from its errCode: `switched_off` (20004,
+ *  the main switch off: guide the user to wx.openSetting), `template_invalid` (20001,
+ *  10004), `ui_unavailable` (10005, the app went to the background), `not_in_tap`
+ *  (asked after an await), … */
+export type SubscribeFailureReason =
+  | 'no_templates' | 'network' | 'template_invalid' | 'ui_unavailable' | 'templates_mixed'
+  | 'too_many_templates' | 'switched_off' | 'subscribe_banned' | 'template_not_allowed'
+  | 'not_in_tap' | 'unknown';
+
+export interface SubscribeFailure {
+  code: 'subscribe_failed';
+  /** WeChat's errCode; null when it gave none. */
+  errCode: number | null;
+  reason: SubscribeFailureReason;
+  message: string;
+}
+
+/** A grant's state as the API answers it. */
+export type GrantStatus = 'available' | 'reserved' | 'consumed' | 'invalid' | 'not_granted';
 
 /** `wx.getSetting`, as the client calls it: only for the standing choice. */
 export type GetSetting = (options: {
@@ -81,6 +114,8 @@ export interface Quota {
   accepted: number;
   needs_grant: boolean;
   confirmed: number;
+  /** The standing choice the user's settings keep; absent while none is kept. */
+  standing?: Standing;
 }
 
 export interface Plan {
@@ -123,7 +158,8 @@ export type ErrorCode =
   | 'invalid_request_id' | 'invalid_action_id' | 'invalid_grant' | 'invalid_occurred_at'
   | 'invalid_count' | 'invalid_daily_goal' | 'invalid_interval' | 'invalid_time'
   | 'invalid_timezone' | 'invalid_waking_hours' | 'invalid_quiet_hours' | 'invalid_muted_types'
-  | 'grant_limit' | 'rate_limited' | 'unavailable' | 'internal' | 'network' | 'expired';
+  | 'grant_limit' | 'rate_limited' | 'unavailable' | 'internal' | 'network' | 'expired'
+  | 'configuration' | 'dropped' | 'not_stored';
 
 export class OnegrantError extends Error {
   constructor(status: number, code: ErrorCode | string, message?: string, retryAfter?: number);
@@ -132,13 +168,15 @@ export class OnegrantError extends Error {
   readonly code: ErrorCode | string;
   /** Seconds, when the server said (429, 503). */
   readonly retryAfter?: number;
-  /** No answer, 401, 429 or 5xx: the same request may succeed later. */
+  /** No answer (not a configuration error), 401, 429 or 5xx: the same request may
+   *  succeed later. An own property. */
   readonly retryable: boolean;
 }
 
 export interface CheckInResult {
   actionId: string;
-  /** Whether the tap asked for a grant (the cached plan needed one). */
+  /** Whether the tap asked for a grant: the cached plan needed one, was cached before
+   *  this foreground session, or its reminder time has passed. */
   asked: boolean;
   /** What the user chose in the popup, if asked. */
   result: SubscribeResult | null;
@@ -149,6 +187,11 @@ export interface CheckInResult {
    *  check-in); null while it waits in the queue; absent with `error`. */
   plan?: Plan | null;
   queued: boolean;
+  /** Whether the action reached storage; false when storage refused it (full): it was
+   *  kept in memory and submitted at once, lost only if the app closes first. */
+  stored: boolean;
+  /** Why the popup failed, when it did. */
+  subscribeError: SubscribeFailure | null;
   /** The server refused the check-in for good (a definite 4xx). */
   error?: OnegrantError;
 }
@@ -157,8 +200,10 @@ export interface GrantsResult {
   requestId: string;
   results: Record<string, SubscribeResult>;
   /** Absent with `error`; null while the report waits in the queue. */
-  grants?: Array<{ template_id: string; request_id: string; result: SubscribeResult; status: 'available' | null }> | null;
+  grants?: Array<{ template_id: string; request_id: string; result: SubscribeResult; status: GrantStatus }> | null;
   queued: boolean;
+  stored: boolean;
+  subscribeError: SubscribeFailure | null;
   error?: OnegrantError;
 }
 
@@ -188,8 +233,14 @@ export class Client {
   checkIn(kind: string, options: { count: number; goal: number }): Promise<CheckInResult>;
   /** Call first thing in the tap handler, before any await. 1–3 template ids. */
   requestGrants(templateIds: string[]): Promise<GrantsResult>;
+  /** Submits the queue, oldest first; one flush at a time for the whole app. */
   flush(): Promise<{ answers: Record<string, { data?: any; error?: OnegrantError }>; pending: number }>;
   pendingCount(): number;
+  /** Queued actions this app run dropped because the queue was full (200). */
+  droppedCount(): number;
+  /** The configuration error (request domain, TLS) that stopped submits in this app
+   *  run, or null. */
+  configurationError(): OnegrantError | null;
   notifications(params?: { limit?: number; cursor?: string; read?: boolean; type?: string }):
     Promise<{ items: Notification[]; next_cursor: string | null }>;
   unreadCount(): Promise<number>;
@@ -209,5 +260,6 @@ export interface Preferences {
 export function createClient(options: ClientOptions): Client;
 export const ERROR_CODES: readonly ErrorCode[];
 export const SUBSCRIBE_RESULTS: readonly SubscribeResult[];
+export const SUBSCRIBE_FAILURES: Readonly<Record<number, SubscribeFailureReason>>;
 export function storageKeys(baseUrl: string): Client['keys'];
 export const VERSION: string;

@@ -19,14 +19,21 @@
 const VERSION = '0.1.0';
 
 const {
-  ERROR_CODES, SUBSCRIBE_RESULTS, SESSION_MARGIN_MS, STALE_TAP_MS, MAX_QUEUED_MS, DEFAULT_RETRY_AFTER_S,
-  storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, deadline, merge,
+  ERROR_CODES, SUBSCRIBE_RESULTS, SUBSCRIBE_FAILURES, SESSION_MARGIN_MS,
+  storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, deadline,
+  subscribeFailure, noAnswer,
 } = require('./support.js');
+const { appOf, load, save } = require('./storage.js');
+const { queueMethods } = require('./queue.js');
 const { standingRefuses, standingMethods } = require('./setting.js');
 const { inbox } = require('./inbox.js');
 
-/** Logins in flight, by session key: pages of one mini-program share one login. */
-const logins = new Map();
+/** The mini-program's global `wx`, read as a free name (`typeof` of an undeclared name
+ *  is safe): old iOS base libraries have no `globalThis`. */
+function globalWx() {
+  // eslint-disable-next-line no-undef
+  return typeof wx === 'undefined' ? undefined : wx;
+}
 
 class Client {
   /**
@@ -35,19 +42,22 @@ class Client {
   constructor(options) {
     const o = options || {};
     if (!o.baseUrl) throw new TypeError('createClient: baseUrl is required');
-    // eslint-disable-next-line no-undef
-    const wx = o.wx || (typeof globalThis.wx !== 'undefined' ? globalThis.wx : undefined);
-    const bound = (name) => (wx && typeof wx[name] === 'function' ? wx[name].bind(wx) : undefined);
+    const host = o.wx || globalWx();
+    const bound = (name) => (host && typeof host[name] === 'function' ? host[name].bind(host) : undefined);
     this.baseUrl = String(o.baseUrl).replace(/\/+$/, '');
     this.keys = storageKeys(this.baseUrl);
-    this.storage = o.storage || wx;
+    this.storage = o.storage || host;
     this.requestAdapter = o.request || bound('request');
+    // A host-supplied session (`session`) means onegrant never calls wx.login, which
+    // could replace the host app's session_key.
+    this.sessionProvider = typeof o.session === 'function' ? o.session : null;
     this.loginAdapter = o.login || bound('login');
     this.subscribeAdapter = o.requestSubscribeMessage || bound('requestSubscribeMessage');
     // Optional: without it (a base library before 2.10.1) no standing choice is reported.
     this.settingAdapter = o.getSetting || bound('getSetting');
-    if (!this.storage || !this.requestAdapter || !this.loginAdapter || !this.subscribeAdapter) {
-      throw new TypeError('createClient: no wx found; give storage, request, login and requestSubscribeMessage');
+    if (!this.storage || !this.requestAdapter || !(this.loginAdapter || this.sessionProvider)
+        || !this.subscribeAdapter) {
+      throw new TypeError('createClient: no wx found; give storage, request, login (or session) and requestSubscribeMessage');
     }
     this.kinds = o.kinds || ['water'];
     this.templates = o.templates || {};
@@ -55,62 +65,26 @@ class Client {
     this.now = o.now || (() => Date.now());
     this.newId = o.newId || ((prefix) => defaultId(prefix, this.now()));
     this.onError = o.onError || null;
-    this.flushing = null;
+    // One app's state, shared by every page's client (storage.js).
+    this.app = appOf(this.storage);
+    if (this.app.foregroundSince === null) this.app.foregroundSince = this.now();
+    this.listen(o.events || host);
   }
 
   // ---- storage -------------------------------------------------------------------
 
-  /** A stored value, or `fallback` when the key was never set ('' from wx). A storage
-   *  that fails throws: the queue is never rewritten from a failed read. */
+  /** A stored value, or `fallback` when never set or unreadable. Never throws. */
   read(key, fallback) {
-    const value = this.storage.getStorageSync(key);
-    return value === '' || value === undefined || value === null ? fallback : value;
+    return load(this.storage, this.app, key, fallback);
   }
 
+  /** Whether storage took `value` (if not, this app run keeps it in memory). */
   write(key, value) {
-    this.storage.setStorageSync(key, value);
-  }
-
-  /** The persisted queue, oldest first (a copy). */
-  queue() {
-    const queue = this.read(this.keys.queue, []);
-    return Array.isArray(queue) ? queue.slice() : [];
-  }
-
-  enqueue(item) {
-    const queue = this.queue();
-    queue.push(item);
-    this.write(this.keys.queue, queue);
-  }
-
-  /** Changes the queued item `id` (read afresh: another page may have changed the
-   *  queue); `change` answers the new item, or null to remove it. Whether it was there. */
-  updateQueued(id, change) {
-    const queue = this.queue();
-    const index = queue.findIndex((item) => item.id === id);
-    if (index < 0) return false;
-    const item = change(queue[index]);
-    if (item) queue[index] = item; else queue.splice(index, 1);
-    this.write(this.keys.queue, queue);
-    return true;
-  }
-
-  queued(id) {
-    return this.queue().find((item) => item.id === id) || null;
-  }
-
-  dequeue(id) {
-    this.updateQueued(id, () => null);
-  }
-
-  /** How many actions wait to be submitted. */
-  pendingCount() {
-    return this.queue().length;
+    return save(this.storage, this.app, key, value);
   }
 
   cache() {
-    let cache = null;
-    try { cache = this.read(this.keys.cache, null); } catch (e) { cache = null; }
+    const cache = this.read(this.keys.cache, null);
     return cache && typeof cache === 'object' ? cache : { quotas: [], plans: {} };
   }
 
@@ -125,14 +99,22 @@ class Client {
     return this.cache().quotas || [];
   }
 
+  /** Caches `plan` as the server answered it now. */
+  rememberPlan(kind, plan) {
+    this.remember((cache) => {
+      cache.plans = cache.plans || {};
+      cache.plans[kind] = plan;
+      cache.plansAt = cache.plansAt || {};
+      cache.plansAt[kind] = this.now();
+    });
+  }
+
   /** Updates the cache; a cache that cannot be written is only a cache. */
   remember(change) {
-    try {
-      const cache = this.cache();
-      change(cache);
-      cache.at = this.now();
-      this.write(this.keys.cache, cache);
-    } catch (e) { /* the next prefetch fills it */ }
+    const cache = this.cache();
+    change(cache);
+    cache.at = this.now();
+    this.write(this.keys.cache, cache);
   }
 
   // ---- HTTP and session ---------------------------------------------------------
@@ -149,7 +131,7 @@ class Client {
         header,
         timeout: this.timeout,
         success: (res) => resolve({ status: res.statusCode, data: res.data, headers: res.header || {} }),
-        fail: (err) => reject(new OnegrantError(0, 'network', (err && err.errMsg) || 'request failed')),
+        fail: (err) => reject(noAnswer(err, 'request failed')),
       };
       // wx.request turns a GET's data into query parameters: only writes carry a body.
       if (body !== undefined && method !== 'GET') options.data = body;
@@ -188,32 +170,48 @@ class Client {
         && session.expiresAt - SESSION_MARGIN_MS > this.now()) {
       return Promise.resolve(session.token);
     }
-    const running = logins.get(this.keys.session);
+    const running = this.app.logins.get(this.keys.session);
     if (running) return running;
-    const code = deadline(new Promise((resolve, reject) => {
-      this.loginAdapter({
-        timeout: this.timeout,
-        success: (res) => resolve(res && res.code),
-        fail: (err) => reject(new OnegrantError(0, 'network', (err && err.errMsg) || 'wx.login failed')),
-      });
-    }), this.timeout + 1000, 'wx.login');
-    const login = code
-      .then((c) => this.send('POST', '/v1/session', { code: c }))
+    const login = (this.sessionProvider ? this.hostSession() : this.loginSession())
       .then((answer) => {
-        if (answer.status !== 200) throw Client.failure(answer);
-        const expiresIn = Number(answer.data.expires_in) || 0;
-        this.write(this.keys.session, { token: answer.data.token, expiresAt: this.now() + expiresIn * 1000 });
-        return answer.data.token;
+        const token = answer && answer.token;
+        if (typeof token !== 'string' || !token) throw new OnegrantError(0, 'unauthorized', 'no session token');
+        const expiresIn = Number(answer.expires_in) || 0;
+        this.write(this.keys.session, { token, expiresAt: this.now() + expiresIn * 1000 });
+        return token;
       })
       .catch((error) => {
         const failed = isOnegrantError(error) ? error : new OnegrantError(0, 'network', String(error));
         failed.session = true;
         throw failed;
       });
-    logins.set(this.keys.session, login);
-    const done = () => { logins.delete(this.keys.session); };
+    this.app.logins.set(this.keys.session, login);
+    const done = () => { this.app.logins.delete(this.keys.session); };
     login.then(done, done);
     return login;
+  }
+
+  /** `wx.login` and `POST /v1/session`: resolves the API's answer (`{token, expires_in}`). */
+  loginSession() {
+    const code = deadline(new Promise((resolve, reject) => {
+      this.loginAdapter({
+        timeout: this.timeout,
+        success: (res) => resolve(res && res.code),
+        fail: (err) => reject(noAnswer(err, 'wx.login failed')),
+      });
+    }), this.timeout + 1000, 'wx.login');
+    return code
+      .then((c) => this.send('POST', '/v1/session', { code: c }))
+      .then((answer) => {
+        if (answer.status !== 200) throw Client.failure(answer);
+        return answer.data || {};
+      });
+  }
+
+  /** The host app's session (option `session`): `{token, expires_in}` as its backend
+   *  made it; wx.login is never called, so the host's session_key stays valid. */
+  hostSession() {
+    return deadline(Promise.resolve().then(() => this.sessionProvider()), this.timeout + 1000, 'session');
   }
 
   /** An authenticated call: a 401 means one new session and one more try. */
@@ -245,7 +243,12 @@ class Client {
       this.remember((cache) => {
         if (grants.data) cache.quotas = grants.data.quotas;
         cache.plans = cache.plans || {};
-        this.kinds.forEach((kind, i) => { if (plans[i].data) cache.plans[kind] = plans[i].data; });
+        cache.plansAt = cache.plansAt || {};
+        this.kinds.forEach((kind, i) => {
+          if (!plans[i].data) return;
+          cache.plans[kind] = plans[i].data;
+          cache.plansAt[kind] = this.now();
+        });
       });
       const cache = this.cache();
       const fresh = Boolean(grants.data) && plans.every((p) => p.data);
@@ -253,11 +256,19 @@ class Client {
     });
   }
 
-  /** Whether a check-in of `kind` should ask for a grant: the server's `needs_grant`, as
-   *  cached; asked when nothing is cached yet. */
+  /** Whether a check-in of `kind` should ask for a grant: when nothing is cached, when
+   *  the cached plan `needs_grant`, when it was cached before this foreground session
+   *  (the reminder that opened the app may have spent the last grant), or when its
+   *  `next_due_at` has passed (that reminder went out since). Asking once too often
+   *  only adds a grant (bounded by the server's cap); not asking stops the reminders. */
   needsGrant(kind) {
     const plan = this.cachedPlan(kind);
-    return plan ? Boolean(plan.needs_grant) : true;
+    if (!plan || plan.needs_grant) return true;
+    if (plan.state === 'disabled') return false;
+    const at = Number((this.cache().plansAt || {})[kind]);
+    if (!(at >= this.app.foregroundSince)) return true;
+    const due = plan.next_due_at ? Date.parse(plan.next_due_at) : NaN;
+    return Number.isFinite(due) && due <= this.now();
   }
 
   /** Whether a template's grant should be asked for: the cached quota's `needs_grant`
@@ -272,14 +283,14 @@ class Client {
 
   getPlan(kind) {
     return this.call('GET', `/v1/reminders/${encodeURIComponent(kind)}`).then((plan) => {
-      this.remember((cache) => { cache.plans = cache.plans || {}; cache.plans[kind] = plan; });
+      this.rememberPlan(kind, plan);
       return plan;
     });
   }
 
   updatePlan(kind, settings) {
     return this.call('PUT', `/v1/reminders/${encodeURIComponent(kind)}`, settings).then((plan) => {
-      this.remember((cache) => { cache.plans = cache.plans || {}; cache.plans[kind] = plan; });
+      this.rememberPlan(kind, plan);
       return plan;
     });
   }
@@ -294,17 +305,24 @@ class Client {
   // ---- taps ---------------------------------------------------------------------
 
   /** Calls `wx.requestSubscribeMessage` now, synchronously (the Promise executor runs
-   *  at once): resolves with its success object, or null when it failed. */
+   *  at once): resolves `{res}` with its success object, or `{failure}` (reported
+   *  through `onError` too: `{code: 'subscribe_failed', errCode, reason, message}`). */
   subscribe(templateIds) {
     return new Promise((resolve) => {
-      this.subscribeAdapter({
-        tmplIds: templateIds,
-        success: (res) => resolve(res || {}),
-        fail: (err) => {
-          this.report({ code: 'subscribe_failed', message: (err && err.errMsg) || 'requestSubscribeMessage failed' });
-          resolve(null);
-        },
-      });
+      const failed = (err) => {
+        const failure = subscribeFailure(err);
+        this.report(failure);
+        resolve({ res: null, failure });
+      };
+      try {
+        this.subscribeAdapter({
+          tmplIds: templateIds,
+          success: (res) => resolve({ res: res || {}, failure: null }),
+          fail: failed,
+        });
+      } catch (e) {
+        failed({ errMsg: `requestSubscribeMessage threw: ${e && e.message}` });
+      }
     });
   }
 
@@ -312,15 +330,6 @@ class Client {
     if (this.onError) {
       try { this.onError(error); } catch (e) { /* a listener's error is its own */ }
     }
-  }
-
-  /** Queues a grant report (`POST /v1/grants`) for a tap's `results`, by `requestId`. */
-  enqueueReport(requestId, results) {
-    if (this.queued(requestId)) return;
-    this.enqueue({
-      id: requestId, type: 'grants', path: '/v1/grants',
-      body: { request_id: requestId, results }, awaitingTap: false, createdAt: this.now(),
-    });
   }
 
   /**
@@ -352,8 +361,10 @@ class Client {
     if (grantId) body.grant_request_id = grantId;
     const known = this.subscriptionsSetting();
     if (known) body.subscriptions_setting = known;
-    // Recorded before anything else: a closed page or a dead network loses nothing.
-    this.enqueue({
+    // Recorded before anything else: a closed page or a dead network loses nothing. A
+    // storage that refuses it (full) never stops the popup: the app keeps the action in
+    // memory, submits it now, and the result says `stored: false`.
+    const stored = this.enqueue({
       id: actionId, type: 'checkin', path: `/v1/reminders/${encodeURIComponent(kind)}/checkins`,
       body, templateId, awaitingTap: ask, createdAt: this.now(),
     });
@@ -363,8 +374,9 @@ class Client {
         body: { request_id: refillRequestId }, awaitingTap: true, createdAt: this.now(),
       });
     }
-    const tap = ask ? this.subscribe(refillId ? [templateId, refillId] : [templateId]) : Promise.resolve(null);
-    return tap.then((res) => {
+    const tap = ask ? this.subscribe(refillId ? [templateId, refillId] : [templateId])
+      : Promise.resolve({ res: null, failure: null });
+    return tap.then(({ res, failure }) => {
       const result = res && isSubscribeResult(res[templateId]) ? res[templateId] : null;
       const refill = refillId && res && isSubscribeResult(res[refillId]) ? res[refillId] : null;
       let waiting = false;
@@ -383,7 +395,9 @@ class Client {
       }
       if (refillId) this.settleRefill(refillRequestId, refillId, refill);
       return this.withSetting(actionId)
-        .then(() => this.settle(actionId, { actionId, asked: ask, result, refill }, () => ({ plan: this.cachedPlan(kind) })));
+        .then(() => this.settle(actionId, {
+          actionId, asked: ask, result, refill, subscribeError: failure, stored,
+        }, () => ({ plan: this.cachedPlan(kind) })));
     });
   }
 
@@ -423,18 +437,18 @@ class Client {
       return Promise.reject(new TypeError('requestGrants: 1 to 3 template ids'));
     }
     const requestId = this.newId('wr_');
-    this.enqueue({
+    const stored = this.enqueue({
       id: requestId, type: 'grants', path: '/v1/grants',
       body: { request_id: requestId }, awaitingTap: true, createdAt: this.now(),
     });
-    return this.subscribe(templateIds).then((res) => {
+    return this.subscribe(templateIds).then(({ res, failure }) => {
       const results = {};
       templateIds.forEach((id) => {
         if (res && isSubscribeResult(res[id])) results[id] = res[id];
       });
       if (!Object.keys(results).length) {
         this.dequeue(requestId);
-        return { requestId, results, grants: null, queued: false };
+        return { requestId, results, grants: null, queued: false, subscribeError: failure, stored };
       }
       const waiting = this.updateQueued(requestId, (item) => Object.assign({}, item, {
         awaitingTap: false, body: { request_id: requestId, results },
@@ -442,120 +456,14 @@ class Client {
       // Dropped as stale while the popup was open: reported now, by the same id.
       if (!waiting) this.enqueueReport(requestId, results);
       return this.withSetting(requestId)
-        .then(() => this.settle(requestId, { requestId, results }, () => ({ grants: null })));
+        .then(() => this.settle(requestId, { requestId, results, subscribeError: failure, stored },
+          () => ({ grants: null })));
     });
   }
 
-  /** Submits the queue and answers for action `id`: the server's answer, or (sent by
-   *  another page meanwhile) `elsewhere()`, or still queued. */
-  settle(id, base, elsewhere) {
-    return this.flush().then((flushed) => {
-      const answer = flushed.answers[id];
-      const result = Object.assign({}, base);
-      if (answer && answer.error) {
-        result.error = answer.error;
-        result.queued = false;
-      } else if (answer) {
-        Object.assign(result, base.actionId ? { plan: answer.data } : { grants: answer.data.grants });
-        result.queued = false;
-      } else if (this.queued(id)) {
-        Object.assign(result, base.actionId ? { plan: null } : { grants: null });
-        result.queued = true;
-      } else {
-        Object.assign(result, elsewhere());
-        result.queued = false;
-      }
-      return result;
-    });
-  }
-
-  // ---- the queue ----------------------------------------------------------------
-
-  /**
-   * Submits every queued action, oldest first, each with the ids it was given when it
-   * was recorded. 2xx and definite 4xx take an item off the queue (a 4xx is surfaced
-   * through `onError` and the answer, never retried; a refused check-in's accepted grant
-   * is still reported); no answer, 429 or 5xx stop the run and keep the rest, and a
-   * `Retry-After` holds the next run back until then. One run at a time per client; a
-   * flush asked for while one runs runs after it. Resolves with `{answers: {id: {data} |
-   * {error}}, pending}`.
-   */
-  flush() {
-    if (this.flushing) {
-      return this.flushing.then((first) => this.flush().then((second) => merge(first, second)));
-    }
-    const answers = {};
-    const run = () => {
-      const now = this.now();
-      const retryAt = Number(this.read(this.keys.retryAt, 0)) || 0;
-      if (now < retryAt) return Promise.resolve();
-      const item = this.queue().find((i) => !i.awaitingTap || now - i.createdAt > STALE_TAP_MS);
-      if (!item) return Promise.resolve();
-      if (now - item.createdAt > MAX_QUEUED_MS) {
-        const error = new OnegrantError(0, 'expired', 'queued longer than the server remembers its ids');
-        answers[item.id] = { error };
-        this.dequeue(item.id);
-        this.report(error);
-        return run();
-      }
-      if (item.awaitingTap) {
-        // The page closed with the popup open: the tap's answer is lost; the action is
-        // sent without the grant it may have carried (a late answer is reported apart).
-        this.updateQueued(item.id, (queued) => {
-          if (queued.type === 'grants') return null;
-          const next = Object.assign({}, queued, { awaitingTap: false, body: Object.assign({}, queued.body) });
-          delete next.body.grant_request_id;
-          return next;
-        });
-        return run();
-      }
-      return this.call('POST', item.path, item.body).then((data) => {
-        answers[item.id] = { data };
-        this.dequeue(item.id);
-        this.afterAnswer(item, data);
-        return run();
-      }, (error) => {
-        if (isOnegrantError(error) && !error.retryable && !error.session) {
-          answers[item.id] = { error };
-          this.dequeue(item.id);
-          this.keepGrant(item, error);
-          this.report(error);
-          return run();
-        }
-        if (isOnegrantError(error) && (error.status === 429 || error.status === 503)) {
-          const wait = error.retryAfter || DEFAULT_RETRY_AFTER_S;
-          this.write(this.keys.retryAt, this.now() + wait * 1000);
-        }
-        // Stays queued, ids unchanged: the next flush sends it again.
-        return undefined;
-      });
-    };
-    const flushing = run().then(() => ({ answers, pending: this.pendingCount() }));
-    this.flushing = flushing;
-    const done = () => { if (this.flushing === flushing) this.flushing = null; };
-    flushing.then(done, done);
-    return flushing;
-  }
-
-  /** A check-in refused for good still carried a grant WeChat counted: reported alone,
-   *  by its own id (unless the grant itself was what the server refused). */
-  keepGrant(item, error) {
-    const grant = item.type === 'checkin' && item.body.grant_request_id && item.body.subscription_status;
-    if (!grant || !item.templateId || ['invalid_grant', 'grant_limit'].indexOf(error.code) >= 0) return;
-    this.enqueueReport(item.body.grant_request_id, { [item.templateId]: item.body.subscription_status });
-  }
-
-  /** Keeps the cache as the server last answered. */
-  afterAnswer(item, data) {
-    if (item.type === 'checkin' && data && data.kind) {
-      this.remember((cache) => { cache.plans = cache.plans || {}; cache.plans[data.kind] = data; });
-    } else if (item.type === 'grants' && data && data.quotas) {
-      this.remember((cache) => { cache.quotas = data.quotas; });
-    }
-  }
 }
 
-Object.assign(Client.prototype, standingMethods, inbox);
+Object.assign(Client.prototype, queueMethods, standingMethods, inbox);
 
 function createClient(options) {
   return new Client(options);
@@ -567,6 +475,7 @@ module.exports = {
   OnegrantError,
   ERROR_CODES,
   SUBSCRIBE_RESULTS,
+  SUBSCRIBE_FAILURES,
   storageKeys,
   VERSION,
 };

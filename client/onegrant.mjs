@@ -2,6 +2,6 @@
 import onegrant from './onegrant.js';
 
 export const {
-  createClient, Client, OnegrantError, ERROR_CODES, SUBSCRIBE_RESULTS, storageKeys, VERSION,
+  createClient, Client, OnegrantError, ERROR_CODES, SUBSCRIBE_RESULTS, SUBSCRIBE_FAILURES, storageKeys, VERSION,
 } = onegrant;
 export default onegrant;

@@ -15,8 +15,48 @@ const ERROR_CODES = Object.freeze([
   'invalid_request_id', 'invalid_action_id', 'invalid_grant', 'invalid_occurred_at',
   'invalid_count', 'invalid_daily_goal', 'invalid_interval', 'invalid_time',
   'invalid_timezone', 'invalid_waking_hours', 'invalid_quiet_hours', 'invalid_muted_types',
-  'grant_limit', 'rate_limited', 'unavailable', 'internal', 'network', 'expired',
+  'grant_limit', 'rate_limited', 'unavailable', 'internal', 'network', 'expired', 'configuration',
+  'dropped', 'not_stored',
 ]);
+
+/** Why `wx.requestSubscribeMessage` failed, by its `errCode` (WeChat's table): a stable
+ *  reason a page can act on. 20004 is the user's main switch, off; 10005 a popup the
+ *  app could not show (it went to the background). */
+const SUBSCRIBE_FAILURES = Object.freeze({
+  10001: 'no_templates',
+  10002: 'network',
+  10003: 'network',
+  10004: 'template_invalid',
+  10005: 'ui_unavailable',
+  20001: 'template_invalid',
+  20002: 'templates_mixed',
+  20003: 'too_many_templates',
+  20004: 'switched_off',
+  20005: 'subscribe_banned',
+  20013: 'template_not_allowed',
+});
+
+/** The failure of a subscribe call, as results and `onError` carry it: `{code:
+ *  'subscribe_failed', errCode, reason, message}`. Without an errCode, a call outside a
+ *  tap is `not_in_tap`; anything else `unknown`. */
+function subscribeFailure(err) {
+  const message = (err && err.errMsg) || 'requestSubscribeMessage failed';
+  const errCode = err && Number.isFinite(Number(err.errCode)) ? Number(err.errCode) : null;
+  let reason = errCode !== null && SUBSCRIBE_FAILURES[errCode];
+  if (!reason) reason = /TAP gesture|user tap/i.test(message) ? 'not_in_tap' : 'unknown';
+  return { code: 'subscribe_failed', errCode, reason, message };
+}
+
+/** wx.request failures that retrying cannot mend: the API's domain missing from the
+ *  mini-program's request domains, or a certificate or TLS error. Anything else (no
+ *  network, a timeout, a dropped connection) is `network` and retried. */
+const CONFIGURATION_FAILURE = /not in domain list|domain list|url not in|ssl|tls|certificate|cert_|handshake/i;
+
+/** The error for a wx.request or wx.login that got no answer. */
+function noAnswer(err, fallback) {
+  const message = (err && err.errMsg) || fallback;
+  return new OnegrantError(0, CONFIGURATION_FAILURE.test(message) ? 'configuration' : 'network', message);
+}
 
 /** The values `wx.requestSubscribeMessage` reports per template. */
 const SUBSCRIBE_RESULTS = Object.freeze([
@@ -33,6 +73,12 @@ const STALE_TAP_MS = 2 * 60 * 1000;
 const MAX_QUEUED_MS = 34 * 24 * 3600 * 1000;
 /** How long to wait before the next submit after a 429 or 503 that named no time. */
 const DEFAULT_RETRY_AFTER_S = 5;
+/** The longest a stored `retryAt` holds the queue back: a later one was written by a
+ *  clock since set back, or a server asking for more than it ever does. */
+const MAX_RETRY_WAIT_MS = 10 * 60 * 1000;
+/** The most actions kept queued; past it the oldest are dropped first (and counted). A
+ *  check-in is a few hundred bytes: the queue stays far below WeChat's 1 MB per key. */
+const MAX_QUEUE = 200;
 
 /** The storage keys of a client of `baseUrl`: one queue and session per backend. */
 function storageKeys(baseUrl) {
@@ -56,12 +102,10 @@ class OnegrantError extends Error {
     this.status = status;
     this.code = code;
     this.retryAfter = retryAfter;
-  }
-
-  /** Whether sending the same request later may succeed: no answer, 401 (after a new
-   *  session), 429 or 5xx. A definite 4xx never changes by retrying. */
-  get retryable() {
-    return this.status === 0 || this.status === 401 || this.status === 429 || this.status >= 500;
+    /** Whether sending the same request later may succeed: no answer (but not a
+     *  configuration error), 401 (after a new session), 429 or 5xx. A definite 4xx never
+     *  changes by retrying. An own property: it survives a spread and JSON. */
+    this.retryable = (status === 0 && code !== 'configuration') || status === 401 || status === 429 || status >= 500;
   }
 }
 
@@ -137,6 +181,11 @@ module.exports = {
   STALE_TAP_MS,
   MAX_QUEUED_MS,
   DEFAULT_RETRY_AFTER_S,
+  MAX_RETRY_WAIT_MS,
+  MAX_QUEUE,
+  SUBSCRIBE_FAILURES,
+  subscribeFailure,
+  noAnswer,
   storageKeys,
   OnegrantError,
   isOnegrantError,

@@ -313,6 +313,13 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
     with_glass = Stack(dict(PUSH, BreakGlassRoleArn=glass))
     policy = with_glass.of_type("AWS::SecretsManager::ResourcePolicy")["SessionSecretPolicy"]
     assert glass in readers(policy)
+    # A host's token issuer reads the session key and nothing else.
+    issuer = "arn:aws:iam::123456789012:role/host-backend"
+    hosted = Stack(dict(PUSH, SessionIssuerRoleArn=issuer)).of_type("AWS::SecretsManager::ResourcePolicy")
+    assert issuer in readers(hosted["SessionSecretPolicy"])
+    for other in ["WechatSecretPolicy", "PushTokenPolicy", "PushAesKeyPolicy"]:
+        assert issuer not in readers(hosted[other]), other
+    assert issuer not in readers(policies["SessionSecretPolicy"])
     unfenced = Stack(dict(PUSH, FenceExternalSecrets="false"))
     assert sorted(unfenced.of_type("AWS::SecretsManager::ResourcePolicy")) == ["SessionSecretPolicy"]
     without_push = Stack({})

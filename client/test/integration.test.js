@@ -7,9 +7,11 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { createClient } = require('../onegrant.js');
 const { FakeWx } = require('./fake-wx.js');
-const { startStack, httpRequest, standinLogin, notify } = require('./stack.js');
+const { startStack, httpRequest, standinLogin, notify, tick } = require('./stack.js');
 
 const WATER = 'tmpl_water_reminder';
+/** onegrant-local's session key (local/src/stack.rs), which a host's backend would share. */
+const LOCAL_SESSION_SECRET = 'local-development-session-secret-not-for-production';
 const ORDER = 'tmpl_order_status';
 const USED_UP = 'tmpl_grants_used_up';
 
@@ -17,13 +19,25 @@ let stack;
 test.before(async () => { stack = await startStack(); });
 test.after(async () => { if (stack) await stack.stop(); });
 
-/** A user's phone: one storage, a network the test can cut, pages made on demand. */
+/** A user's phone: one mini-program (one `wx`, one storage), a network the test can
+ *  cut, pages made on demand. */
 function phone(user) {
   const net = { offline: false, log: [] };
   const counter = { logins: 0 };
   const store = new Map();
+  const wx = new FakeWx({ store, request: httpRequest(net), login: standinLogin(stack, user, counter) });
+  // WeChat counts each accept on its side too: the stand-in is told, so a send spends it.
+  const ask = wx.requestSubscribeMessage.bind(wx);
+  wx.requestSubscribeMessage = (options) => ask(Object.assign({}, options, {
+    success: (res) => {
+      const accepted = counter.openid ? options.tmplIds.filter((id) => res[id] === 'accept') : [];
+      Promise.all(accepted.map((id) => fetch(`${stack.standin}/control/quota`, {
+        method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ openid: counter.openid, template_id: id, count: 1 }),
+      }))).then(() => options.success(res), () => options.success(res));
+    },
+  }));
   const page = (extra) => {
-    const wx = new FakeWx({ store, request: httpRequest(net), login: standinLogin(stack, user, counter) });
     const errors = [];
     const client = createClient(Object.assign({
       baseUrl: stack.api, wx, onError: (e) => errors.push(e),
@@ -99,7 +113,7 @@ test('the standing choice: a kept reject pauses the plan without a popup; kept a
   assert.equal((await quota(client, WATER)).accepted, 2, 'each tap counted once');
 });
 
-test('offline: stored and queued; back online: one check-in and one grant, whatever retries and pages race', async () => {
+test('offline: stored and queued; back online: each action submitted once, in order, however many pages flush', async () => {
   const { net, page } = phone('bea');
   const a = page();
   await a.client.prefetch();
@@ -108,29 +122,103 @@ test('offline: stored and queued; back online: one check-in and one grant, whate
   assert.equal(result.result, 'accept');
   assert.equal(result.queued, true);
   assert.equal(result.plan, null);
-  const [queued] = a.wx.getStorageSync(a.client.keys.queue);
-  assert.equal(queued.body.action_id, result.actionId);
+  const b = page(); // a second page of the same mini-program
+  const order = await b.wx.tap(() => b.client.requestGrants([ORDER]));
+  assert.equal(order.queued, true);
+  const third = await a.wx.tap(() => a.client.checkIn('water', { count: 2, goal: 8 }));
+  const queued = a.client.queue();
+  // The first tap's refill notice is reported on its own, right after its check-in.
+  assert.deepEqual(queued.map((i) => i.id), [result.actionId, queued[1].id, order.requestId, third.actionId]);
+  assert.deepEqual(queued[1].body.results, { [USED_UP]: 'accept' });
 
   net.offline = false;
-  const b = page(); // a second page of the same mini-program: same storage
   const flushes = await Promise.all([
     a.client.flush(), b.client.flush(), a.client.flush(), b.client.flush(), a.client.flush(),
   ]);
   assert.ok(flushes.every((f) => f.pending === 0), 'the queue drained');
-  const sent = posts(net, '/v1/reminders/water/checkins');
-  assert.ok(sent.length >= 2, `the pages raced: ${sent.length} submits`);
-  for (const request of sent) {
-    assert.equal(request.status, 200);
-    assert.equal(request.body.action_id, queued.body.action_id, 'the same action id every time');
-    assert.equal(request.body.grant_request_id, queued.body.grant_request_id, 'the same grant id every time');
-  }
-  // Every submit got the first answer again: one check-in, replayed.
-  const answers = flushes.flatMap((f) => Object.entries(f.answers))
-    .filter(([id]) => id === result.actionId).map(([, a]) => JSON.stringify(a.data));
-  assert.ok(answers.length >= 2);
-  assert.equal(new Set(answers).size, 1, 'identical answers: the server recorded one check-in');
+  const submitted = net.log.filter((r) => r.method === 'POST' && r.path !== '/v1/session')
+    .map((r) => r.body.action_id || r.body.request_id);
+  assert.deepEqual(submitted, queued.map((i) => i.id), 'once each, in the order they were made');
+  const sent = posts(net, '/v1/reminders/water/checkins')[0];
+  assert.equal(sent.body.grant_request_id, queued[0].body.grant_request_id, 'the grant id made at the tap');
+  // Every page heard the answer.
+  for (const f of flushes) assert.equal(f.answers[third.actionId].data.today.count, 2);
   const water = await quota(a.client, WATER);
-  assert.deepEqual([water.accepted, water.available], [1, 1], 'one grant on the server');
+  assert.deepEqual([water.accepted, water.available], [2, 2], 'one grant per accepted tap, however many submits');
+  assert.equal((await quota(a.client, ORDER)).accepted, 1);
+});
+
+test('a reminder spends the last grant: the next tap, before any refresh, asks and the chain goes on', async () => {
+  const { net, page } = phone('hal');
+  // The first page's clock runs 15 minutes less 4 s behind: its check-in counts then,
+  // so the reminder it schedules is due 4 s from now.
+  const behind = (15 * 60 - 4) * 1000;
+  const first = page({ now: () => Date.now() - behind });
+  await first.client.updatePlan('water', {
+    enabled: true, interval_minutes: 15, wake_time: '00:00', sleep_time: '23:59', timezone: 'UTC', daily_goal: 50,
+  });
+  await first.client.prefetch();
+  const checkedIn = await first.wx.tap(() => first.client.checkIn('water', { count: 1, goal: 50 }));
+  assert.equal(checkedIn.result, 'accept');
+  assert.deepEqual([checkedIn.plan.state, checkedIn.plan.needs_grant], ['scheduled', false]);
+  const due = Date.parse(checkedIn.plan.next_due_at);
+  assert.ok(due > Date.now() && due < Date.now() + 60e3, checkedIn.plan.next_due_at);
+  // The reminder goes out and spends the only grant; the cache still says none is needed.
+  while (Date.now() <= due) await new Promise((resolve) => setTimeout(resolve, 200));
+  const ran = await tick(stack);
+  assert.equal(ran.sent, 1, JSON.stringify(ran));
+  const cached = first.client.cachedPlan('water');
+  assert.equal(cached.needs_grant, false, 'the cache is stale');
+  // The user opens the page from that reminder and taps before anything is fetched.
+  const reads = net.log.filter((r) => r.method === 'GET').length;
+  const second = page();
+  const tapped = await second.wx.tap(() => second.client.checkIn('water', { count: 2, goal: 50 }));
+  assert.equal(net.log.filter((r) => r.method === 'GET').length, reads, 'no refresh before the tap');
+  assert.equal(tapped.asked, true, 'its reminder time has passed: asked');
+  assert.equal(tapped.result, 'accept');
+  assert.deepEqual([tapped.plan.state, tapped.plan.needs_grant], ['scheduled', false], 'the chain goes on');
+  const water = await quota(second.client, WATER);
+  assert.deepEqual([water.accepted, water.used, water.available], [2, 1, 1]);
+});
+
+/** What a host's backend does with the session key it shares with onegrant: an HS256
+ *  JWT naming the openid its own code2session found (iss onegrant, exp). */
+function hostToken(openid, secret, seconds) {
+  const crypto = require('node:crypto');
+  const part = (value) => Buffer.from(JSON.stringify(value)).toString('base64url');
+  const now = Math.floor(Date.now() / 1000);
+  const unsigned = `${part({ alg: 'HS256', typ: 'JWT' })}.${part({ sub: openid, iat: now, exp: now + seconds, iss: 'onegrant' })}`;
+  return `${unsigned}.${crypto.createHmac('sha256', secret).update(unsigned).digest('base64url')}`;
+}
+
+test('a host-supplied session: onegrant never calls wx.login and the host\'s token is accepted', async () => {
+  const net = { offline: false, log: [] };
+  // The host app's own login, once: its backend learns the openid (here from the stand-in).
+  const login = await (await fetch(`${stack.standin}/control/login-codes`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ user: 'ivy' }),
+  })).json();
+  let minted = 0;
+  const wx = new FakeWx({ request: httpRequest(net), login: () => { throw new Error('wx.login called'); } });
+  const client = createClient({
+    baseUrl: stack.api, wx, templates: { water: WATER },
+    session: () => {
+      minted += 1;
+      return Promise.resolve({ token: hostToken(login.openid, LOCAL_SESSION_SECRET, 600), expires_in: 600 });
+    },
+  });
+  const plan = await client.updatePlan('water', { enabled: true });
+  assert.equal(plan.state, 'paused', JSON.stringify(plan));
+  const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(result.result, 'accept');
+  assert.deepEqual([result.plan.state, result.plan.needs_grant], ['scheduled', false]);
+  assert.equal(minted, 1, 'one token for every call while it lasts');
+  assert.equal(posts(net, '/v1/session').length, 0, 'no onegrant login');
+  // A token signed with another key is refused; the host is asked once more, then it fails.
+  const forged = createClient({
+    baseUrl: stack.api, wx: new FakeWx({ request: httpRequest(net) }),
+    session: () => Promise.resolve({ token: hostToken(login.openid, 'not-the-key-'.repeat(4), 600), expires_in: 600 }),
+  });
+  await assert.rejects(forged.getPlan('water'), (e) => e.status === 401);
 });
 
 test('a grant report whose answer is lost after the server committed is retried with the same request_id', async () => {

@@ -7,14 +7,14 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { createClient } = require('../onegrant.js');
 const { toReported, standingOf } = require('../setting.js');
-const { FakeWx } = require('./fake-wx.js');
+const { FakeWx, cachePlans } = require('./fake-wx.js');
 
 const WATER = 'tmpl_water_reminder';
 const ORDER = 'tmpl_order_status';
 
 function client(wx, plan) {
   const c = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER } });
-  wx.setStorageSync(c.keys.cache, { quotas: [], plans: { water: plan } });
+  cachePlans(wx, c, { water: plan });
   return c;
 }
 

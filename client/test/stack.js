@@ -125,4 +125,16 @@ async function notify(stack, detail) {
   return res.json();
 }
 
-module.exports = { startStack, httpRequest, standinLogin, notify };
+/** One dispatcher tick through the Invoke API, as the schedule runs it; its summary. */
+async function tick(stack) {
+  const event = {
+    version: '0', id: 't', 'detail-type': 'Scheduled Event', source: 'aws.events', account: '1',
+    time: new Date().toISOString(), region: 'us-east-1', resources: [], detail: {},
+  };
+  const res = await fetch(`${stack.invoke}/2015-03-31/functions/DispatcherFunction/invocations`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(event),
+  });
+  return res.json();
+}
+
+module.exports = { startStack, httpRequest, standinLogin, notify, tick };

@@ -7,14 +7,14 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
 const { createClient, OnegrantError } = require('../onegrant.js');
-const { FakeWx } = require('./fake-wx.js');
+const { FakeWx, cachePlans, scripted } = require('./fake-wx.js');
 
 const WATER = 'tmpl_water_reminder';
 const later = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function offlineClient(wx, cachedPlan) {
   const client = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER } });
-  if (cachedPlan) wx.setStorageSync(client.keys.cache, { quotas: [], plans: { water: cachedPlan } });
+  if (cachedPlan) cachePlans(wx, client, { water: cachedPlan });
   return client;
 }
 
@@ -124,20 +124,6 @@ test('errors say whether retrying can help', () => {
   assert.equal(new OnegrantError(409, 'idempotency_conflict').retryable, false);
 });
 
-/** A scripted server for the queue's rules: `answer(method, path, body)` gives
- *  `{status, data, header}`, or null for no answer at all. Every request is logged. */
-function scripted(answer) {
-  const log = [];
-  const request = (o) => {
-    const path = o.url.replace(/^https?:\/\/[^/]+/, '');
-    log.push({ method: o.method, path, body: o.data });
-    const res = answer(o.method, path, o.data);
-    setTimeout(() => (res ? o.success({ statusCode: res.status, data: res.data, header: res.header || {} })
-      : o.fail({ errMsg: 'request:fail' })), 0);
-  };
-  return { log, request };
-}
-
 const session = { status: 200, data: { token: 'tok', token_type: 'Bearer', expires_in: 7200 } };
 
 test('a popup answered after its check-in went without it reports the grant on its own, by the same id', async () => {
@@ -185,7 +171,7 @@ test('a 503 with Retry-After holds the queue back until then, and the same ids g
   });
   const client = createClient({ baseUrl: 'http://127.0.0.1:9', wx, now: () => now, request: server.request,
     login: (o) => o.success({ code: 'c' }) });
-  wx.setStorageSync(client.keys.cache, { plans: { water: { ...needing, needs_grant: false } } });
+  cachePlans(wx, client, { water: { ...needing, needs_grant: false } });
   const first = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
   assert.equal(first.queued, true);
   const sends = () => server.log.filter((r) => r.path.endsWith('/checkins')).length;

@@ -32,6 +32,7 @@ Page({
     });
   },
 
+  /** @param {import('onegrant-miniprogram').Plan} plan */
   show(plan) {
     this.setData({
       count: plan.today ? plan.today.count : 0,
