@@ -44,7 +44,7 @@ function phone(user) {
     }, extra));
     return { wx, client, errors };
   };
-  return { net, counter, store, page };
+  return { net, counter, store, page, wx };
 }
 
 function posts(net, path) {
@@ -146,6 +146,30 @@ test('offline: stored and queued; back online: each action submitted once, in or
   const water = await quota(a.client, WATER);
   assert.deepEqual([water.accepted, water.available], [2, 2], 'one grant per accepted tap, however many submits');
   assert.equal((await quota(a.client, ORDER)).accepted, 1);
+});
+
+test('a refusal made after an accept, both queued offline, is never undone: submitted in the order made', async () => {
+  const { net, page, wx } = phone('joy');
+  const a = page();
+  await a.client.updatePlan('water', { enabled: true });
+  await a.client.prefetch();
+  net.offline = true;
+  const accepted = await wx.tap(() => a.client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(accepted.result, 'accept');
+  // Later, on another page, the user rejects the same template.
+  wx.decisions[WATER] = 'reject';
+  const b = page();
+  const refused = await wx.tap(() => b.client.requestGrants([WATER]));
+  assert.deepEqual(refused.results, { [WATER]: 'reject' });
+  net.offline = false;
+  await Promise.all([b.client.flush(), a.client.flush(), b.client.flush()]);
+  const order = net.log.filter((r) => r.method === 'POST' && r.path !== '/v1/session')
+    .map((r) => r.body.action_id || r.body.request_id);
+  assert.equal(order.indexOf(accepted.actionId), 0, `the accept first: ${order}`);
+  assert.equal(order[order.length - 1], refused.requestId, 'the refusal last');
+  const plan = await a.client.getPlan('water');
+  assert.deepEqual([plan.state, plan.pause_reason, plan.needs_grant], ['paused', 'rejected', true],
+    'the refusal holds until a new accept');
 });
 
 test('a reminder spends the last grant: the next tap, before any refresh, asks and the chain goes on', async () => {
