@@ -35,6 +35,7 @@ PUSH = {
     "WechatPushAesKeySecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:onegrant/aes-AbCdEf",
     "WechatOriginalId": "gh_123456789abc",
 }
+TOPIC = "arn:aws:sns:us-east-1:123456789012:onegrant-alarms"
 PSEUDO = {
     "AWS::Region": "us-east-1",
     "AWS::AccountId": "123456789012",
@@ -281,6 +282,25 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
     assert "OnDemandThroughput" not in table
     capped = Stack({"TableMaxWriteUnits": "500"}).of_type("AWS::DynamoDB::Table")["Table"]
     assert capped["Properties"]["OnDemandThroughput"] == {"MaxWriteRequestUnits": "500"}
+
+
+@check
+def a_refused_secret_read_alarms_when_a_trail_is_named():
+    assert "SecretReadRefusedAlarm" not in Stack(PUSH).of_type("AWS::CloudWatch::Alarm")
+    assert not Stack(PUSH).of_type("AWS::Logs::MetricFilter")
+    stack = Stack(dict(PUSH, CloudTrailLogGroupName="aws-cloudtrail-logs-1234", AlarmTopicArn=TOPIC))
+    (metric_filter,) = stack.of_type("AWS::Logs::MetricFilter").values()
+    props = metric_filter["Properties"]
+    assert props["LogGroupName"] == "aws-cloudtrail-logs-1234"
+    pattern = props["FilterPattern"]
+    assert len(pattern) <= 1024, len(pattern)
+    for term in ['"secretsmanager.amazonaws.com"', '"GetSecretValue"', '"AccessDenied*"']:
+        assert term in pattern, pattern
+    (transform,) = props["MetricTransformations"]
+    alarm = stack.of_type("AWS::CloudWatch::Alarm")["SecretReadRefusedAlarm"]["Properties"]
+    assert (alarm["Namespace"], alarm["MetricName"]) == (transform["MetricNamespace"], transform["MetricName"])
+    assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["AlarmActions"] == [TOPIC]
 
 
 def readers(policy):
