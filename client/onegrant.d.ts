@@ -41,7 +41,7 @@ export interface ClientOptions {
   /** The host app's session, instead of onegrant's own wx.login (which can replace the
    *  host's session_key): resolves `{token, expires_in}` as `POST /v1/session` answers,
    *  made by the host's backend (docs/client.md). Called again once on a 401. */
-  session?: () => Promise<{ token: string; expires_in: number }>;
+  session?: (why: { refused: string | null }) => Promise<{ token: string; expires_in: number }>;
   /** Where the app's events come from (`onAppShow`, `onNetworkStatusChange`); `wx`
    *  when not given. */
   events?: {
@@ -194,6 +194,8 @@ export interface CheckInResult {
   subscribeError: SubscribeFailure | null;
   /** The server refused the check-in for good (a definite 4xx). */
   error?: OnegrantError;
+  /** While queued: the configuration error that stops submits in this app run. */
+  configurationError?: OnegrantError;
 }
 
 export interface GrantsResult {
@@ -205,6 +207,7 @@ export interface GrantsResult {
   stored: boolean;
   subscribeError: SubscribeFailure | null;
   error?: OnegrantError;
+  configurationError?: OnegrantError;
 }
 
 export class Client {

@@ -23,10 +23,24 @@ const {
   storageKeys, OnegrantError, isOnegrantError, codeOf, isSubscribeResult, defaultId, headerValue, deadline,
   subscribeFailure, noAnswer,
 } = require('./support.js');
-const { appOf, load, save } = require('./storage.js');
+const { appOf, load, loadChecked, save } = require('./storage.js');
 const { queueMethods } = require('./queue.js');
 const { standingRefuses, standingMethods } = require('./setting.js');
 const { inbox } = require('./inbox.js');
+
+function isRecord(value) {
+  return Boolean(value) && typeof value === 'object' && !Array.isArray(value);
+}
+
+/** A cache value in its shape: `{quotas: [], plans: {}, plansAt: {}, setting}`. */
+function sane(cache) {
+  const c = isRecord(cache) ? cache : {};
+  c.quotas = Array.isArray(c.quotas) ? c.quotas.filter(isRecord) : [];
+  c.plans = isRecord(c.plans) ? c.plans : {};
+  c.plansAt = isRecord(c.plansAt) ? c.plansAt : {};
+  if (c.setting !== undefined && !isRecord(c.setting)) delete c.setting;
+  return c;
+}
 
 /** The mini-program's global `wx`, read as a free name (`typeof` of an undeclared name
  *  is safe): old iOS base libraries have no `globalThis`. */
@@ -65,8 +79,8 @@ class Client {
     this.now = o.now || (() => Date.now());
     this.newId = o.newId || ((prefix) => defaultId(prefix, this.now()));
     this.onError = o.onError || null;
-    // One app's state, shared by every page's client (storage.js).
-    this.app = appOf(this.storage);
+    // One app's state, shared by every page's client (storage.js): one per `wx`.
+    this.app = appOf(host || this.storage);
     if (this.app.foregroundSince === null) this.app.foregroundSince = this.now();
     this.listen(o.events || host);
   }
@@ -83,15 +97,16 @@ class Client {
     return save(this.storage, this.app, key, value);
   }
 
+  /** The cache, its parts checked: anything not of its shape (a corrupt or foreign
+   *  value) is taken as absent, so it can neither throw nor suppress a popup. */
   cache() {
-    const cache = this.read(this.keys.cache, null);
-    return cache && typeof cache === 'object' ? cache : { quotas: [], plans: {} };
+    return sane(this.read(this.keys.cache, null));
   }
 
   /** The plan of `kind` as last fetched (or answered to a check-in), or null. */
   cachedPlan(kind) {
-    const plans = this.cache().plans || {};
-    return plans[kind] || null;
+    const plan = this.cache().plans[kind];
+    return isRecord(plan) ? plan : null;
   }
 
   /** The quotas as last fetched, or []. */
@@ -111,7 +126,10 @@ class Client {
 
   /** Updates the cache; a cache that cannot be written is only a cache. */
   remember(change) {
-    const cache = this.cache();
+    // A cache that cannot be read is not rebuilt over the one storage may still hold.
+    const { value, unknown } = loadChecked(this.storage, this.app, this.keys.cache, null);
+    if (unknown) return;
+    const cache = sane(value);
     change(cache);
     cache.at = this.now();
     this.write(this.keys.cache, cache);
@@ -172,11 +190,17 @@ class Client {
     }
     const running = this.app.logins.get(this.keys.session);
     if (running) return running;
-    const login = (this.sessionProvider ? this.hostSession() : this.loginSession())
+    const login = (this.sessionProvider ? this.hostSession(stale) : this.loginSession())
       .then((answer) => {
         const token = answer && answer.token;
-        if (typeof token !== 'string' || !token) throw new OnegrantError(0, 'unauthorized', 'no session token');
-        const expiresIn = Number(answer.expires_in) || 0;
+        const expiresIn = Number(answer && answer.expires_in);
+        if (typeof token !== 'string' || !token || !(expiresIn > 0)) {
+          // Not a failure to retry: the session source answers in the wrong shape.
+          throw new OnegrantError(0, 'configuration', 'the session answered no token or no expires_in');
+        }
+        if (stale && token === stale) {
+          throw new OnegrantError(401, 'unauthorized', 'the session answered the token just refused');
+        }
         this.write(this.keys.session, { token, expiresAt: this.now() + expiresIn * 1000 });
         return token;
       })
@@ -209,9 +233,11 @@ class Client {
   }
 
   /** The host app's session (option `session`): `{token, expires_in}` as its backend
-   *  made it; wx.login is never called, so the host's session_key stays valid. */
-  hostSession() {
-    return deadline(Promise.resolve().then(() => this.sessionProvider()), this.timeout + 1000, 'session');
+   *  made it; wx.login is never called, so the host's session_key stays valid. Told the
+   *  token the API just refused (`{refused}`), so a cache of it can be bypassed. */
+  hostSession(refused) {
+    return deadline(Promise.resolve().then(() => this.sessionProvider({ refused: refused || null })),
+      this.timeout + 1000, 'session');
   }
 
   /** An authenticated call: a 401 means one new session and one more try. */
@@ -222,7 +248,20 @@ class Client {
     })).then((answer) => {
       if (answer.status >= 200 && answer.status < 300) return answer.data;
       throw Client.failure(answer);
+    }).catch((error) => {
+      // A configuration error stops this app run's submits, wherever it is met first
+      // (a prefetch, a read, a submit), and is reported once.
+      if (isOnegrantError(error) && error.code === 'configuration') this.misconfigured(error);
+      throw error;
     });
+  }
+
+  /** Records and reports (once) the configuration error that stops the queue. */
+  misconfigured(error) {
+    const key = this.keys.queue;
+    if (this.app.misconfigured.has(key)) return;
+    this.app.misconfigured.set(key, error);
+    this.report(error);
   }
 
   // ---- quotas and plans ---------------------------------------------------------
@@ -394,9 +433,11 @@ class Client {
         this.enqueueReport(grantId, { [templateId]: result });
       }
       if (refillId) this.settleRefill(refillRequestId, refillId, refill);
+      // The tap's answer, too, may have been kept in memory only.
+      const kept = stored && this.queueStored();
       return this.withSetting(actionId)
         .then(() => this.settle(actionId, {
-          actionId, asked: ask, result, refill, subscribeError: failure, stored,
+          actionId, asked: ask, result, refill, subscribeError: failure, stored: kept,
         }, () => ({ plan: this.cachedPlan(kind) })));
     });
   }
@@ -455,8 +496,9 @@ class Client {
       }));
       // Dropped as stale while the popup was open: reported now, by the same id.
       if (!waiting) this.enqueueReport(requestId, results);
+      const kept = stored && this.queueStored();
       return this.withSetting(requestId)
-        .then(() => this.settle(requestId, { requestId, results, subscribeError: failure, stored },
+        .then(() => this.settle(requestId, { requestId, results, subscribeError: failure, stored: kept },
           () => ({ grants: null })));
     });
   }

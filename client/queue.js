@@ -21,6 +21,17 @@ const { load, save, loadQueue, saveQueue } = require('./storage.js');
 /** How many recent answers the app keeps, for a page whose action another page sent. */
 const RECENT_ANSWERS = 50;
 
+const ACCEPTS = ['accept', 'acceptWithAudio', 'acceptWithAlert'];
+
+/** Whether a queued action carries a grant the user accepted. */
+function carriesGrant(item) {
+  const body = (item && item.body) || {};
+  if (item && item.type === 'checkin') {
+    return Boolean(body.grant_request_id) && ACCEPTS.indexOf(body.subscription_status) >= 0;
+  }
+  return Object.keys(body.results || {}).some((id) => ACCEPTS.indexOf(body.results[id]) >= 0);
+}
+
 const queueMethods = {
   /** The queue, oldest first (a copy). Never throws. */
   queue() {
@@ -42,7 +53,15 @@ const queueMethods = {
   enqueue(item) {
     const { result: dropped, stored } = this.changeQueue((items) => {
       items.push(item);
-      return items.length > MAX_QUEUE ? items.splice(0, items.length - MAX_QUEUE) : [];
+      const gone = [];
+      while (items.length > MAX_QUEUE) {
+        // The oldest first, but never one carrying a grant the user accepted while
+        // any without one is left: a dropped check-in loses a count, a dropped grant
+        // a message.
+        const plain = items.findIndex((i) => !carriesGrant(i));
+        gone.push(items.splice(plain >= 0 && plain < items.length - 1 ? plain : 0, 1)[0]);
+      }
+      return gone;
     });
     if (dropped.length) {
       this.app.dropped += dropped.length;
@@ -74,6 +93,11 @@ const queueMethods = {
 
   dequeue(id) {
     this.updateQueued(id, () => null);
+  },
+
+  /** Whether the queue as it stands is in storage (not only in this app run's memory). */
+  queueStored() {
+    return !this.app.memory.has(this.keys.queue);
   },
 
   /** How many actions wait to be submitted. */
@@ -111,11 +135,15 @@ const queueMethods = {
         result.error = answer.error;
         result.queued = false;
       } else if (answer) {
-        Object.assign(result, base.actionId ? { plan: answer.data } : { grants: answer.data.grants });
+        const data = answer.data || {};
+        Object.assign(result, base.actionId ? { plan: answer.data || null } : { grants: data.grants || null });
         result.queued = false;
       } else if (this.queued(id)) {
         Object.assign(result, base.actionId ? { plan: null } : { grants: null });
         result.queued = true;
+        // Why it waits, when nothing will send it in this app run.
+        const stopped = this.configurationError();
+        if (stopped) result.configurationError = stopped;
       } else {
         Object.assign(result, elsewhere());
         result.queued = false;
@@ -145,8 +173,19 @@ const queueMethods = {
     const key = this.keys.queue;
     const running = this.app.flushes.get(key);
     if (running) {
-      return running.then((first) => this.flush().then((second) => merge(first, second)));
+      // Every caller arriving during a run shares one run after it — none at all when
+      // that run stopped on a failure (trying again at once would only fail again).
+      let followUp = this.app.followUps.get(key);
+      if (!followUp) {
+        followUp = running.then((first) => (first.stopped ? first : this.flush()), () => this.flush());
+        this.app.followUps.set(key, followUp);
+        const clear = () => { if (this.app.followUps.get(key) === followUp) this.app.followUps.delete(key); };
+        followUp.then(clear, clear);
+      }
+      return Promise.all([running.catch(() => ({ answers: {}, pending: 0 })), followUp])
+        .then(([first, second]) => merge(first, second));
     }
+    let stopped = false;
     const answers = {};
     const answered = (id, answer) => {
       answers[id] = answer;
@@ -160,8 +199,15 @@ const queueMethods = {
       const now = this.now();
       const retryAt = Number(load(this.storage, this.app, this.keys.retryAt, 0)) || 0;
       // A retryAt further off than any server asks was written by a clock since set back.
-      if (now < retryAt && retryAt - now <= MAX_RETRY_WAIT_MS) return Promise.resolve();
-      const item = this.queue()[0];
+      if (now < retryAt && retryAt - now <= MAX_RETRY_WAIT_MS) {
+        this.flushIn(retryAt - now);
+        return Promise.resolve();
+      }
+      const { items, whole } = loadQueue(this.storage, this.app, this.keys.queue);
+      // While stored actions cannot be read, newer ones wait: order is what keeps a
+      // refusal after the accept it followed.
+      if (!whole) return Promise.resolve();
+      const item = items[0];
       if (!item) return Promise.resolve();
       if (now - item.createdAt > MAX_QUEUED_MS) {
         const error = new OnegrantError(0, 'expired', 'queued longer than the server remembers its ids');
@@ -171,8 +217,12 @@ const queueMethods = {
         return run();
       }
       if (item.awaitingTap) {
-        // Its popup is open: it and what follows wait, in order (the tap flushes).
-        if (now - item.createdAt <= STALE_TAP_MS) return Promise.resolve();
+        // Its popup is open: it and what follows wait, in order (the tap flushes; a tap
+        // from a run that was killed is sent without its grant once stale).
+        if (now - item.createdAt <= STALE_TAP_MS) {
+          this.flushIn(STALE_TAP_MS - (now - item.createdAt));
+          return Promise.resolve();
+        }
         // The page closed with the popup open: the tap's answer is lost; the action is
         // sent without the grant it may have carried (a late answer is reported apart).
         this.updateQueued(item.id, (queued) => {
@@ -190,8 +240,8 @@ const queueMethods = {
         return run();
       }, (error) => {
         if (isOnegrantError(error) && error.code === 'configuration') {
-          this.app.misconfigured.set(key, error);
-          this.report(error);
+          this.misconfigured(error);
+          stopped = true;
           return undefined;
         }
         if (isOnegrantError(error) && !error.retryable && !error.session) {
@@ -206,15 +256,30 @@ const queueMethods = {
           save(this.storage, this.app, this.keys.retryAt, this.now() + wait);
           this.flushIn(wait);
         }
+        // A session that cannot be had for a reason other than the network (a login
+        // code refused, a token refused again) is reported, once per app run.
+        if (isOnegrantError(error) && error.session && !(error.status === 0 && error.code === 'network')) {
+          this.reportOnce(error);
+        }
         // Stays queued, ids unchanged: the next flush sends it again.
+        stopped = true;
         return undefined;
       });
     };
-    const flushing = run().then(() => ({ answers, pending: this.pendingCount() }));
+    const flushing = Promise.resolve().then(run)
+      .then(() => ({ answers, pending: this.pendingCount(), stopped }));
     this.app.flushes.set(key, flushing);
     const done = () => { if (this.app.flushes.get(key) === flushing) this.app.flushes.delete(key); };
     flushing.then(done, done);
     return flushing;
+  },
+
+  /** Reports `error` unless one of its code was reported in this app run. */
+  reportOnce(error) {
+    const seen = `${this.keys.queue} ${error.code}`;
+    if (this.app.reported.has(seen)) return;
+    this.app.reported.add(seen);
+    this.report(error);
   },
 
   /** A flush whose failure is only logged in the queue (for timers and platform events). */
@@ -240,10 +305,18 @@ const queueMethods = {
    *  network coming back flushes every queue. */
   listen(wx) {
     const app = this.app;
-    if (!app.clients.has(this.keys.queue)) app.clients.set(this.keys.queue, this);
+    // The newest page's client answers the app's events (its onError hears them).
+    app.clients.set(this.keys.queue, this);
     if (app.hooked || !wx) return;
     app.hooked = true;
-    const flushAll = () => app.clients.forEach((client) => client.flushSoon());
+    // A TLS error can be a captive portal or a wrong clock: a new network or an app
+    // shown again lifts it for one more try. A domain missing from the request
+    // domains is a release's configuration: it holds until the next launch.
+    const flushAll = () => app.clients.forEach((client, key) => {
+      const stop = app.misconfigured.get(key);
+      if (stop && !stop.domain) app.misconfigured.delete(key);
+      client.flushSoon();
+    });
     if (typeof wx.onAppShow === 'function') {
       wx.onAppShow(() => {
         app.foregroundSince = this.now();

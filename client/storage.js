@@ -11,22 +11,30 @@
  *
  * Every page of a mini-program runs in one JavaScript context with one `wx`: the app's
  * state (that memory, the one flush per queue, the recent answers, the foreground
- * session's start) is kept per storage object, so every client of one app shares it
- * and two apps in one Node test process (two fake `wx`) do not.
+ * session's start) is kept per `wx` (per storage only when no `wx` is given), so every
+ * client of one app shares it, whatever adapters each page passes, and two apps in one
+ * Node test process (two fake `wx`) do not.
  */
 
 const apps = new WeakMap();
 const detached = {};
 
-/** The shared state of the app whose storage is `storage`. */
-function appOf(storage) {
-  const owner = storage && (typeof storage === 'object' || typeof storage === 'function') ? storage : detached;
+/** The shared state of the app `owner` (its `wx`, else its storage) stands for. */
+function appOf(identity) {
+  const owner = identity && (typeof identity === 'object' || typeof identity === 'function') ? identity : detached;
   let app = apps.get(owner);
   if (!app) {
     app = {
       // key -> {value, partial}: what could not be written (partial: stored items could
       // not be read either, so the memory holds only what was added since).
       memory: new Map(),
+      // key -> the value last written, which storage holds (no other context writes it):
+      // read back when a read throws.
+      written: new Map(),
+      // queue key -> the flush that runs after the current one, shared by its waiters.
+      followUps: new Map(),
+      // Failures reported once per app run (by code), so a loop never floods onError.
+      reported: new Set(),
       // queue key -> the flush running now.
       flushes: new Map(),
       // queue key -> (action id -> answer): the latest answers, whichever page sent them.
@@ -55,17 +63,24 @@ function empty(value) {
   return value === '' || value === undefined || value === null;
 }
 
-/** `key`'s value: the memory's when a write of it failed, else storage's, else
- *  `fallback` (never set, or unreadable). Never throws. */
-function load(storage, app, key, fallback) {
+/** `key`'s value and whether it is unknown: the memory's when a write of it failed,
+ *  else storage's, else (a read that throws) the value last written, else `fallback`
+ *  with `unknown` true. Never throws. */
+function loadChecked(storage, app, key, fallback) {
   const kept = app.memory.get(key);
-  if (kept && !kept.partial) return copy(kept.value);
+  if (kept && !kept.partial) return { value: copy(kept.value), unknown: false };
   try {
     const value = storage.getStorageSync(key);
-    return empty(value) ? fallback : value;
+    return { value: empty(value) ? fallback : value, unknown: false };
   } catch (e) {
-    return kept ? copy(kept.value) : fallback;
+    if (app.written.has(key)) return { value: copy(app.written.get(key)), unknown: false };
+    return { value: kept ? copy(kept.value) : fallback, unknown: true };
   }
+}
+
+/** `key`'s value, or `fallback` (never set, or unknown). Never throws. */
+function load(storage, app, key, fallback) {
+  return loadChecked(storage, app, key, fallback).value;
 }
 
 /** Writes `value`; whether storage took it (if not, the app keeps it in memory). */
@@ -73,6 +88,7 @@ function save(storage, app, key, value) {
   try {
     storage.setStorageSync(key, value);
     app.memory.delete(key);
+    app.written.set(key, copy(value));
     return true;
   } catch (e) {
     app.memory.set(key, { value: copy(value), partial: false });
@@ -90,6 +106,7 @@ function loadQueue(storage, app, key) {
   try {
     stored = storage.getStorageSync(key);
   } catch (e) {
+    if (app.written.has(key) && !kept) return { items: copy(app.written.get(key)), whole: true };
     return { items: kept ? copy(kept.value) : [], whole: false };
   }
   // Anything but an action (a corrupt entry) is left out rather than stop the queue.
@@ -112,4 +129,4 @@ function saveQueue(storage, app, key, items, whole) {
   return save(storage, app, key, items);
 }
 
-module.exports = { appOf, load, save, loadQueue, saveQueue };
+module.exports = { appOf, load, loadChecked, save, loadQueue, saveQueue };

@@ -41,7 +41,9 @@ const SUBSCRIBE_FAILURES = Object.freeze({
  *  tap is `not_in_tap`; anything else `unknown`. */
 function subscribeFailure(err) {
   const message = (err && err.errMsg) || 'requestSubscribeMessage failed';
-  const errCode = err && Number.isFinite(Number(err.errCode)) ? Number(err.errCode) : null;
+  const given = err && err.errCode;
+  const errCode = given !== undefined && given !== null && given !== '' && Number.isFinite(Number(given))
+    ? Number(given) : null;
   let reason = errCode !== null && SUBSCRIBE_FAILURES[errCode];
   if (!reason) reason = /TAP gesture|user tap/i.test(message) ? 'not_in_tap' : 'unknown';
   return { code: 'subscribe_failed', errCode, reason, message };
@@ -50,12 +52,18 @@ function subscribeFailure(err) {
 /** wx.request failures that retrying cannot mend: the API's domain missing from the
  *  mini-program's request domains, or a certificate or TLS error. Anything else (no
  *  network, a timeout, a dropped connection) is `network` and retried. */
-const CONFIGURATION_FAILURE = /not in domain list|domain list|url not in|ssl|tls|certificate|cert_|handshake/i;
+const DOMAIN_FAILURE = /not in domain list|url not in/i;
+const TLS_FAILURE = /\bssl\b|\btls\b|certificate|handshake|ERR_CERT_|ERR_SSL_/i;
 
-/** The error for a wx.request or wx.login that got no answer. */
+/** The error for a wx.request or wx.login that got no answer. A configuration error
+ *  carries `domain` when the request domains lack the API's (only a release mends it;
+ *  a TLS error may be a captive portal or a wrong clock). */
 function noAnswer(err, fallback) {
   const message = (err && err.errMsg) || fallback;
-  return new OnegrantError(0, CONFIGURATION_FAILURE.test(message) ? 'configuration' : 'network', message);
+  const domain = DOMAIN_FAILURE.test(message);
+  const error = new OnegrantError(0, domain || TLS_FAILURE.test(message) ? 'configuration' : 'network', message);
+  if (domain) error.domain = true;
+  return error;
 }
 
 /** The values `wx.requestSubscribeMessage` reports per template. */

@@ -106,13 +106,27 @@ test('the typings declare exactly the client\'s public methods, and the codes th
     'getPreferences', 'setPreferences',
   ];
   assert.deepEqual([...declared].sort(), [...PUBLIC].sort());
+  // Every method of the client is either public (declared) or internal (listed here): a
+  // new one must be placed, and a public one typed.
+  const INTERNAL = [
+    'constructor', 'read', 'write', 'cache', 'rememberPlan', 'remember', 'send', 'token', 'relogin',
+    'loginSession', 'hostSession', 'call', 'misconfigured', 'needsGrantOf', 'subscribe', 'report',
+    'settleRefill', 'queue', 'changeQueue', 'enqueue', 'updateQueued', 'queued', 'dequeue', 'queueStored',
+    'enqueueReport', 'settle', 'recentAnswers', 'reportOnce', 'flushSoon', 'flushIn', 'listen', 'keepGrant',
+    'afterAnswer', 'withSetting',
+  ];
+  const methods = Object.getOwnPropertyNames(Client.prototype).filter((n) => typeof Client.prototype[n] === 'function');
+  for (const name of methods) {
+    assert.ok(PUBLIC.includes(name) || INTERNAL.includes(name), `Client.${name} is neither public nor internal`);
+  }
   for (const code of ERROR_CODES) assert.match(typings, new RegExp(`'${code}'`), `ErrorCode lacks ${code}`);
   for (const reason of new Set(Object.values(SUBSCRIBE_FAILURES))) {
     assert.match(typings, new RegExp(`'${reason}'`), `SubscribeFailureReason lacks ${reason}`);
   }
   // The grant status as the API answers it.
   const openapi = fs.readFileSync(path.join(root, '..', 'api', 'openapi.yaml'), 'utf8');
-  const statuses = openapi.match(/enum: \[available, reserved, consumed, invalid, not_granted\]/);
+  const grant = openapi.slice(openapi.indexOf('\n    Grant:'), openapi.indexOf('\n    Quota:'));
+  const statuses = grant.match(/enum: \[available, reserved, consumed, invalid, not_granted\]/);
   assert.ok(statuses, 'the API\'s grant statuses changed: update GrantStatus');
   assert.match(typings, /export type GrantStatus = 'available' \| 'reserved' \| 'consumed' \| 'invalid' \| 'not_granted';/);
 });

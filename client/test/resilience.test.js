@@ -129,6 +129,7 @@ test('storage filling while the popup is open keeps the accepted grant', async (
   const result = await pending;
   assert.equal(result.result, 'accept');
   assert.equal(result.queued, true, 'offline: kept');
+  assert.equal(result.stored, false, 'the caller is told the answer is in memory only');
   const [queued] = client.queue();
   assert.equal(queued.body.subscription_status, 'accept', 'the answer is kept in memory');
   // The storage frees up: the next write stores the whole queue.
@@ -169,33 +170,47 @@ test('the queue is bounded: past 200 actions the oldest are dropped first and co
   assert.ok(errors.includes('dropped'));
 });
 
-test('configuration errors are surfaced at once and not retried; a plain network failure is', async () => {
-  for (const errMsg of ['request:fail url not in domain list', 'request:fail ssl hand shake error']) {
+test('configuration errors are surfaced at once, from a submit or a prefetch, and not retried', async () => {
+  const DOMAIN = 'request:fail url not in domain list';
+  const TLS = 'request:fail ssl hand shake error';
+  for (const [errMsg, lifted] of [[DOMAIN, false], [TLS, true]]) {
     const wx = new FakeWx();
-    const server = scripted(() => ({ fail: errMsg }));
+    // The session works (another domain, say); the API's submits fail.
+    const server = accepting((method, path) => (path.endsWith('/checkins') ? { fail: errMsg } : undefined));
     const errors = [];
     const client = online(wx, server, { onError: (e) => errors.push(e) });
     cachePlans(wx, client, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
     const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
     assert.equal(result.queued, true, 'the action is kept for a fixed release');
-    const [error] = errors;
-    assert.equal(error.code, 'configuration', errMsg);
-    assert.equal(error.retryable, false);
-    assert.equal(client.configurationError().code, 'configuration');
-    const tries = server.log.length;
-    wx.network(true);
-    await client.flush();
+    assert.equal(result.configurationError.code, 'configuration', 'the result says why it waits');
+    assert.deepEqual(errors.map((e) => e.code), ['configuration'], errMsg);
+    assert.equal(errors[0].retryable, false);
+    const tries = () => server.log.filter((r) => r.path.endsWith('/checkins')).length;
     await wx.tap(() => client.checkIn('water', { count: 2, goal: 8 }));
-    assert.equal(server.log.length, tries, 'nothing more sent in this app run');
-    assert.equal(errors.length, 1, 'reported once');
+    await client.flush();
+    assert.equal(tries(), 1, 'nothing more sent');
+    // A new network: a TLS error (a captive portal, a wrong clock) gets one more try; a
+    // domain missing from the request domains holds until the next launch.
+    wx.network(true);
+    for (let i = 0; i < 50 && tries() < 2; i += 1) await later(5);
+    await later(20);
+    assert.equal(tries(), lifted ? 2 : 1, errMsg);
+    assert.equal(client.pendingCount(), 2);
   }
-  const timeout = new OnegrantError(0, 'network', 'request:fail timeout');
-  assert.equal(timeout.retryable, true);
+  // Met first by a prefetch, with nothing queued: reported all the same.
+  const wx = new FakeWx();
+  const errors = [];
+  const client = online(wx, scripted(() => ({ fail: DOMAIN })), { onError: (e) => errors.push(e.code) });
+  const fetched = await client.prefetch();
+  assert.equal(fetched.fresh, false);
+  assert.deepEqual(errors, ['configuration']);
+  assert.equal(client.configurationError().code, 'configuration');
+  assert.equal(new OnegrantError(0, 'network', 'request:fail timeout').retryable, true);
 });
 
 test('two pages flushing one queue submit each action once, in the order it was made', async () => {
   const wx = new FakeWx();
-  const server = accepting((method, path) => (path.endsWith('/checkins') ? undefined : undefined));
+  const server = accepting();
   const slow = (o) => setTimeout(() => server.request(o), 15);
   const a = online(wx, server, { request: slow });
   const b = online(wx, server, { request: slow });
@@ -305,4 +320,142 @@ test('errors keep retryable as their own property, through a spread and JSON', (
   assert.equal({ ...error }.retryable, true);
   assert.equal(JSON.parse(JSON.stringify(error)).retryable, true);
   assert.equal(Object.prototype.hasOwnProperty.call(new OnegrantError(422, 'invalid_count'), 'retryable'), true);
+});
+
+test('pages passing their own storage adapters still share one app: one flush, one memory', async () => {
+  const wx = new FakeWx();
+  const server = accepting();
+  const adapter = () => ({ getStorageSync: (k) => wx.getStorageSync(k), setStorageSync: (k, v) => wx.setStorageSync(k, v) });
+  const slow = (o) => setTimeout(() => server.request(o), 10);
+  const a = online(wx, server, { storage: adapter(), request: slow });
+  const b = online(wx, server, { storage: adapter(), request: slow });
+  wx.setStorageSync(a.keys.queue, [0, 1].map((i) => ({ id: `wc_${i}`, type: 'checkin', awaitingTap: false,
+    path: '/v1/reminders/water/checkins', createdAt: Date.now() - 10 + i, body: { action_id: `wc_${i}` } })));
+  await Promise.all([a.flush(), b.flush(), a.flush()]);
+  assert.deepEqual(checkins(server), ['wc_0', 'wc_1']);
+});
+
+test('callers arriving during a failing flush share one wait and no extra tries', async () => {
+  const wx = new FakeWx();
+  const server = accepting((method, path) => (path.endsWith('/checkins') ? { fail: 'request:fail timeout', delay: 30 } : undefined));
+  const client = online(wx, server);
+  wx.setStorageSync(client.keys.queue, [{ id: 'wc_0', type: 'checkin', awaitingTap: false,
+    path: '/v1/reminders/water/checkins', createdAt: Date.now(), body: { action_id: 'wc_0' } }]);
+  const flushes = await Promise.all(Array.from({ length: 6 }, () => client.flush()));
+  assert.equal(checkins(server).length, 1, 'one try, not one per caller');
+  assert.ok(flushes.every((f) => f.pending === 1));
+});
+
+test('a host session that answers badly or the refused token again is reported, not retried in silence', async () => {
+  const server = accepting();
+  const refusing = (o) => {
+    if (o.header.Authorization === 'Bearer same') {
+      setTimeout(() => o.success({ statusCode: 401, data: { error: { code: 'unauthorized' } }, header: {} }), 0);
+      return;
+    }
+    server.request(o);
+  };
+  const asked = [];
+  const errors = [];
+  const wx = new FakeWx();
+  const client = createClient({
+    baseUrl: 'http://127.0.0.1:9', wx, request: refusing, templates: { water: WATER },
+    onError: (e) => errors.push(e.code),
+    session: (why) => { asked.push(why); return Promise.resolve({ token: 'same', expires_in: 600 }); },
+  });
+  cachePlans(wx, client, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
+  const first = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(first.queued, true);
+  assert.deepEqual(asked, [{ refused: null }, { refused: 'same' }], 'told which token was refused');
+  await client.flush();
+  await client.flush();
+  assert.deepEqual(errors, ['unauthorized'], 'reported once in this app run');
+  // No token, or no lifetime: a configuration error, reported at once.
+  for (const answer of [{ data: { token: 't' } }, { token: 't' }]) {
+    const phone = new FakeWx();
+    const seen = [];
+    const hosted = createClient({ baseUrl: 'http://127.0.0.1:9', wx: phone, request: server.request,
+      onError: (e) => seen.push(e.code), session: () => Promise.resolve(answer) });
+    await assert.rejects(hosted.getPlan('water'), (e) => e.code === 'configuration');
+    assert.deepEqual(seen, ['configuration'], JSON.stringify(answer));
+  }
+});
+
+test('a storage whose reads fail after writes worked reads back what was written: no new login, no lost cache', async () => {
+  const wx = new FakeWx();
+  let logins = 0;
+  const server = accepting();
+  const client = online(wx, server, { login: (o) => { logins += 1; o.success({ code: 'c' }); } });
+  cachePlans(wx, client, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
+  wx.setStorageSync(client.keys.cache, Object.assign(wx.getStorageSync(client.keys.cache), { setting: { main_switch: true, item_settings: {} } }));
+  await client.getPlan('water');
+  assert.equal(logins, 1);
+  wx.readFails = true;
+  await client.getPlan('water');
+  await client.quotas();
+  assert.equal(logins, 1, 'the session written is read back');
+  wx.readFails = false;
+  assert.deepEqual(wx.getStorageSync(client.keys.cache).setting, { main_switch: true, item_settings: {} },
+    'the cache was not rebuilt from nothing');
+});
+
+test('while stored actions cannot be read, a newer one waits: the order holds', async () => {
+  const wx = new FakeWx();
+  const server = accepting();
+  const first = online(wx, server);
+  wx.setStorageSync(first.keys.queue, [{ id: 'wc_old', type: 'checkin', awaitingTap: false,
+    path: '/v1/reminders/water/checkins', createdAt: Date.now() - 10, body: { action_id: 'wc_old' } }]);
+  // A new app run (a fresh wx over the same storage) whose reads fail.
+  const relaunched = new FakeWx({ store: wx.store, request: server.request });
+  const client = online(relaunched, server);
+  relaunched.readFails = true;
+  cachePlans(wx, client, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
+  const result = await relaunched.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(result.queued, true);
+  assert.deepEqual(checkins(server), [], 'nothing sent ahead of the unread one');
+  relaunched.readFails = false;
+  await client.flush();
+  assert.deepEqual(checkins(server), ['wc_old', result.actionId]);
+});
+
+test('a full queue drops the oldest action carrying no accepted grant before one that does', async () => {
+  const wx = new FakeWx();
+  const client = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER } });
+  const item = (i, grant) => ({ id: `wc_${i}`, type: 'checkin', awaitingTap: false, path: '/v1/reminders/water/checkins',
+    createdAt: Date.now() - 1000 + i,
+    body: Object.assign({ action_id: `wc_${i}` }, grant ? { grant_request_id: `wr_${i}`, subscription_status: 'accept' } : {}) });
+  wx.setStorageSync(client.keys.queue, Array.from({ length: 200 }, (_, i) => item(i, i < 2)));
+  await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  const ids = client.queue().map((i) => i.id);
+  assert.deepEqual(ids.slice(0, 3), ['wc_0', 'wc_1', 'wc_3'], 'wc_2, the oldest without a grant, went');
+});
+
+test('corrupt cache values neither stop the popup nor suppress it', async () => {
+  for (const cache of [
+    { quotas: 'x', plans: { water: { kind: 'water', template_id: WATER, needs_grant: true, refill_template_id: 'tmpl_r' } } },
+    { plans: { water: 'paused' } },
+    { plans: [], setting: 'off' },
+    'garbage',
+  ]) {
+    const wx = new FakeWx();
+    const client = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER } });
+    wx.setStorageSync(client.keys.cache, cache);
+    const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+    assert.equal(result.asked, true, JSON.stringify(cache));
+    assert.equal(wx.subscribeCalls.length, 1);
+    assert.equal(client.queue()[0].body.action_id, result.actionId, 'recorded');
+  }
+});
+
+test('a queue held by a stored retryAt or an open popup is tried again when that ends, without a call', async () => {
+  const wx = new FakeWx();
+  const server = accepting();
+  const client = online(wx, server);
+  wx.setStorageSync(client.keys.queue, [{ id: 'wc_0', type: 'checkin', awaitingTap: false,
+    path: '/v1/reminders/water/checkins', createdAt: Date.now(), body: { action_id: 'wc_0' } }]);
+  wx.setStorageSync(client.keys.retryAt, Date.now() + 300); // left by the last app run
+  await client.flush();
+  assert.equal(client.pendingCount(), 1);
+  for (let i = 0; i < 100 && client.pendingCount() > 0; i += 1) await later(20);
+  assert.deepEqual(checkins(server), ['wc_0'], 'sent when the retryAt passed');
 });
