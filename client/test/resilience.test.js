@@ -5,7 +5,7 @@
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { createClient, OnegrantError } = require('../onegrant.js');
+const { createClient, OnegrantError, SUBSCRIBE_FAILURES } = require('../onegrant.js');
 const { FakeWx, cachePlans, scripted } = require('./fake-wx.js');
 
 const WATER = 'tmpl_water_reminder';
@@ -73,7 +73,12 @@ test('a failed popup carries its errCode and a stable reason, in the result and 
     [{ errCode: 10005, errMsg: 'requestSubscribeMessage:fail can not show UI' }, 'ui_unavailable'],
     [{ errCode: 20002, errMsg: 'requestSubscribeMessage:fail mixed' }, 'templates_mixed'],
     [{ errCode: 99999, errMsg: 'requestSubscribeMessage:fail something new' }, 'unknown'],
+    [{ errCode: null, errMsg: 'requestSubscribeMessage:fail' }, 'unknown'],
   ];
+  // And every code of WeChat's table, as the library names it.
+  for (const [code, reason] of Object.entries(SUBSCRIBE_FAILURES)) {
+    cases.push([{ errCode: Number(code), errMsg: `requestSubscribeMessage:fail ${code}` }, reason]);
+  }
   for (const [failure, reason] of cases) {
     const wx = new FakeWx({ subscribeFails: failure });
     const errors = [];
@@ -81,6 +86,7 @@ test('a failed popup carries its errCode and a stable reason, in the result and 
       onError: (e) => errors.push(e) });
     const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
     const expected = { code: 'subscribe_failed', errCode: failure.errCode, reason, message: failure.errMsg };
+    assert.equal(typeof reason, 'string');
     assert.deepEqual(result.subscribeError, expected, `errCode ${failure.errCode}`);
     assert.deepEqual(errors.find((e) => e.code === 'subscribe_failed'), expected);
     const [queued] = wx.getStorageSync(client.keys.queue);
@@ -458,4 +464,20 @@ test('a queue held by a stored retryAt or an open popup is tried again when that
   assert.equal(client.pendingCount(), 1);
   for (let i = 0; i < 100 && client.pendingCount() > 0; i += 1) await later(20);
   assert.deepEqual(checkins(server), ['wc_0'], 'sent when the retryAt passed');
+});
+
+test('a request that never answers is given up after its timeout and the action stays queued', async () => {
+  const wx = new FakeWx();
+  const silent = [];
+  const client = createClient({
+    baseUrl: 'http://127.0.0.1:9', wx, timeout: 50, templates: { water: WATER },
+    request: (o) => { silent.push(o.url); },            // no success, no fail, ever
+    login: (o) => o.success({ code: 'c' }),
+  });
+  wx.setStorageSync(client.keys.session, { token: 't', expiresAt: Date.now() + 3600e3 });
+  cachePlans(wx, client, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
+  const result = await wx.tap(() => client.checkIn('water', { count: 1, goal: 8 }));
+  assert.equal(result.queued, true);
+  assert.equal(silent.length, 1);
+  assert.equal(client.queue()[0].body.action_id, result.actionId, 'kept, with its id');
 });
