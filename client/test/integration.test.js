@@ -178,8 +178,12 @@ test('a reminder spends the last grant: the next tap, before any refresh, asks a
   // so the reminder it schedules is due 4 s from now.
   const behind = (15 * 60 - 4) * 1000;
   const first = page({ now: () => Date.now() - behind });
+  // A zone where it is midday now, so the reminder falls inside waking hours whenever
+  // the test runs.
+  const shift = 12 - new Date().getUTCHours();
+  const timezone = shift === 0 ? 'UTC' : `Etc/GMT${shift > 0 ? '-' : '+'}${Math.abs(shift)}`;
   await first.client.updatePlan('water', {
-    enabled: true, interval_minutes: 15, wake_time: '00:00', sleep_time: '23:59', timezone: 'UTC', daily_goal: 50,
+    enabled: true, interval_minutes: 15, wake_time: '06:00', sleep_time: '22:00', timezone, daily_goal: 50,
   });
   await first.client.prefetch();
   const checkedIn = await first.wx.tap(() => first.client.checkIn('water', { count: 1, goal: 50 }));
