@@ -38,6 +38,13 @@ pub enum Fault {
     CommitThenDrop,
     /// Forwarded and applied; the answer arrives this late.
     CommitThenDelay(Duration),
+    /// Held, never answered (the client's attempt times out), and applied only when a
+    /// request meeting [`Fault::ReleaseHeld`] comes: a write that commits late, after
+    /// the client has stopped asking.
+    HoldThenCommit,
+    /// Forwarded; then every held request is applied, before this one's answer goes
+    /// back (the client learns of nothing held until after it has this answer).
+    ReleaseHeld,
 }
 
 /// Every fault a write may meet once, each of which must leave the same outcome as
@@ -68,7 +75,11 @@ struct Rule {
 struct State {
     rules: Vec<Rule>,
     injected: Vec<(String, Fault)>,
+    held: Vec<Request>,
 }
+
+/// A request as received: method, path, headers, body.
+type Request = (Method, Uri, HeaderMap, Bytes);
 
 /// A running proxy in front of `upstream`.
 pub struct FaultProxy {
@@ -255,23 +266,28 @@ async fn handle(
                 json!({}),
             );
         }
-        Some(Fault::CommitThenDrop | Fault::CommitThenDelay(_)) | None => {}
-    }
-    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut request = client.request(method, format!("{upstream}{path}"));
-    for (name, value) in &headers {
-        if name != "host" && name != "content-length" {
-            request = request.header(name, value);
+        Some(Fault::HoldThenCommit) => {
+            state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .held
+                .push((method, uri, headers, body));
+            return std::future::pending::<Response>().await;
         }
+        Some(Fault::CommitThenDrop | Fault::CommitThenDelay(_) | Fault::ReleaseHeld) | None => {}
     }
-    let answer = match request.body(body).send().await {
-        Ok(answer) => answer,
-        Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
+    let Some((status, answer_headers, bytes)) =
+        forward(client, upstream, (method, uri, headers, body)).await
+    else {
+        return StatusCode::BAD_GATEWAY.into_response();
     };
-    let status = answer.status();
-    let answer_headers = answer.headers().clone();
-    let bytes = answer.bytes().await.unwrap_or_default();
     match fault {
+        Some(Fault::ReleaseHeld) => {
+            let held = std::mem::take(&mut state.lock().unwrap_or_else(|p| p.into_inner()).held);
+            for request in held {
+                forward(client, upstream, request).await;
+            }
+        }
         Some(Fault::CommitThenDrop) => {
             // The answer starts and then the connection fails: the client never learns
             // that the write was applied.
@@ -299,4 +315,24 @@ async fn handle(
     response
         .body(Body::from(bytes))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// Sends `request` on to the emulator: its answer's status, headers and body.
+async fn forward(
+    client: &reqwest::Client,
+    upstream: &str,
+    (method, uri, headers, body): Request,
+) -> Option<(StatusCode, HeaderMap, Bytes)> {
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut request = client.request(method, format!("{upstream}{path}"));
+    for (name, value) in &headers {
+        if name != "host" && name != "content-length" {
+            request = request.header(name, value);
+        }
+    }
+    let answer = request.body(body).send().await.ok()?;
+    let status = answer.status();
+    let answer_headers = answer.headers().clone();
+    let bytes = answer.bytes().await.unwrap_or_default();
+    Some((status, answer_headers, bytes))
 }

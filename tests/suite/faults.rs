@@ -120,6 +120,28 @@ async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unkn
     awaiting_checkin(&app, &user, "").await;
 }
 
+#[tokio::test]
+async fn a_claim_that_commits_after_its_delivery_was_looked_for_is_sent_not_left_to_the_sweep() {
+    // The claim's first attempt is held on its way (the client's attempt times out) and
+    // the resends meet "in progress" until the store stops asking; the delivery it
+    // looks for then is not there, and the held attempt commits just after that look.
+    // The plan then reads as claimed by another: it is this call's own claim, with the
+    // grant it reserved, and goes out once — not `lost` now and `unknown` (its grant
+    // void, nothing sent) when the sweep finds it.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "late-commit", 1).await;
+    proxy.inject("TransactWriteItems", Some(CLAIM), Fault::HoldThenCommit, 1);
+    proxy.inject("TransactWriteItems", Some(CLAIM), Fault::InProgress, 9);
+    proxy.inject("GetItem", Some("DELIVERY#"), Fault::ReleaseHeld, 1);
+    let summary = app.tick(20).await;
+    assert_eq!(injected(&proxy, Fault::HoldThenCommit), 1);
+    assert_eq!(injected(&proxy, Fault::ReleaseHeld), 1);
+    sent_once(&app, &user, &summary, "late commit").await;
+    let delivery = app.items_of(&user, "delivery").await;
+    assert_eq!(delivery.len(), 1);
+    assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
+}
+
 /// A write path under test: what it does, and how to check it did it exactly once.
 #[derive(Debug, Clone, Copy)]
 enum Path {
