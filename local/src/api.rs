@@ -154,6 +154,10 @@ async fn dispatch(State(state): State<Arc<ApiState>>, req: axum::extract::Reques
     let request = Request::from_parts(parts, lambda_body(bytes))
         .with_path_parameters(params)
         .with_query_string_parameters(query);
+    // As the deployed functions' `main` does, before the handler.
+    if let Some(refused) = onegrant::http::from_elsewhere(&state.deps.config, &request) {
+        return into_axum(refused);
+    }
     into_axum(handler(&state.deps, request).await)
 }
 

@@ -41,6 +41,9 @@ pub enum ApiError {
     Unauthorized,
     /// 401: WeChat refused the login code.
     InvalidLoginCode,
+    /// 403: a request that did not come through the stack's CloudFront distribution
+    /// (when the template's edge protection is on: [`from_elsewhere`]).
+    Forbidden,
     /// 404: unknown or foreign resource.
     NotFound,
     /// 409: an idempotency key reused with a different payload.
@@ -84,6 +87,11 @@ impl ApiError {
                 401,
                 "invalid_code",
                 "WeChat refused the login code; call wx.login for a new one".into(),
+            ),
+            Self::Forbidden => (
+                403,
+                "forbidden",
+                "this API is reached through its public address only".into(),
             ),
             Self::NotFound => (404, "not_found", "no such resource".into()),
             Self::IdempotencyConflict(m) => (409, "idempotency_conflict", m.clone()),
@@ -242,7 +250,10 @@ pub async fn run(
     let deps = &deps;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
         let span = invocation_span(function, &req);
-        let response = tracing::Instrument::instrument(handler(deps, req), span).await;
+        let response = match from_elsewhere(&deps.config, &req) {
+            Some(refused) => refused,
+            None => tracing::Instrument::instrument(handler(deps, req), span).await,
+        };
         crate::metrics::flush();
         Ok::<_, Infallible>(response)
     }))
@@ -275,11 +286,35 @@ pub async fn run_core(
     let core = &core;
     lambda_http::run(lambda_http::service_fn(move |req: Request| async move {
         let span = invocation_span(function, &req);
-        let response = tracing::Instrument::instrument(handler(core, req), span).await;
+        let response = match from_elsewhere(&core.config, &req) {
+            Some(refused) => refused,
+            None => tracing::Instrument::instrument(handler(core, req), span).await,
+        };
         crate::metrics::flush();
         Ok::<_, Infallible>(response)
     }))
     .await
+}
+
+/// The header the stack's CloudFront distribution adds to every request it forwards
+/// (the template's edge protection, docs/deployment.md): its value is the origin secret.
+pub const ORIGIN_HEADER: &str = "x-onegrant-origin";
+
+/// With an origin secret configured (`ORIGIN_SECRET`, the edge protection), the answer
+/// to a request that does not carry it — one sent to the API's own address, around
+/// CloudFront and its per-client limits — before any handler runs: 403, nothing read.
+pub fn from_elsewhere(config: &crate::config::Config, req: &Request) -> Option<Response<Body>> {
+    let expected = config.origin.as_ref()?;
+    let given = req
+        .headers()
+        .get(ORIGIN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if crate::wechat::push::same(given, expected.expose()) {
+        return None;
+    }
+    crate::metrics::count(crate::metrics::name::FROM_ELSEWHERE, 1);
+    Some(ApiError::Forbidden.into_response())
 }
 
 fn unprocessable(code: &'static str, message: String) -> ApiError {

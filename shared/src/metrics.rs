@@ -93,10 +93,13 @@ pub mod name {
     // WeChat.
     /// Access token fetches, by label `Outcome` (ok, failed).
     pub const TOKEN_FETCHES: &str = "TokenFetches";
+    // The edge protection.
+    /// Requests refused for not coming through the stack's CloudFront distribution.
+    pub const FROM_ELSEWHERE: &str = "RequestsAroundEdge";
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 36] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -132,6 +135,7 @@ pub const ALL: [&str; 35] = [
     name::EVENTS,
     name::PUSHES_REJECTED,
     name::TOKEN_FETCHES,
+    name::FROM_ELSEWHERE,
 ];
 
 /// The labels (EMF dimensions besides `Function`) each labelled metric is recorded

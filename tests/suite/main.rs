@@ -10,6 +10,7 @@ mod cap;
 mod consent;
 mod contract;
 mod dispatcher;
+mod edge;
 mod emulator;
 mod expiry;
 mod faults;

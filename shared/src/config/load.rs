@@ -150,6 +150,7 @@ impl Config {
         let session_secret = session_key("SESSION_SECRET")?;
         let session_previous = session_key("SESSION_SECRET_PREVIOUS")?;
         let session_pending = session_key("SESSION_SECRET_PENDING")?;
+        let origin = session_key("ORIGIN_SECRET")?;
         let ttl = match lookup("SESSION_TTL_SECONDS") {
             None => Duration::from_secs(7200),
             Some(v) => v
@@ -429,6 +430,7 @@ impl Config {
             dispatch,
             push,
             notify_sources,
+            origin,
         })
     }
 }

@@ -111,6 +111,10 @@ pub struct Config {
     pub push: Option<PushConfig>,
     /// The publishers (`source`s) `notify` accepts; `None`: any.
     pub notify_sources: Option<Vec<String>>,
+    /// The value the stack's CloudFront distribution adds to every request
+    /// (`ORIGIN_SECRET`, the edge protection): a request without it is refused.
+    /// `None`: the API is served directly.
+    pub origin: Option<Secret>,
 }
 
 /// How WeChat's message push is set up in the MP console (消息推送配置).
@@ -199,7 +203,8 @@ pub enum Need {
 
 /// The secret variables that may be given by ARN: (variable, the variable holding the
 /// secret's ARN, the Secrets Manager stage read for it).
-const SECRET_VARIABLES: [(&str, &str, &str); 6] = [
+const SECRET_VARIABLES: [(&str, &str, &str); 7] = [
+    ("ORIGIN_SECRET", "ORIGIN_SECRET_ARN", "AWSCURRENT"),
     ("SESSION_SECRET", "SESSION_SECRET_ARN", "AWSCURRENT"),
     ("SESSION_SECRET_PENDING", "SESSION_SECRET_ARN", "AWSPENDING"),
     (

@@ -245,3 +245,19 @@ fn each_bad_variable_is_named() {
         assert!(err.to_string().contains(want), "{name}: {err}");
     }
 }
+
+#[test]
+fn the_origin_secret_is_optional_and_as_long_as_a_session_key() {
+    let e = env();
+    let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
+    assert_eq!(c.origin, None);
+    let with = |value: &str| {
+        let mut e = env();
+        e.insert("ORIGIN_SECRET", value.to_string());
+        Config::from_lookup(|k| e.get(k).cloned())
+    };
+    let err = with("short").expect_err("a short origin secret");
+    assert!(err.to_string().contains("ORIGIN_SECRET"), "{err}");
+    let c = with(&"o".repeat(64)).expect("a long one");
+    assert_eq!(c.origin.map(|o| o.expose().len()), Some(64));
+}

@@ -66,7 +66,7 @@ pub fn sha1_sorted(parts: &[&str]) -> String {
 }
 
 /// Equal in time that depends only on the lengths.
-fn same(a: &str, b: &str) -> bool {
+pub(crate) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
