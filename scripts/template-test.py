@@ -436,6 +436,110 @@ def deploy_params_refuses_what_sam_cli_or_lambda_would_break():
         assert status != 0 and "not readable JSON" in err, err
 
 
+EDGE_ACL = (
+    "arn:aws:wafv2:us-east-1:123456789012:global/webacl/onegrant-edge/"
+    "1234abcd-12ab-34cd-56ef-1234567890ab"
+)
+HTTP_FUNCTIONS = ["Session", "Grants", "Reminders", "Inbox", "WechatCallback"]
+
+
+def reads_origin_secret(stack, name):
+    def resources(statement):
+        found = statement.get("Resource", [])
+        return found if isinstance(found, list) else [found]
+
+    return any(
+        {"Ref": "OriginSecret"} in resources(st)
+        for st in role_statements(stack, f"{name}FunctionRole")
+    )
+
+
+@check
+def the_edge_protection_fronts_the_api_and_closes_its_own_address():
+    header = next(
+        line.split('"')[1]
+        for line in (ROOT / "shared" / "src" / "http.rs").read_text().splitlines()
+        if line.startswith("pub const ORIGIN_HEADER")
+    )
+    without = Stack(PUSH)
+    assert not without.of_type("AWS::CloudFront::Distribution")
+    assert "OriginSecret" not in without.of_type("AWS::SecretsManager::Secret")
+    for name in HTTP_FUNCTIONS:
+        env = without.function(f"{name}Function")["Environment"]["Variables"]
+        assert env["ORIGIN_SECRET_ARN"] == "", name
+        assert not reads_origin_secret(without, name), name
+    stack = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL))
+    assert stack.rules_failed == []
+    assert "OriginSecret" in stack.of_type("AWS::SecretsManager::Secret")
+    (dist,) = stack.of_type("AWS::CloudFront::Distribution").values()
+    config = dist["Properties"]["DistributionConfig"]
+    assert config["WebACLId"] == EDGE_ACL
+    (origin,) = config["Origins"]
+    assert "${Api}.execute-api." in origin["DomainName"]["Fn::Sub"], origin
+    assert origin["CustomOriginConfig"]["OriginProtocolPolicy"] == "https-only"
+    (added,) = origin["OriginCustomHeaders"]
+    assert added["HeaderName"] == header, (added, header)
+    assert "{{resolve:secretsmanager:${OriginSecret}" in added["HeaderValue"]["Fn::Sub"]
+    behavior = config["DefaultCacheBehavior"]
+    assert behavior["TargetOriginId"] == origin["Id"]
+    assert behavior["ViewerProtocolPolicy"] == "https-only"
+    assert {"GET", "PUT", "POST", "DELETE"} <= set(behavior["AllowedMethods"])
+    # Managed-CachingDisabled and Managed-AllViewerExceptHostHeader.
+    assert behavior["CachePolicyId"] == "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"
+    assert behavior["OriginRequestPolicyId"] == "b689b0a8-53d0-40ab-baf2-68738e2966ac"
+    for name in HTTP_FUNCTIONS:
+        env = stack.function(f"{name}Function")["Environment"]["Variables"]
+        assert env["ORIGIN_SECRET_ARN"] == {"Ref": "OriginSecret"}, name
+        assert reads_origin_secret(stack, name), name
+    for name in ["Dispatcher", "Notify"]:
+        env = stack.function(f"{name}Function")["Environment"]["Variables"]
+        assert "ORIGIN_SECRET_ARN" not in env, name
+        assert not reads_origin_secret(stack, name), name
+    assert "Aliases" not in config and "ViewerCertificate" not in config, config
+    cert = "arn:aws:acm:us-east-1:123456789012:certificate/1234abcd-12ab-34cd-56ef-1234567890ab"
+    domain = dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeDomainName="api.example.cn")
+    assert Stack(domain).rules_failed == ["EdgeDomainNeedsTheEdgeAndACertificate"]
+    no_edge = dict(PUSH, EdgeDomainName="api.example.cn", EdgeCertificateArn=cert)
+    assert Stack(no_edge).rules_failed == ["EdgeDomainNeedsTheEdgeAndACertificate"]
+    named = Stack(dict(domain, EdgeCertificateArn=cert))
+    assert named.rules_failed == []
+    (dist,) = named.of_type("AWS::CloudFront::Distribution").values()
+    config = dist["Properties"]["DistributionConfig"]
+    assert config["Aliases"] == ["api.example.cn"]
+    viewer = config["ViewerCertificate"]
+    assert (viewer["AcmCertificateArn"], viewer["SslSupportMethod"]) == (cert, "sni-only")
+
+
+@check
+def the_edge_web_acl_limits_each_address_with_the_callback_looser():
+    template = yaml_parse((ROOT / "edge" / "waf.yaml").read_text())
+    params = template["Parameters"]
+    acl = template["Resources"]["WebAcl"]["Properties"]
+    assert acl["Scope"] == "CLOUDFRONT" and acl["DefaultAction"] == {"Allow": {}}
+    rules = {r["Name"]: r for r in acl["Rules"]}
+    assert sorted(rules) == ["api-per-ip", "callback-per-ip", "session-per-ip"], sorted(rules)
+    paths = {}
+    for name, rule in rules.items():
+        rate = rule["Statement"]["RateBasedStatement"]
+        assert rate["AggregateKeyType"] == "IP", name
+        assert rule["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 429, name
+        scope = rate["ScopeDownStatement"]
+        negated = "NotStatement" in scope
+        match = (scope["NotStatement"]["Statement"] if negated else scope)["ByteMatchStatement"]
+        paths[name] = (negated, match["SearchString"], match["PositionalConstraint"])
+        limit = params[rate["Limit"]["Ref"]]
+        assert limit["MinValue"] >= 10, name
+    assert paths["callback-per-ip"] == (False, "/wechat/callback", "STARTS_WITH")
+    assert paths["session-per-ip"] == (False, "/v1/session", "EXACTLY")
+    assert paths["api-per-ip"] == (True, "/wechat/callback", "STARTS_WITH")
+    default = {
+        name: params[r["Statement"]["RateBasedStatement"]["Limit"]["Ref"]]["Default"]
+        for name, r in rules.items()
+    }
+    assert default["callback-per-ip"] > default["api-per-ip"] > default["session-per-ip"], default
+    assert template["Outputs"]["WebAclArn"]["Value"] == {"Fn::GetAtt": ["WebAcl", "Arn"]}
+
+
 def main():
     failed = 0
     for fn in CHECKS:

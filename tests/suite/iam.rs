@@ -318,22 +318,35 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
 /// The secrets each function uses (the ARN variables it is given), as its `main`
 /// declares them (`Need`s): the session key where tokens are issued or checked, the
 /// AppSecret where WeChat is called, the push secrets in the callback.
+/// (Every HTTP function reads the edge protection's origin secret when it is on.)
 const SECRETS_USED: [(&str, &[&str]); 7] = [
-    ("session", &["SESSION_SECRET_ARN", "WECHAT_SECRET_ARN"]),
-    ("grants", &["SESSION_SECRET_ARN"]),
-    ("reminders", &["SESSION_SECRET_ARN"]),
-    ("inbox", &["SESSION_SECRET_ARN"]),
+    (
+        "session",
+        &[
+            "SESSION_SECRET_ARN",
+            "WECHAT_SECRET_ARN",
+            "ORIGIN_SECRET_ARN",
+        ],
+    ),
+    ("grants", &["SESSION_SECRET_ARN", "ORIGIN_SECRET_ARN"]),
+    ("reminders", &["SESSION_SECRET_ARN", "ORIGIN_SECRET_ARN"]),
+    ("inbox", &["SESSION_SECRET_ARN", "ORIGIN_SECRET_ARN"]),
     ("dispatcher", &["WECHAT_SECRET_ARN"]),
     ("notify", &[]),
     (
         "wechat-callback",
-        &["WECHAT_PUSH_TOKEN_ARN", "WECHAT_PUSH_AES_KEY_ARN"],
+        &[
+            "WECHAT_PUSH_TOKEN_ARN",
+            "WECHAT_PUSH_AES_KEY_ARN",
+            "ORIGIN_SECRET_ARN",
+        ],
     ),
 ];
 
 /// The secret values a function could be given directly; none may be in an environment.
-const SECRET_VALUES: [&str; 5] = [
+const SECRET_VALUES: [&str; 6] = [
     "SESSION_SECRET",
+    "ORIGIN_SECRET",
     "SESSION_SECRET_PREVIOUS",
     "WECHAT_SECRET",
     "WECHAT_PUSH_TOKEN",
