@@ -14,6 +14,9 @@ const FAST: [(&str, &str); 2] = [
     ("WECHAT_TIMEOUT_MS", "1500"),
 ];
 
+/// A query of the due index.
+const DUE_QUERY: &str = "\"IndexName\":\"due\"";
+
 /// The claim's transaction: the only one that reserves a grant.
 const CLAIM: &str = ":reserved";
 
@@ -140,6 +143,38 @@ async fn a_claim_that_commits_after_its_delivery_was_looked_for_is_sent_not_left
     let delivery = app.items_of(&user, "delivery").await;
     assert_eq!(delivery.len(), 1);
     assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
+}
+
+#[tokio::test]
+async fn a_due_page_unreadable_past_the_sdks_retries_is_read_again_in_the_same_tick() {
+    // The due-index query of the only shard throttled on all three of the SDK's
+    // attempts: the lane reads the same page again (nothing of it was handed out) and
+    // the reminder goes out in this tick, not a minute later. Throttled on every read
+    // the lane makes, the shard is skipped for the next tick, as before.
+    let (app, proxy) = spawn_faulty_app(&[FAST[0], FAST[1], ("DUE_SHARDS", "1")]).await;
+    let user = due_user(&app, "due-throttled", 1).await;
+    proxy.inject("Query", Some(DUE_QUERY), Fault::Throttle, 3);
+    let summary = app.tick(20).await;
+    assert_eq!(injected(&proxy, Fault::Throttle), 3);
+    assert_eq!(summary.skipped, 0, "{summary:?}");
+    sent_once(&app, &user, &summary, "read again").await;
+
+    let other = due_user(&app, "due-unreadable", 1).await;
+    proxy.inject("Query", Some(DUE_QUERY), Fault::Throttle, 0);
+    let skipped = app.tick(20).await;
+    proxy.clear();
+    // (Every shard the registry spans is skipped: the store's default count too.)
+    assert!(skipped.skipped >= 1 && skipped.sent == 0, "{skipped:?}");
+    // At least one read per lane try, each of the SDK's attempts throttled.
+    assert!(
+        injected(&proxy, Fault::Throttle) >= 3 + 3 * 3,
+        "{:?}",
+        proxy.injected()
+    );
+    let next = app.tick(20).await;
+    assert_eq!((next.sent, next.unknown, next.lost), (1, 0, 0), "{next:?}");
+    assert_eq!(app.deliveries().await.len(), 2, "each sent once");
+    awaiting_checkin(&app, &other, "next tick").await;
 }
 
 /// A write path under test: what it does, and how to check it did it exactly once.

@@ -22,6 +22,12 @@ use crate::{Budget, FINALIZE_MARGIN};
 /// Due-index entries one query reads from one shard.
 pub(crate) const DUE_PAGE: usize = 50;
 
+/// How many times one page of a shard is read before the shard is left for the next
+/// tick (each read is the SDK's own attempts), and the pause before the next read
+/// (doubling).
+const PAGE_READS: u32 = 3;
+const PAGE_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Everything due by the next tick: each item waited for, claimed, sent, finalized.
 /// Every shard is worked on at once, page by page.
 pub(crate) async fn dispatch_due(
@@ -73,15 +79,17 @@ impl Lane<'_> {
         let mut running = FuturesUnordered::new();
         let mut from = None;
         let mut more = true;
+        let mut failed = 0;
         loop {
             while more && running.len() < DUE_PAGE && self.budget.after_turn < self.budget.left() {
                 // The sends in flight are driven while the page is read: a slow or
                 // throttled due-index query never holds up their finalizes (nor past
                 // their leases, where a sweep would record a truthful answer unknown).
+                let cursor = from.take();
                 let fetch = self
                     .deps
                     .store
-                    .due_page(self.horizon, shard, from.take(), DUE_PAGE);
+                    .due_page(self.horizon, shard, cursor.clone(), DUE_PAGE);
                 tokio::pin!(fetch);
                 let fetched = loop {
                     tokio::select! {
@@ -90,11 +98,30 @@ impl Lane<'_> {
                     }
                 };
                 let page = match fetched {
-                    Ok(page) => page,
+                    Ok(page) => {
+                        failed = 0;
+                        page
+                    }
+                    Err(e) if failed + 1 < PAGE_READS => {
+                        // Read again from the same cursor: nothing of this page was
+                        // handed out, and a slow or throttled index usually answers the
+                        // next read. The sends in flight are driven meanwhile.
+                        failed += 1;
+                        tracing::warn!(shard, error = %error_chain(&e), "due-index page unreadable; reading it again");
+                        from = cursor;
+                        let pause = tokio::time::sleep(PAGE_PAUSE * 2u32.pow(failed - 1));
+                        tokio::pin!(pause);
+                        loop {
+                            tokio::select! {
+                                () = &mut pause => break,
+                                Some(()) = running.next(), if !running.is_empty() => {}
+                            }
+                        }
+                        continue;
+                    }
                     Err(e) => {
-                        // One shard that cannot be read does not stop the others.
-                        // Not read again this tick: its cursor is spent, and starting over
-                        // would hand out items already in flight a second time.
+                        // One shard that cannot be read does not stop the others; it
+                        // waits for the next tick.
                         tracing::error!(shard, error = %error_chain(&e), "due-index shard unreadable; skipped this tick");
                         self.summary.lock().await.skipped += 1;
                         more = false;
