@@ -473,7 +473,7 @@ pub fn json_body(req: &Request) -> Result<serde_json::Value, ApiError> {
 }
 
 /// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
-pub fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiError> {
+pub async fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiError> {
     let header = req
         .headers()
         .get(http::header::AUTHORIZATION)
@@ -486,7 +486,7 @@ pub fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiErr
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(ApiError::Unauthorized);
     }
-    sessions.verify(token.trim()).map_err(|err| {
+    sessions.verify(token.trim()).await.map_err(|err| {
         tracing::info!(reason = %err, "session token refused");
         ApiError::Unauthorized
     })

@@ -4,18 +4,23 @@
 //! takes the caller's identity only from a token verified here (invariant I8). The token
 //! holds `sub` (openid), `iat`, `exp` and `iss`; nothing else is trusted from a client.
 
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use crate::config::SessionConfig;
+use crate::config::{SessionConfig, SessionKeySource};
 use crate::domain::OpenId;
+use crate::secrets::Secret;
 
 pub mod jwt_crypto;
 
 const ISSUER: &str = "onegrant";
+
+/// The shortest session key accepted (as at a cold start).
+const MIN_KEY_BYTES: usize = crate::config::MIN_SESSION_SECRET_BYTES;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
@@ -26,16 +31,45 @@ struct Claims {
 }
 
 /// Issues and verifies session tokens.
+///
+/// Keys read from Secrets Manager ([`SessionConfig::source`]) are read again, so a
+/// rotation needs no deploy and signs nobody out: every [`KEY_MAX_AGE`], and at once
+/// (at most every [`UNKNOWN_KEY_PAUSE`]) when a token's signature matches none of the
+/// keys held — a token signed by a container that started after the rotation. A
+/// container that has not read the new key yet signs with the old one, which the
+/// others accept as `AWSPREVIOUS`.
 #[derive(Clone)]
 pub struct Sessions {
-    /// `None` in a function not given the session key.
-    encoding: Option<EncodingKey>,
-    /// The current key, the key before the last rotation, and the one a rotation is
-    /// about to make current.
-    decoding: Vec<DecodingKey>,
+    keys: Arc<RwLock<Arc<Keys>>>,
+    source: Option<Arc<Source>>,
     validation: Validation,
     ttl: Duration,
 }
+
+/// The keys held: signing (`None` in a function not given the session key), and
+/// checking (the current key, the one before the last rotation, and a pending one a
+/// named rotation staged).
+struct Keys {
+    encoding: Option<EncodingKey>,
+    decoding: Vec<DecodingKey>,
+    read_at: Instant,
+}
+
+/// Where the keys are read again from, and when that was last tried for a token no
+/// key matched.
+struct Source {
+    config: SessionKeySource,
+    /// Held while the keys are read: one read at a time, the others wait for it.
+    tried_at: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// How long keys read from Secrets Manager are used before they are read again.
+pub const KEY_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// The shortest time between two reads made for a token no key held matches (a
+/// forged token, or one signed with a key newer than this container's). The first
+/// such token after a cold start is read for at once.
+pub const UNKNOWN_KEY_PAUSE: Duration = Duration::from_secs(30);
 
 /// A freshly issued token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -61,37 +95,69 @@ pub enum SessionError {
     NoKey,
 }
 
+impl Keys {
+    fn new(
+        secret: Option<&Secret>,
+        previous: Option<&Secret>,
+        pending: Option<&Secret>,
+    ) -> Result<Self, SessionError> {
+        Ok(Self {
+            encoding: secret
+                .map(|s| EncodingKey::from_secret(s.expose().as_bytes()))
+                .transpose()
+                .map_err(SessionError::Key)?,
+            decoding: secret
+                .into_iter()
+                .chain(previous)
+                .chain(pending)
+                .map(|s| DecodingKey::from_secret(s.expose().as_bytes()))
+                .collect::<Result<_, _>>()
+                .map_err(SessionError::Key)?,
+            read_at: Instant::now(),
+        })
+    }
+}
+
 impl Sessions {
     pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
         jwt_crypto::install();
-        let keys = config
-            .secret
-            .iter()
-            .chain(config.previous.iter())
-            .chain(config.pending.iter());
+        let keys = Keys::new(
+            config.secret.as_ref(),
+            config.previous.as_ref(),
+            config.pending.as_ref(),
+        )?;
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[ISSUER]);
         validation.set_required_spec_claims(&["exp", "sub", "iss"]);
         // Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
         validation.leeway = 5;
         Ok(Self {
-            encoding: config
-                .secret
-                .as_ref()
-                .map(|s| EncodingKey::from_secret(s.expose().as_bytes()))
-                .transpose()
-                .map_err(SessionError::Key)?,
-            decoding: keys
-                .map(|s| DecodingKey::from_secret(s.expose().as_bytes()))
-                .collect::<Result<_, _>>()
-                .map_err(SessionError::Key)?,
+            keys: Arc::new(RwLock::new(Arc::new(keys))),
+            source: config.source.clone().map(|config| {
+                Arc::new(Source {
+                    config,
+                    tried_at: tokio::sync::Mutex::new(None),
+                })
+            }),
             validation,
             ttl: config.ttl,
         })
     }
 
+    fn keys(&self) -> Arc<Keys> {
+        self.keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// A token for `openid`, valid from `now` for the configured lifetime.
-    pub fn issue(&self, openid: &OpenId, now: DateTime<Utc>) -> Result<IssuedToken, SessionError> {
+    pub async fn issue(
+        &self,
+        openid: &OpenId,
+        now: DateTime<Utc>,
+    ) -> Result<IssuedToken, SessionError> {
+        self.read_again_if_stale().await;
         let ttl = self.ttl.as_secs();
         let claims = Claims {
             sub: openid.to_string(),
@@ -99,7 +165,8 @@ impl Sessions {
             exp: now.timestamp().saturating_add_unsigned(ttl),
             iss: ISSUER.to_string(),
         };
-        let encoding = self.encoding.as_ref().ok_or(SessionError::NoKey)?;
+        let keys = self.keys();
+        let encoding = keys.encoding.as_ref().ok_or(SessionError::NoKey)?;
         let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, encoding)
             .map_err(SessionError::Sign)?;
         Ok(IssuedToken {
@@ -111,9 +178,23 @@ impl Sessions {
 
     /// The openid a token was issued to, if the token is genuine (signed by the current
     /// key or the one before the last rotation) and unexpired.
-    pub fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
+    pub async fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
+        self.read_again_if_stale().await;
+        let held = self.keys();
+        match self.verify_with(&held, token) {
+            Err(SessionError::Invalid(e))
+                if matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature)
+                    && self.read_again_for_unknown_key(&held).await =>
+            {
+                self.verify_with(&self.keys(), token)
+            }
+            checked => checked,
+        }
+    }
+
+    fn verify_with(&self, keys: &Keys, token: &str) -> Result<OpenId, SessionError> {
         let mut refused = SessionError::NoKey;
-        for key in &self.decoding {
+        for key in &keys.decoding {
             match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
                 Ok(data) => {
                     return OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject);
@@ -123,12 +204,100 @@ impl Sessions {
         }
         Err(refused)
     }
+
+    /// Reads the keys again once they are [`KEY_MAX_AGE`] old.
+    async fn read_again_if_stale(&self) {
+        let Some(source) = &self.source else {
+            return;
+        };
+        if self.keys().read_at.elapsed() < KEY_MAX_AGE {
+            return;
+        }
+        let _one = source.tried_at.lock().await;
+        // Read by another request meanwhile.
+        if self.keys().read_at.elapsed() < KEY_MAX_AGE {
+            return;
+        }
+        self.read_again(source).await;
+    }
+
+    /// For a token whose signature matched none of the keys `held`: whether the keys
+    /// changed since (read by another request meanwhile, or read now — at most once
+    /// every [`UNKNOWN_KEY_PAUSE`], so forged tokens cannot make a container read
+    /// Secrets Manager on every request).
+    async fn read_again_for_unknown_key(&self, held: &Arc<Keys>) -> bool {
+        let Some(source) = &self.source else {
+            return false;
+        };
+        let mut tried_at = source.tried_at.lock().await;
+        if !Arc::ptr_eq(held, &self.keys()) {
+            return true;
+        }
+        if tried_at.is_some_and(|at| at.elapsed() < UNKNOWN_KEY_PAUSE) {
+            return false;
+        }
+        *tried_at = Some(Instant::now());
+        self.read_again(source).await
+    }
+
+    /// Reads the keys from Secrets Manager and holds them: whether they were read. A
+    /// read that fails keeps the keys held (logged).
+    async fn read_again(&self, source: &Source) -> bool {
+        let SessionKeySource {
+            arn,
+            pending_version,
+            reader,
+        } = &source.config;
+        let read = futures::future::try_join3(
+            reader.read("SESSION_SECRET", arn, "AWSCURRENT", None),
+            reader.read("SESSION_SECRET_PREVIOUS", arn, "AWSPREVIOUS", None),
+            async {
+                match pending_version {
+                    Some(version) => {
+                        reader
+                            .read("SESSION_SECRET_PENDING", arn, "AWSPENDING", Some(version))
+                            .await
+                    }
+                    None => Ok(None),
+                }
+            },
+        )
+        .await;
+        let keys = match read {
+            Ok((Some(current), previous, pending)) if current.expose().len() >= MIN_KEY_BYTES => {
+                Keys::new(Some(&current), previous.as_ref(), pending.as_ref())
+            }
+            Ok(_) => {
+                tracing::error!(
+                    "the session key read again is missing or too short; the keys held are kept"
+                );
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the session keys could not be read again; the keys held are kept");
+                return false;
+            }
+        };
+        match keys {
+            Ok(keys) => {
+                *self
+                    .keys
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+                tracing::info!("session keys read again");
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the session key read again is unusable; the keys held are kept");
+                false
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::Secret;
 
     fn sessions(secret: &str) -> Sessions {
         rotated(secret, None)
@@ -140,32 +309,39 @@ mod tests {
             previous: previous.map(Secret::new),
             pending: None,
             ttl: Duration::from_secs(7200),
+            source: None,
         })
         .expect("valid key")
     }
 
-    #[test]
-    fn after_a_rotation_tokens_of_the_previous_key_are_accepted_and_older_ones_are_not() {
+    #[tokio::test]
+    async fn after_a_rotation_tokens_of_the_previous_key_are_accepted_and_older_ones_are_not() {
         let (old, new, older) = ("o".repeat(32), "n".repeat(32), "x".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
         let before = sessions(&old)
             .issue(&openid, Utc::now())
+            .await
             .expect("signed")
             .token;
         let ancient = sessions(&older)
             .issue(&openid, Utc::now())
+            .await
             .expect("signed")
             .token;
         let after = rotated(&new, Some(&old));
-        assert_eq!(after.verify(&before).expect("previous key"), openid);
-        let fresh = after.issue(&openid, Utc::now()).expect("signed").token;
-        assert_eq!(after.verify(&fresh).expect("current key"), openid);
+        assert_eq!(after.verify(&before).await.expect("previous key"), openid);
+        let fresh = after
+            .issue(&openid, Utc::now())
+            .await
+            .expect("signed")
+            .token;
+        assert_eq!(after.verify(&fresh).await.expect("current key"), openid);
         assert!(matches!(
-            after.verify(&ancient),
+            after.verify(&ancient).await,
             Err(SessionError::Invalid(_))
         ));
         assert!(
-            sessions(&old).verify(&fresh).is_err(),
+            sessions(&old).verify(&fresh).await.is_err(),
             "signed with the new key"
         );
         let keyless = Sessions::new(&SessionConfig {
@@ -173,58 +349,73 @@ mod tests {
             previous: None,
             pending: None,
             ttl: Duration::from_secs(60),
+            source: None,
         })
         .expect("no key");
         assert!(matches!(
-            keyless.issue(&openid, Utc::now()),
+            keyless.issue(&openid, Utc::now()).await,
             Err(SessionError::NoKey)
         ));
-        assert!(matches!(keyless.verify(&fresh), Err(SessionError::NoKey)));
+        assert!(matches!(
+            keyless.verify(&fresh).await,
+            Err(SessionError::NoKey)
+        ));
     }
 
-    #[test]
-    fn a_token_round_trips_to_its_openid() {
+    #[tokio::test]
+    async fn a_token_round_trips_to_its_openid() {
         let s = sessions(&"k".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
-        let issued = s.issue(&openid, Utc::now()).expect("signed");
+        let issued = s.issue(&openid, Utc::now()).await.expect("signed");
         assert_eq!(issued.expires_in, 7200);
-        assert_eq!(s.verify(&issued.token).expect("valid"), openid);
+        assert_eq!(s.verify(&issued.token).await.expect("valid"), openid);
     }
 
-    #[test]
-    fn forged_expired_and_garbage_tokens_are_refused() {
+    #[tokio::test]
+    async fn forged_expired_and_garbage_tokens_are_refused() {
         let s = sessions(&"k".repeat(32));
         let other = sessions(&"z".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
-        let forged = other.issue(&openid, Utc::now()).expect("signed").token;
-        assert!(matches!(s.verify(&forged), Err(SessionError::Invalid(_))));
-        let expired = s
-            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+        let forged = other
+            .issue(&openid, Utc::now())
+            .await
             .expect("signed")
             .token;
-        assert!(matches!(s.verify(&expired), Err(SessionError::Invalid(_))));
-        assert!(s.verify("not.a.token").is_err());
-        assert!(s.verify("").is_err());
+        assert!(matches!(
+            s.verify(&forged).await,
+            Err(SessionError::Invalid(_))
+        ));
+        let expired = s
+            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+            .await
+            .expect("signed")
+            .token;
+        assert!(matches!(
+            s.verify(&expired).await,
+            Err(SessionError::Invalid(_))
+        ));
+        assert!(s.verify("not.a.token").await.is_err());
+        assert!(s.verify("").await.is_err());
     }
 
     /// The token crypto is HS256 alone: a token claiming any other algorithm, `none`
     /// included, or carrying one flipped signature bit, is refused; signing with
     /// another algorithm is refused too.
-    #[test]
-    fn tokens_of_other_algorithms_or_a_changed_signature_are_refused() {
+    #[tokio::test]
+    async fn tokens_of_other_algorithms_or_a_changed_signature_are_refused() {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let s = sessions(&"k".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
-        let token = s.issue(&openid, Utc::now()).expect("signed").token;
-        assert!(s.verify(&token).is_ok(), "the control is accepted");
+        let token = s.issue(&openid, Utc::now()).await.expect("signed").token;
+        assert!(s.verify(&token).await.is_ok(), "the control is accepted");
         let parts: Vec<&str> = token.split('.').collect();
         for alg in ["none", "HS384", "HS512", "RS256", "ES256", "EdDSA"] {
             let header = b64.encode(format!(r#"{{"typ":"JWT","alg":"{alg}"}}"#));
             for signature in [parts[2], ""] {
                 let other = format!("{header}.{}.{signature}", parts[1]);
                 assert!(
-                    matches!(s.verify(&other), Err(SessionError::Invalid(_))),
+                    matches!(s.verify(&other).await, Err(SessionError::Invalid(_))),
                     "{alg} with signature {signature:?}"
                 );
             }
@@ -232,7 +423,10 @@ mod tests {
         let mut signature = b64.decode(parts[2]).expect("signature");
         signature[0] ^= 1;
         let flipped = format!("{}.{}.{}", parts[0], parts[1], b64.encode(signature));
-        assert!(matches!(s.verify(&flipped), Err(SessionError::Invalid(_))));
+        assert!(matches!(
+            s.verify(&flipped).await,
+            Err(SessionError::Invalid(_))
+        ));
         let key = EncodingKey::from_secret(&[7; 32]).expect("key");
         for alg in [Algorithm::HS384, Algorithm::RS256, Algorithm::EdDSA] {
             assert!(

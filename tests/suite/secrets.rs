@@ -119,6 +119,74 @@ async fn load(env: &HashMap<&'static str, String>) -> Result<Config, ConfigError
     Config::load_from(|name| env.get(name).cloned()).await
 }
 
+/// A container's key ring, as its cold start reads it from the session key's secret.
+async fn container(env: &HashMap<&'static str, String>) -> Sessions {
+    let config = load(env).await.expect("secrets read");
+    assert!(config.session.source.is_some(), "read from Secrets Manager");
+    Sessions::new(&config.session).expect("keys")
+}
+
+#[tokio::test]
+async fn a_container_started_before_a_rotation_takes_tokens_signed_after_it_with_no_deploy() {
+    onegrant::aws::install_crypto_provider();
+    let (old_key, new_key, third) = ("p".repeat(40), "q".repeat(40), "r".repeat(40));
+    let arn = create("session-reread", &old_key).await;
+    let env = environment(&[("SESSION_SECRET_ARN", &arn)]);
+    let openid = OpenId::parse("oReread").expect("openid");
+    let now = chrono::Utc::now();
+    // Two containers' key rings, each with its own reader: one cold-started before the
+    // rotation, one after.
+    let before = container(&env).await;
+    let old_token = before.issue(&openid, now).await.expect("signed").token;
+    // The rotation's end (as its function's last step, or put-secret-value): the new
+    // key current, the old one previous.
+    operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "SecretString": new_key}),
+    )
+    .await;
+    let after = container(&env).await;
+    let new_token = after.issue(&openid, now).await.expect("signed").token;
+    // The new container takes the old container's tokens (the previous key) ...
+    assert_eq!(
+        after.verify(&old_token).await.expect("previous key"),
+        openid
+    );
+    // ... and the old container, meeting a key it does not hold, reads the keys again
+    // at once and takes the new container's: nobody is signed out, nothing redeployed.
+    assert_eq!(before.verify(&new_token).await.expect("read again"), openid);
+    // From then on it signs with the new key, which a ring of the new key alone takes.
+    let resigned = before.issue(&openid, now).await.expect("signed").token;
+    let only_new = Sessions::new(&onegrant::config::SessionConfig {
+        secret: Some(onegrant::secrets::Secret::new(new_key.clone())),
+        previous: None,
+        pending: None,
+        ttl: std::time::Duration::from_secs(600),
+        source: None,
+    })
+    .expect("keys");
+    assert_eq!(only_new.verify(&resigned).await.expect("new key"), openid);
+    // A token of a key it does not hold makes it read again at most once every
+    // UNKNOWN_KEY_PAUSE (30 s): a third key minutes later would be read, one now is not.
+    operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "SecretString": third}),
+    )
+    .await;
+    let third_token = container(&env)
+        .await
+        .issue(&openid, now)
+        .await
+        .expect("signed")
+        .token;
+    assert!(
+        before.verify(&third_token).await.is_err(),
+        "read again too soon"
+    );
+    // A ring given its keys directly has nothing to read again.
+    assert!(only_new.verify(&old_token).await.is_err());
+}
+
 #[tokio::test]
 async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody_out() {
     onegrant::aws::install_crypto_provider();
@@ -147,6 +215,7 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
     let old_token = Sessions::new(&before.session)
         .expect("keys")
         .issue(&openid, chrono::Utc::now())
+        .await
         .expect("signed")
         .token;
 
@@ -187,14 +256,18 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         let early = Sessions::new(&signer)
             .expect("keys")
             .issue(openid, chrono::Utc::now())
+            .await
             .expect("signed")
             .token;
         let verifier = Sessions::new(&staged.session).expect("keys");
-        assert_eq!(verifier.verify(&early).expect("pending key"), *openid);
-        assert_eq!(verifier.verify(old_token).expect("current key"), *openid);
+        assert_eq!(verifier.verify(&early).await.expect("pending key"), *openid);
+        assert_eq!(
+            verifier.verify(old_token).await.expect("current key"),
+            *openid
+        );
         let unnamed = Sessions::new(&unnamed.session).expect("keys");
         assert!(
-            unnamed.verify(&early).is_err(),
+            unnamed.verify(&early).await.is_err(),
             "a token of an unnamed pending key"
         );
     })
@@ -213,7 +286,10 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         Some(old_key.as_str())
     );
     let sessions = Sessions::new(&after.session).expect("keys");
-    assert_eq!(sessions.verify(&old_token).expect("previous key"), openid);
+    assert_eq!(
+        sessions.verify(&old_token).await.expect("previous key"),
+        openid
+    );
 
     // The inbox function holds no AppSecret: its cold start passes with its own needs
     // and would fail with the session function's, naming the variable.

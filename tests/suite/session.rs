@@ -12,7 +12,12 @@ async fn a_login_code_buys_a_token_that_carries_the_users_openid() {
     assert_eq!(answer.body["token_type"], "Bearer");
     assert_eq!(answer.body["expires_in"], 7200);
     let token = answer.body["token"].as_str().expect("token");
-    let verified = app.deps.sessions.verify(token).expect("the token verifies");
+    let verified = app
+        .deps
+        .sessions
+        .verify(token)
+        .await
+        .expect("the token verifies");
     assert_eq!(verified.as_str(), openid);
 }
 
@@ -22,9 +27,16 @@ async fn every_code_of_one_user_leads_to_the_same_account() {
     let first = app.login("alice").await;
     let second = app.login("alice").await;
     let other = app.login("bob").await;
-    let id = |t: &str| app.deps.sessions.verify(t).expect("valid").to_string();
-    assert_eq!(id(&first), id(&second));
-    assert_ne!(id(&first), id(&other));
+    let id = async |t: &str| {
+        app.deps
+            .sessions
+            .verify(t)
+            .await
+            .expect("valid")
+            .to_string()
+    };
+    assert_eq!(id(&first).await, id(&second).await);
+    assert_ne!(id(&first).await, id(&other).await);
 }
 
 #[tokio::test]

@@ -48,7 +48,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
 }
 
 async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
@@ -106,7 +106,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
 }
 
 async fn quotas(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let stored = deps.store.quota_counters(&openid).await?;
     json_response(
         200,

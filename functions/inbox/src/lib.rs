@@ -48,7 +48,7 @@ fn bad_query(message: &str) -> ApiError {
 }
 
 async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let query = req.query_string_parameters();
     let limit = match query.first("limit") {
         None => DEFAULT_LIMIT,
@@ -83,13 +83,13 @@ async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
 }
 
 async fn unread(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let unread = deps.store.unread(&openid).await?;
     json_response(200, &json!({"unread": unread}))
 }
 
 async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let id = req
         .path_parameters()
         .first("id")
@@ -105,19 +105,19 @@ async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
 }
 
 async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let done = deps.store.read_all(&openid, Utc::now()).await?;
     json_response(200, &json!({"updated": done.updated, "more": done.more}))
 }
 
 async fn preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let prefs = deps.store.preferences(&openid).await?;
     json_response(200, &prefs)
 }
 
 async fn save_preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     // Checked whole before anything is read.
     let wanted = Preferences::from_json(&json_body(req)?)?;
     let saved = deps

@@ -44,7 +44,7 @@ fn kind<'a>(deps: &'a Deps, req: &Request) -> Result<&'a ReminderKind, ApiError>
 }
 
 async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let snapshot = deps.store.plan(&openid, kind).await?;
     let view = snapshot.plan.view(snapshot.counters.available, Utc::now());
@@ -79,7 +79,7 @@ fn with_refill<'a, T: serde::Serialize>(
 }
 
 async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = Utc::now();
@@ -103,7 +103,7 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
 }
 
 async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions)?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = Utc::now();

@@ -41,7 +41,7 @@ async fn login(deps: &Core, req: &Request) -> Result<Response<Body>, ApiError> {
         });
     }
     let login = deps.wechat.code_to_session(code).await?;
-    let issued = deps.sessions.issue(&login.openid, Utc::now())?;
+    let issued = deps.sessions.issue(&login.openid, Utc::now()).await?;
     tracing::info!(openid = %openid_hash(login.openid.as_str()), "session issued");
     json_response(200, &issued)
 }

@@ -56,6 +56,22 @@ impl Config {
                     read.insert(*name, secret.expose().to_string());
                 }
             }
+            // The session keys are read again after a rotation (crate::session).
+            let session_source = wanted
+                .iter()
+                .find(|(name, ..)| *name == "SESSION_SECRET")
+                .map(|(_, arn, ..)| arn.clone());
+            let reader = std::sync::Arc::new(reader);
+            let pending_version =
+                lookup("SESSION_SECRET_PENDING_VERSION").filter(|v| !v.trim().is_empty());
+            let mut config =
+                Self::from_lookup(|name| read.get(name).cloned().or_else(|| lookup(name)))?;
+            config.session.source = session_source.map(|arn| super::SessionKeySource {
+                arn,
+                pending_version,
+                reader,
+            });
+            return Ok(config);
         }
         Self::from_lookup(|name| read.get(name).cloned().or_else(|| lookup(name)))
     }
@@ -423,6 +439,7 @@ impl Config {
                 previous: session_previous,
                 pending: session_pending,
                 ttl,
+                source: None,
             },
             templates,
             reminders,

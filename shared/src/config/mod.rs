@@ -92,6 +92,18 @@ pub struct SessionConfig {
     /// accepted already, so no function is left behind when signing switches to it.
     pub pending: Option<Secret>,
     pub ttl: Duration,
+    /// Where the keys were read from (`SESSION_SECRET_ARN`), so a container reads them
+    /// again after a rotation; `None` when given directly (nothing to re-read).
+    pub source: Option<SessionKeySource>,
+}
+
+/// The session key's secret, to read again after a rotation.
+#[derive(Debug, Clone)]
+pub struct SessionKeySource {
+    pub arn: String,
+    /// `SESSION_SECRET_PENDING_VERSION`: the only pending version trusted.
+    pub pending_version: Option<String>,
+    pub reader: std::sync::Arc<crate::secrets::SecretsReader>,
 }
 
 /// Everything configurable, validated.
