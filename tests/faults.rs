@@ -76,6 +76,8 @@ struct State {
     rules: Vec<Rule>,
     injected: Vec<(String, Fault)>,
     held: Vec<Request>,
+    /// Held requests applied: the emulator's status and the request's body.
+    released: Vec<(u16, String)>,
 }
 
 /// A request as received: method, path, headers, body.
@@ -153,6 +155,11 @@ impl FaultProxy {
     /// The faults injected so far: (operation, fault).
     pub fn injected(&self) -> Vec<(String, Fault)> {
         self.lock().injected.clone()
+    }
+
+    /// The held requests applied so far: the emulator's status and the body.
+    pub fn released(&self) -> Vec<(u16, String)> {
+        self.lock().released.clone()
     }
 }
 
@@ -285,7 +292,15 @@ async fn handle(
         Some(Fault::ReleaseHeld) => {
             let held = std::mem::take(&mut state.lock().unwrap_or_else(|p| p.into_inner()).held);
             for request in held {
-                forward(client, upstream, request).await;
+                let body = String::from_utf8_lossy(&request.3).to_string();
+                let status = forward(client, upstream, request)
+                    .await
+                    .map_or(0, |(status, _, _)| status.as_u16());
+                state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .released
+                    .push((status, body));
             }
         }
         Some(Fault::CommitThenDrop) => {

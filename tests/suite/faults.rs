@@ -139,10 +139,17 @@ async fn a_claim_that_commits_after_its_delivery_was_looked_for_is_sent_not_left
     let summary = app.tick(20).await;
     assert_eq!(injected(&proxy, Fault::HoldThenCommit), 1);
     assert_eq!(injected(&proxy, Fault::ReleaseHeld), 1);
+    // The held attempt did commit late, and its delivery is the one sent.
+    let released = proxy.released();
+    assert_eq!(released.len(), 1);
+    let (status, body) = &released[0];
+    assert_eq!(*status, 200, "the held claim applied: {body}");
     sent_once(&app, &user, &summary, "late commit").await;
     let delivery = app.items_of(&user, "delivery").await;
     assert_eq!(delivery.len(), 1);
     assert_eq!(attr_s(&delivery[0], "state"), Some("sent"));
+    let sk = attr_s(&delivery[0], "sk").expect("sk");
+    assert!(body.contains(sk), "the delivery sent is the late claim's");
 }
 
 #[tokio::test]
@@ -175,6 +182,23 @@ async fn a_due_page_unreadable_past_the_sdks_retries_is_read_again_in_the_same_t
     assert_eq!((next.sent, next.unknown, next.lost), (1, 0, 0), "{next:?}");
     assert_eq!(app.deliveries().await.len(), 2, "each sent once");
     awaiting_checkin(&app, &other, "next tick").await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_is_lost_and_whose_delivery_cannot_be_looked_for_is_still_sent() {
+    // Committed with its answer lost, the resends answered "in progress" until the store
+    // stops asking, and the look for its delivery throttled on every SDK attempt: the
+    // look is not an answer, the plan then reads as claimed, and the claim looks again
+    // (one BatchGetItem) and finds its own delivery — sent once, not left `unknown`.
+    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    let user = due_user(&app, "lost-unlooked", 1).await;
+    proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
+    proxy.inject("TransactWriteItems", Some(CLAIM), Fault::InProgress, 9);
+    proxy.inject("GetItem", Some("DELIVERY#"), Fault::Throttle, 3);
+    let summary = app.tick(20).await;
+    assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1);
+    assert_eq!(injected(&proxy, Fault::Throttle), 3, "the look failed");
+    sent_once(&app, &user, &summary, "look failed").await;
 }
 
 /// A write path under test: what it does, and how to check it did it exactly once.

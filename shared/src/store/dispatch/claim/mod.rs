@@ -447,14 +447,18 @@ impl Store {
                 TxOutcome::Contended => {
                     // It may have committed with its answer lost past every resend:
                     // its delivery, named by this attempt alone, exists only if so.
-                    // (Read again instead, the plan would look claimed by another.)
-                    if self
-                        .get(&item.pk, &delivery_sk(&claim.delivery_id))
-                        .await?
-                        .is_some()
-                    {
-                        tracing::warn!("a claim whose answer was lost had committed");
-                        return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
+                    // (Read again instead, the plan would look claimed by another.) A
+                    // look that fails is not an answer: it is looked for again below.
+                    match self.get(&item.pk, &delivery_sk(&claim.delivery_id)).await {
+                        Ok(Some(_)) => {
+                            tracing::warn!("a claim whose answer was lost had committed");
+                            return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(
+                            error = %crate::telemetry::error_chain(&e),
+                            "a claim's delivery could not be looked for; looked for again before the claim ends"
+                        ),
                     }
                     unanswered
                         .lock()
@@ -473,21 +477,34 @@ impl Store {
         // committing: it is this call's own claim, with the grant it reserved, and must
         // be sent, not left for the sweep to settle as unknown. Its delivery, named by
         // that attempt alone, exists only if it committed. (One committing after this
-        // last look still ends with the sweep: docs/design.md, "Claims".)
+        // last look still ends with the sweep: docs/design.md, I4.) One round trip for
+        // all of them; failing, the outcome stands.
         let unanswered = std::mem::take(
             &mut *unanswered
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        for claim in unanswered {
-            if self
-                .get(&item.pk, &delivery_sk(&claim.delivery_id))
-                .await?
-                .is_some()
-            {
-                tracing::warn!("a claim whose answer was lost committed late");
-                return Ok(ClaimOutcome::Claimed(Box::new(claim)));
+        if unanswered.is_empty() {
+            return outcome;
+        }
+        let keys: Vec<String> = unanswered
+            .iter()
+            .map(|claim| delivery_sk(&claim.delivery_id))
+            .collect();
+        match self.read_items(&item.pk, &keys).await {
+            Ok(found) => {
+                if let Some(claim) = unanswered
+                    .into_iter()
+                    .find(|claim| found.contains_key(&delivery_sk(&claim.delivery_id)))
+                {
+                    tracing::warn!("a claim whose answer was lost committed late");
+                    return Ok(ClaimOutcome::Claimed(Box::new(claim)));
+                }
             }
+            Err(e) => tracing::error!(
+                error = %crate::telemetry::error_chain(&e),
+                "claims whose answers were lost could not be looked for; the sweep settles any that committed"
+            ),
         }
         outcome
     }
