@@ -487,6 +487,12 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     # Managed-CachingDisabled and Managed-AllViewerExceptHostHeader.
     assert behavior["CachePolicyId"] == "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"
     assert behavior["OriginRequestPolicyId"] == "b689b0a8-53d0-40ab-baf2-68738e2966ac"
+    assert config["IPV6Enabled"] is False, "per-IP limits need IPv4"
+    counting = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeOriginCheck="count"))
+    for name in HTTP_FUNCTIONS:
+        assert stack.function(f"{name}Function")["Environment"]["Variables"]["ORIGIN_CHECK"] == "enforce"
+        env = counting.function(f"{name}Function")["Environment"]["Variables"]
+        assert env["ORIGIN_CHECK"] == "count", name
     for name in HTTP_FUNCTIONS:
         env = stack.function(f"{name}Function")["Environment"]["Variables"]
         assert env["ORIGIN_SECRET_ARN"] == {"Ref": "OriginSecret"}, name
@@ -522,15 +528,20 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     for name, rule in rules.items():
         rate = rule["Statement"]["RateBasedStatement"]
         assert rate["AggregateKeyType"] == "IP", name
-        assert rule["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 429, name
+        response = rule["Action"]["Block"]["CustomResponse"]
+        assert response["ResponseCode"] == 429, name
+        assert {"Name": "Retry-After", "Value": "60"} in response["ResponseHeaders"], name
         scope = rate["ScopeDownStatement"]
         negated = "NotStatement" in scope
         match = (scope["NotStatement"]["Statement"] if negated else scope)["ByteMatchStatement"]
         paths[name] = (negated, match["SearchString"], match["PositionalConstraint"])
+        # Matched as API Gateway routes it: decoded, then normalised.
+        kinds = [t["Type"] for t in sorted(match["TextTransformations"], key=lambda t: t["Priority"])]
+        assert kinds == ["URL_DECODE", "NORMALIZE_PATH"], (name, kinds)
         limit = params[rate["Limit"]["Ref"]]
         assert limit["MinValue"] >= 10, name
     assert paths["callback-per-ip"] == (False, "/wechat/callback", "STARTS_WITH")
-    assert paths["session-per-ip"] == (False, "/v1/session", "EXACTLY")
+    assert paths["session-per-ip"] == (False, "/v1/session", "STARTS_WITH")
     assert paths["api-per-ip"] == (True, "/wechat/callback", "STARTS_WITH")
     default = {
         name: params[r["Statement"]["RateBasedStatement"]["Limit"]["Ref"]]["Default"]

@@ -314,7 +314,10 @@ pub fn from_elsewhere(config: &crate::config::Config, req: &Request) -> Option<R
         return None;
     }
     crate::metrics::count(crate::metrics::name::FROM_ELSEWHERE, 1);
-    Some(ApiError::Forbidden.into_response())
+    // Counted only while clients move to the edge's address (`ORIGIN_CHECK=count`).
+    config
+        .origin_enforced
+        .then(|| ApiError::Forbidden.into_response())
 }
 
 fn unprocessable(code: &'static str, message: String) -> ApiError {

@@ -148,3 +148,30 @@ async fn without_edge_protection_the_api_is_served_directly() {
     .await;
     assert_eq!(status, 200, "{grants}");
 }
+
+#[tokio::test]
+async fn while_counting_a_request_around_the_edge_is_served_and_counted() {
+    // The first deploy of the edge (`EdgeOriginCheck=count`): clients and WeChat still
+    // on the old address keep working while they move.
+    let app = spawn_app_with(&[("ORIGIN_SECRET", ORIGIN), ("ORIGIN_CHECK", "count")]).await;
+    let (code, _) = app.login_code("moving").await;
+    let (status, login) = send(
+        &app,
+        ("POST", "/v1/session"),
+        None,
+        None,
+        Some(&json!({"code": code})),
+    )
+    .await;
+    assert_eq!(status, 200, "{login}");
+    let token = login["token"].as_str().expect("token");
+    let (status, grants) = send(
+        &app,
+        ("GET", "/v1/grants"),
+        Some("wrong"),
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{grants}");
+}

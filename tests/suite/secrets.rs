@@ -188,6 +188,29 @@ async fn a_container_started_before_a_rotation_takes_tokens_signed_after_it_with
 }
 
 #[tokio::test]
+async fn an_origin_secret_given_by_arn_but_empty_fails_the_cold_start() {
+    onegrant::aws::install_crypto_provider();
+    let session = create("session-origin", &"s".repeat(40)).await;
+    let empty = create("origin-empty", "").await;
+    let env = environment(&[
+        ("SESSION_SECRET_ARN", &session),
+        ("ORIGIN_SECRET_ARN", &empty),
+    ]);
+    // (The emulator keeps no string for an empty value: either way the cold start fails
+    // naming the secret, and the check is never silently off.)
+    let err = load(&env).await.expect_err("an empty origin secret");
+    let chain = onegrant::telemetry::error_chain(&err);
+    assert!(chain.contains("ORIGIN_SECRET"), "{chain}");
+    let long = create("origin-long", &"o".repeat(64)).await;
+    let env = environment(&[
+        ("SESSION_SECRET_ARN", &session),
+        ("ORIGIN_SECRET_ARN", &long),
+    ]);
+    let config = load(&env).await.expect("read");
+    assert_eq!(config.origin.map(|o| o.expose().len()), Some(64));
+}
+
+#[tokio::test]
 async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody_out() {
     onegrant::aws::install_crypto_provider();
     let (old_key, new_key) = ("o".repeat(40), "n".repeat(40));

@@ -66,6 +66,13 @@ impl Config {
                 lookup("SESSION_SECRET_PENDING_VERSION").filter(|v| !v.trim().is_empty());
             let mut config =
                 Self::from_lookup(|name| read.get(name).cloned().or_else(|| lookup(name)))?;
+            // An origin secret given by ARN but empty would turn the check off.
+            if config.origin.is_none() && wanted.iter().any(|(name, ..)| *name == "ORIGIN_SECRET") {
+                return Err(ConfigError::Invalid {
+                    name: "ORIGIN_SECRET",
+                    reason: "the secret ORIGIN_SECRET_ARN names is empty".into(),
+                });
+            }
             config.session.source = session_source.map(|arn| super::SessionKeySource {
                 arn,
                 pending_version,
@@ -167,6 +174,16 @@ impl Config {
         let session_previous = session_key("SESSION_SECRET_PREVIOUS")?;
         let session_pending = session_key("SESSION_SECRET_PENDING")?;
         let origin = session_key("ORIGIN_SECRET")?;
+        let origin_enforced = match lookup("ORIGIN_CHECK").as_deref() {
+            None | Some("" | "enforce") => true,
+            Some("count") => false,
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "ORIGIN_CHECK",
+                    reason: "expected enforce or count".into(),
+                });
+            }
+        };
         let ttl = match lookup("SESSION_TTL_SECONDS") {
             None => Duration::from_secs(7200),
             Some(v) => v
@@ -448,6 +465,7 @@ impl Config {
             push,
             notify_sources,
             origin,
+            origin_enforced,
         })
     }
 }

@@ -127,6 +127,9 @@ pub struct Config {
     /// (`ORIGIN_SECRET`, the edge protection): a request without it is refused.
     /// `None`: the API is served directly.
     pub origin: Option<Secret>,
+    /// `ORIGIN_CHECK`: `enforce` (the default) refuses a request without the origin
+    /// secret; `count` only counts it (while clients move to the edge's address).
+    pub origin_enforced: bool,
 }
 
 /// How WeChat's message push is set up in the MP console (消息推送配置).

@@ -259,5 +259,15 @@ fn the_origin_secret_is_optional_and_as_long_as_a_session_key() {
     let err = with("short").expect_err("a short origin secret");
     assert!(err.to_string().contains("ORIGIN_SECRET"), "{err}");
     let c = with(&"o".repeat(64)).expect("a long one");
+    assert!(c.origin_enforced, "enforced unless told");
     assert_eq!(c.origin.map(|o| o.expose().len()), Some(64));
+    let check = |value: &str| {
+        let mut e = env();
+        e.insert("ORIGIN_CHECK", value.to_string());
+        Config::from_lookup(|k| e.get(k).cloned())
+    };
+    assert!(!check("count").expect("count").origin_enforced);
+    assert!(check("enforce").expect("enforce").origin_enforced);
+    let err = check("off").expect_err("neither");
+    assert!(err.to_string().contains("ORIGIN_CHECK"), "{err}");
 }
