@@ -262,7 +262,7 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
         groups = stack.of_type("AWS::Logs::LogGroup")
         assert all(g["Properties"]["RetentionInDays"] == "30" for g in groups.values()), groups
         functions = stack.of_type("AWS::Lambda::Function")
-        assert len(functions) == (7 if callback else 6), sorted(functions)
+        assert len(functions) == (8 if callback else 7), sorted(functions)
         for name, fn in functions.items():
             logging_config = fn["Properties"]["LoggingConfig"]
             assert logging_config["LogFormat"] == "JSON", name
@@ -319,6 +319,11 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
     stack = Stack(PUSH)
     policies = stack.of_type("AWS::SecretsManager::ResourcePolicy")
     assert readers(policies["SessionSecretPolicy"]) == [
+        "GrantsFunctionRole", "InboxFunctionRole", "RemindersFunctionRole", "SessionFunctionRole",
+        "SessionKeyRotationFunctionRole",
+    ]
+    unrotated = Stack(dict(PUSH, SessionKeyRotationDays="0"))
+    assert readers(unrotated.of_type("AWS::SecretsManager::ResourcePolicy")["SessionSecretPolicy"]) == [
         "GrantsFunctionRole", "InboxFunctionRole", "RemindersFunctionRole", "SessionFunctionRole"
     ]
     assert readers(policies["WechatSecretPolicy"]) == ["DispatcherFunctionRole", "SessionFunctionRole"]
@@ -409,7 +414,7 @@ def the_documented_deploy_parameters_reach_the_functions_intact():
     assert parsed["NotifySources"] == "com.example.shop,com.example.pay"
     stack = Stack(dict(parsed, **PUSH))
     functions = stack.of_type("AWS::Lambda::Function")
-    assert len(functions) == 7, sorted(functions)
+    assert len(functions) == 8, sorted(functions)
     for name, fn in functions.items():
         env = fn["Properties"]["Environment"]["Variables"]
         assert env["ONEGRANT_TEMPLATES"] == parsed["Templates"], name
@@ -434,6 +439,37 @@ def deploy_params_refuses_what_sam_cli_or_lambda_would_break():
         broken.write_text("[{")
         status, _, err = deploy_params(str(broken), str(broken))
         assert status != 0 and "not readable JSON" in err, err
+
+
+@check
+def the_session_key_rotates_on_a_schedule_by_its_own_function():
+    stack = Stack(PUSH)
+    (schedule,) = stack.of_type("AWS::SecretsManager::RotationSchedule").values()
+    props = schedule["Properties"]
+    assert props["SecretId"] == {"Ref": "SessionSecret"}
+    assert props["RotationLambdaARN"] == {"Fn::GetAtt": ["SessionKeyRotationFunction", "Arn"]}
+    assert props["RotationRules"] == {"AutomaticallyAfterDays": "30"}
+    assert props["RotateImmediatelyOnUpdate"] is False, "no rotation on every deploy"
+    (permission,) = [
+        p for p in stack.of_type("AWS::Lambda::Permission").values()
+        if p["Properties"]["Principal"] == "secretsmanager.amazonaws.com"
+    ]
+    assert permission["Properties"]["SourceAccount"] == "123456789012"
+    fn = stack.function("SessionKeyRotationFunction")
+    assert fn["Environment"]["Variables"]["SESSION_SECRET_ARN"] == {"Ref": "SessionSecret"}
+    statements = [
+        st for st in role_statements(stack, "SessionKeyRotationFunctionRole")
+        if any(str(a).startswith("secretsmanager:") for a in st.get("Action", []))
+    ]
+    assert len(statements) == 1, statements
+    assert statements[0]["Resource"] == {"Ref": "SessionSecret"}, "the session key alone"
+    assert sorted(statements[0]["Action"]) == [
+        "secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue",
+        "secretsmanager:PutSecretValue", "secretsmanager:UpdateSecretVersionStage",
+    ]
+    off = Stack(dict(PUSH, SessionKeyRotationDays="0"))
+    assert not off.of_type("AWS::SecretsManager::RotationSchedule")
+    assert off.function("SessionKeyRotationFunction") is None
 
 
 EDGE_ACL = (

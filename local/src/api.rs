@@ -34,6 +34,7 @@ pub fn event_handler(binary: &str) -> Option<EventHandler> {
     match binary {
         "dispatcher" => Some(dispatcher::invoke),
         "notify" => Some(notify::invoke),
+        "session-key-rotation" => Some(session_key_rotation::invoke),
         _ => None,
     }
 }

@@ -210,6 +210,99 @@ async fn an_origin_secret_given_by_arn_but_empty_fails_the_cold_start() {
     assert_eq!(config.origin.map(|o| o.expose().len()), Some(64));
 }
 
+/// The secret's versions and their stages.
+async fn stages_of(arn: &str) -> HashMap<String, Vec<String>> {
+    let described = operate("secretsmanager.DescribeSecret", json!({"SecretId": arn})).await;
+    serde_json::from_value(described["VersionIdsToStages"].clone()).expect("stages")
+}
+
+#[tokio::test]
+async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_signed_out() {
+    use onegrant::secrets::rotation::{RotationError, RotationRequest, Step, rotate};
+    onegrant::aws::install_crypto_provider();
+    let old_key = "s".repeat(40);
+    let arn = create("session-rotated", &old_key).await;
+    let env = environment(&[("SESSION_SECRET_ARN", &arn)]);
+    let openid = OpenId::parse("oRotated").expect("openid");
+    let now = chrono::Utc::now();
+    let before = container(&env).await;
+    let old_token = before.issue(&openid, now).await.expect("signed").token;
+    let reader = reader();
+    let token = uuid::Uuid::new_v4().to_string();
+    let step = |step| RotationRequest {
+        secret_id: arn.clone(),
+        token: token.clone(),
+        step,
+    };
+    // createSecret twice (Secrets Manager retries a step): one staged key.
+    rotate(&reader, &arn, &step(Step::Create))
+        .await
+        .expect("create");
+    let staged = |stages: &HashMap<String, Vec<String>>| stages.get(&token).cloned();
+    assert_eq!(
+        staged(&stages_of(&arn).await),
+        Some(vec!["AWSPENDING".to_string()])
+    );
+    let value = |stage: &'static str| {
+        let reader = &reader;
+        let arn = &arn;
+        async move {
+            reader
+                .read("SESSION_SECRET", arn, stage, None)
+                .await
+                .expect("read")
+                .map(|s| s.expose().to_string())
+        }
+    };
+    let first = value("AWSPENDING").await.expect("staged");
+    rotate(&reader, &arn, &step(Step::Create))
+        .await
+        .expect("create again");
+    assert_eq!(value("AWSPENDING").await, Some(first.clone()), "made once");
+    assert_eq!(first.len(), 64, "32 random bytes, hex");
+    assert!(first.chars().all(|c| c.is_ascii_hexdigit()) && first != old_key);
+    // Nothing changes for a token until it is current.
+    assert_eq!(value("AWSCURRENT").await, Some(old_key.clone()));
+    for s in [Step::Set, Step::Test, Step::Finish] {
+        rotate(&reader, &arn, &step(s)).await.expect("step");
+    }
+    let stages = stages_of(&arn).await;
+    assert!(
+        staged(&stages).is_some_and(|s| s.contains(&"AWSCURRENT".to_string())),
+        "{stages:?}"
+    );
+    assert_eq!(value("AWSCURRENT").await, Some(first.clone()));
+    assert_eq!(value("AWSPREVIOUS").await, Some(old_key.clone()));
+    // A step of a rotation already finished changes nothing.
+    rotate(&reader, &arn, &step(Step::Finish))
+        .await
+        .expect("finished");
+    assert_eq!(value("AWSCURRENT").await, Some(first.clone()));
+    // Nobody is signed out: both containers take both keys' tokens.
+    let after = container(&env).await;
+    let new_token = after.issue(&openid, now).await.expect("signed").token;
+    assert_eq!(after.verify(&old_token).await.expect("previous"), openid);
+    assert_eq!(before.verify(&new_token).await.expect("read again"), openid);
+    // Refused: another secret; a step for a version nobody staged.
+    let other = RotationRequest {
+        secret_id: format!("{arn}-other"),
+        ..step(Step::Create)
+    };
+    assert!(matches!(
+        rotate(&reader, &arn, &other).await,
+        Err(RotationError::OtherSecret)
+    ));
+    let unstaged = RotationRequest {
+        token: uuid::Uuid::new_v4().to_string(),
+        ..step(Step::Finish)
+    };
+    assert!(matches!(
+        rotate(&reader, &arn, &unstaged).await,
+        Err(RotationError::NotStaged)
+    ));
+    assert_eq!(value("AWSCURRENT").await, Some(first), "nothing moved");
+}
+
 #[tokio::test]
 async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody_out() {
     onegrant::aws::install_crypto_provider();

@@ -8,6 +8,8 @@
 //! AWS SDK. The endpoint is `AWS_ENDPOINT_URL_SECRETS_MANAGER` when set (the tests'
 //! emulator), else the region's.
 
+pub mod rotation;
+
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -97,6 +99,17 @@ pub(crate) fn signed_post(
     Ok(request)
 }
 
+/// The kind of a Secrets Manager error answer (`ResourceNotFoundException`, …).
+pub(crate) fn error_kind(answer: &Value) -> String {
+    answer["__type"]
+        .as_str()
+        .unwrap_or("unreadable answer")
+        .rsplit('#')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A Secrets Manager reader: region, endpoint and credentials.
 pub struct SecretsReader {
     http: reqwest::Client,
@@ -184,13 +197,7 @@ impl SecretsReader {
         let status = answer.status().as_u16();
         let value: Value = answer.json().await.unwrap_or(Value::Null);
         if status != 200 {
-            let kind = value["__type"]
-                .as_str()
-                .unwrap_or("unreadable answer")
-                .rsplit('#')
-                .next()
-                .unwrap_or_default()
-                .to_string();
+            let kind = error_kind(&value);
             // A stage no version carries (AWSPREVIOUS before the first rotation).
             if kind == "ResourceNotFoundException" && stage != "AWSCURRENT" {
                 if version.is_some() {

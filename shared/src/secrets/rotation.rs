@@ -1,0 +1,306 @@
+//! The session key's rotation: Secrets Manager's four steps for a secret whose value is
+//! the key itself (no other system to tell, so `setSecret` does nothing).
+//!
+//! - `createSecret`: a new random key staged `AWSPENDING` under the rotation's token
+//!   (once: a retried step finds it there);
+//! - `setSecret`: nothing;
+//! - `testSecret`: the staged key is there and long enough to sign with;
+//! - `finishSecret`: the staged version made `AWSCURRENT` (the old one becomes
+//!   `AWSPREVIOUS`).
+//!
+//! The functions read the keys again when a token matches none they hold
+//! ([`crate::session`]), so the new key needs no deploy and signs nobody out.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::{SecretsError, SecretsReader};
+use crate::config::MIN_SESSION_SECRET_BYTES;
+
+/// Bytes of randomness in a key (written as hex: 64 characters).
+const KEY_BYTES: usize = 32;
+
+/// One invocation by Secrets Manager: `{"SecretId", "ClientRequestToken", "Step"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RotationRequest {
+    pub secret_id: String,
+    pub token: String,
+    pub step: Step,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Create,
+    Set,
+    Test,
+    Finish,
+}
+
+/// Why a step failed (Secrets Manager then marks the rotation failed and tries again).
+#[derive(Debug, thiserror::Error)]
+pub enum RotationError {
+    #[error("not a rotation request: {0}")]
+    Request(String),
+    #[error("this function rotates the session key only")]
+    OtherSecret,
+    #[error("the rotation's version is not staged AWSPENDING")]
+    NotStaged,
+    #[error("the staged key is missing or shorter than {MIN_SESSION_SECRET_BYTES} bytes")]
+    Unusable,
+    #[error("no version of the secret is AWSCURRENT")]
+    NoCurrent,
+    #[error("no random key could be made")]
+    Random,
+    #[error("Secrets Manager refused {action}: {status} {kind}")]
+    Refused {
+        action: &'static str,
+        status: u16,
+        kind: String,
+    },
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
+}
+
+impl RotationRequest {
+    pub fn parse(event: &Value) -> Result<Self, RotationError> {
+        let field = |name: &str| {
+            event[name]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| RotationError::Request(format!("{name} is missing")))
+        };
+        let step = match field("Step")?.as_str() {
+            "createSecret" => Step::Create,
+            "setSecret" => Step::Set,
+            "testSecret" => Step::Test,
+            "finishSecret" => Step::Finish,
+            other => return Err(RotationError::Request(format!("unknown step {other:?}"))),
+        };
+        Ok(Self {
+            secret_id: field("SecretId")?,
+            token: field("ClientRequestToken")?,
+            step,
+        })
+    }
+}
+
+/// What the secret's versions say of a step (the domain of the rotation, pure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The rotation's version is current already: the step has nothing to do.
+    Done,
+    /// Do the step.
+    Go,
+}
+
+/// From the versions' stages (`VersionIdsToStages`): whether `step` of the rotation
+/// `token` is to be done. The version is staged `AWSPENDING` when Secrets Manager starts
+/// a rotation (without a value until `createSecret`); a `createSecret` run by hand, or
+/// by an emulator that stages nothing, may find no such version and makes it.
+pub fn decide(
+    step: Step,
+    token: &str,
+    stages: &HashMap<String, Vec<String>>,
+) -> Result<Decision, RotationError> {
+    match stages.get(token) {
+        Some(own) if own.iter().any(|s| s == "AWSCURRENT") => Ok(Decision::Done),
+        Some(own) if own.iter().any(|s| s == "AWSPENDING") => Ok(Decision::Go),
+        None if step == Step::Create => Ok(Decision::Go),
+        _ => Err(RotationError::NotStaged),
+    }
+}
+
+/// The version that is `AWSCURRENT`.
+pub fn current(stages: &HashMap<String, Vec<String>>) -> Option<&str> {
+    stages
+        .iter()
+        .find(|(_, s)| s.iter().any(|s| s == "AWSCURRENT"))
+        .map(|(id, _)| id.as_str())
+}
+
+/// Runs one step of the rotation of `arn` (the session key's secret, the only one this
+/// rotates).
+pub async fn rotate(
+    reader: &SecretsReader,
+    arn: &str,
+    request: &RotationRequest,
+) -> Result<(), RotationError> {
+    if request.secret_id != arn {
+        return Err(RotationError::OtherSecret);
+    }
+    let described = call(
+        reader,
+        "DescribeSecret",
+        json!({"SecretId": arn}),
+        &["ResourceNotFoundException"],
+    )
+    .await?;
+    let stages: HashMap<String, Vec<String>> = described
+        .and_then(|d| serde_json::from_value(d["VersionIdsToStages"].clone()).ok())
+        .unwrap_or_default();
+    if decide(request.step, &request.token, &stages)? == Decision::Done {
+        tracing::info!(step = ?request.step, "the rotation's version is current already");
+        return Ok(());
+    }
+    match request.step {
+        Step::Create => {
+            if staged(reader, arn, &request.token).await?.is_some() {
+                return Ok(());
+            }
+            let mut key = [0u8; KEY_BYTES];
+            getrandom::fill(&mut key).map_err(|_| RotationError::Random)?;
+            call(
+                reader,
+                "PutSecretValue",
+                json!({"SecretId": arn, "ClientRequestToken": request.token,
+                       "SecretString": hex::encode(key), "VersionStages": ["AWSPENDING"]}),
+                &[],
+            )
+            .await?;
+            tracing::info!("a new session key staged AWSPENDING");
+        }
+        Step::Set => {}
+        Step::Test => {
+            let usable = staged(reader, arn, &request.token)
+                .await?
+                .is_some_and(|key| key.len() >= MIN_SESSION_SECRET_BYTES);
+            if !usable {
+                return Err(RotationError::Unusable);
+            }
+        }
+        Step::Finish => {
+            let current = current(&stages).ok_or(RotationError::NoCurrent)?;
+            call(
+                reader,
+                "UpdateSecretVersionStage",
+                json!({"SecretId": arn, "VersionStage": "AWSCURRENT",
+                       "MoveToVersionId": request.token, "RemoveFromVersionId": current}),
+                &[],
+            )
+            .await?;
+            tracing::info!("the new session key is current");
+        }
+    }
+    Ok(())
+}
+
+/// The key staged under `token`, if it has a value.
+async fn staged(
+    reader: &SecretsReader,
+    arn: &str,
+    token: &str,
+) -> Result<Option<String>, RotationError> {
+    let got = call(
+        reader,
+        "GetSecretValue",
+        json!({"SecretId": arn, "VersionId": token, "VersionStage": "AWSPENDING"}),
+        &["ResourceNotFoundException"],
+    )
+    .await?;
+    Ok(got.and_then(|v| v["SecretString"].as_str().map(str::to_string)))
+}
+
+/// One Secrets Manager action: its answer, or `None` for an error of a kind in
+/// `absent` (what is not there yet).
+async fn call(
+    reader: &SecretsReader,
+    action: &'static str,
+    body: Value,
+    absent: &[&str],
+) -> Result<Option<Value>, RotationError> {
+    let answer = reader
+        .call(
+            "SESSION_SECRET",
+            &format!("secretsmanager.{action}"),
+            &body.to_string(),
+        )
+        .await?;
+    let status = answer.status().as_u16();
+    let value: Value = answer.json().await.unwrap_or(Value::Null);
+    if status == 200 {
+        return Ok(Some(value));
+    }
+    let kind = super::error_kind(&value);
+    if absent.contains(&kind.as_str()) {
+        return Ok(None);
+    }
+    Err(RotationError::Refused {
+        action,
+        status,
+        kind,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stages(pairs: &[(&str, &[&str])]) -> HashMap<String, Vec<String>> {
+        pairs
+            .iter()
+            .map(|(id, s)| (id.to_string(), s.iter().map(|s| s.to_string()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_step_goes_only_for_a_version_staged_pending_and_ends_once_it_is_current() {
+        let pending = stages(&[("old", &["AWSCURRENT"]), ("t", &["AWSPENDING"])]);
+        for step in [Step::Create, Step::Set, Step::Test, Step::Finish] {
+            assert_eq!(
+                decide(step, "t", &pending).ok(),
+                Some(Decision::Go),
+                "{step:?}"
+            );
+        }
+        let done = stages(&[
+            ("old", &["AWSPREVIOUS"]),
+            ("t", &["AWSCURRENT", "AWSPENDING"]),
+        ]);
+        for step in [Step::Create, Step::Test, Step::Finish] {
+            assert_eq!(
+                decide(step, "t", &done).ok(),
+                Some(Decision::Done),
+                "{step:?}"
+            );
+        }
+        let before = stages(&[("old", &["AWSCURRENT"])]);
+        assert_eq!(decide(Step::Create, "t", &before).ok(), Some(Decision::Go));
+        assert!(matches!(
+            decide(Step::Finish, "t", &before),
+            Err(RotationError::NotStaged)
+        ));
+        let stale = stages(&[("old", &["AWSCURRENT"]), ("t", &["AWSPREVIOUS"])]);
+        assert!(matches!(
+            decide(Step::Test, "t", &stale),
+            Err(RotationError::NotStaged)
+        ));
+        assert_eq!(current(&pending), Some("old"));
+        assert_eq!(current(&stages(&[("t", &["AWSPENDING"])])), None);
+    }
+
+    #[test]
+    fn only_a_whole_request_of_a_known_step_is_taken() {
+        let whole = json!({"SecretId": "arn", "ClientRequestToken": "t", "Step": "finishSecret"});
+        assert_eq!(
+            RotationRequest::parse(&whole).ok(),
+            Some(RotationRequest {
+                secret_id: "arn".into(),
+                token: "t".into(),
+                step: Step::Finish
+            })
+        );
+        for bad in [
+            json!({"SecretId": "arn", "ClientRequestToken": "t", "Step": "dropSecret"}),
+            json!({"SecretId": "arn", "Step": "createSecret"}),
+            json!({"SecretId": "", "ClientRequestToken": "t", "Step": "createSecret"}),
+            json!(null),
+        ] {
+            assert!(
+                matches!(RotationRequest::parse(&bad), Err(RotationError::Request(_))),
+                "{bad}"
+            );
+        }
+    }
+}
