@@ -467,7 +467,10 @@ def the_session_key_rotates_on_a_schedule_by_its_own_function():
         "secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue",
         "secretsmanager:PutSecretValue", "secretsmanager:UpdateSecretVersionStage",
     ]
+    alarm = stack.of_type("AWS::CloudWatch::Alarm")["SessionKeyRotationErrorsAlarm"]["Properties"]
+    assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": "SessionKeyRotationFunction"}}]
     off = Stack(dict(PUSH, SessionKeyRotationDays="0"))
+    assert "SessionKeyRotationErrorsAlarm" not in off.of_type("AWS::CloudWatch::Alarm")
     assert not off.of_type("AWS::SecretsManager::RotationSchedule")
     assert off.function("SessionKeyRotationFunction") is None
 

@@ -96,10 +96,13 @@ pub mod name {
     // The edge protection.
     /// Requests refused for not coming through the stack's CloudFront distribution.
     pub const FROM_ELSEWHERE: &str = "RequestsAroundEdge";
+    // Sessions.
+    /// Session keys a warm container could not read again (the keys held kept).
+    pub const SESSION_KEY_READS_FAILED: &str = "SessionKeyReadsFailed";
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 37] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -136,6 +139,7 @@ pub const ALL: [&str; 36] = [
     name::PUSHES_REJECTED,
     name::TOKEN_FETCHES,
     name::FROM_ELSEWHERE,
+    name::SESSION_KEY_READS_FAILED,
 ];
 
 /// The labels (EMF dimensions besides `Function`) each labelled metric is recorded

@@ -66,6 +66,11 @@ struct Source {
 /// How long keys read from Secrets Manager are used before they are read again.
 pub const KEY_MAX_AGE: Duration = Duration::from_secs(600);
 
+/// Keys not read again successfully for this long are trusted for their current key
+/// only: a key taken off `AWSPREVIOUS` (a leak) stops being accepted even in a
+/// container that cannot reach Secrets Manager.
+pub const KEY_STALE_LIMIT: Duration = Duration::from_secs(1800);
+
 /// The shortest time between two reads made for a token no key held matches (a
 /// forged token, or one signed with a key newer than this container's). The first
 /// such token after a cold start is read for at once.
@@ -193,19 +198,38 @@ impl Sessions {
     }
 
     fn verify_with(&self, keys: &Keys, token: &str) -> Result<OpenId, SessionError> {
+        // Keys not read for too long (Secrets Manager unreachable past KEY_STALE_LIMIT):
+        // the current key alone, so a key taken off AWSPREVIOUS (a leak) is not
+        // accepted for as long as the container lives.
+        let held = if keys.read_at.elapsed() > KEY_STALE_LIMIT && self.source.is_some() {
+            &keys.decoding[..keys.decoding.len().min(1)]
+        } else {
+            &keys.decoding[..]
+        };
+        // The reason worth telling: a key whose signature matched (expired, wrong
+        // issuer) over the others' "invalid signature".
         let mut refused = SessionError::NoKey;
-        for key in &keys.decoding {
+        for key in held {
             match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
                 Ok(data) => {
                     return OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject);
                 }
-                Err(e) => refused = SessionError::Invalid(e),
+                Err(e) => {
+                    let signature =
+                        matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature);
+                    let told = matches!(&refused, SessionError::Invalid(r)
+                        if !matches!(r.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature));
+                    if !(signature && told) {
+                        refused = SessionError::Invalid(e);
+                    }
+                }
             }
         }
         Err(refused)
     }
 
-    /// Reads the keys again once they are [`KEY_MAX_AGE`] old.
+    /// Reads the keys again once they are [`KEY_MAX_AGE`] old (a failed read is tried
+    /// again after [`UNKNOWN_KEY_PAUSE`], not on every request).
     async fn read_again_if_stale(&self) {
         let Some(source) = &self.source else {
             return;
@@ -213,11 +237,14 @@ impl Sessions {
         if self.keys().read_at.elapsed() < KEY_MAX_AGE {
             return;
         }
-        let _one = source.tried_at.lock().await;
-        // Read by another request meanwhile.
-        if self.keys().read_at.elapsed() < KEY_MAX_AGE {
+        let mut tried_at = source.tried_at.lock().await;
+        // Read by another request meanwhile, or tried (and failed) too recently.
+        if self.keys().read_at.elapsed() < KEY_MAX_AGE
+            || tried_at.is_some_and(|at| at.elapsed() < UNKNOWN_KEY_PAUSE)
+        {
             return;
         }
+        *tried_at = Some(Instant::now());
         self.read_again(source).await;
     }
 
@@ -241,7 +268,8 @@ impl Sessions {
     }
 
     /// Reads the keys from Secrets Manager and holds them: whether they were read. A
-    /// read that fails keeps the keys held (logged).
+    /// read that fails keeps the keys held (logged and counted); a previous or pending
+    /// key too short to have been made for signing is not trusted.
     async fn read_again(&self, source: &Source) -> bool {
         let SessionKeySource {
             arn,
@@ -263,18 +291,30 @@ impl Sessions {
             },
         )
         .await;
+        let usable = |key: Option<Secret>, stage: &str| {
+            key.filter(|k| {
+                let long = k.expose().len() >= MIN_KEY_BYTES;
+                if !long {
+                    tracing::error!(stage, "a session key read again is too short: not trusted");
+                }
+                long
+            })
+        };
         let keys = match read {
-            Ok((Some(current), previous, pending)) if current.expose().len() >= MIN_KEY_BYTES => {
-                Keys::new(Some(&current), previous.as_ref(), pending.as_ref())
-            }
-            Ok(_) => {
-                tracing::error!(
-                    "the session key read again is missing or too short; the keys held are kept"
-                );
-                return false;
-            }
+            Ok((current, previous, pending)) => match usable(current, "AWSCURRENT") {
+                Some(current) => Keys::new(
+                    Some(&current),
+                    usable(previous, "AWSPREVIOUS").as_ref(),
+                    usable(pending, "AWSPENDING").as_ref(),
+                ),
+                None => {
+                    crate::metrics::count(crate::metrics::name::SESSION_KEY_READS_FAILED, 1);
+                    return false;
+                }
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "the session keys could not be read again; the keys held are kept");
+                crate::metrics::count(crate::metrics::name::SESSION_KEY_READS_FAILED, 1);
                 return false;
             }
         };
@@ -289,6 +329,7 @@ impl Sessions {
             }
             Err(e) => {
                 tracing::error!(error = %e, "the session key read again is unusable; the keys held are kept");
+                crate::metrics::count(crate::metrics::name::SESSION_KEY_READS_FAILED, 1);
                 false
             }
         }
@@ -360,6 +401,26 @@ mod tests {
             keyless.verify(&fresh).await,
             Err(SessionError::NoKey)
         ));
+    }
+
+    #[tokio::test]
+    async fn an_expired_token_is_refused_as_expired_whatever_other_keys_are_held() {
+        let (current, previous) = ("c".repeat(32), "p".repeat(32));
+        let openid = OpenId::parse("oUser1").expect("openid");
+        let expired = sessions(&current)
+            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+            .await
+            .expect("signed")
+            .token;
+        // The previous key is tried after the current one and fails on the signature:
+        // the reason told is still the current key's, so no key is read again for it.
+        match rotated(&current, Some(&previous)).verify(&expired).await {
+            Err(SessionError::Invalid(e)) => assert!(
+                matches!(e.kind(), jsonwebtoken::errors::ErrorKind::ExpiredSignature),
+                "{e:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -183,6 +183,51 @@ async fn a_container_started_before_a_rotation_takes_tokens_signed_after_it_with
         before.verify(&third_token).await.is_err(),
         "read again too soon"
     );
+    // A key too short to have been made for signing, left previous by a mistaken put,
+    // is not trusted by a container that reads the keys again (a cold start refuses it).
+    let late = container(&env).await;
+    operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "SecretString": "tiny"}),
+    )
+    .await;
+    let fourth = "t".repeat(40);
+    operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "SecretString": fourth}),
+    )
+    .await;
+    let fourth_token = Sessions::new(&onegrant::config::SessionConfig {
+        secret: Some(onegrant::secrets::Secret::new(fourth.clone())),
+        previous: None,
+        pending: None,
+        ttl: std::time::Duration::from_secs(600),
+        source: None,
+    })
+    .expect("keys")
+    .issue(&openid, now)
+    .await
+    .expect("signed")
+    .token;
+    let tiny_token = {
+        use jsonwebtoken::{EncodingKey, Header};
+        let claims = json!({"sub": "oForged", "iat": now.timestamp(),
+                            "exp": now.timestamp() + 600, "iss": "onegrant"});
+        jsonwebtoken::encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(b"tiny").expect("key"),
+        )
+        .expect("signed")
+    };
+    assert_eq!(
+        late.verify(&fourth_token).await.expect("read again"),
+        openid
+    );
+    assert!(
+        late.verify(&tiny_token).await.is_err(),
+        "a short previous key"
+    );
     // A ring given its keys directly has nothing to read again.
     assert!(only_new.verify(&old_token).await.is_err());
 }

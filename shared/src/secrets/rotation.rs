@@ -98,16 +98,25 @@ pub enum Decision {
 /// From the versions' stages (`VersionIdsToStages`): whether `step` of the rotation
 /// `token` is to be done. The version is staged `AWSPENDING` when Secrets Manager starts
 /// a rotation (without a value until `createSecret`); a `createSecret` run by hand, or
-/// by an emulator that stages nothing, may find no such version and makes it.
+/// by an emulator that stages nothing, may find no such version and makes it — only
+/// while no other rotation is in flight (no version but the current one `AWSPENDING`),
+/// whose label it would take.
 pub fn decide(
     step: Step,
     token: &str,
     stages: &HashMap<String, Vec<String>>,
 ) -> Result<Decision, RotationError> {
+    let has = |stages: &[String], stage: &str| stages.iter().any(|s| s == stage);
     match stages.get(token) {
-        Some(own) if own.iter().any(|s| s == "AWSCURRENT") => Ok(Decision::Done),
-        Some(own) if own.iter().any(|s| s == "AWSPENDING") => Ok(Decision::Go),
-        None if step == Step::Create => Ok(Decision::Go),
+        Some(own) if has(own, "AWSCURRENT") => Ok(Decision::Done),
+        Some(own) if has(own, "AWSPENDING") => Ok(Decision::Go),
+        None if step == Step::Create
+            && !stages
+                .values()
+                .any(|s| has(s, "AWSPENDING") && !has(s, "AWSCURRENT")) =>
+        {
+            Ok(Decision::Go)
+        }
         _ => Err(RotationError::NotStaged),
     }
 }
@@ -267,6 +276,15 @@ mod tests {
         }
         let before = stages(&[("old", &["AWSCURRENT"])]);
         assert_eq!(decide(Step::Create, "t", &before).ok(), Some(Decision::Go));
+        // A label left on the version a rotation made current is no rotation in flight.
+        let after = stages(&[("old", &["AWSCURRENT", "AWSPENDING"])]);
+        assert_eq!(decide(Step::Create, "t", &after).ok(), Some(Decision::Go));
+        // Another rotation in flight: its label is not taken.
+        let other = stages(&[("old", &["AWSCURRENT"]), ("u", &["AWSPENDING"])]);
+        assert!(matches!(
+            decide(Step::Create, "t", &other),
+            Err(RotationError::NotStaged)
+        ));
         assert!(matches!(
             decide(Step::Finish, "t", &before),
             Err(RotationError::NotStaged)
