@@ -52,8 +52,12 @@ impl Store {
     }
 
     /// Invalidates every available or reserved grant of the kind's template, in
-    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
-    /// `first` (the plan, and its count of the minute: at most two items). With
+    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the last also writing
+    /// `last` (the plan, and its count of the minute: at most two items). Last, so a
+    /// void that stops midway (a grant moved under it, a conflict, a crash) has written
+    /// neither: the retry reads the plan as it was and counts the change once, and no
+    /// plan is ever left off beside grants it should have voided (the refusal errs
+    /// towards fewer open grants, never more). With
     /// `reported_before`, only grants recorded before that instant: WeChat's 43101 answered a send claimed then, and says nothing of a
     /// grant the user gave while it was in flight. Returns false if anything changed
     /// underneath (retry).
@@ -61,7 +65,7 @@ impl Store {
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
-        first: Vec<TransactWriteItem>,
+        last: Vec<TransactWriteItem>,
         include_reserved: bool,
         reported_before: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
@@ -121,23 +125,25 @@ impl Store {
         if let Some(bound) = reported_before {
             open = self.recorded_before(pk, open, bound).await?;
         }
-        let mut first = first;
+        let mut last = last;
         // The first transaction stamps the quota item `voided_at`, even with nothing to
         // void: a send in flight whose grant the sweep already voided must not get it
         // back by a late answer (see `VOIDED_AT`).
         let mut stamp = true;
-        let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
-        for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
-            let mut items = Vec::with_capacity(chunk.len() + 2);
+        let mut chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        let final_chunk = chunks.len() - 1;
+        for (index, chunk) in chunks.into_iter().enumerate() {
+            let mut items = Vec::with_capacity(chunk.len() + 3);
             // Which grant (and the state it was listed in) each item moves.
-            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
-            if !first.is_empty() {
-                for item in std::mem::take(&mut first) {
+            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 3);
+            if index == final_chunk {
+                for item in std::mem::take(&mut last) {
                     items.push(item);
                     moves.push(None);
                 }
-            } else if chunk.is_empty() && !stamp {
-                break;
             }
             let (mut available, mut reserved) = (0i64, 0i64);
             let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
