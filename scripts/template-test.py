@@ -6,6 +6,7 @@ Run by scripts/lint-template with the SAM CLI's Python (.venv-sam), offline.
 """
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -85,8 +86,8 @@ class Stack:
         return self.conditions[name]
 
     def value(self, node):
-        """`node` with Ref, Fn::If, Fn::Equals, Fn::Not, Fn::And, Fn::Or and Condition
-        resolved; other functions are left as they are."""
+        """`node` with Ref, Fn::If, Fn::Equals, Fn::Not, Fn::And, Fn::Or, Fn::Contains
+        and Condition resolved; other functions are left as they are."""
         if isinstance(node, list):
             return [v for v in (self.value(x) for x in node) if v is not NO_VALUE]
         if not isinstance(node, dict):
@@ -113,6 +114,9 @@ class Stack:
                 return all(self.value(x) for x in arg)
             if key == "Fn::Or":
                 return any(self.value(x) for x in arg)
+            if key == "Fn::Contains":  # (a rule function)
+                values, one = (self.value(x) for x in arg)
+                return str(one) in [str(v) for v in values]
             if key == "Condition":
                 return self.condition(arg)
         return {
@@ -136,6 +140,12 @@ class Stack:
         for route in self.of_type("AWS::ApiGatewayV2::Route").values():
             found.add(route["Properties"]["RouteKey"])
         return found
+
+
+@functools.lru_cache(maxsize=1)
+def template_yaml():
+    """template.yaml as parsed (read once; not to be changed)."""
+    return yaml_parse((ROOT / "template.yaml").read_text())
 
 
 def failed_rules(template, params):
@@ -219,6 +229,30 @@ def combinations_that_cannot_work_are_refused():
     plain = dict(PUSH, WechatPushMode="plain", WechatPushAesKeySecretArn="")
     assert Stack(plain).rules_failed == ["PlainPushIsAnExplicitOptIn"]
     assert Stack(dict(plain, WechatPushInsecurePlain="true")).rules_failed == []
+
+
+@check
+def a_dispatcher_reservation_too_small_for_its_workers_is_refused():
+    params = {
+        name: str(spec.get("Default", ""))
+        for name, spec in template_yaml()["Parameters"].items()
+    }
+    low, high = (
+        int(template_yaml()["Parameters"]["DispatchWorkers"][k]) for k in ("MinValue", "MaxValue")
+    )
+    refused = 0
+    for workers in range(low, high + 1):
+        for reserved in range(0, high + 10):
+            failed = failed_rules(
+                template_yaml(),
+                dict(params, DispatchWorkers=str(workers), DispatcherConcurrency=str(reserved)),
+            )
+            fits = reserved == 0 or reserved >= workers + 2
+            assert (failed == []) == fits, (workers, reserved, failed)
+            if not fits:
+                assert failed == ["DispatcherHasRoomForItsWorkers"], (workers, reserved, failed)
+                refused += 1
+    assert refused == sum(w + 1 for w in range(low, high + 1)), refused
 
 
 @check
