@@ -54,6 +54,9 @@ pub mod name {
     pub const EXPIRED: &str = "Expired";
     /// Pushes not sent because the user muted their notification type.
     pub const MUTED: &str = "Muted";
+    /// Pushes not sent because the user's settings keep their template refused (a kept
+    /// reject, a ban, the main switch off).
+    pub const TURNED_OFF: &str = "TurnedOff";
     /// Pushes held by the user's quiet hours (due again at their end).
     pub const HELD: &str = "Held";
     /// Pushes that wait for a grant of their template (none available, or a better push

@@ -349,3 +349,157 @@ async fn changing_settings_are_rate_limited_like_reports() {
         .await;
     assert_eq!(same.status, 200, "the setting as it stands: {}", same.body);
 }
+
+/// A push of `ORDER` to `user`, titled and numbered `key`, at `priority`.
+fn order_push(user: &User, key: &str, priority: &str) -> Value {
+    json!({"idempotency_key": key, "openid": user.openid, "type": "order", "title": key,
+           "priority": priority,
+           "wechat": {"template_id": ORDER,
+                      "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
+}
+
+/// The push of `user`'s notification titled `key` as the inbox shows it: (status, reason).
+async fn push_of(app: &TestApp, user: &User, key: &str) -> (String, Option<String>) {
+    let page = app.get("/v1/notifications", Some(&user.token)).await.body;
+    let note = page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|n| n["title"] == key)
+        .unwrap_or_else(|| panic!("no notification {key}: {page}"))
+        .clone();
+    (
+        note["push"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        note["push"]["reason"].as_str().map(str::to_string),
+    )
+}
+
+/// The ORDER grants `user` holds, as `GET /v1/grants` shows them.
+async fn order_available(app: &TestApp, user: &User) -> u64 {
+    let answer = app.get("/v1/grants", Some(&user.token)).await;
+    quota(&answer.body, ORDER)["available"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// A refusal always wins over a push: while the user's settings keep its template
+/// refused (a kept reject, the main switch off) a push is not sent — not even a `high`
+/// one — and ends `skipped` with reason `turned_off`, the grants held untouched and the
+/// notification in the inbox; once the setting accepts again, the next push goes out
+/// on the grant that was kept.
+#[tokio::test]
+async fn a_push_of_a_template_the_users_settings_refuse_is_never_sent_and_spends_no_grant() {
+    let app = onegrant_tests::spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    let reject = json!({"main_switch": true, "item_settings": {ORDER: "reject"}});
+    // Two grants given earlier (WeChat holds them too); then the user keeps "reject"
+    // for the template.
+    app.accept(&user, ORDER, "wr_1").await;
+    app.accept(&user, ORDER, "wr_2").await;
+    report(&app, &user, "wr_kept_no", json!({ORDER: "reject"}), reject).await;
+    assert_eq!(order_available(&app, &user).await, 2);
+    app.notify(order_push(&user, "urgent", "high")).await;
+    app.notify(order_push(&user, "normal", "normal")).await;
+    let summary = app.tick(30).await;
+    assert_eq!(
+        (summary.turned_off, summary.sent, summary.claimed),
+        (2, 0, 0),
+        "{summary:?}"
+    );
+    for key in ["urgent", "normal"] {
+        assert_eq!(
+            push_of(&app, &user, key).await,
+            ("skipped".to_string(), Some("turned_off".to_string())),
+            "{key}"
+        );
+    }
+    assert!(app.deliveries().await.is_empty(), "nothing sent");
+    assert_eq!(order_available(&app, &user).await, 2, "no grant spent");
+    // Nothing left due: the next tick claims nothing.
+    assert_eq!(app.tick(3).await.due, 0);
+
+    // The main switch off refuses every template, this one too.
+    let off = json!({"main_switch": false, "item_settings": {ORDER: "accept"}});
+    report(&app, &user, "wr_off", json!({WATER: "reject"}), off).await;
+    app.notify(order_push(&user, "switched_off", "high")).await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.turned_off, summary.sent), (1, 0), "{summary:?}");
+    assert_eq!(order_available(&app, &user).await, 2);
+
+    // The setting accepts again: the grant kept is the next push's.
+    let on = json!({"main_switch": true, "item_settings": {ORDER: "accept"}});
+    report(&app, &user, "wr_on", json!({WATER: "reject"}), on).await;
+    app.notify(order_push(&user, "after", "normal")).await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.turned_off, summary.sent), (0, 1), "{summary:?}");
+    assert_eq!(push_of(&app, &user, "after").await.0, "sent");
+    assert_eq!(app.deliveries().await.len(), 1);
+    assert_eq!(order_available(&app, &user).await, 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A standing refusal that lands after a push's claim has read the quota item and
+/// before its transaction: the claim's write to the quota item is conditional on no
+/// refusal standing, so the claim reads again and the push is skipped, not sent. Made
+/// deterministic by the fault proxy: the refusal's write is held, then applied right
+/// after the claim's read has been served and before its answer goes back.
+#[tokio::test]
+async fn a_refusal_landing_between_a_claims_read_and_its_write_wins() {
+    use onegrant_tests::faults::Fault;
+    let (app, proxy) =
+        onegrant_tests::spawn_faulty_app(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.notify(order_push(&user, "raced", "high")).await;
+
+    // The refusal, as a write through the proxy, held there.
+    proxy.inject("UpdateItem", Some("\"standing\""), Fault::HoldThenCommit, 1);
+    proxy.inject("BatchGetItem", Some("PREFS"), Fault::ReleaseHeld, 1);
+    let through_proxy = onegrant::aws::local_dynamodb_client(&proxy.url);
+    let (table, pk) = (app.table.name.clone(), format!("USER#{}", user.openid));
+    let refusal = tokio::spawn(async move {
+        let _ = through_proxy
+            .update_item()
+            .table_name(table)
+            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(pk))
+            .key(
+                "sk",
+                aws_sdk_dynamodb::types::AttributeValue::S(format!("QUOTA#{ORDER}")),
+            )
+            .update_expression("SET #standing = :reject")
+            .expression_attribute_names("#standing", "standing")
+            .expression_attribute_values(
+                ":reject",
+                aws_sdk_dynamodb::types::AttributeValue::S("reject".into()),
+            )
+            .send()
+            .await;
+    });
+    while !proxy
+        .injected()
+        .iter()
+        .any(|(_, f)| *f == Fault::HoldThenCommit)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let summary = app.tick(30).await;
+    refusal.abort();
+    let released = proxy.released();
+    assert!(
+        released
+            .iter()
+            .any(|(status, body)| *status == 200 && body.contains("standing")),
+        "the refusal landed after the claim's read: {released:?}"
+    );
+    assert_eq!((summary.turned_off, summary.sent), (1, 0), "{summary:?}");
+    assert_eq!(
+        push_of(&app, &user, "raced").await,
+        ("skipped".to_string(), Some("turned_off".to_string()))
+    );
+    assert!(app.deliveries().await.is_empty(), "nothing sent");
+    assert_eq!(order_available(&app, &user).await, 1, "no grant spent");
+    assert_ledger_agrees_with_counters(&app).await;
+}

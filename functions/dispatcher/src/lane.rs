@@ -188,6 +188,7 @@ impl Lane<'_> {
             Ok(Dispatched::Published) => {}
             Ok(Dispatched::Expired) => s.expired += 1,
             Ok(Dispatched::Muted) => s.muted += 1,
+            Ok(Dispatched::TurnedOff) => s.turned_off += 1,
             Ok(Dispatched::Held) => s.held += 1,
             Ok(Dispatched::Capped { waits: true }) => s.cap_waits += 1,
             Ok(Dispatched::Capped { waits: false }) => s.capped += 1,

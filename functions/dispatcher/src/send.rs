@@ -43,6 +43,8 @@ pub(crate) enum Dispatched {
     Expired,
     /// A push not sent: its type is muted by the user.
     Muted,
+    /// A push not sent: the user's settings keep its template refused.
+    TurnedOff,
     /// A push in the user's quiet hours, due again at their end.
     Held,
     /// Past the user's daily cap: due again on their next day (`waits`), or a push
@@ -155,6 +157,7 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::WaitGrant => return Ok(Dispatched::WaitGrant),
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
+        ClaimOutcome::TurnedOff => return Ok(Dispatched::TurnedOff),
         ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
         ClaimOutcome::Capped(until) => {
             return Ok(Dispatched::Capped {

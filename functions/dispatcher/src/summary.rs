@@ -36,6 +36,8 @@ pub struct Summary {
     pub expired: u32,
     /// Pushes not sent because the user muted their type.
     pub muted: u32,
+    /// Pushes not sent because the user's settings keep their template refused.
+    pub turned_off: u32,
     /// Pushes held by the user's quiet hours (due again at their end).
     pub held: u32,
     /// Pushes waiting for a grant of their template (none available, or a better push
@@ -92,6 +94,7 @@ impl Summary {
             published,
             expired,
             muted,
+            turned_off,
             held,
             grant_waits,
             cap_waits,
@@ -126,6 +129,7 @@ impl Summary {
         self.published += published;
         self.expired += expired;
         self.muted += muted;
+        self.turned_off += turned_off;
         self.held += held;
         self.grant_waits += grant_waits;
         self.cap_waits += cap_waits;
@@ -161,6 +165,7 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         published = summary.published,
         expired = summary.expired,
         muted = summary.muted,
+        turned_off = summary.turned_off,
         held = summary.held,
         grant_waits = summary.grant_waits,
         cap_waits = summary.cap_waits,
@@ -193,6 +198,7 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::PUBLISHED, summary.published);
     count(name::EXPIRED, summary.expired);
     count(name::MUTED, summary.muted);
+    count(name::TURNED_OFF, summary.turned_off);
     count(name::HELD, summary.held);
     count(name::GRANT_WAITS, summary.grant_waits);
     count(name::CAP_WAITS, summary.cap_waits);

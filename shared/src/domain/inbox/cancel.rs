@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::OutboxState;
 use crate::domain::ids::OpenId;
 use crate::domain::inbox::preferences::Gate;
@@ -114,12 +115,17 @@ pub fn decide(found: PushFound) -> CancelDecision {
 }
 
 /// What becomes of a push at its claim, in this order: a cancel recorded while an
-/// earlier attempt was in flight, its `expires_at`, the user's preferences.
+/// earlier attempt was in flight, its `expires_at`, the standing choice of the user's
+/// settings for its template, the user's preferences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtClaim {
     Go,
     Cancelled,
     Expired,
+    /// The user's settings keep the template refused (a kept reject, a ban, the main
+    /// switch off): never sent, no grant spent (`skipped`, `turned_off`). A refusal
+    /// always wins, even over `high`.
+    TurnedOff,
     Muted,
     /// Quiet hours: due again at their end.
     Held(DateTime<Utc>),
@@ -129,6 +135,7 @@ pub enum AtClaim {
 pub fn at_claim(
     cancel_requested: bool,
     expires_at: Option<i64>,
+    standing: Option<Standing>,
     gate: Gate,
     now: DateTime<Utc>,
 ) -> AtClaim {
@@ -136,6 +143,8 @@ pub fn at_claim(
         AtClaim::Cancelled
     } else if is_expired(expires_at, now) {
         AtClaim::Expired
+    } else if standing.is_some_and(Standing::refuses) {
+        AtClaim::TurnedOff
     } else {
         match gate {
             Gate::Go => AtClaim::Go,
@@ -184,28 +193,42 @@ mod tests {
     }
 
     #[test]
-    fn at_a_claim_a_recorded_cancel_comes_first_then_expiry_then_preferences() {
+    fn at_a_claim_a_recorded_cancel_comes_first_then_expiry_then_a_standing_refusal_then_preferences()
+     {
         let now = DateTime::from_timestamp(1_800_000_000, 0).expect("now");
         let past = Some(now.timestamp_millis());
         let later = now + chrono::Duration::hours(1);
+        let soon = Some(now.timestamp_millis() + 1);
+        let (reject, accept) = (Some(Standing::Reject), Some(Standing::Accept));
         let cases = [
-            (true, past, Gate::Hold(later), AtClaim::Cancelled),
-            (true, None, Gate::Go, AtClaim::Cancelled),
-            (false, past, Gate::Muted, AtClaim::Expired),
-            (false, None, Gate::Muted, AtClaim::Muted),
-            (false, None, Gate::Hold(later), AtClaim::Held(later)),
+            (true, past, reject, Gate::Hold(later), AtClaim::Cancelled),
+            (true, None, None, Gate::Go, AtClaim::Cancelled),
+            (false, past, reject, Gate::Muted, AtClaim::Expired),
+            (false, None, reject, Gate::Muted, AtClaim::TurnedOff),
             (
                 false,
-                Some(now.timestamp_millis() + 1),
+                None,
+                Some(Standing::Ban),
                 Gate::Go,
-                AtClaim::Go,
+                AtClaim::TurnedOff,
             ),
+            (
+                false,
+                soon,
+                Some(Standing::MainSwitchOff),
+                Gate::Go,
+                AtClaim::TurnedOff,
+            ),
+            (false, None, accept, Gate::Muted, AtClaim::Muted),
+            (false, None, None, Gate::Hold(later), AtClaim::Held(later)),
+            (false, soon, accept, Gate::Go, AtClaim::Go),
+            (false, soon, None, Gate::Go, AtClaim::Go),
         ];
-        for (requested, expires, gate, expected) in cases {
+        for (requested, expires, standing, gate, expected) in cases {
             assert_eq!(
-                at_claim(requested, expires, gate, now),
+                at_claim(requested, expires, standing, gate, now),
                 expected,
-                "{requested} {expires:?} {gate:?}"
+                "{requested} {expires:?} {standing:?} {gate:?}"
             );
         }
     }

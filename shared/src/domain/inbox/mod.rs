@@ -137,6 +137,9 @@ pub enum PushReason {
     PageInvalid,
     /// `skipped`: the user holds no grant of the template.
     NoGrant,
+    /// `skipped`: the user's settings keep the template refused (a kept reject, a
+    /// ban, or the main switch off); the grants held stay unspent.
+    TurnedOff,
     /// `pending` or `failed`: WeChat was busy or throttled (retried, up to a limit).
     WechatBusy,
     /// `failed`: WeChat refused the template, page or content.
@@ -156,7 +159,7 @@ pub enum PushReason {
 }
 
 impl PushReason {
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::TemplateMissing,
         Self::TemplateNotConfigured,
         Self::DataInvalid,
@@ -164,6 +167,7 @@ impl PushReason {
         Self::KeywordInvalid,
         Self::PageInvalid,
         Self::NoGrant,
+        Self::TurnedOff,
         Self::WechatBusy,
         Self::ContentRejected,
         Self::UserRefused,
@@ -183,6 +187,7 @@ impl PushReason {
             Self::KeywordInvalid => "keyword_invalid",
             Self::PageInvalid => "page_invalid",
             Self::NoGrant => "no_grant",
+            Self::TurnedOff => "turned_off",
             Self::WechatBusy => "wechat_busy",
             Self::ContentRejected => "content_rejected",
             Self::UserRefused => "user_refused",

@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::DeliveryState;
 use crate::domain::dispatch::cap::Counted;
 use crate::domain::grants::open::{
@@ -16,7 +17,9 @@ use crate::domain::grants::open::{
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;
-use crate::store::items::quota::{INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, sent_on};
+use crate::store::items::quota::{
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, sent_on,
+};
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
@@ -113,6 +116,16 @@ impl Store {
                 remove = format!(" REMOVE {}", names.join(", "));
             }
         }
+        if grant.unrefused {
+            cap.push_str(
+                " AND (attribute_not_exists(#standing) OR NOT (#standing IN (:reject, :ban, :off)))",
+            );
+            counters = counters
+                .expression_attribute_names("#standing", STANDING)
+                .expression_attribute_values(":reject", s(Standing::Reject.as_str()))
+                .expression_attribute_values(":ban", s(Standing::Ban.as_str()))
+                .expression_attribute_values(":off", s(Standing::MainSwitchOff.as_str()));
+        }
         let expression = format!(
             "SET updated_at = :now{remove} ADD available :minus, reserved :one, #reserved :id, \
              #inflight :flight{add} DELETE #available :id"
@@ -172,6 +185,7 @@ impl Store {
             listed: pick.listed,
             stale: Default::default(),
             counted: None,
+            unrefused: false,
         };
         match pick(counters, &open.ids, ledger_only) {
             PickFrom::Nothing => return Ok(None),
@@ -290,6 +304,9 @@ pub(crate) struct Reserve {
     /// Under a daily cap: the day the send counts on (under the cap, as a condition)
     /// and the old days' counts to drop.
     pub(crate) counted: Option<Counted>,
+    /// A push's claim: on the condition that the user's settings do not keep the
+    /// template refused (a standing choice landing after the claim's read wins).
+    pub(crate) unrefused: bool,
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of

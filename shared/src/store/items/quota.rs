@@ -171,6 +171,9 @@ pub(crate) struct OpenGrants {
     pub(crate) sent_days: SentDays,
     /// The pushes waiting for a grant (members as stored).
     pub(crate) waiting: Vec<String>,
+    /// The standing choice of the user's settings for the template (absent, or not
+    /// one this version knows: none).
+    pub(crate) standing: Option<Standing>,
 }
 
 impl OpenGrants {
@@ -204,6 +207,10 @@ impl OpenGrants {
             pending_marks: members(PENDING_EVENTS),
             sent_days: sent_days(quota),
             waiting: members(WAITING),
+            standing: quota
+                .get(STANDING)
+                .and_then(|v| v.as_s().ok())
+                .and_then(|v| Standing::parse(v)),
         }
     }
 

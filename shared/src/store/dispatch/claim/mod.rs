@@ -43,6 +43,9 @@ pub enum ClaimOutcome {
     Expired,
     /// A push of a type the user muted: recorded `muted`, nothing sent or spent.
     Muted,
+    /// A push of a template the user's settings keep refused: recorded `skipped`
+    /// (`turned_off`), nothing sent or spent.
+    TurnedOff,
     /// A push cancelled while an earlier attempt was in flight, now due again:
     /// recorded `cancelled`, nothing sent or spent.
     Cancelled,
@@ -71,6 +74,8 @@ enum Unsent {
     Expired,
     /// Its notification type is muted.
     Muted,
+    /// The user's settings keep its template refused.
+    TurnedOff,
     /// A cancel came while an earlier attempt was in flight.
     Cancelled,
     /// Quiet hours: due again at their end.
@@ -240,19 +245,22 @@ impl Store {
             };
             if let Claimable::Outbox {
                 outbox,
+                open,
                 prefs,
                 cancel_requested,
                 publication,
                 ..
             } = &claimable
             {
-                // Cancelled, expired, muted or in quiet hours: not sent now.
+                // Cancelled, expired, turned off, muted or in quiet hours: not sent now.
                 let priority = outbox.priority.unwrap_or_default();
                 let gate = gate(prefs, outbox.note_type.as_deref(), priority, now);
-                let why = match at_claim(*cancel_requested, outbox.send_by, gate, now) {
+                let at = at_claim(*cancel_requested, outbox.send_by, open.standing, gate, now);
+                let why = match at {
                     AtClaim::Go => None,
                     AtClaim::Cancelled => Some(Unsent::Cancelled),
                     AtClaim::Expired => Some(Unsent::Expired),
+                    AtClaim::TurnedOff => Some(Unsent::TurnedOff),
                     AtClaim::Muted => Some(Unsent::Muted),
                     AtClaim::Held(until) => Some(Unsent::Held(until)),
                 };
@@ -278,6 +286,7 @@ impl Store {
                         Attempt::Done(match why {
                             Unsent::Held(until) => ClaimOutcome::Held(until),
                             Unsent::Muted => ClaimOutcome::Muted,
+                            Unsent::TurnedOff => ClaimOutcome::TurnedOff,
                             Unsent::Cancelled => ClaimOutcome::Cancelled,
                             Unsent::Expired | Unsent::NoGrant | Unsent::WaitGrant => {
                                 ClaimOutcome::Expired
@@ -369,6 +378,8 @@ impl Store {
                 grant.stale.push((WAITING, vec![own]));
             }
             grant.counted = counted;
+            // A push is claimed only while the user's settings do not refuse its template.
+            grant.unrefused = matches!(claimable, Claimable::Outbox { .. });
             let last_grant = takes_last_grant(counters);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to

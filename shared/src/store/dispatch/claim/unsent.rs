@@ -24,7 +24,8 @@ impl Store {
     /// The writes of a due item not sent (`why`): no grant when it came due (the plan
     /// pauses `needs_grant`; the push is skipped); past the daily cap (due again on the
     /// user's next day, or a push that expires first ends `capped`); a push only: its
-    /// `expires_at` passed, muted, cancelled, held in quiet hours. The notification
+    /// `expires_at` passed, its template refused by the user's settings, muted,
+    /// cancelled, held in quiet hours. The notification
     /// stays whatever the reason.
     pub(super) fn unsent_writes(
         &self,
@@ -44,6 +45,7 @@ impl Store {
                     | Unsent::WaitGrant
                     | Unsent::Expired
                     | Unsent::Muted
+                    | Unsent::TurnedOff
                     | Unsent::Cancelled
                     | Unsent::Held(_)
                     | Unsent::CappedOut => PlanEvent::GrantMissing,
@@ -64,6 +66,12 @@ impl Store {
                     ),
                     Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
                     Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
+                    // Skipped, its grants kept: a refusal of the template, not of them.
+                    Unsent::TurnedOff => (
+                        OutboxState::Skipped,
+                        PushStatus::Skipped,
+                        Some(PushReason::TurnedOff),
+                    ),
                     Unsent::CappedOut => (OutboxState::Capped, PushStatus::Capped, None),
                     // Still pending, due again on the user's next day; the
                     // notification says why it waits.
