@@ -13,6 +13,7 @@ pub use support::app::{
     Answer, ORDER, TestApp, WATER, axum_router, spawn_app, spawn_app_isolated, spawn_app_with,
     spawn_faulty_app, spawn_faulty_pushing_app, spawn_pushing_app, spawn_pushing_app_with,
 };
+pub use support::containers::{order_numbers, summary_of, wait_for_exit};
 pub use support::invariants::{
     assert_ledger_agrees_with_counters, assert_no_plan_stuck_sending, assert_plans_consistent,
     attr_n, attr_s, quota,

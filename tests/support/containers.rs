@@ -1,11 +1,41 @@
 //! Other containers and direct function calls: dispatcher processes, claims and
 //! finalizes by hand, sweeps, invocations of the event functions.
 
+use std::collections::BTreeSet;
+use std::process::{Child, ExitStatus};
+
 use onegrant_local::stack;
 use serde_json::{Value, json};
 
 use crate::support::app::{ORDER, TestApp};
 use crate::support::users::User;
+
+/// Waits for a dispatcher process to exit, on a blocking thread (the runtime keeps
+/// serving the stand-in): its status and what it printed.
+pub async fn wait_for_exit(child: Child) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = child.wait_with_output().expect("wait for the dispatcher");
+        (out.status, String::from_utf8_lossy(&out.stdout).to_string())
+    })
+    .await
+    .expect("join")
+}
+
+/// The summary `dispatch-once` prints last (after its metrics' EMF lines).
+pub fn summary_of(stdout: &str) -> Value {
+    let last = stdout.trim().lines().last().unwrap_or_default();
+    serde_json::from_str(last).expect("summary JSON")
+}
+
+/// The distinct order numbers the stand-in delivered (the pushes' keys).
+pub fn order_numbers(deliveries: &[Value]) -> BTreeSet<String> {
+    deliveries
+        .iter()
+        .filter(|d| d["template_id"] == ORDER)
+        .filter_map(|d| d["data"]["character_string1"]["value"].as_str())
+        .map(str::to_string)
+        .collect()
+}
 
 impl TestApp {
     /// A dispatcher process (`bin`: the `dispatch-once` binary, which only the
@@ -34,6 +64,14 @@ impl TestApp {
             command.env(k, v);
         }
         command
+    }
+
+    /// `user` holding `n` accepted grants of `template` (at the stand-in too).
+    pub async fn accept_n(&self, user: &User, template: &str, n: usize) {
+        for i in 0..n {
+            self.accept(user, template, &format!("g_{template}_{i}"))
+                .await;
+        }
     }
 
     /// A notification for `user` that asks for a WeChat push of the order template;

@@ -4,35 +4,19 @@
 
 use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
-    attr_n, attr_s, spawn_app_with,
+    attr_n, attr_s, order_numbers, spawn_app_with, summary_of, wait_for_exit,
 };
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dispatch-once");
 /// Past any lease a claim in these tests can have.
 const AFTER_EVERY_LEASE: Duration = Duration::seconds(300);
-
-/// Waits for a child on a blocking thread (the runtime keeps serving the stand-in).
-async fn wait(child: Child) -> (ExitStatus, String) {
-    tokio::task::spawn_blocking(move || {
-        let out = child.wait_with_output().expect("wait for the dispatcher");
-        (out.status, String::from_utf8_lossy(&out.stdout).to_string())
-    })
-    .await
-    .expect("join")
-}
-
-/// The summary `dispatch-once` prints last (after its metrics' EMF lines).
-fn summary_of(stdout: &str) -> Value {
-    let last = stdout.trim().lines().last().unwrap_or_default();
-    serde_json::from_str(last).expect("summary JSON")
-}
 
 /// Whether process `pid` is stopped (SIGSTOP): state `T` in /proc.
 fn is_stopped(pid: u32) -> bool {
@@ -104,16 +88,6 @@ async fn state_of(app: &TestApp, user: &User, sk: &str) -> Option<String> {
         .and_then(|i| attr_s(&i, "state").map(str::to_string))
 }
 
-/// The distinct order numbers the stand-in delivered (the pushes' keys).
-fn order_numbers(deliveries: &[Value]) -> BTreeSet<String> {
-    deliveries
-        .iter()
-        .filter(|d| d["template_id"] == ORDER)
-        .filter_map(|d| d["data"]["character_string1"]["value"].as_str())
-        .map(str::to_string)
-        .collect()
-}
-
 /// The user's `consumed` and `invalid` counters of `template`.
 async fn consumed_and_invalid(app: &TestApp, user: &User, template: &str) -> (i64, i64) {
     let quota = app
@@ -126,14 +100,6 @@ async fn consumed_and_invalid(app: &TestApp, user: &User, template: &str) -> (i6
     )
 }
 
-/// `user` holding `n` accepted grants of `template` (at the stand-in too).
-async fn grants(app: &TestApp, user: &User, template: &str, n: usize) {
-    for i in 0..n {
-        app.accept(user, template, &format!("g_{template}_{i}"))
-            .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_wechat_did() {
     for what in ["plan", "push"] {
@@ -144,7 +110,7 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
             (user, "PLAN#water".to_string(), WATER)
         } else {
             let user = app.user("alice").await;
-            grants(&app, &user, ORDER, 1).await;
+            app.accept_n(&user, ORDER, 1).await;
             let pushed = app.push(&user, "order-1").await;
             let sk = format!("OUTBOX#{}", pushed["note_id"].as_str().expect("note id"));
             (user, sk, ORDER)
@@ -171,7 +137,7 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
 
         // Thawed, the dispatcher finalizes with WeChat's answer: the truth wins.
         signal(pid, "-CONT");
-        let (status, stdout) = wait(child).await;
+        let (status, stdout) = wait_for_exit(child).await;
         assert!(status.success(), "{what}: {status}");
         let summary: Value = summary_of(&stdout);
         assert_eq!(
@@ -269,7 +235,7 @@ async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_nev
             )
             .await;
         assert_eq!(answer.status, 200, "{point}: {}", answer.body);
-        let (status, _) = wait(child).await;
+        let (status, _) = wait_for_exit(child).await;
         assert_eq!(
             status.signal(),
             Some(9),
@@ -299,7 +265,7 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
 {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.scheduled_user("alice", 1).await;
-    grants(&app, &user, ORDER, 19).await;
+    app.accept_n(&user, ORDER, 19).await;
     for i in 0..19 {
         app.push(&user, &format!("order-{i}")).await;
     }
@@ -312,7 +278,7 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
     ];
     let first = spawn_dispatcher(&app, &env);
     let second = spawn_dispatcher(&app, &env);
-    let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
+    let ((a, out_a), (b, out_b)) = tokio::join!(wait_for_exit(first), wait_for_exit(second));
     assert!(a.success() && b.success(), "{a} {b}");
     let summaries: Vec<Value> = [out_a, out_b]
         .iter()
@@ -371,7 +337,7 @@ async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushe
     ];
     let app = spawn_app_with(&timeouts).await;
     let user = app.user("alice").await;
-    grants(&app, &user, ORDER, PUSHES).await;
+    app.accept_n(&user, ORDER, PUSHES).await;
     for i in 0..PUSHES {
         app.push(&user, &format!("order-{i}")).await;
     }
@@ -381,7 +347,7 @@ async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushe
     let first = spawn_dispatcher(&app, &env);
     tokio::time::sleep(StdDuration::from_secs(65)).await;
     let second = spawn_dispatcher(&app, &env);
-    let ((a, out_a), (b, out_b)) = tokio::join!(wait(first), wait(second));
+    let ((a, out_a), (b, out_b)) = tokio::join!(wait_for_exit(first), wait_for_exit(second));
     assert!(a.success() && b.success(), "{a} {b}");
     eprintln!(
         "first tick: {}\nsecond tick: {}",
@@ -436,7 +402,7 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     assert_eq!(swept.recovered, 1, "{swept:?}");
     // Thawed, it finds no time left in its lease: it must not send.
     signal(pid, "-CONT");
-    let (status, stdout) = wait(child).await;
+    let (status, stdout) = wait_for_exit(child).await;
     assert!(status.success(), "{status}");
     let summary: Value = summary_of(&stdout);
     assert!(app.deliveries().await.is_empty(), "nothing reached WeChat");
@@ -482,7 +448,7 @@ async fn a_repair_from_a_ledger_read_outdated_by_another_container_lists_no_spen
         Some("consumed")
     );
     signal(pid, "-CONT");
-    let (status, stdout) = wait(child).await;
+    let (status, stdout) = wait_for_exit(child).await;
     assert!(status.success(), "{status}");
     let summary = summary_of(&stdout);
     assert_eq!(
@@ -514,7 +480,7 @@ async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_
     let (mut sent_total, mut cancelled_total) = (0, 0);
     for round in 0..6 {
         let user = app.user(&format!("race-{round}")).await;
-        grants(&app, &user, ORDER, 6).await;
+        app.accept_n(&user, ORDER, 6).await;
         // Three due at the instant through publication, three due now in the outbox.
         let due = Utc::now() + Duration::seconds(3);
         let keys: Vec<String> = (0..6).map(|i| format!("r{round}-{i}")).collect();
@@ -535,7 +501,7 @@ async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_
         tokio::time::sleep((due - Utc::now()).to_std().unwrap_or_default()).await;
         let answers =
             futures::future::join_all(keys.iter().map(|key| app.cancel(&user, key))).await;
-        let (status, _) = wait(child).await;
+        let (status, _) = wait_for_exit(child).await;
         assert!(status.success(), "{status}");
         let delivered = order_numbers(&app.deliveries().await);
         let outbox = app.items_of(&user, "outbox").await;

@@ -1,0 +1,178 @@
+//! Scarce grants and the daily cap across containers: dispatcher processes (each with
+//! its own DynamoDB and WeChat clients) racing for one user's last grants and last
+//! places under `PUSHES_PER_DAY`, round after round, the invariants read from the
+//! stored items afterwards.
+
+use std::collections::BTreeMap;
+
+use onegrant_tests::{
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, order_numbers,
+    spawn_app_with, summary_of, wait_for_exit,
+};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dispatch-once");
+const CAP: usize = 5;
+const PUSHES: usize = 12;
+const PROCESSES: usize = 3;
+const ROUNDS: usize = 5;
+
+/// Each of `user`'s notifications as the inbox lists it: title → (push status, reason).
+async fn pushes(app: &TestApp, user: &User) -> BTreeMap<String, (String, Option<String>)> {
+    let page = app
+        .get("/v1/notifications?limit=100", Some(&user.token))
+        .await
+        .body;
+    page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|n| {
+            (
+                n["title"].as_str().unwrap_or_default().to_string(),
+                (
+                    n["push"]["status"].as_str().unwrap_or_default().to_string(),
+                    n["push"]["reason"].as_str().map(str::to_string),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// `PUSHES` pushes of the order template to `user`, titled and numbered `<prefix>-<i>`.
+async fn queue(app: &TestApp, user: &User, prefix: &str) -> Vec<String> {
+    let keys: Vec<String> = (0..PUSHES).map(|i| format!("{prefix}-{i}")).collect();
+    for key in &keys {
+        app.notify(
+            json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+            "title": key, "wechat": {"template_id": ORDER,
+            "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}}),
+        )
+        .await;
+    }
+    keys
+}
+
+/// The quota item's sends counted on any day, and its members waiting for a grant.
+async fn counted_and_waiting(app: &TestApp, user: &User) -> (i64, usize, i64) {
+    let quota = app
+        .item(user, &format!("QUOTA#{ORDER}"))
+        .await
+        .expect("quota");
+    let counted = quota
+        .iter()
+        .filter(|(name, _)| name.starts_with("sent_on_"))
+        .filter_map(|(_, v)| v.as_n().ok().and_then(|n| n.parse::<i64>().ok()))
+        .sum();
+    let waiting = quota
+        .get("waiting")
+        .and_then(|v| v.as_ss().ok())
+        .map_or(0, Vec::len);
+    (counted, waiting, attr_n(&quota, "available").unwrap_or(0))
+}
+
+/// Per round, two users each with `PUSHES` pushes due now: one whose cap binds (8
+/// grants, `CAP` places), one whose grants bind (3 grants). `PROCESSES` dispatchers race
+/// for them with WeChat answering in 200 ms. Afterwards: exactly min(grants, cap) sent
+/// for each, each once; the rest pending — `capped` for the first (due on their next
+/// day, the grants kept), `no_grant` and each on the waiting list for the second; the
+/// day's count equal to the sends, the grants spent equal to the sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dispatcher_processes_racing_for_a_users_cap_and_last_grants_send_exactly_what_each_allows()
+{
+    let cap = CAP.to_string();
+    let app = spawn_app_with(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("PUSHES_PER_DAY", &cap),
+    ])
+    .await;
+    app.control("POST", "latency", Some(json!({"ms": 200})))
+        .await;
+    let env = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+        ("PUSHES_PER_DAY", cap.as_str()),
+    ];
+    let mut concurrent_sends = 0;
+    for round in 0..ROUNDS {
+        let capped = app.user(&format!("capped-{round}")).await;
+        app.accept_n(&capped, ORDER, 8).await;
+        let scarce = app.user(&format!("scarce-{round}")).await;
+        app.accept_n(&scarce, ORDER, 3).await;
+        let capped_keys = queue(&app, &capped, &format!("c{round}")).await;
+        let scarce_keys = queue(&app, &scarce, &format!("s{round}")).await;
+
+        let children: Vec<_> = (0..PROCESSES)
+            .map(|_| {
+                app.dispatcher_process(BIN, &env)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("dispatch-once starts")
+            })
+            .collect();
+        let outs = futures::future::join_all(children.into_iter().map(wait_for_exit)).await;
+        let summaries: Vec<Value> = outs
+            .iter()
+            .map(|(status, out)| {
+                assert!(status.success(), "{status}");
+                summary_of(out)
+            })
+            .collect();
+        concurrent_sends += summaries
+            .iter()
+            .filter(|s| s["sent"].as_u64().unwrap_or(0) > 0)
+            .count();
+
+        let delivered = order_numbers(&app.deliveries().await);
+        for (user, keys, grants, why) in [
+            (&capped, &capped_keys, 8, "capped"),
+            (&scarce, &scarce_keys, 3, "no_grant"),
+        ] {
+            let allowed = CAP.min(grants);
+            let sent: Vec<&String> = keys.iter().filter(|k| delivered.contains(*k)).collect();
+            assert_eq!(sent.len(), allowed, "{why}: {sent:?} {summaries:?}");
+            let listed = pushes(&app, user).await;
+            for key in keys {
+                let (status, reason) = &listed[key];
+                if delivered.contains(key) {
+                    assert_eq!(status, "sent", "{key}");
+                } else {
+                    assert_eq!(
+                        (status.as_str(), reason.as_deref()),
+                        ("pending", Some(why)),
+                        "{key}"
+                    );
+                }
+            }
+            let (counted, waiting, available) = counted_and_waiting(&app, user).await;
+            assert_eq!(
+                counted, allowed as i64,
+                "{why}: the day counts each send once"
+            );
+            assert_eq!(
+                available,
+                (grants - allowed) as i64,
+                "{why}: grants spent by sends only"
+            );
+            let expected_waiting = if why == "no_grant" {
+                PUSHES - allowed
+            } else {
+                0
+            };
+            assert_eq!(waiting, expected_waiting, "{why}: the waiting list");
+        }
+    }
+    let deliveries = app.deliveries().await;
+    assert_eq!(
+        deliveries.len(),
+        order_numbers(&deliveries).len(),
+        "no push delivered twice"
+    );
+    assert_eq!(deliveries.len(), ROUNDS * (CAP + 3));
+    eprintln!("processes that sent, over {ROUNDS} rounds of {PROCESSES}: {concurrent_sends}");
+    assert!(
+        concurrent_sends > ROUNDS,
+        "more than one process sent in some round: they raced"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
