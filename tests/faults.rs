@@ -147,6 +147,14 @@ impl FaultProxy {
         });
     }
 
+    /// Waits until a request has been held ([`Fault::HoldThenCommit`]): a write sent
+    /// from another task has reached the proxy.
+    pub async fn until_held(&self) {
+        while self.lock().held.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Removes every rule.
     pub fn clear(&self) {
         self.lock().rules.clear();

@@ -282,3 +282,36 @@ async fn a_push_that_uses_up_the_grants_while_others_wait_sends_the_refill_notic
     );
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// A refill template the user's settings keep refused cannot tell them anything (its
+/// push would be skipped): no notice is published, counted as a depletion without a
+/// usable refill grant, and the refill grant is kept.
+#[tokio::test]
+async fn no_refill_notice_when_the_users_settings_refuse_the_refill_template() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.scheduled_user("erin", 1).await;
+    app.accept(&user, USED_UP, "wr_refill_e").await;
+    let kept_no = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": "wr_kept_no_e", "results": {onegrant_tests::ORDER: "reject"},
+                    "subscriptions_setting": {"main_switch": true, "item_settings": {USED_UP: "reject"}}}),
+        )
+        .await;
+    assert_eq!(kept_no.status, 200, "{}", kept_no.body);
+    app.make_due(&user, "water", Utc::now()).await;
+    let tick = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(
+        (tick.sent, tick.refills, tick.refills_without_grant),
+        (1, 0, 1),
+        "{tick:?}"
+    );
+    assert!(refill_notes(&app, &user).await.is_empty());
+    assert_eq!(
+        available(&app, &user, USED_UP).await,
+        1,
+        "the refill grant kept"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}

@@ -3,9 +3,10 @@
 
 use chrono::{DateTime, Duration, Utc};
 use futures::future::join_all;
+use onegrant_tests::faults::Fault;
 use onegrant_tests::{
     TestApp, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n, attr_s,
-    quota, spawn_app,
+    early_in_a_minute, quota, spawn_app, spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
@@ -531,6 +532,156 @@ async fn a_user_who_turns_a_reminder_off_before_any_grant_still_reads_their_quot
         1,
         "{}",
         grants.body
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A turn-off voids its grants 96 to a transaction, the plan and the minute's count in
+/// the first. One of 150 grants whose second transaction meets a conflict is retried:
+/// the retry finds the plan already off and voids the rest without writing or counting
+/// it again.
+#[tokio::test]
+async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() {
+    let (app, proxy) =
+        spawn_faulty_app(&[("REPORTS_PER_MINUTE", "600"), ("MAX_OPEN_GRANTS", "200")]).await;
+    let user = app.scheduled_user("many", 150).await;
+    let version = |plan: Option<std::collections::HashMap<_, _>>| {
+        plan.as_ref()
+            .and_then(|p| attr_n(p, "version"))
+            .expect("plan version")
+    };
+    let before = version(app.item(&user, "PLAN#water").await);
+    early_in_a_minute().await;
+    let at = Utc::now().timestamp().div_euclid(60);
+    let changes = |rate: Option<std::collections::HashMap<_, _>>| {
+        rate.as_ref()
+            .and_then(|r| attr_n(r, "changes"))
+            .unwrap_or(0)
+    };
+    let counted = changes(app.item(&user, &format!("RATE#{at}")).await);
+    // The second transaction that voids grants is refused (a conflict), once.
+    proxy.inject_every("TransactWriteItems", Some("GRANT#"), Fault::Conflict, 1, 2);
+    let off = app.disable(&user, "water").await;
+    assert_eq!(off.status, 200, "{}", off.body);
+    assert_eq!(
+        proxy
+            .injected()
+            .iter()
+            .filter(|(_, f)| *f == Fault::Conflict)
+            .count(),
+        1,
+        "the conflict met the turn-off"
+    );
+    assert_eq!(
+        version(app.item(&user, "PLAN#water").await),
+        before + 1,
+        "the plan was written once"
+    );
+    if Utc::now().timestamp().div_euclid(60) == at {
+        let rate = changes(app.item(&user, &format!("RATE#{at}")).await);
+        assert_eq!(rate, counted + 1, "the turn-off counted once");
+    }
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(grants.len(), 150);
+    let open: Vec<_> = grants
+        .iter()
+        .filter(|g| attr_s(g, "state") != Some("invalid"))
+        .collect();
+    assert!(open.is_empty(), "{} grants left open", open.len());
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A grant that lands after a turn-off has read the open grants and before its first
+/// transaction is ordered before the turn-off: that transaction is conditional on the
+/// grants accepted as read, so it is refused and the retry voids the late grant too.
+/// Made deterministic by the fault proxy: the grant's transaction (as a report writes
+/// it: the ledger item and the quota's counters and list) is held, then applied right
+/// after the turn-off's read of the quota item has been served.
+#[tokio::test]
+async fn a_grant_landing_between_a_turn_offs_read_and_its_write_is_voided_with_the_rest() {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+    let (app, proxy) = spawn_faulty_app(&[]).await;
+    let user = app.scheduled_user("late", 2).await;
+    let pk = format!("USER#{}", user.openid);
+    let mut late = app
+        .item(&user, &format!("GRANT#{WATER}#wr_late_0"))
+        .await
+        .expect("a grant");
+    late.insert(
+        "sk".into(),
+        AttributeValue::S(format!("GRANT#{WATER}#wr_late_x")),
+    );
+    late.insert("request_id".into(), AttributeValue::S("wr_late_x".into()));
+    let put = Put::builder()
+        .table_name(&app.table.name)
+        .set_item(Some(late))
+        .build()
+        .expect("put");
+    let counters = Update::builder()
+        .table_name(&app.table.name)
+        .key("pk", AttributeValue::S(pk))
+        .key("sk", AttributeValue::S(format!("QUOTA#{WATER}")))
+        .update_expression("ADD accepted :one, available :one, open_available :id")
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .expression_attribute_values(":id", AttributeValue::Ss(vec!["wr_late_x".into()]))
+        .build()
+        .expect("update");
+    proxy.inject(
+        "TransactWriteItems",
+        Some("wr_late_x"),
+        Fault::HoldThenCommit,
+        1,
+    );
+    let through_proxy = onegrant::aws::local_dynamodb_client(&proxy.url);
+    let grant = tokio::spawn(async move {
+        let _ = through_proxy
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .transact_items(TransactWriteItem::builder().update(counters).build())
+            .send()
+            .await;
+    });
+    proxy.until_held().await;
+    // The turn-off reads the plan and quota (the handler's read of the current
+    // settings), again with the minute's counters (the decision's), then the quota item
+    // alone for its open grants: the held grant lands as that third read is answered.
+    proxy.inject_every("BatchGetItem", Some("QUOTA#"), Fault::ReleaseHeld, 1, 3);
+    // (Passed through, to count the transactions that write the plan.)
+    proxy.inject(
+        "TransactWriteItems",
+        Some("PLAN#water"),
+        Fault::CommitThenDelay(std::time::Duration::ZERO),
+        0,
+    );
+    let off = app.disable(&user, "water").await;
+    grant.abort();
+    assert_eq!(off.status, 200, "{}", off.body);
+    let plan_writes = proxy
+        .injected()
+        .iter()
+        .filter(|(_, f)| matches!(f, Fault::CommitThenDelay(_)))
+        .count();
+    assert_eq!(
+        plan_writes, 2,
+        "the first transaction refused, then the retry's"
+    );
+    let released = proxy.released();
+    assert!(
+        released
+            .iter()
+            .any(|(status, body)| *status == 200 && body.contains("wr_late_x")),
+        "the grant landed after the turn-off's read: {released:?}"
+    );
+    let grants = app.items_of(&user, "grant").await;
+    assert_eq!(grants.len(), 3);
+    let open: Vec<_> = grants
+        .iter()
+        .filter(|g| attr_s(g, "state") != Some("invalid"))
+        .filter_map(|g| attr_s(g, "sk"))
+        .collect();
+    assert!(
+        open.is_empty(),
+        "left open beside the plan turned off: {open:?}"
     );
     assert_ledger_agrees_with_counters(&app).await;
 }

@@ -424,6 +424,12 @@ async fn a_push_of_a_template_the_users_settings_refuse_is_never_sent_and_spends
     // The main switch off refuses every template, this one too.
     let off = json!({"main_switch": false, "item_settings": {ORDER: "accept"}});
     report(&app, &user, "wr_off", json!({WATER: "reject"}), off).await;
+    let grants = app.get("/v1/grants", Some(&user.token)).await.body;
+    assert_eq!(
+        quota(&grants, ORDER)["standing"],
+        "main_switch_off",
+        "{grants}"
+    );
     app.notify(order_push(&user, "switched_off", "high")).await;
     let summary = app.tick(30).await;
     assert_eq!((summary.turned_off, summary.sent), (1, 0), "{summary:?}");
@@ -478,15 +484,18 @@ async fn a_refusal_landing_between_a_claims_read_and_its_write_wins() {
             .send()
             .await;
     });
-    while !proxy
-        .injected()
-        .iter()
-        .any(|(_, f)| *f == Fault::HoldThenCommit)
-    {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    proxy.until_held().await;
+    // (Passed through, to count the claims' transactions: only they carry the
+    // condition's placeholders.)
+    let pass = Fault::CommitThenDelay(std::time::Duration::ZERO);
+    proxy.inject("TransactWriteItems", Some(":refusing0"), pass, 0);
     let summary = app.tick(30).await;
     refusal.abort();
+    let claims = proxy.injected().iter().filter(|(_, f)| *f == pass).count();
+    assert_eq!(
+        claims, 1,
+        "the claim's transaction was tried once, and refused"
+    );
     let released = proxy.released();
     assert!(
         released

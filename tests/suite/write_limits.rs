@@ -6,10 +6,8 @@
 
 use chrono::Utc;
 use futures::StreamExt;
-use onegrant_tests::faults::Fault;
 use onegrant_tests::{
-    Answer, ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_rate_limited,
-    attr_n, attr_s, early_in_a_minute, spawn_app_with, spawn_faulty_app,
+    Answer, ORDER, TestApp, User, WATER, assert_rate_limited, early_in_a_minute, spawn_app_with,
 };
 use serde_json::{Value, json};
 
@@ -316,59 +314,4 @@ async fn a_report_refused_by_its_limit_or_a_conflict_leaves_its_standing_choice_
         let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
-}
-
-/// A turn-off voids its grants 96 to a transaction. One of 150 grants whose second
-/// transaction meets a conflict is retried: the plan and the minute's count ride in the
-/// last transaction, so the retry finds the plan as it was, counts the change once,
-/// writes the plan once and voids the rest.
-#[tokio::test]
-async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() {
-    let (app, proxy) =
-        spawn_faulty_app(&[("REPORTS_PER_MINUTE", "600"), ("MAX_OPEN_GRANTS", "200")]).await;
-    let user = app.scheduled_user("many", 150).await;
-    let version = |plan: Option<std::collections::HashMap<_, _>>| {
-        plan.as_ref()
-            .and_then(|p| attr_n(p, "version"))
-            .expect("plan version")
-    };
-    let before = version(app.item(&user, "PLAN#water").await);
-    early_in_a_minute().await;
-    let at = minute();
-    let changes = |rate: Option<std::collections::HashMap<_, _>>| {
-        rate.as_ref()
-            .and_then(|r| attr_n(r, "changes"))
-            .unwrap_or(0)
-    };
-    let counted = changes(app.item(&user, &format!("RATE#{at}")).await);
-    // The second transaction that voids grants is refused (a conflict), once.
-    proxy.inject_every("TransactWriteItems", Some("GRANT#"), Fault::Conflict, 1, 2);
-    let off = app.disable(&user, "water").await;
-    assert_eq!(off.status, 200, "{}", off.body);
-    assert_eq!(
-        proxy
-            .injected()
-            .iter()
-            .filter(|(_, f)| *f == Fault::Conflict)
-            .count(),
-        1,
-        "the conflict met the turn-off"
-    );
-    assert_eq!(
-        version(app.item(&user, "PLAN#water").await),
-        before + 1,
-        "the plan was written once"
-    );
-    if minute() == at {
-        let rate = changes(app.item(&user, &format!("RATE#{at}")).await);
-        assert_eq!(rate, counted + 1, "the turn-off counted once");
-    }
-    let grants = app.items_of(&user, "grant").await;
-    assert_eq!(grants.len(), 150);
-    let open: Vec<_> = grants
-        .iter()
-        .filter(|g| attr_s(g, "state") != Some("invalid"))
-        .collect();
-    assert!(open.is_empty(), "{} grants left open", open.len());
-    assert_ledger_agrees_with_counters(&app).await;
 }

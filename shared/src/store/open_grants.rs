@@ -52,12 +52,13 @@ impl Store {
     }
 
     /// Invalidates every available or reserved grant of the kind's template, in
-    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the last also writing
-    /// `last` (the plan, and its count of the minute: at most two items). Last, so a
-    /// void that stops midway (a grant moved under it, a conflict, a crash) has written
-    /// neither: the retry reads the plan as it was and counts the change once, and no
-    /// plan is ever left off beside grants it should have voided (the refusal errs
-    /// towards fewer open grants, never more). With
+    /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
+    /// `first` (the plan, and its count of the minute: at most two items), so a refusal
+    /// by the minute's limit or the plan's version writes nothing, and the plan is off
+    /// before any grant is voided (no reminder is claimed meanwhile). A void stopped
+    /// after its first transaction leaves the plan off beside grants still open: the
+    /// retry (or the user's next turn-off) finds the plan unchanged and voids them
+    /// without writing or counting it again (`SettingsDecision::writes_plan`). With
     /// `reported_before`, only grants recorded before that instant: WeChat's 43101 answered a send claimed then, and says nothing of a
     /// grant the user gave while it was in flight. Returns false if anything changed
     /// underneath (retry).
@@ -65,7 +66,7 @@ impl Store {
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
-        last: Vec<TransactWriteItem>,
+        first: Vec<TransactWriteItem>,
         include_reserved: bool,
         reported_before: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
@@ -74,6 +75,10 @@ impl Store {
         // "Open" grants: available, and reserved too when a plan is disabled. The quota
         // item lists them; only grants recorded before it did need the ledger query.
         let quota_key = quota_sk(template);
+        // The grants ever accepted, as read: with `first` (a disable), the first
+        // transaction lands only while no grant arrived since — one that did is
+        // ordered before the disable and is voided by its retry.
+        let mut accepted = 0;
         let listed = match self
             .read_items(pk, std::slice::from_ref(&quota_key))
             .await?
@@ -81,6 +86,7 @@ impl Store {
         {
             Some(quota) => {
                 let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
+                accepted = counters.accepted;
                 // (An id in both sets is wrong, and would be voided twice in one
                 // transaction, which DynamoDB refuses: the ledger instead.)
                 Some(OpenGrants::of(&quota).ids)
@@ -125,25 +131,25 @@ impl Store {
         if let Some(bound) = reported_before {
             open = self.recorded_before(pk, open, bound).await?;
         }
-        let mut last = last;
+        // A disable (it writes the plan) with no bound: see `accepted`.
+        let guarded = !first.is_empty() && reported_before.is_none();
+        let mut first = first;
         // The first transaction stamps the quota item `voided_at`, even with nothing to
         // void: a send in flight whose grant the sweep already voided must not get it
         // back by a late answer (see `VOIDED_AT`).
         let mut stamp = true;
-        let mut chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
-        if chunks.is_empty() {
-            chunks.push(Vec::new());
-        }
-        let final_chunk = chunks.len() - 1;
-        for (index, chunk) in chunks.into_iter().enumerate() {
-            let mut items = Vec::with_capacity(chunk.len() + 3);
+        let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
+        for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
+            let mut items = Vec::with_capacity(chunk.len() + 2);
             // Which grant (and the state it was listed in) each item moves.
-            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 3);
-            if index == final_chunk {
-                for item in std::mem::take(&mut last) {
+            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
+            if !first.is_empty() {
+                for item in std::mem::take(&mut first) {
                     items.push(item);
                     moves.push(None);
                 }
+            } else if chunk.is_empty() && !stamp {
+                break;
             }
             let (mut available, mut reserved) = (0i64, 0i64);
             let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
@@ -193,6 +199,16 @@ impl Store {
                 let mut update = Update::builder()
                     .table_name(&self.table)
                     .set_key(Some(key(pk, &quota_sk(template))));
+                if stamp && guarded {
+                    update = if accepted == 0 {
+                        update.condition_expression(
+                            "attribute_not_exists(accepted) OR accepted = :accepted",
+                        )
+                    } else {
+                        update.condition_expression("accepted = :accepted")
+                    }
+                    .expression_attribute_values(":accepted", n(accepted));
+                }
                 if std::mem::take(&mut stamp) {
                     // (Named like every quota item, should this one create it: a user
                     // who never reported the template still reads as a quota.)

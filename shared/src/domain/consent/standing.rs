@@ -35,6 +35,9 @@ pub enum Standing {
 }
 
 impl Standing {
+    /// Every standing choice.
+    pub const ALL: [Self; 4] = [Self::Accept, Self::Reject, Self::Ban, Self::MainSwitchOff];
+
     /// The name stored and shown (`standing` in a quota).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -277,13 +280,16 @@ mod tests {
             Standing::MainSwitchOff.refusal(),
             Some(Refusal::MainSwitchOff)
         );
-        for s in [
-            Standing::Accept,
-            Standing::Reject,
-            Standing::Ban,
-            Standing::MainSwitchOff,
-        ] {
+        for s in Standing::ALL {
             assert_eq!(Standing::parse(s.as_str()), Some(s));
+            // (A new variant fails to compile here until it is in ALL too.)
+            let index = match s {
+                Standing::Accept => 0,
+                Standing::Reject => 1,
+                Standing::Ban => 2,
+                Standing::MainSwitchOff => 3,
+            };
+            assert_eq!(Standing::ALL[index], s);
         }
     }
 }

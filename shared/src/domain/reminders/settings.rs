@@ -13,8 +13,13 @@ pub struct SettingsDecision {
     /// The plan to write (conditional on the version read).
     pub plan: Plan,
     /// Turned off: every unconsumed grant of the kind's template is voided with the
-    /// plan's write.
+    /// plan's write (or, the plan already off as stored, with a check of its version).
     pub voids_grants: bool,
+    /// The plan itself changes (or was never stored): written, and counted against the
+    /// user's `CHANGES_PER_MINUTE`. A turn-off of a plan already off that only voids
+    /// grants left open (a new accept since, or an earlier turn-off stopped midway)
+    /// neither writes nor counts it again.
+    pub writes_plan: bool,
     /// Turned on and scheduled: the write checks that a grant is still available.
     pub checks_grant: bool,
     /// The template's counters once the write lands.
@@ -50,6 +55,7 @@ pub fn decide(
         Ok(SettingsDecision {
             checks_grant: matches!(plan.status, PlanStatus::Scheduled { .. }),
             changes: plan != before,
+            writes_plan: plan != before,
             plan,
             voids_grants: false,
             counters,
@@ -59,6 +65,7 @@ pub fn decide(
         let after = counters.all_voided();
         Ok(SettingsDecision {
             changes: plan != before || after != counters,
+            writes_plan: plan != before || before.version == 0,
             plan,
             voids_grants: true,
             checks_grant: false,
@@ -126,6 +133,37 @@ mod tests {
             (0, 0, 3, 1)
         );
         assert!(c.conserved());
+    }
+
+    #[test]
+    fn turning_off_a_plan_already_off_only_voids_the_grants_left_open() {
+        let now = at("2026-12-01T10:00:00Z");
+        let on = decide(None, &test_kind(), counters(2, 0), &update(true), now)
+            .expect("turns on")
+            .plan
+            .written();
+        let off =
+            decide(Some(on), &test_kind(), counters(2, 0), &update(false), now).expect("turns off");
+        assert!(
+            off.changes && off.writes_plan,
+            "the turn-off writes the plan"
+        );
+        // Stopped midway, or a grant given since: the plan stays as stored.
+        let stored = off.plan.written();
+        let again = decide(
+            Some(stored),
+            &test_kind(),
+            counters(1, 0),
+            &update(false),
+            now,
+        )
+        .expect("off again");
+        assert!(again.changes && again.voids_grants, "{again:?}");
+        assert!(!again.writes_plan, "neither written nor counted again");
+        assert_eq!(again.counters.available, 0);
+        // A plan never stored is written, whatever it holds.
+        let never = decide(None, &test_kind(), counters(1, 0), &update(false), now).expect("off");
+        assert!(never.writes_plan);
     }
 
     #[test]

@@ -8,7 +8,6 @@ use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
-use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::DeliveryState;
 use crate::domain::dispatch::cap::Counted;
 use crate::domain::grants::open::{
@@ -18,7 +17,7 @@ use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, not_refused, sent_on,
 };
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
@@ -117,14 +116,12 @@ impl Store {
             }
         }
         if grant.unrefused {
-            cap.push_str(
-                " AND (attribute_not_exists(#standing) OR NOT (#standing IN (:reject, :ban, :off)))",
-            );
-            counters = counters
-                .expression_attribute_names("#standing", STANDING)
-                .expression_attribute_values(":reject", s(Standing::Reject.as_str()))
-                .expression_attribute_values(":ban", s(Standing::Ban.as_str()))
-                .expression_attribute_values(":off", s(Standing::MainSwitchOff.as_str()));
+            let (condition, values) = not_refused();
+            cap.push_str(&format!(" AND {condition}"));
+            counters = counters.expression_attribute_names("#standing", STANDING);
+            for (name, value) in values {
+                counters = counters.expression_attribute_values(name, value);
+            }
         }
         let expression = format!(
             "SET updated_at = :now{remove} ADD available :minus, reserved :one, #reserved :id, \

@@ -3,13 +3,13 @@
 //! that the stopped template is still used up and that the user holds a grant of the
 //! refill template.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::TemplateId;
 use crate::domain::inbox::NotifyEvent;
 use crate::store::inbox::Ingested;
-use crate::store::items::quota::VOIDED_AT;
+use crate::store::items::quota::{STANDING, VOIDED_AT, not_refused};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
 use crate::store::{Store, StoreError};
@@ -44,14 +44,23 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Refilled, StoreError> {
         let pk = user_pk(&notice.openid);
-        let used_up = ConditionCheck::builder()
+        // Neither template refused by the user's settings: a tap cannot bring the
+        // stopped one back, and the notice's own push would not go out.
+        let (not_refused, refusing) = not_refused();
+        let mut used_up = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(&pk, &quota_sk(stopped))))
-            .condition_expression(
+            .condition_expression(format!(
                 "available <= :zero AND reserved <= :zero \
                  AND (attribute_not_exists(#voided) OR #voided < :claimed) \
-                 AND (attribute_not_exists(last_refusal_at) OR last_refusal_at < :claimed_at)",
-            )
+                 AND (attribute_not_exists(last_refusal_at) OR last_refusal_at < :claimed_at) \
+                 AND {not_refused}"
+            ))
+            .expression_attribute_names("#standing", STANDING);
+        for (name, value) in &refusing {
+            used_up = used_up.expression_attribute_values(name, value.clone());
+        }
+        let used_up = used_up
             .expression_attribute_names("#voided", VOIDED_AT)
             .expression_attribute_values(":zero", n(0))
             .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()))
@@ -61,7 +70,12 @@ impl Store {
         let used_up = TransactWriteItem::builder()
             .condition_check(used_up)
             .build();
-        let held = self.quota_check(&pk, refill, "available > :zero")?;
+        let held = self.quota_check(
+            &pk,
+            refill,
+            &format!("available > :zero AND {not_refused}"),
+            &refusing,
+        )?;
         Ok(
             match Box::pin(self.ingest_checked(notice, &[used_up, held], now)).await? {
                 Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
@@ -72,20 +86,25 @@ impl Store {
         )
     }
 
-    /// A condition on the user's quota item of `template` (`:zero` bound).
+    /// A condition on the user's quota item of `template` (`:zero` and `#standing`
+    /// bound, and `values`).
     fn quota_check(
         &self,
         pk: &str,
         template: &TemplateId,
         condition: &str,
+        values: &[(String, AttributeValue)],
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
+        let mut check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
             .condition_expression(condition)
-            .expression_attribute_values(":zero", n(0))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            .expression_attribute_names("#standing", STANDING)
+            .expression_attribute_values(":zero", n(0));
+        for (name, value) in values {
+            check = check.expression_attribute_values(name, value.clone());
+        }
+        let check = check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 }

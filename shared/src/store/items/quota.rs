@@ -70,6 +70,31 @@ fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
 /// (`domain::consent::standing::Standing`); absent while none is kept.
 pub(crate) const STANDING: &str = "standing";
 
+/// A condition that the template's standing choice does not refuse it (none, or one
+/// that does not: [`Standing::refuses`]), and its placeholders' values; `#standing`
+/// is to be bound to [`STANDING`].
+pub(crate) fn not_refused() -> (String, Vec<(String, AttributeValue)>) {
+    let values: Vec<(String, AttributeValue)> = Standing::ALL
+        .into_iter()
+        .filter(|s| s.refuses())
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                format!(":refusing{i}"),
+                AttributeValue::S(s.as_str().into()),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = values.iter().map(|(name, _)| name.as_str()).collect();
+    (
+        format!(
+            "(attribute_not_exists(#standing) OR NOT (#standing IN ({})))",
+            names.join(", ")
+        ),
+        values,
+    )
+}
+
 /// The pushes of the template waiting for a grant (`domain::dispatch::priority`'s
 /// members: `<rank>:<note id>`, best first when sorted).
 pub(crate) const WAITING: &str = "waiting";

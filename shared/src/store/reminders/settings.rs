@@ -36,6 +36,23 @@ impl Store {
                     counters: decision.counters,
                 }));
             }
+            // A turn-off that only voids grants left open (the plan already off as
+            // stored) writes and counts nothing more than the grants: checked at the
+            // plan's version instead.
+            if !decision.writes_plan {
+                let check = self.plan_unchanged(pk, &decision.plan)?;
+                let committed = self
+                    .invalidate_grants(pk, &kind.template_id, vec![check], true, None, now)
+                    .await?;
+                return Ok(if committed {
+                    Attempt::Done(PlanSnapshot {
+                        plan: decision.plan,
+                        counters: decision.counters,
+                    })
+                } else {
+                    Attempt::Retry
+                });
+            }
             // Past the minute's changes: refused on the read, before any write.
             self.rate_admits(Counter::Changes, read.rate.as_ref(), now)?;
             let put = self.plan_put(&decision.plan, pk, now)?;

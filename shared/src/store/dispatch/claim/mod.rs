@@ -268,7 +268,12 @@ impl Store {
                     return Ok(Attempt::Done(ClaimOutcome::Republish));
                 }
                 if let Some(why) = why {
-                    let writes = self.unsent_writes(item, &claimable, why, now)?;
+                    let mut writes = self.unsent_writes(item, &claimable, why, now)?;
+                    // Skipped only while the refusal still stands as read: a setting
+                    // that accepts again meanwhile makes the skip lose (read again).
+                    if matches!(why, Unsent::TurnedOff) {
+                        writes.push(self.standing_check(&item.pk, &claimable.template()?, open.standing)?);
+                    }
                     // Else it moved meanwhile: read again.
                     let committed = self.commit_unsent(writes).await?;
                     // A push that waited for a grant and ends (or is put off) here may
