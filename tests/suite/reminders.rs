@@ -5,8 +5,8 @@ use chrono::{DateTime, Duration, Utc};
 use futures::future::join_all;
 use onegrant_tests::faults::Fault;
 use onegrant_tests::{
-    TestApp, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n, attr_s,
-    early_in_a_minute, quota, spawn_app, spawn_faulty_app,
+    TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n,
+    attr_s, early_in_a_minute, quota, spawn_app, spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
@@ -591,60 +591,30 @@ async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() 
     assert_ledger_agrees_with_counters(&app).await;
 }
 
-/// A grant that lands after a turn-off has read the open grants and before its first
-/// transaction is ordered before the turn-off: that transaction is conditional on the
-/// grants accepted as read, so it is refused and the retry voids the late grant too.
-/// Made deterministic by the fault proxy: the grant's transaction (as a report writes
-/// it: the ledger item and the quota's counters and list) is held, then applied right
-/// after the turn-off's read of the quota item has been served.
-#[tokio::test]
-async fn a_grant_landing_between_a_turn_offs_read_and_its_write_is_voided_with_the_rest() {
-    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
-    let (app, proxy) = spawn_faulty_app(&[]).await;
-    let user = app.scheduled_user("late", 2).await;
-    let pk = format!("USER#{}", user.openid);
-    let mut late = app
-        .item(&user, &format!("GRANT#{WATER}#wr_late_0"))
-        .await
-        .expect("a grant");
-    late.insert(
-        "sk".into(),
-        AttributeValue::S(format!("GRANT#{WATER}#wr_late_x")),
-    );
-    late.insert("request_id".into(), AttributeValue::S("wr_late_x".into()));
-    let put = Put::builder()
-        .table_name(&app.table.name)
-        .set_item(Some(late))
-        .build()
-        .expect("put");
-    let counters = Update::builder()
-        .table_name(&app.table.name)
-        .key("pk", AttributeValue::S(pk))
-        .key("sk", AttributeValue::S(format!("QUOTA#{WATER}")))
-        .update_expression("ADD accepted :one, available :one, open_available :id")
-        .expression_attribute_values(":one", AttributeValue::N("1".into()))
-        .expression_attribute_values(":id", AttributeValue::Ss(vec!["wr_late_x".into()]))
-        .build()
-        .expect("update");
-    proxy.inject(
-        "TransactWriteItems",
-        Some("wr_late_x"),
-        Fault::HoldThenCommit,
-        1,
-    );
+/// Turns `user`'s water plan off while `late` (a transaction through the proxy, its
+/// body naming `marker`) is held, then applied right after the turn-off's read of the
+/// quota item for its open grants has been served: the turn-off's first transaction
+/// is refused (its counters moved), and its retry leaves no grant open.
+async fn turn_off_while_held(
+    app: &TestApp,
+    proxy: &onegrant_tests::faults::FaultProxy,
+    user: &User,
+    late: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    marker: &str,
+) {
+    proxy.inject("TransactWriteItems", Some(marker), Fault::HoldThenCommit, 1);
     let through_proxy = onegrant::aws::local_dynamodb_client(&proxy.url);
-    let grant = tokio::spawn(async move {
+    let held = tokio::spawn(async move {
         let _ = through_proxy
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(put).build())
-            .transact_items(TransactWriteItem::builder().update(counters).build())
+            .set_transact_items(Some(late))
             .send()
             .await;
     });
     proxy.until_held().await;
     // The turn-off reads the plan and quota (the handler's read of the current
     // settings), again with the minute's counters (the decision's), then the quota item
-    // alone for its open grants: the held grant lands as that third read is answered.
+    // alone for its open grants: the held write lands as that third read is answered.
     proxy.inject_every("BatchGetItem", Some("QUOTA#"), Fault::ReleaseHeld, 1, 3);
     // (Passed through, to count the transactions that write the plan.)
     proxy.inject(
@@ -653,8 +623,8 @@ async fn a_grant_landing_between_a_turn_offs_read_and_its_write_is_voided_with_t
         Fault::CommitThenDelay(std::time::Duration::ZERO),
         0,
     );
-    let off = app.disable(&user, "water").await;
-    grant.abort();
+    let off = app.disable(user, "water").await;
+    held.abort();
     assert_eq!(off.status, 200, "{}", off.body);
     let plan_writes = proxy
         .injected()
@@ -669,19 +639,136 @@ async fn a_grant_landing_between_a_turn_offs_read_and_its_write_is_voided_with_t
     assert!(
         released
             .iter()
-            .any(|(status, body)| *status == 200 && body.contains("wr_late_x")),
-        "the grant landed after the turn-off's read: {released:?}"
+            .any(|(status, body)| *status == 200 && body.contains(marker)),
+        "the held write landed after the turn-off's read: {released:?}"
     );
-    let grants = app.items_of(&user, "grant").await;
-    assert_eq!(grants.len(), 3);
-    let open: Vec<_> = grants
+    let open: Vec<_> = app
+        .items_of(user, "grant")
+        .await
         .iter()
         .filter(|g| attr_s(g, "state") != Some("invalid"))
-        .filter_map(|g| attr_s(g, "sk"))
+        .filter_map(|g| attr_s(g, "sk").map(str::to_string))
         .collect();
     assert!(
         open.is_empty(),
         "left open beside the plan turned off: {open:?}"
     );
-    assert_ledger_agrees_with_counters(&app).await;
+    assert_ledger_agrees_with_counters(app).await;
+}
+
+/// An update of `user`'s water quota item: `expression` with its values.
+fn quota_update(
+    app: &TestApp,
+    user: &User,
+    expression: &str,
+    values: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
+) -> aws_sdk_dynamodb::types::TransactWriteItem {
+    use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+    let mut update = Update::builder()
+        .table_name(&app.table.name)
+        .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+        .key("sk", AttributeValue::S(format!("QUOTA#{WATER}")))
+        .update_expression(expression);
+    for (name, value) in values {
+        update = update.expression_attribute_values(*name, value.clone());
+    }
+    TransactWriteItem::builder()
+        .update(update.build().expect("update"))
+        .build()
+}
+
+/// A grant that lands after a turn-off has read the open grants and before its first
+/// transaction is ordered before the turn-off: that transaction is conditional on the
+/// counters as read, so it is refused and the retry voids the late grant too.
+#[tokio::test]
+async fn a_grant_landing_between_a_turn_offs_read_and_its_write_is_voided_with_the_rest() {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    let (app, proxy) = spawn_faulty_app(&[]).await;
+    let user = app.scheduled_user("late", 2).await;
+    // As a report writes it: the ledger item, the counters and the list.
+    let mut late = app
+        .item(&user, &format!("GRANT#{WATER}#wr_late_0"))
+        .await
+        .expect("a grant");
+    late.insert(
+        "sk".into(),
+        AttributeValue::S(format!("GRANT#{WATER}#wr_late_x")),
+    );
+    late.insert("request_id".into(), AttributeValue::S("wr_late_x".into()));
+    let put = Put::builder()
+        .table_name(&app.table.name)
+        .set_item(Some(late))
+        .build()
+        .expect("put");
+    let one = AttributeValue::N("1".into());
+    let id = AttributeValue::Ss(vec!["wr_late_x".into()]);
+    let counters = quota_update(
+        &app,
+        &user,
+        "ADD accepted :one, available :one, open_available :id",
+        &[(":one", one), (":id", id)],
+    );
+    let late = vec![TransactWriteItem::builder().put(put).build(), counters];
+    turn_off_while_held(&app, &proxy, &user, late, "wr_late_x").await;
+}
+
+/// A grant given back between a turn-off's read and its write (as a late answer
+/// restores a grant the sweep voided: `available` up, `accepted` unchanged) is voided
+/// by the retry too: the first transaction is conditional on every counter as read.
+#[tokio::test]
+async fn a_grant_given_back_between_a_turn_offs_read_and_its_write_is_voided_with_the_rest() {
+    use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+    let (app, proxy) = spawn_faulty_app(&[]).await;
+    let user = app.scheduled_user("back", 2).await;
+    let grant_key = |state: &str| {
+        Update::builder()
+            .table_name(&app.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("GRANT#{WATER}#wr_back_1")))
+            .update_expression("SET #s = :s")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":s", AttributeValue::S(state.into()))
+            .build()
+            .expect("update")
+    };
+    let (one, minus) = (
+        AttributeValue::N("1".into()),
+        AttributeValue::N("-1".into()),
+    );
+    let id = AttributeValue::Ss(vec!["wr_back_1".into()]);
+    // Voided first (directly, not through the proxy), as the sweep voids a grant.
+    app.table
+        .client
+        .transact_write_items()
+        .transact_items(
+            TransactWriteItem::builder()
+                .update(grant_key("invalid"))
+                .build(),
+        )
+        .transact_items(quota_update(
+            &app,
+            &user,
+            "ADD available :minus, invalid :one DELETE open_available :id",
+            &[
+                (":one", one.clone()),
+                (":minus", minus.clone()),
+                (":id", id.clone()),
+            ],
+        ))
+        .send()
+        .await
+        .expect("voided");
+    // Given back while the turn-off runs.
+    let back = vec![
+        TransactWriteItem::builder()
+            .update(grant_key("available"))
+            .build(),
+        quota_update(
+            &app,
+            &user,
+            "ADD available :one, invalid :minus, open_available :id",
+            &[(":one", one), (":minus", minus), (":id", id)],
+        ),
+    ];
+    turn_off_while_held(&app, &proxy, &user, back, "wr_back_1").await;
 }

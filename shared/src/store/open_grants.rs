@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem,
 use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
-use crate::domain::{GrantState, TemplateId};
+use crate::domain::{GrantState, QuotaCounters, TemplateId};
 use crate::store::items::grant::{GrantItem, grant_state_name};
 use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
 use crate::store::items::{key, n, parse, rfc3339, s};
@@ -75,10 +75,10 @@ impl Store {
         // "Open" grants: available, and reserved too when a plan is disabled. The quota
         // item lists them; only grants recorded before it did need the ledger query.
         let quota_key = quota_sk(template);
-        // The grants ever accepted, as read: with `first` (a disable), the first
-        // transaction lands only while no grant arrived since — one that did is
-        // ordered before the disable and is voided by its retry.
-        let mut accepted = 0;
+        // The counters as read: with `first` (a disable), the first transaction lands
+        // only while they are unchanged — a grant that arrived since (or one a late
+        // answer gave back) is ordered before the disable and is voided by its retry.
+        let mut read_counters = QuotaCounters::default();
         let listed = match self
             .read_items(pk, std::slice::from_ref(&quota_key))
             .await?
@@ -86,7 +86,7 @@ impl Store {
         {
             Some(quota) => {
                 let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
-                accepted = counters.accepted;
+                read_counters = counters;
                 // (An id in both sets is wrong, and would be voided twice in one
                 // transaction, which DynamoDB refuses: the ledger instead.)
                 Some(OpenGrants::of(&quota).ids)
@@ -200,14 +200,22 @@ impl Store {
                     .table_name(&self.table)
                     .set_key(Some(key(pk, &quota_sk(template))));
                 if stamp && guarded {
-                    update = if accepted == 0 {
-                        update.condition_expression(
-                            "attribute_not_exists(accepted) OR accepted = :accepted",
-                        )
-                    } else {
-                        update.condition_expression("accepted = :accepted")
+                    let c = &read_counters;
+                    let mut conditions = Vec::new();
+                    for (name, value) in [
+                        ("accepted", c.accepted),
+                        ("available", c.available),
+                        ("reserved", c.reserved),
+                    ] {
+                        let placeholder = format!(":was_{name}");
+                        conditions.push(if value == 0 {
+                            format!("(attribute_not_exists({name}) OR {name} = {placeholder})")
+                        } else {
+                            format!("{name} = {placeholder}")
+                        });
+                        update = update.expression_attribute_values(placeholder, n(value));
                     }
-                    .expression_attribute_values(":accepted", n(accepted));
+                    update = update.condition_expression(conditions.join(" AND "));
                 }
                 if std::mem::take(&mut stamp) {
                     // (Named like every quota item, should this one create it: a user
@@ -248,6 +256,7 @@ impl Store {
                     .build()
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
                 items.push(TransactWriteItem::builder().update(update).build());
+                moves.push(None);
             }
             match self.transact(items).await? {
                 TxOutcome::Committed => {}

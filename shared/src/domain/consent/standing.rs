@@ -282,7 +282,8 @@ mod tests {
         );
         for s in Standing::ALL {
             assert_eq!(Standing::parse(s.as_str()), Some(s));
-            // (A new variant fails to compile here until it is in ALL too.)
+            // (A new variant fails to compile here until it has an arm; give it its
+            // place in ALL too, or `not_refused` conditions will miss it.)
             let index = match s {
                 Standing::Accept => 0,
                 Standing::Reject => 1,

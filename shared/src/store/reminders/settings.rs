@@ -40,6 +40,14 @@ impl Store {
             // stored) writes and counts nothing more than the grants: checked at the
             // plan's version instead.
             if !decision.writes_plan {
+                debug_assert!(
+                    decision.voids_grants,
+                    "only a turn-off leaves the plan as stored"
+                );
+                // Not counted nor refused by the minute's changes: it may be the retry
+                // of a turn-off that took the minute's last place, and it writes only
+                // grants an earlier turn-off left open or grants given since (those
+                // limited by REPORTS_PER_MINUTE).
                 let check = self.plan_unchanged(pk, &decision.plan)?;
                 let committed = self
                     .invalidate_grants(pk, &kind.template_id, vec![check], true, None, now)
