@@ -242,11 +242,20 @@ class Client {
 
   /** An authenticated call: a 401 means one new session and one more try. */
   call(method, path, body) {
+    return this.callAnswer(method, path, body).then((answer) => answer.data);
+  }
+
+  /** `call`, resolving `{data, replayed}`: `replayed` when the server answered an id
+   *  it had applied before (`Idempotent-Replayed`), with what it answered then. */
+  callAnswer(method, path, body) {
     return this.token().then((token) => this.send(method, path, body, token).then((answer) => {
       if (answer.status !== 401) return answer;
       return this.relogin(token).then((fresh) => this.send(method, path, body, fresh));
     })).then((answer) => {
-      if (answer.status >= 200 && answer.status < 300) return answer.data;
+      if (answer.status >= 200 && answer.status < 300) {
+        const replayed = String(headerValue(answer.headers, 'idempotent-replayed')) === 'true';
+        return { data: answer.data, replayed };
+      }
       throw Client.failure(answer);
     }).catch((error) => {
       // A configuration error stops this app run's submits, wherever it is met first

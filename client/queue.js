@@ -233,10 +233,10 @@ const queueMethods = {
         });
         return run();
       }
-      return this.call('POST', item.path, item.body).then((data) => {
+      return this.callAnswer('POST', item.path, item.body).then(({ data, replayed }) => {
         answered(item.id, { data });
         this.dequeue(item.id);
-        this.afterAnswer(item, data);
+        this.afterAnswer(item, data, replayed);
         return run();
       }, (error) => {
         if (isOnegrantError(error) && error.code === 'configuration') {
@@ -336,9 +336,16 @@ const queueMethods = {
     this.enqueueReport(item.body.grant_request_id, { [item.templateId]: item.body.subscription_status });
   },
 
-  /** Keeps the cache as the server last answered. */
-  afterAnswer(item, data) {
-    if (item.type === 'checkin' && data && data.kind) {
+  /** Keeps the cache as the server last answered. A check-in answered again (its id
+   *  applied before: an action sent twice, or one whose answer was lost) carries the
+   *  plan as it was then: not cached, and the plan cached is no longer taken as fresh
+   *  (the next tap asks, the next prefetch reads it again). */
+  afterAnswer(item, data, replayed) {
+    if (item.type === 'checkin' && data && data.kind && replayed) {
+      this.remember((cache) => {
+        if (cache.plansAt) delete cache.plansAt[data.kind];
+      });
+    } else if (item.type === 'checkin' && data && data.kind) {
       this.rememberPlan(data.kind, data);
     } else if (item.type === 'grants' && data && data.quotas) {
       this.remember((cache) => { cache.quotas = data.quotas; });

@@ -110,7 +110,7 @@ test('the typings declare exactly the client\'s public methods, and the codes th
   // new one must be placed, and a public one typed.
   const INTERNAL = [
     'constructor', 'read', 'write', 'cache', 'rememberPlan', 'remember', 'send', 'token', 'relogin',
-    'loginSession', 'hostSession', 'call', 'misconfigured', 'needsGrantOf', 'subscribe', 'report',
+    'loginSession', 'hostSession', 'call', 'callAnswer', 'misconfigured', 'needsGrantOf', 'subscribe', 'report',
     'settleRefill', 'queue', 'changeQueue', 'enqueue', 'updateQueued', 'queued', 'dequeue', 'queueStored',
     'enqueueReport', 'settle', 'recentAnswers', 'reportOnce', 'flushSoon', 'flushIn', 'listen', 'keepGrant',
     'afterAnswer', 'withSetting',

@@ -481,3 +481,31 @@ test('a request that never answers is given up after its timeout and the action 
   assert.equal(silent.length, 1);
   assert.equal(client.queue()[0].body.action_id, result.actionId, 'kept, with its id');
 });
+
+test('a check-in answered as a replay leaves the cached plan alone and no longer fresh', async () => {
+  const wx = new FakeWx();
+  let now = T0;
+  const old = { kind: 'water', template_id: WATER, state: 'scheduled', needs_grant: false,
+    next_due_at: new Date(T0 - 3600e3).toISOString() };
+  const server = accepting((method, path) => (path.endsWith('/checkins')
+    ? { status: 200, data: old, header: { 'Idempotent-Replayed': 'true' } } : undefined));
+  const client = online(wx, server, { now: () => now });
+  const current = { kind: 'water', template_id: WATER, state: 'scheduled', needs_grant: false,
+    next_due_at: new Date(T0 + 3600e3).toISOString() };
+  cachePlans(wx, client, { water: current });
+  assert.equal(client.needsGrant('water'), false, 'fresh, a grant held, not yet due');
+  // An action whose answer was lost, sent again: the server answers its first answer.
+  wx.setStorageSync(client.keys.queue, [{ id: 'wc_again', type: 'checkin', path: '/v1/reminders/water/checkins',
+    awaitingTap: false, createdAt: now - 100, body: { action_id: 'wc_again' } }]);
+  const flushed = await client.flush();
+  assert.equal(flushed.pending, 0);
+  assert.deepEqual(client.cachedPlan('water'), current, 'the plan as it was then is not cached');
+  assert.equal(client.needsGrant('water'), true, 'the plan cached is no longer taken as fresh');
+  // A check-in applied now is cached as the plan now.
+  const fresh = accepting();
+  const again = online(wx, fresh, { now: () => now });
+  wx.setStorageSync(again.keys.queue, [{ id: 'wc_new', type: 'checkin', path: '/v1/reminders/water/checkins',
+    awaitingTap: false, createdAt: now - 100, body: { action_id: 'wc_new' } }]);
+  await again.flush();
+  assert.equal(again.cachedPlan('water').echo, 'wc_new');
+});

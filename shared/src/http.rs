@@ -453,6 +453,11 @@ pub fn route(req: &Request) -> String {
     }
 }
 
+/// The header of an answer replayed for an idempotency key already applied
+/// (`Idempotent-Replayed: true`): what the first application answered, not the state
+/// now.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
 /// A JSON response with `status`.
 pub fn json_response<T: Serialize>(status: u16, value: &T) -> Result<Response<Body>, ApiError> {
     let body = serde_json::to_string(value).map_err(|e| {

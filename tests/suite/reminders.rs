@@ -291,9 +291,20 @@ async fn an_action_id_reused_with_a_different_payload_is_refused_and_changes_not
     let token = app.login("alice").await;
     put(&app, &token, &json!({"enabled": true})).await;
     let first = checkin("wc_1", 2, Some(("wr_1", "accept")));
-    assert_eq!(app.post(CHECKINS, Some(&token), &first).await.status, 200);
+    let applied = app.post(CHECKINS, Some(&token), &first).await;
+    assert_eq!(applied.status, 200);
+    assert!(applied.headers.get("idempotent-replayed").is_none());
     let replay = app.post(CHECKINS, Some(&token), &first).await;
     assert_eq!(replay.status, 200);
+    // Told apart, so a client does not take the plan as it was then for the plan now.
+    assert_eq!(
+        replay
+            .headers
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(replay.body, applied.body, "the first application's answer");
     let before = app.items().await;
     let mut changed = first.clone();
     changed["current_count"] = json!(3);

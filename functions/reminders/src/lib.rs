@@ -128,6 +128,7 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         deps.store.check_in(&openid, kind, &checkin, now),
     )
     .await?;
+    let replayed = matches!(outcome, CheckInOutcome::Replayed(_));
     let answer = match outcome {
         CheckInOutcome::Applied(answer) => {
             onegrant::metrics::count(onegrant::metrics::name::CHECK_INS, 1);
@@ -142,5 +143,14 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         }
         CheckInOutcome::Replayed(answer) => answer,
     };
-    json_response(200, &with_refill(deps, kind, &answer))
+    let mut response = json_response(200, &with_refill(deps, kind, &answer))?;
+    if replayed {
+        // The answer of the check-in's first application: the plan as it was then,
+        // which a client must not take for the plan as it is now.
+        response.headers_mut().insert(
+            onegrant::http::REPLAYED_HEADER,
+            lambda_http::http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
 }
