@@ -71,7 +71,8 @@ pub mod name {
     /// Refill notices published: a reminder used up the user's grants of a template
     /// naming a refill template, and the user held a refill grant.
     pub const REFILLS: &str = "RefillNotices";
-    /// Such depletions with no refill grant held: the user was not told.
+    /// Such depletions with no refill grant held, or the refill template refused by the
+    /// user's settings: the user was not told.
     pub const REFILLS_WITHOUT_GRANT: &str = "DepletionsWithoutRefillGrant";
     /// Pushes cancelled at their claim: the cancel came while an earlier attempt was in
     /// flight, and that attempt did not go out.
@@ -105,7 +106,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 38] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -126,6 +127,7 @@ pub const ALL: [&str; 37] = [
     name::PUBLISHED,
     name::EXPIRED,
     name::MUTED,
+    name::TURNED_OFF,
     name::HELD,
     name::GRANT_WAITS,
     name::CAP_WAITS,
