@@ -2,7 +2,7 @@
 //! scheduled` (`BENCH_PUSHES` sets how many; default 120, the figure is 1,000).
 //!
 //! From one run, each half on an emulator of its own with WeChat answering in 50 ms and
-//! one tick that claims ahead (lookahead 75 s):
+//! one tick that claims ahead (lookahead 75 s), started 5 s before the first instant:
 //! 1. N reminder plans due at spread-out instants over one minute: due→sent p50/p99;
 //! 2. N pushes scheduled (`send_at`) at the same spread-out instants over one minute,
 //!    each published at its instant and then claimed and sent: due→sent p50/p99;
@@ -33,6 +33,21 @@ async fn app() -> TestApp {
     app
 }
 
+/// How long before the first instant each half's tick starts: the same for both, and
+/// short enough that the tick's lookahead (75 s) covers the whole minute.
+const TICK_LEAD: Duration = Duration::seconds(5);
+
+/// Waits until `TICK_LEAD` before `t0`, so that one tick sees every item of the minute.
+async fn start_tick_at(t0: chrono::DateTime<Utc>, what: &str) {
+    let lead = (t0 - Utc::now()).num_milliseconds();
+    assert!(
+        lead > TICK_LEAD.num_milliseconds(),
+        "the {what} were stored too late ({lead} ms before the first instant); raise the lead"
+    );
+    eprintln!("{what} stored {lead} ms before the first is due");
+    tokio::time::sleep((t0 - TICK_LEAD - Utc::now()).to_std().unwrap_or_default()).await;
+}
+
 /// The sorted due→sent latencies of one tick.
 fn outcome(summary: &dispatcher::Summary) -> Vec<i64> {
     let mut latencies = summary.latencies_ms.clone();
@@ -57,7 +72,7 @@ async fn main() {
     .collect()
     .await;
     // The instants are set once every user exists, a little ahead of the stores.
-    let t0 = Utc::now() + Duration::seconds(5 + (n as i64) / 100);
+    let t0 = Utc::now() + Duration::seconds(10 + (n as i64) / 50);
     futures::stream::iter(users.iter().enumerate())
         .for_each_concurrent(8, |(i, user)| {
             let plans = &plans;
@@ -67,12 +82,7 @@ async fn main() {
             }
         })
         .await;
-    let lead = (t0 - Utc::now()).num_milliseconds();
-    assert!(
-        lead > 0,
-        "the plans were made due after their instant; raise the lead"
-    );
-    eprintln!("plans stored {lead} ms before the first is due");
+    start_tick_at(t0, "plans").await;
     let plan_summary = plans.tick(100).await;
     let plan_latencies = outcome(&plan_summary);
     drop(plans);
@@ -108,12 +118,7 @@ async fn main() {
             }
         })
         .await;
-    let lead = (t0 - Utc::now()).num_milliseconds();
-    assert!(
-        lead > 0,
-        "the pushes were stored after their instant; raise the lead"
-    );
-    eprintln!("pushes stored {lead} ms before the first is due");
+    start_tick_at(t0, "pushes").await;
     let push_summary = pushes.tick(100).await;
     let push_latencies = outcome(&push_summary);
 
@@ -136,9 +141,10 @@ async fn main() {
         percentile(&push_latencies, 99.0)
     );
     println!(
-        "  published {}, deferred {}; p99 pushes ÷ p99 plans: {:.2}",
+        "  of {n} each; published {}, deferred {} (plans {}); p99 pushes ÷ p99 plans: {:.2}",
         push_summary.published,
         push_summary.deferred,
+        plan_summary.deferred,
         percentile(&push_latencies, 99.0) as f64 / percentile(&plan_latencies, 99.0).max(1) as f64
     );
 }

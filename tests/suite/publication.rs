@@ -4,7 +4,7 @@
 //! settled the ordinary way, and racing dispatchers send each push once.
 
 use chrono::{DateTime, Duration, Utc};
-use onegrant::store::dispatch::{ClaimOutcome, DueItem};
+use onegrant::store::dispatch::{ClaimOutcome, DueItem, ReadAhead};
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, spawn_app_with,
 };
@@ -85,12 +85,12 @@ async fn a_scheduled_push_is_published_and_claimed_in_one_transaction_at_an_imme
 
 /// The scheduled notification `key` of `user` (sent at `send_at`), read for its claim
 /// as a dispatcher reads it while it waits: its due entry, its push's and the
-/// publication.
+/// publication with its push's context read ahead.
 async fn read_publication(
     app: &TestApp,
     user: &User,
     send_at: DateTime<Utc>,
-) -> (DueItem, DueItem, onegrant::store::Publication) {
+) -> (DueItem, DueItem, ReadAhead) {
     let store = &app.deps.store;
     let span = store.shard_span(Utc::now()).await.expect("shards");
     let entry = store
@@ -107,14 +107,16 @@ async fn read_publication(
         .expect("read")
         .expect("a push to publish and claim");
     let push = entry.published_push().expect("its push's due entry");
-    (entry, push, publication)
+    (entry, push, store.read_ahead(publication).await)
 }
 
 #[tokio::test]
 async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_and_is_settled_the_ordinary_way()
  {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
-    // What happens between the dispatcher's read and its claim; what the ordinary way
+    // What happens between the dispatcher's read (the scheduled item, then the
+    // counters and preferences: `read_ahead`) and its claim — a mute saved there is
+    // caught by the claim's check of the preferences' version; what the ordinary way
     // then makes of the push: (published, sent, cancelled, muted, waiting for a
     // grant), and whether the user's grant is left.
     type Counts = (u32, u32, u32, u32, u32);

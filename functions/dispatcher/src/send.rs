@@ -77,17 +77,23 @@ pub(crate) async fn dispatch_one(
         return Ok(Dispatched::Deferred);
     }
     // A scheduled notification with a push is read shortly before its instant (each
-    // when its own instant nears, so a page of them is not read in one burst), and at
-    // its instant published and its push claimed in one transaction, as quickly after
-    // it is due as a plan; any other (no push, expired, changed, muted, held, no
-    // grant) is published first and its push, if any, then claimed like any other.
+    // when its own instant nears, so a page of them is not read in one burst), with
+    // what its push's claim decides on, and at its instant published and its push
+    // claimed in one transaction, as quickly after it is due as a plan; any other (no
+    // push, expired, changed, muted, held, no grant) is published first and its push,
+    // if any, then claimed like any other.
     let mut publication = if item.is_scheduled_note() {
         let read_at = item.due_at - chrono::Duration::from_std(READ_AHEAD).unwrap_or_default();
         tokio::time::sleep((read_at - Utc::now()).to_std().unwrap_or_default()).await;
         let (pk, sk) = item.key();
-        deps.store
+        match deps
+            .store
             .publication(pk, sk, item.due_at, Utc::now())
             .await?
+        {
+            Some(publication) => Some(deps.store.read_ahead(publication).await),
+            None => None,
+        }
     } else {
         None
     };

@@ -61,7 +61,7 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::items::grant::grant_state_name;
 use crate::store::items::outbox::OutboxItem;
 
-pub use claim::ClaimOutcome;
+pub use claim::{ClaimOutcome, ReadAhead};
 pub use due::{DueCursor, DueItem, DuePage};
 pub use finalize::Finalized;
 pub use sent_event::SentEventOutcome;

@@ -1,10 +1,11 @@
 //! The user's preferences item (`PREFS`): quiet hours and muted types, versioned.
 
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::preferences::Preferences;
-use crate::store::StoreError;
-use crate::store::items::{Item, parse};
+use crate::store::items::{Item, key, parse};
+use crate::store::{Store, StoreError};
 
 /// Sort key of a user's preferences.
 pub(crate) const PREFS_SK: &str = "PREFS";
@@ -30,5 +31,28 @@ impl PreferencesItem {
                 Ok((stored.preferences, stored.version))
             }
         }
+    }
+}
+
+impl Store {
+    /// A transaction item that only checks the user's preferences are still at
+    /// `version` as read (0: none saved).
+    pub(crate) fn prefs_unchanged(
+        &self,
+        pk: &str,
+        version: u64,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, PREFS_SK)));
+        let check = if version == 0 {
+            check.condition_expression("attribute_not_exists(pk)")
+        } else {
+            check
+                .condition_expression("version = :v")
+                .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+        };
+        let check = check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 }

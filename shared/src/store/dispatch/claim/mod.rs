@@ -5,6 +5,8 @@ mod priority;
 mod read;
 mod unsent;
 
+pub use read::ReadAhead;
+
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Duration, Utc};
 
@@ -20,7 +22,7 @@ use crate::domain::reminders::plan::Plan;
 use crate::domain::reminders::schedule::Timezone;
 use crate::domain::{QuotaCounters, TemplateId};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim};
-use crate::store::items::outbox::{OutboxItem, Publication, versioned_put};
+use crate::store::items::outbox::{OutboxItem, versioned_put};
 use crate::store::items::quota::{INFLIGHT, OpenGrants, WAITING};
 use crate::store::items::to_item;
 use crate::store::keys::delivery_sk;
@@ -192,12 +194,13 @@ impl Store {
 
     /// Publishes a scheduled notification and claims its push in one transaction:
     /// `item` is the push's due entry (`DueItem::published_push`), `publication` what
-    /// `Store::publication` read. A push not to go now, or a notification changed
+    /// `Store::publication` read, with what `Store::read_ahead` read for its claim. A
+    /// push not to go now, or a notification changed
     /// since it was read, writes nothing ([`ClaimOutcome::Republish`]).
     pub async fn claim_published(
         &self,
         item: &DueItem,
-        publication: &Publication,
+        publication: &ReadAhead,
         claimer: &str,
         lease: std::time::Duration,
         now: DateTime<Utc>,
@@ -209,7 +212,7 @@ impl Store {
     async fn claim_from(
         &self,
         item: &DueItem,
-        publication: Option<&Publication>,
+        publication: Option<&ReadAhead>,
         claimer: &str,
         lease: std::time::Duration,
         now: DateTime<Utc>,

@@ -68,7 +68,7 @@ impl Store {
             // The template's counters, the user's preferences and the notification (a
             // cancel recorded on it), in one round trip.
             let note_key = note_sk(&outbox.note_id);
-            let (counters, open, prefs, note) = self
+            let (counters, open, prefs, _, note) = self
                 .push_context(&item.pk, &template, Some(&note_key))
                 .await?;
             let cancel_requested = note.is_some_and(|note| note.contains_key(CANCEL_REQUESTED));
@@ -93,8 +93,9 @@ impl Store {
     pub(super) async fn publishable(
         &self,
         item: &DueItem,
-        publication: &Publication,
+        ahead: &ReadAhead,
     ) -> Result<Found, StoreError> {
+        let publication = &ahead.publication;
         let outbox = &publication.outbox;
         if outbox.pk != item.pk || outbox.sk != item.sk {
             return Ok(Found::Unreadable("a publication of another push".into()));
@@ -102,15 +103,54 @@ impl Store {
         let Ok(template) = TemplateId::parse(outbox.template_id.clone()) else {
             return Ok(Found::Unreadable("a push with a bad template id".into()));
         };
-        let (counters, open, prefs, _) = self.push_context(&item.pk, &template, None).await?;
+        // What was read ahead serves the first attempt; any other reads again.
+        let (counters, open, prefs, version) = match ahead.take() {
+            Some(context) => context,
+            None => {
+                let (counters, open, prefs, version, _) =
+                    self.push_context(&item.pk, &template, None).await?;
+                (counters, open, prefs, version)
+            }
+        };
+        // Conditional on the preferences as read (a mute or quiet hours saved since
+        // make the claim publish the ordinary way and read them again); the counters
+        // are conditions of the claim itself.
+        let mut writes = publication.writes.clone();
+        writes.push(self.prefs_unchanged(&item.pk, version)?);
         Ok(Found::Due(Box::new(Claimable::Outbox {
             outbox: outbox.clone(),
             counters,
             open,
             prefs,
             cancel_requested: false,
-            publication: Some(publication.writes.clone()),
+            publication: Some(writes),
         })))
+    }
+
+    /// Reads ahead of its instant what the claim of `publication`'s push decides on
+    /// (its template's counters and open grants, the user's preferences), so that at
+    /// the instant the claim is one transaction: a push goes out as soon after its
+    /// `send_at` as a plan after its due instant, or sooner. A read that fails is
+    /// logged and left to the claim.
+    pub async fn read_ahead(&self, publication: Publication) -> ReadAhead {
+        let outbox = &publication.outbox;
+        let context = match TemplateId::parse(outbox.template_id.clone()) {
+            Ok(template) => match self.push_context(&outbox.pk, &template, None).await {
+                Ok((counters, open, prefs, version, _)) => Some((counters, open, prefs, version)),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %crate::telemetry::error_chain(&e),
+                        "a push's context could not be read ahead; read at its claim"
+                    );
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        ReadAhead {
+            publication,
+            context: std::sync::Mutex::new(context),
+        }
     }
 
     /// A push's template counters and open grants, the user's preferences and, when
@@ -132,17 +172,40 @@ impl Store {
             ),
             None => (QuotaCounters::default(), OpenGrants::default()),
         };
-        let (prefs, _) = PreferencesItem::of(read.remove(PREFS_SK))?;
+        let (prefs, version) = PreferencesItem::of(read.remove(PREFS_SK))?;
         let note = note_key.and_then(|k| read.remove(k));
-        Ok((counters, open, prefs, note))
+        Ok((counters, open, prefs, version, note))
     }
 }
 
-/// A push's template counters, open grants, the user's preferences and its
-/// notification (when read).
+/// A push's template counters, open grants, the user's preferences (and their
+/// version) and its notification (when read).
 type PushContext = (
     QuotaCounters,
     OpenGrants,
     Preferences,
+    u64,
     Option<HashMap<String, AttributeValue>>,
 );
+
+/// A push's template counters, open grants, and the user's preferences with their
+/// version, as read ahead.
+type Context = (QuotaCounters, OpenGrants, Preferences, u64);
+
+/// A scheduled notification's publication with what its push's claim decides on,
+/// read ahead of its instant ([`Store::read_ahead`]); claimed by
+/// [`Store::claim_published`].
+pub struct ReadAhead {
+    pub(crate) publication: Publication,
+    /// Taken by the claim's first attempt.
+    context: std::sync::Mutex<Option<Context>>,
+}
+
+impl ReadAhead {
+    fn take(&self) -> Option<Context> {
+        self.context
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
