@@ -211,6 +211,53 @@ async fn the_main_switch_off_through_a_check_in_pauses_every_template_until_it_i
     assert_plans_consistent(&app).await;
 }
 
+/// The main switch off holds for every template or for none: its changes are one
+/// transaction. One the database keeps refusing (every transaction writing one
+/// template's quota item, whichever template it is) leaves no template's choice and no
+/// plan changed — not the main switch off on one template and not on the other — and
+/// the client's retry of the same report, the database well again, applies it to all.
+#[tokio::test]
+async fn the_main_switch_off_applies_to_every_template_or_to_none() {
+    use onegrant_tests::faults::Fault;
+    let (app, proxy) = onegrant_tests::spawn_faulty_app(&[]).await;
+    let off = json!({"main_switch": false, "item_settings": {}});
+    for (i, refused) in [WATER, ORDER].into_iter().enumerate() {
+        let user = app.scheduled_user(&format!("user{i}"), 1).await;
+        let before = state(&app).await;
+        let pattern = format!("QUOTA#{refused}");
+        proxy.inject("TransactWriteItems", Some(&pattern), Fault::ServerError, 0);
+        let body = json!({"request_id": format!("wr_off_{i}"), "results": {WATER: "reject"},
+                          "subscriptions_setting": off});
+        let answer = app.post("/v1/grants", Some(&user.token), &body).await;
+        assert!(
+            answer.status >= 500,
+            "{refused}: {} {}",
+            answer.status,
+            answer.body
+        );
+        assert!(
+            !proxy.injected().is_empty(),
+            "{refused}: the refusal was applied"
+        );
+        assert_eq!(state(&app).await, before, "{refused}: nothing written");
+
+        proxy.clear();
+        let answer = app.post("/v1/grants", Some(&user.token), &body).await;
+        assert_eq!(answer.status, 200, "{refused}: {}", answer.body);
+        for template in [WATER, ORDER] {
+            assert_eq!(
+                quota(&answer.body, template)["standing"],
+                "main_switch_off",
+                "{refused}: {template}: {}",
+                answer.body
+            );
+        }
+        assert_eq!(plan(&app, &user).await, paused("main_switch_off", false));
+    }
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
+}
+
 /// Bad settings are refused with their own error and nothing is stored, on both routes.
 #[tokio::test]
 async fn bad_settings_are_refused_and_store_nothing() {

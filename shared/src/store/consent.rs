@@ -114,11 +114,12 @@ impl Store {
     /// standing choice (`standing`, written only when it changes), and the plans of the
     /// kinds that use it move by [`Plan::stand`] (a plan never stored is written, off,
     /// only to remember a refusing one). One read of the quota and plan items, then one
-    /// transaction per template whose items change, each conditional on everything of
-    /// that template as read (the standing choice and every plan's version), so two
-    /// settings racing leave the quota and its plans agreeing; a race reads again. A
-    /// transaction that writes counts against the user's `REPORTS_PER_MINUTE`, so
-    /// settings cannot be written faster than reports: all of them and `reserve` more
+    /// transaction for every template whose items change (split only past 99 items),
+    /// conditional on everything as read (each standing choice and every plan's
+    /// version), so a choice is applied to every template or none, and two settings
+    /// racing leave the quotas and their plans agreeing; a race reads again. Each
+    /// template changed counts against the user's `REPORTS_PER_MINUTE`, so settings
+    /// cannot be written faster than reports: all of them and `reserve` more
     /// (the request's own counted write, after them) must fit in the minute as read, or
     /// nothing is written (`Limited`). The
     /// caller applies a request's setting only on its first application: a replay
@@ -183,8 +184,12 @@ impl Store {
                 n.saturating_add(reserve),
                 now,
             )?;
-            for mut writes in changes {
-                let (rate, retry_after) = self.report_rate(pk, now)?;
+            // Every template's change in one transaction with the minute's count of
+            // them, so a choice (the main switch off above all) holds for every
+            // template or for none; split only where the configuration names more
+            // templates and plans than one transaction holds.
+            for (mut writes, count) in batched(changes) {
+                let (rate, retry_after) = self.report_rate_n(pk, count, now)?;
                 let rate_at = writes.len();
                 writes.push(rate);
                 match self.transact(writes).await? {
@@ -201,6 +206,25 @@ impl Store {
         })
         .await
     }
+}
+
+/// Items one transaction holds, less the minute's count that goes with them.
+const TRANSACTION_ROOM: usize = 99;
+
+/// Each template's writes packed into as few transactions as hold them (a template's
+/// writes never split), with how many templates each counts.
+fn batched(changes: Vec<Vec<TransactWriteItem>>) -> Vec<(Vec<TransactWriteItem>, u64)> {
+    let mut batches: Vec<(Vec<TransactWriteItem>, u64)> = Vec::new();
+    for writes in changes {
+        match batches.last_mut() {
+            Some((batch, count)) if batch.len() + writes.len() <= TRANSACTION_ROOM => {
+                batch.extend(writes);
+                *count += 1;
+            }
+            _ => batches.push((writes, 1)),
+        }
+    }
+    batches
 }
 
 /// The standing choice a quota item keeps, if any.

@@ -85,17 +85,31 @@ impl Store {
         pk: &str,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
+        self.rate_count_n(counter, pk, 1, now)
+    }
+
+    /// `ADD count` on the user's `counter` of this minute, conditional on all of them
+    /// fitting under the limit.
+    fn rate_count_n(
+        &self,
+        counter: Counter,
+        pk: &str,
+        count: u64,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
         let minute = minute_of(now);
+        // (More than the limit never fits: `rate_admits_n` refuses it on the read.)
+        let room = u64::from(self.rate_max(counter)).saturating_sub(count);
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &rate_sk(minute))))
-            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
-            .condition_expression("attribute_not_exists(#n) OR #n < :max")
+            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :count")
+            .condition_expression("attribute_not_exists(#n) OR #n <= :room")
             .expression_attribute_names("#n", counter.attribute())
             .expression_attribute_values(":kind", s("rate"))
             .expression_attribute_values(":expires", n((minute + 2) * 60))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":max", n(self.rate_max(counter)))
+            .expression_attribute_values(":count", n(count))
+            .expression_attribute_values(":room", n(room))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().update(update).build())
@@ -108,8 +122,18 @@ impl Store {
         pk: &str,
         now: DateTime<Utc>,
     ) -> Result<(TransactWriteItem, u64), StoreError> {
+        self.report_rate_n(pk, 1, now)
+    }
+
+    /// [`Store::report_rate`] of `count` reports at once.
+    pub(crate) fn report_rate_n(
+        &self,
+        pk: &str,
+        count: u64,
+        now: DateTime<Utc>,
+    ) -> Result<(TransactWriteItem, u64), StoreError> {
         Ok((
-            self.rate_count(Counter::Reports, pk, now)?,
+            self.rate_count_n(Counter::Reports, pk, count, now)?,
             retry_after(now),
         ))
     }
