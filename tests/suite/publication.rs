@@ -245,6 +245,64 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
     }
 }
 
+/// A claim decided on counters read ahead goes on only while they are as read: a
+/// better push listed as waiting for the template's grant in between makes it read
+/// again, where the waiting push comes first — nothing written, the grant kept for it.
+/// (Decided on the counters read ahead, a `low` push took the grant past it.)
+#[tokio::test]
+async fn a_push_listed_waiting_after_the_read_ahead_is_not_passed_over() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
+    let user = app.user("waits").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    let send_at = Utc::now() + Duration::seconds(3);
+    let answer = app
+        .notify(scheduled(
+            &user,
+            "low",
+            json!({"send_at": at(send_at), "priority": "low"}),
+        ))
+        .await;
+    assert_eq!(answer["push"], "pending", "{answer}");
+    let (_, push, ahead) = read_publication(&app, &user, send_at).await;
+    // A `high` push listed as waiting for the order template's grant, as its claim
+    // lists it when it finds none available (the grant reserved meanwhile by another
+    // send, then given back).
+    app.table
+        .client
+        .update_item()
+        .table_name(&app.table.name)
+        .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+        .key("sk", AttributeValue::S(format!("QUOTA#{ORDER}")))
+        .update_expression("ADD waiting :w")
+        .expression_attribute_values(
+            ":w",
+            AttributeValue::Ss(vec!["0:1000000000000abcdefabcdef".into()]),
+        )
+        .send()
+        .await
+        .expect("listed");
+    let outcome = app
+        .deps
+        .store
+        .claim_published(
+            &push,
+            &ahead,
+            "test",
+            std::time::Duration::from_secs(60),
+            Utc::now(),
+        )
+        .await
+        .expect("claim");
+    assert!(matches!(outcome, ClaimOutcome::Republish), "{outcome:?}");
+    assert!(app.items_of(&user, "delivery").await.is_empty());
+    let available = app
+        .item(&user, &format!("QUOTA#{ORDER}"))
+        .await
+        .and_then(|q| attr_n(&q, "available"));
+    assert_eq!(available, Some(1), "the grant kept for the better push");
+}
+
 #[tokio::test]
 async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;

@@ -17,7 +17,7 @@ use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, not_refused, sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, WAITING, not_refused, sent_on,
 };
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
@@ -115,6 +115,18 @@ impl Store {
                 remove = format!(" REMOVE {}", names.join(", "));
             }
         }
+        if let Some(read) = grant.as_read {
+            cap.push_str(" AND available = :read_available");
+            counters = counters.expression_attribute_values(":read_available", n(read.available));
+            // (An empty set is no attribute in DynamoDB.)
+            if read.waiting == 0 {
+                cap.push_str(" AND attribute_not_exists(#waiting)");
+            } else {
+                cap.push_str(" AND size(#waiting) = :read_waiting");
+                counters = counters.expression_attribute_values(":read_waiting", n(read.waiting));
+            }
+            counters = counters.expression_attribute_names("#waiting", WAITING);
+        }
         if grant.unrefused {
             let (condition, values) = not_refused();
             cap.push_str(&format!(" AND {condition}"));
@@ -183,6 +195,7 @@ impl Store {
             stale: Default::default(),
             counted: None,
             unrefused: false,
+            as_read: None,
         };
         match pick(counters, &open.ids, ledger_only) {
             PickFrom::Nothing => return Ok(None),
@@ -304,6 +317,18 @@ pub(crate) struct Reserve {
     /// A push's claim: on the condition that the user's settings do not keep the
     /// template refused (a standing choice landing after the claim's read wins).
     pub(crate) unrefused: bool,
+    /// A claim decided on counters read well before it (read ahead of the instant): on
+    /// the condition that the grants available and the number of pushes waiting are
+    /// still as read, since who takes the grant, whether it is the last and whether
+    /// others wait were decided on them.
+    pub(crate) as_read: Option<AsRead>,
+}
+
+/// The counters a claim read ahead decided on ([`Reserve::as_read`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AsRead {
+    pub(crate) available: u64,
+    pub(crate) waiting: usize,
 }
 
 /// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of

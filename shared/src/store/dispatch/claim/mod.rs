@@ -3,6 +3,7 @@
 
 mod priority;
 mod read;
+mod source;
 mod unsent;
 
 pub use read::ReadAhead;
@@ -10,7 +11,6 @@ pub use read::ReadAhead;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Duration, Utc};
 
-use crate::domain::dispatch::OutboxState;
 use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
@@ -21,10 +21,10 @@ use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::reminders::schedule::Timezone;
 use crate::domain::{QuotaCounters, TemplateId};
-use crate::store::dispatch::{Claim, ClaimSource, DueItem, OutboxClaim};
-use crate::store::items::outbox::{OutboxItem, versioned_put};
+use crate::store::dispatch::reserve::AsRead;
+use crate::store::dispatch::{Claim, ClaimSource, DueItem};
+use crate::store::items::outbox::OutboxItem;
 use crate::store::items::quota::{INFLIGHT, OpenGrants, WAITING};
-use crate::store::items::to_item;
 use crate::store::keys::delivery_sk;
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
@@ -125,6 +125,8 @@ pub(super) enum Claimable {
         /// A push not yet written: the writes that publish its notification, to commit
         /// with the claim.
         publication: Option<Vec<TransactWriteItem>>,
+        /// Its counters were read ahead of the instant (`Store::read_ahead`).
+        ahead: bool,
     },
 }
 
@@ -388,6 +390,13 @@ impl Store {
             grant.counted = counted;
             // A push is claimed only while the user's settings do not refuse its template.
             grant.unrefused = matches!(claimable, Claimable::Outbox { .. });
+            // Decided on counters read ahead: only while they are as read.
+            if let Claimable::Outbox { ahead: true, .. } = claimable {
+                grant.as_read = Some(AsRead {
+                    available: counters.available,
+                    waiting: open.waiting.len(),
+                });
+            }
             let last_grant = takes_last_grant(counters);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
@@ -526,70 +535,5 @@ impl Store {
             ),
         }
         outcome
-    }
-
-    /// The claimed item's write (`sending`, naming the delivery, on the lease index for
-    /// a plan), what the dispatcher keeps of it, its attempts so far and, for a push
-    /// not yet written, its publication's writes.
-    fn claimed_source(
-        &self,
-        item: &DueItem,
-        claimable: Claimable,
-        delivery_id: &str,
-        lease_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<Sourced, StoreError> {
-        match claimable {
-            Claimable::Plan { kind, plan, .. } => {
-                let claimed = plan
-                    .claimed(delivery_id, lease_until)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                let write = self.plan_put(&claimed, &item.pk, now)?;
-                let claimed = claimed.written();
-                let attempts = claimed.attempts;
-                Ok((
-                    write,
-                    ClaimSource::Plan {
-                        kind,
-                        plan: claimed,
-                    },
-                    attempts,
-                    None,
-                ))
-            }
-            Claimable::Outbox {
-                outbox,
-                publication,
-                ..
-            } => {
-                let mut sending = outbox.moved(
-                    OutboxState::Sending,
-                    None,
-                    self.shards,
-                    now,
-                    self.limits.retention.outbox,
-                );
-                sending.delivery_id = Some(delivery_id.to_string());
-                let write = match publication {
-                    // Not written yet: it is written claimed.
-                    Some(_) => self.put_new(to_item("outbox", &sending)?)?,
-                    None => {
-                        versioned_put(&self.table, to_item("outbox", &sending)?, outbox.version)?
-                    }
-                };
-                let attempts = sending.attempts;
-                Ok((
-                    write,
-                    ClaimSource::Outbox(OutboxClaim {
-                        note_id: sending.note_id.clone(),
-                        data: sending.data.clone(),
-                        page: sending.page.clone(),
-                        item: sending,
-                    }),
-                    attempts,
-                    publication,
-                ))
-            }
-        }
     }
 }

@@ -79,6 +79,7 @@ impl Store {
                 prefs,
                 cancel_requested,
                 publication: None,
+                ahead: false,
             })));
         }
         // A kind missing from the configuration (removed, or a rollback) is not a bad
@@ -104,7 +105,9 @@ impl Store {
             return Ok(Found::Unreadable("a push with a bad template id".into()));
         };
         // What was read ahead serves the first attempt; any other reads again.
-        let (counters, open, prefs, version) = match ahead.take() {
+        let context = ahead.take();
+        let read_ahead = context.is_some();
+        let (counters, open, prefs, version) = match context {
             Some(context) => context,
             None => {
                 let (counters, open, prefs, version, _) =
@@ -124,6 +127,7 @@ impl Store {
             prefs,
             cancel_requested: false,
             publication: Some(writes),
+            ahead: read_ahead,
         })))
     }
 
@@ -150,6 +154,7 @@ impl Store {
         ReadAhead {
             publication,
             context: std::sync::Mutex::new(context),
+            read_at: std::time::Instant::now(),
         }
     }
 
@@ -199,13 +204,21 @@ pub struct ReadAhead {
     pub(crate) publication: Publication,
     /// Taken by the claim's first attempt.
     context: std::sync::Mutex<Option<Context>>,
+    read_at: std::time::Instant,
 }
 
+/// How old a read ahead may be when its claim decides on it: older (a process that
+/// stalled, a read that came late), the claim reads again.
+const READ_AHEAD_FOR: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl ReadAhead {
+    /// What was read ahead, once, while it is recent.
     fn take(&self) -> Option<Context> {
-        self.context
+        let context = self
+            .context
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+            .take();
+        context.filter(|_| self.read_at.elapsed() <= READ_AHEAD_FOR)
     }
 }
