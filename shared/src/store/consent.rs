@@ -187,14 +187,20 @@ impl Store {
             // Every template's change in one transaction with the minute's count of
             // them, so a choice (the main switch off above all) holds for every
             // template or for none; split only where the configuration names more
-            // templates and plans than one transaction holds.
-            for (mut writes, count) in batched(changes) {
-                let (rate, retry_after) = self.report_rate_n(pk, count, now)?;
-                let rate_at = writes.len();
-                writes.push(rate);
+            // templates and plans than one transaction holds, the whole count then
+            // riding in the first (a later one is never refused by the minute).
+            let (rate, retry_after) = self.report_rate_n(pk, n, now)?;
+            let mut rate = Some(rate);
+            for mut writes in batched(changes) {
+                let rate_at = rate.take().map(|rate| {
+                    writes.push(rate);
+                    writes.len() - 1
+                });
                 match self.transact(writes).await? {
                     TxOutcome::Committed => {}
-                    TxOutcome::Cancelled(reasons) if condition_failed(&reasons, rate_at) => {
+                    TxOutcome::Cancelled(reasons)
+                        if rate_at.is_some_and(|at| condition_failed(&reasons, at)) =>
+                    {
                         return Err(StoreError::Limited(Limit::Rate { retry_after }));
                     }
                     // Something moved since the read: read again (templates done
@@ -208,20 +214,18 @@ impl Store {
     }
 }
 
-/// Items one transaction holds, less the minute's count that goes with them.
-const TRANSACTION_ROOM: usize = 99;
+/// Items one transaction holds (100), less the minute's count and the audit trail's
+/// history entry that go with them.
+const TRANSACTION_ROOM: usize = 98;
 
 /// Each template's writes packed into as few transactions as hold them (a template's
-/// writes never split), with how many templates each counts.
-fn batched(changes: Vec<Vec<TransactWriteItem>>) -> Vec<(Vec<TransactWriteItem>, u64)> {
-    let mut batches: Vec<(Vec<TransactWriteItem>, u64)> = Vec::new();
+/// writes never split).
+fn batched(changes: Vec<Vec<TransactWriteItem>>) -> Vec<Vec<TransactWriteItem>> {
+    let mut batches: Vec<Vec<TransactWriteItem>> = Vec::new();
     for writes in changes {
         match batches.last_mut() {
-            Some((batch, count)) if batch.len() + writes.len() <= TRANSACTION_ROOM => {
-                batch.extend(writes);
-                *count += 1;
-            }
-            _ => batches.push((writes, 1)),
+            Some(batch) if batch.len() + writes.len() <= TRANSACTION_ROOM => batch.extend(writes),
+            _ => batches.push(writes),
         }
     }
     batches
