@@ -6,7 +6,7 @@ use futures::future::join_all;
 use onegrant_tests::faults::Fault;
 use onegrant_tests::{
     TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n,
-    attr_s, early_in_a_minute, quota, spawn_app, spawn_faulty_app,
+    attr_s, early_in_a_minute, plan_state, quota, spawn_app, spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
@@ -547,21 +547,32 @@ async fn a_user_who_turns_a_reminder_off_before_any_grant_still_reads_their_quot
     assert_ledger_agrees_with_counters(&app).await;
 }
 
+/// An app behind the fault proxy and a user whose water plan holds 150 grants (more
+/// than one transaction voids).
+async fn with_many_grants() -> (TestApp, onegrant_tests::faults::FaultProxy, User) {
+    let (app, proxy) =
+        spawn_faulty_app(&[("REPORTS_PER_MINUTE", "600"), ("MAX_OPEN_GRANTS", "200")]).await;
+    let user = app.scheduled_user("many", 150).await;
+    (app, proxy, user)
+}
+
+/// The version of `user`'s water plan as stored.
+async fn plan_version(app: &TestApp, user: &User) -> i64 {
+    app.item(user, "PLAN#water")
+        .await
+        .as_ref()
+        .and_then(|p| attr_n(p, "version"))
+        .expect("plan version")
+}
+
 /// A turn-off voids its grants 96 to a transaction, the plan and the minute's count in
 /// the first. One of 150 grants whose second transaction meets a conflict is retried:
 /// the retry finds the plan already off and voids the rest without writing or counting
 /// it again.
 #[tokio::test]
 async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() {
-    let (app, proxy) =
-        spawn_faulty_app(&[("REPORTS_PER_MINUTE", "600"), ("MAX_OPEN_GRANTS", "200")]).await;
-    let user = app.scheduled_user("many", 150).await;
-    let version = |plan: Option<std::collections::HashMap<_, _>>| {
-        plan.as_ref()
-            .and_then(|p| attr_n(p, "version"))
-            .expect("plan version")
-    };
-    let before = version(app.item(&user, "PLAN#water").await);
+    let (app, proxy, user) = with_many_grants().await;
+    let before = plan_version(&app, &user).await;
     early_in_a_minute().await;
     let at = Utc::now().timestamp().div_euclid(60);
     let changes = |rate: Option<std::collections::HashMap<_, _>>| {
@@ -584,7 +595,7 @@ async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() 
         "the conflict met the turn-off"
     );
     assert_eq!(
-        version(app.item(&user, "PLAN#water").await),
+        plan_version(&app, &user).await,
         before + 1,
         "the plan was written once"
     );
@@ -600,6 +611,43 @@ async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() 
         .collect();
     assert!(open.is_empty(), "{} grants left open", open.len());
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A turn-off stopped midway (its second transaction refused by a conflict) and an
+/// enable sent once the turn-off's first transaction landed, landing while the
+/// turn-off's retry reads again: the enable, the later save, stands. The retry neither
+/// turns the plan off a second time nor voids grants under the plan turned on: the plan
+/// is written twice (the turn-off's, the enable's), never a third time. (Before, the
+/// retry decided the turn-off again on the plan found on, and undid the enable.)
+#[tokio::test]
+async fn an_enable_landing_while_a_turn_off_is_retried_stands() {
+    let (app, proxy, user) = with_many_grants().await;
+    let before = plan_version(&app, &user).await;
+    // The second transaction voiding grants is refused, once; the retry's read (the
+    // quota item's fourth: the handler's, the decision's, the voids', the retry's) is
+    // applied at once and answered late, so the enable lands between it and the write
+    // it decides.
+    proxy.inject_every("TransactWriteItems", Some("GRANT#"), Fault::Conflict, 1, 2);
+    let late = Fault::CommitThenDelay(std::time::Duration::from_millis(1500));
+    proxy.inject_every("BatchGetItem", Some("QUOTA#"), late, 1, 4);
+    let (off, on) = tokio::join!(app.disable(&user, "water"), async {
+        while !proxy.injected().iter().any(|(_, f)| *f == late) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        app.enable(&user, "water").await
+    });
+    assert_eq!(off.status, 200, "{}", off.body);
+    assert_eq!(on.status, 200, "{}", on.body);
+    assert_ne!(plan_state(&on.body).0, "disabled", "{}", on.body);
+    let (state, _, _) = app.plan_state(&user, "water").await;
+    assert_ne!(state, "disabled", "the enable stands");
+    assert_eq!(
+        plan_version(&app, &user).await,
+        before + 2,
+        "written by the turn-off and the enable, and not again"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+    assert_plans_consistent(&app).await;
 }
 
 /// Turns `user`'s water plan off while `late` (a transaction through the proxy, its

@@ -74,6 +74,15 @@ pub fn decide(
     }
 }
 
+/// Whether a save tried again after it wrote the plan (at version `written`, once
+/// landed) finds the plan `stored` past that version: another save landed after this
+/// one's write — an enable after a turn-off stopped midway — and stands. This one then
+/// ends with the plan as stored, writing nothing more (not the plan, nor voiding the
+/// grants the later save keeps).
+pub fn overtaken(stored: Option<&Plan>, written: Option<u64>) -> bool {
+    matches!((stored, written), (Some(plan), Some(written)) if plan.version > written)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +104,19 @@ mod tests {
             enabled,
             settings: test_kind().defaults,
         }
+    }
+
+    #[test]
+    fn a_save_is_overtaken_only_by_a_plan_past_its_own_write() {
+        let mut plan = Plan::new(&test_kind());
+        plan.version = 4;
+        // Never written by this save, or its write (version 4) the last: not overtaken.
+        assert!(!overtaken(Some(&plan), None));
+        assert!(!overtaken(Some(&plan), Some(4)));
+        assert!(!overtaken(Some(&plan), Some(5)));
+        assert!(!overtaken(None, Some(1)));
+        // Written at 3, found at 4: another save landed after it.
+        assert!(overtaken(Some(&plan), Some(3)));
     }
 
     #[test]

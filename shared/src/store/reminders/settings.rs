@@ -1,5 +1,7 @@
 //! `PUT /v1/reminders/{kind}`: settings, enable and disable.
 
+use std::sync::atomic::Ordering;
+
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
@@ -12,7 +14,9 @@ use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 impl Store {
     /// `PUT /v1/reminders/{kind}`: applies new settings and enables or disables the plan.
-    /// Disabling invalidates every unconsumed grant of the kind's template.
+    /// Disabling invalidates every unconsumed grant of the kind's template. A save tried
+    /// again after its write that finds the plan changed since by another
+    /// (`settings::overtaken`) ends with the plan as stored: the later save stands.
     pub async fn save_settings(
         &self,
         openid: &OpenId,
@@ -21,12 +25,25 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<PlanSnapshot, StoreError> {
         let pk = &user_pk(openid);
+        // The plan's version once this save's write lands, or the version its voids
+        // were checked at (0: none tried yet).
+        let tried = &std::sync::atomic::AtomicU64::new(0);
         retry_contended("plan settings", self.limits.write_budget, || async move {
             let read = self.read_counted(pk, kind, now).await?;
             let stored = match read.plan {
                 Some(item) => Some(item.into_plan(kind)?),
                 None => None,
             };
+            let written = Some(tried.load(Ordering::Relaxed)).filter(|v| *v > 0);
+            if settings::overtaken(stored.as_ref(), written)
+                && let Some(plan) = stored
+            {
+                // Another save landed after this one's write: it stands.
+                return Ok(Attempt::Done(PlanSnapshot {
+                    plan,
+                    counters: read.counters,
+                }));
+            }
             let decision = settings::decide(stored, kind, read.counters, update, now)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             if !decision.changes {
@@ -49,6 +66,9 @@ impl Store {
                 // grants an earlier turn-off left open or grants given since (those
                 // limited by REPORTS_PER_MINUTE).
                 let check = self.plan_unchanged(pk, &decision.plan)?;
+                // (Acting on the plan at its version as read: a plan found past it later
+                // was changed by another save, which stands.)
+                tried.store(decision.plan.version, Ordering::Relaxed);
                 let committed = self
                     .invalidate_grants(pk, &kind.template_id, vec![check], true, None, now)
                     .await?;
@@ -64,6 +84,7 @@ impl Store {
             // Past the minute's changes: refused on the read, before any write.
             self.rate_admits(Counter::Changes, read.rate.as_ref(), now)?;
             let put = self.plan_put(&decision.plan, pk, now)?;
+            tried.store(decision.plan.version + 1, Ordering::Relaxed);
             let rate = self.rate_count(Counter::Changes, pk, now)?;
             // (A transaction refused by the counter's condition alone is retried: the
             // next read finds the minute used up and refuses.)
