@@ -114,7 +114,7 @@ impl Store {
     /// standing choice (`standing`, written only when it changes), and the plans of the
     /// kinds that use it move by [`Plan::stand`] (a plan never stored is written, off,
     /// only to remember a refusing one). One read of the quota and plan items, then one
-    /// transaction for every template whose items change (split only past 99 items),
+    /// transaction for every template whose items change (split only past 98 items),
     /// conditional on everything as read (each standing choice and every plan's
     /// version), so a choice is applied to every template or none, and two settings
     /// racing leave the quotas and their plans agreeing; a race reads again. Each
