@@ -98,8 +98,9 @@ impl FaultProxy {
             .await
             .expect("bind port 0");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        onegrant::aws::install_crypto_provider();
-        let client = reqwest::Client::new();
+        let client = onegrant::aws::http_client_builder()
+            .build()
+            .expect("an HTTP client");
         let upstream = upstream.trim_end_matches('/').to_string();
         let shared = state.clone();
         let app = axum::Router::new().fallback(

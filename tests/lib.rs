@@ -20,5 +20,5 @@ pub use support::invariants::{
 };
 pub use support::logs::LogCapture;
 pub use support::round_trips::{ItemWrite, RoundTrips, item_size};
-pub use support::table::{TestTable, dynamodb, emulator_endpoint};
-pub use support::users::{User, assert_rate_limited, early_in_a_minute, plan_state};
+pub use support::table::{Leased, TestTable, emulator_endpoint};
+pub use support::users::{User, assert_rate_limited, plan_state};

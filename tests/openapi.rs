@@ -37,6 +37,34 @@ fn template_for(path: &str) -> Option<String> {
         .cloned()
 }
 
+/// The validator of the schema at `pointer` in the contract, compiled once per process
+/// (every call the suite makes is checked).
+fn validator(pointer: &str) -> std::sync::Arc<jsonschema::Validator> {
+    static COMPILED: OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<jsonschema::Validator>>>,
+    > = OnceLock::new();
+    let compiled = COMPILED.get_or_init(Default::default);
+    if let Some(v) = compiled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(pointer)
+    {
+        return v.clone();
+    }
+    let mut root = document().clone();
+    // A URI fragment: percent-encode the path template's braces.
+    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
+    root["$ref"] = json!(format!("#{fragment}"));
+    let v = std::sync::Arc::new(
+        jsonschema::validator_for(&root).expect("the contract is a valid schema"),
+    );
+    compiled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(pointer.to_string(), v.clone());
+    v
+}
+
 /// Panics unless `body` is what the contract documents for `method path` → `status`.
 pub fn assert_conforms(method: &str, path: &str, status: u16, body: &Value) {
     let doc = document();
@@ -61,11 +89,7 @@ pub fn assert_conforms(method: &str, path: &str, status: u16, body: &Value) {
         doc.pointer(&pointer).is_some(),
         "{method} {template} {status} documents no JSON body"
     );
-    let mut root = doc.clone();
-    // A URI fragment: percent-encode the path template's braces.
-    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
-    root["$ref"] = json!(format!("#{fragment}"));
-    let validator = jsonschema::validator_for(&root).expect("the contract is a valid schema");
+    let validator = validator(&pointer);
     let errors: Vec<String> = validator.iter_errors(body).map(|e| e.to_string()).collect();
     assert!(
         errors.is_empty(),

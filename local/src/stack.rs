@@ -89,6 +89,7 @@ pub fn standin_config(config: &Config) -> StandinConfig {
             .map_or_else(String::new, |s| s.expose().to_string()),
         templates: config.templates.clone(),
         push: None,
+        clock: onegrant::Clock::system(),
     }
 }
 
@@ -109,4 +110,13 @@ pub async fn ensure_table(client: &aws_sdk_dynamodb::Client, table: &str) -> any
 /// Builds the dependencies the functions get, on a given DynamoDB client.
 pub fn deps(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> anyhow::Result<Deps> {
     Ok(Deps::new(config, dynamodb)?)
+}
+
+/// Like [`deps`], reading `clock` (a test's, which it moves).
+pub fn deps_on(
+    config: Config,
+    dynamodb: aws_sdk_dynamodb::Client,
+    clock: onegrant::Clock,
+) -> anyhow::Result<Deps> {
+    Ok(Deps::with_clock(config, dynamodb, clock)?)
 }

@@ -32,8 +32,14 @@ pub struct Function {
     pub http: bool,
 }
 
-fn parse() -> anyhow::Result<Value> {
-    Ok(serde_yaml_ng::from_str(TEMPLATE_YAML)?)
+/// The template, parsed once per process (it is compiled in, so it never changes;
+/// every test's table and routers read it).
+fn parse() -> anyhow::Result<&'static Value> {
+    static PARSED: std::sync::OnceLock<Result<Value, String>> = std::sync::OnceLock::new();
+    PARSED
+        .get_or_init(|| serde_yaml_ng::from_str(TEMPLATE_YAML).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("template.yaml does not parse: {e}"))
 }
 
 fn resources(doc: &Value) -> anyhow::Result<Vec<(String, &Value)>> {
@@ -58,7 +64,7 @@ fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
 pub fn dynamodb_actions(binary: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
     let doc = parse()?;
     let mut actions = std::collections::BTreeSet::new();
-    for (_, resource) in resources(&doc)? {
+    for (_, resource) in resources(doc)? {
         if str_at(resource, &["Metadata", "BuildProperties", "Binary"]) != Some(binary) {
             continue;
         }
@@ -95,7 +101,7 @@ pub fn dynamodb_actions(binary: &str) -> anyhow::Result<std::collections::BTreeS
 pub fn functions() -> anyhow::Result<Vec<Function>> {
     let doc = parse()?;
     let mut out = Vec::new();
-    for (id, resource) in resources(&doc)? {
+    for (id, resource) in resources(doc)? {
         if str_at(resource, &["Type"]) != Some("AWS::Serverless::Function") {
             continue;
         }
@@ -123,7 +129,7 @@ pub fn functions() -> anyhow::Result<Vec<Function>> {
 pub fn routes() -> anyhow::Result<Vec<Route>> {
     let doc = parse()?;
     let mut out = Vec::new();
-    for (id, resource) in resources(&doc)? {
+    for (id, resource) in resources(doc)? {
         if str_at(resource, &["Type"]) != Some("AWS::Serverless::Function") {
             continue;
         }
@@ -163,7 +169,7 @@ pub async fn create_table(
     table_name: &str,
 ) -> anyhow::Result<()> {
     let doc = parse()?;
-    let (_, table) = resources(&doc)?
+    let (_, table) = resources(doc)?
         .into_iter()
         .find(|(_, r)| str_at(r, &["Type"]) == Some("AWS::DynamoDB::Table"))
         .ok_or_else(|| anyhow::anyhow!("template.yaml declares no table"))?;

@@ -27,6 +27,33 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// An HTTP client builder with the process's one TLS configuration: the platform's
+/// root certificates are read once per process, not once per client (each read parses
+/// every certificate under `/etc/ssl/certs`; a cold start built three clients). The
+/// verifier and protocols are what reqwest builds by itself (rustls-platform-verifier,
+/// TLS 1.2 and 1.3, ALPN h2 then http/1.1); should the platform's roots be unreadable,
+/// reqwest's own (which then reports it when the client is built).
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    install_crypto_provider();
+    static TLS: std::sync::OnceLock<Option<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    let tls = TLS.get_or_init(|| {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls_platform_verifier::Verifier::new(provider.clone()).ok()?;
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Some(config)
+    });
+    match tls {
+        Some(config) => reqwest::Client::builder().tls_backend_preconfigured(config.clone()),
+        None => reqwest::Client::builder(),
+    }
+}
+
 #[cfg(feature = "store")]
 fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
     aws_smithy_http_client::Builder::new()

@@ -43,7 +43,7 @@ pub async fn run(
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let deadline_ms = i64::try_from(event.context.deadline).unwrap_or(0);
         let budget = chrono::DateTime::from_timestamp_millis(deadline_ms)
-            .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
+            .and_then(|deadline| (deadline - crate::Clock::real_now()).to_std().ok())
             .unwrap_or_default();
         // At ERROR level: enabled whenever anything is logged.
         let span = tracing::error_span!(

@@ -400,7 +400,7 @@ pub fn budget(req: &Request, configured: std::time::Duration) -> std::time::Dura
         .lambda_context_ref()
         .and_then(|context| i64::try_from(context.deadline).ok())
         .and_then(chrono::DateTime::from_timestamp_millis)
-        .and_then(|deadline| (deadline - chrono::Utc::now()).to_std().ok())
+        .and_then(|deadline| (deadline - crate::Clock::real_now()).to_std().ok())
         .map(|left| left.saturating_sub(std::time::Duration::from_secs(1)));
     left.map_or(configured, |left| configured.min(left))
 }
@@ -515,9 +515,10 @@ mod tests {
             "no Lambda context: as set"
         );
         let mut context = lambda_http::lambda_runtime::Context::default();
-        context.deadline =
-            u64::try_from((chrono::Utc::now() + chrono::Duration::seconds(4)).timestamp_millis())
-                .unwrap_or(0);
+        context.deadline = u64::try_from(
+            (crate::Clock::real_now() + chrono::Duration::seconds(4)).timestamp_millis(),
+        )
+        .unwrap_or(0);
         let invoked = Request::default().with_lambda_context(context);
         let left = budget(&invoked, configured);
         assert!(left <= std::time::Duration::from_secs(3), "{left:?}");

@@ -57,8 +57,7 @@ impl Invoker {
             },
             |e| e.trim_end_matches('/').to_string(),
         );
-        crate::aws::install_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = crate::aws::http_client_builder()
             .timeout(std::time::Duration::from_secs(5))
             .build()
             .ok()?;

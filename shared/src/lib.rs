@@ -17,10 +17,12 @@
 //!   status in one place, body limits, JSON decoding, bearer authentication.
 //! - [`config`]: typed configuration read once per cold start; secrets are redacted.
 //! - [`aws`]: AWS SDK client construction (rustls with ring, no AWS-LC build).
+//! - [`clock`]: the one source of `now`, which tests move instead of waiting.
 //! - [`telemetry`]: tracing set-up (JSON in Lambda) and the openid hash used in logs.
 //! - [`failpoint`]: named crash points, armed only by the crash-injection tests.
 
 pub mod aws;
+pub mod clock;
 pub mod config;
 pub mod domain;
 #[cfg(feature = "store")]
@@ -39,6 +41,7 @@ pub mod wechat;
 
 use std::sync::Arc;
 
+pub use clock::Clock;
 pub use config::Config;
 
 /// What every function needs: config, the WeChat client and the session keys. A
@@ -50,16 +53,29 @@ pub struct Core {
     pub config: Arc<Config>,
     pub wechat: wechat::WechatClient,
     pub sessions: session::Sessions,
+    /// What time it is, for every handler, the dispatcher, the sweep and the store.
+    pub clock: Clock,
 }
 
 impl Core {
+    /// On the system clock.
     pub fn new(config: Arc<Config>) -> Result<Self, DepsError> {
-        let wechat = wechat::WechatClient::new(config.wechat.clone()).map_err(DepsError::Wechat)?;
-        let sessions = session::Sessions::new(&config.session).map_err(DepsError::Session)?;
+        Self::with_clock(config, Clock::system())
+    }
+
+    /// On `clock` (a test's, which it moves).
+    pub fn with_clock(config: Arc<Config>, clock: Clock) -> Result<Self, DepsError> {
+        let wechat = wechat::WechatClient::new(config.wechat.clone())
+            .map_err(DepsError::Wechat)?
+            .with_clock(clock.clone());
+        let sessions = session::Sessions::new(&config.session)
+            .map_err(DepsError::Session)?
+            .with_clock(clock.clone());
         Ok(Self {
             config,
             wechat,
             sessions,
+            clock,
         })
     }
 
@@ -98,10 +114,19 @@ impl Deps {
     /// invoker, if the config asks for workers, signs with local dummy credentials (the
     /// local stack and the tests).
     pub fn new(config: Config, dynamodb: aws_sdk_dynamodb::Client) -> Result<Self, DepsError> {
+        Self::with_clock(config, dynamodb, Clock::system())
+    }
+
+    /// Like [`Deps::new`], on `clock` (a test's, which it moves).
+    pub fn with_clock(
+        config: Config,
+        dynamodb: aws_sdk_dynamodb::Client,
+        clock: Clock,
+    ) -> Result<Self, DepsError> {
         let local = aws_credential_types::provider::SharedCredentialsProvider::new(
             aws_credential_types::Credentials::new("local", "local", None, None, "local"),
         );
-        Self::with_credentials(config, dynamodb, "us-east-1", local)
+        Self::with_credentials(config, dynamodb, "us-east-1", local, clock)
     }
 
     fn with_credentials(
@@ -109,9 +134,11 @@ impl Deps {
         dynamodb: aws_sdk_dynamodb::Client,
         region: &str,
         credentials: aws_credential_types::provider::SharedCredentialsProvider,
+        clock: Clock,
     ) -> Result<Self, DepsError> {
-        let core = Core::new(Arc::new(config))?;
+        let core = Core::with_clock(Arc::new(config), clock.clone())?;
         let store = store::Store::new(dynamodb, core.config.table_name.clone())
+            .with_clock(clock)
             .with_shards(core.config.due_shards)
             .with_limits(core.config.limits)
             .with_reminders(core.config.reminders.clone())
@@ -144,7 +171,9 @@ impl Deps {
             .region()
             .map_or_else(|| "us-east-1".into(), |r| r.to_string());
         match sdk.credentials_provider() {
-            Some(credentials) => Self::with_credentials(config, dynamodb, &region, credentials),
+            Some(credentials) => {
+                Self::with_credentials(config, dynamodb, &region, credentials, Clock::system())
+            }
             // No credentials to sign with: no fan-out (the tick does every shard).
             None => Self::new(config, dynamodb).map(|deps| Self {
                 invoker: None,

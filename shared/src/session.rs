@@ -5,12 +5,13 @@
 //! holds `sub` (openid), `iat`, `exp` and `iss`; nothing else is trusted from a client.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use crate::Clock;
 use crate::config::{SessionConfig, SessionKeySource};
 use crate::domain::OpenId;
 use crate::secrets::Secret;
@@ -44,6 +45,8 @@ pub struct Sessions {
     source: Option<Arc<Source>>,
     validation: Validation,
     ttl: Duration,
+    /// Tokens expire, and keys grow old, on it.
+    clock: Clock,
 }
 
 /// The keys held: signing (`None` in a function not given the session key), and
@@ -52,7 +55,7 @@ pub struct Sessions {
 struct Keys {
     encoding: Option<EncodingKey>,
     decoding: Vec<DecodingKey>,
-    read_at: Instant,
+    read_at: DateTime<Utc>,
 }
 
 /// Where the keys are read again from, and when that was last tried for a token no
@@ -60,7 +63,7 @@ struct Keys {
 struct Source {
     config: SessionKeySource,
     /// Held while the keys are read: one read at a time, the others wait for it.
-    tried_at: tokio::sync::Mutex<Option<Instant>>,
+    tried_at: tokio::sync::Mutex<Option<DateTime<Utc>>>,
 }
 
 /// How long keys read from Secrets Manager are used before they are read again.
@@ -105,6 +108,7 @@ impl Keys {
         secret: Option<&Secret>,
         previous: Option<&Secret>,
         pending: Option<&Secret>,
+        now: DateTime<Utc>,
     ) -> Result<Self, SessionError> {
         Ok(Self {
             encoding: secret
@@ -118,7 +122,7 @@ impl Keys {
                 .map(|s| DecodingKey::from_secret(s.expose().as_bytes()))
                 .collect::<Result<_, _>>()
                 .map_err(SessionError::Key)?,
-            read_at: Instant::now(),
+            read_at: now,
         })
     }
 }
@@ -126,16 +130,19 @@ impl Keys {
 impl Sessions {
     pub fn new(config: &SessionConfig) -> Result<Self, SessionError> {
         jwt_crypto::install();
+        let clock = Clock::system();
         let keys = Keys::new(
             config.secret.as_ref(),
             config.previous.as_ref(),
             config.pending.as_ref(),
+            clock.now(),
         )?;
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[ISSUER]);
         validation.set_required_spec_claims(&["exp", "sub", "iss"]);
-        // Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
-        validation.leeway = 5;
+        // Expiry is checked against the clock (`expired`), not jsonwebtoken's own
+        // reading of the system time.
+        validation.validate_exp = false;
         Ok(Self {
             keys: Arc::new(RwLock::new(Arc::new(keys))),
             source: config.source.clone().map(|config| {
@@ -146,7 +153,24 @@ impl Sessions {
             }),
             validation,
             ttl: config.ttl,
+            clock,
         })
+    }
+
+    /// These sessions on `clock` (a test's, which it moves): tokens expire, and keys
+    /// held grow old, by it.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        let now = clock.now();
+        let keys = self.keys();
+        // The keys were just read: as of the new clock's now.
+        let rebased = Keys {
+            encoding: keys.encoding.clone(),
+            decoding: keys.decoding.clone(),
+            read_at: now,
+        };
+        self.keys = Arc::new(RwLock::new(Arc::new(rebased)));
+        self.clock = clock;
+        self
     }
 
     fn keys(&self) -> Arc<Keys> {
@@ -201,7 +225,8 @@ impl Sessions {
         // Keys not read for too long (Secrets Manager unreachable past KEY_STALE_LIMIT):
         // the current key alone, so a key taken off AWSPREVIOUS (a leak) is not
         // accepted for as long as the container lives.
-        let held = if keys.read_at.elapsed() > KEY_STALE_LIMIT && self.source.is_some() {
+        let now = self.clock.now();
+        let held = if age(keys.read_at, now) > KEY_STALE_LIMIT && self.source.is_some() {
             &keys.decoding[..keys.decoding.len().min(1)]
         } else {
             &keys.decoding[..]
@@ -210,9 +235,11 @@ impl Sessions {
         // issuer) over the others' "invalid signature".
         let mut refused = SessionError::NoKey;
         for key in held {
-            match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
-                Ok(data) => {
-                    return OpenId::parse(data.claims.sub).map_err(|_| SessionError::Subject);
+            match jsonwebtoken::decode::<Claims>(token, key, &self.validation)
+                .and_then(|data| unexpired(data.claims, now))
+            {
+                Ok(claims) => {
+                    return OpenId::parse(claims.sub).map_err(|_| SessionError::Subject);
                 }
                 Err(e) => {
                     let signature =
@@ -234,17 +261,18 @@ impl Sessions {
         let Some(source) = &self.source else {
             return;
         };
-        if self.keys().read_at.elapsed() < KEY_MAX_AGE {
+        if age(self.keys().read_at, self.clock.now()) < KEY_MAX_AGE {
             return;
         }
         let mut tried_at = source.tried_at.lock().await;
+        let now = self.clock.now();
         // Read by another request meanwhile, or tried (and failed) too recently.
-        if self.keys().read_at.elapsed() < KEY_MAX_AGE
-            || tried_at.is_some_and(|at| at.elapsed() < UNKNOWN_KEY_PAUSE)
+        if age(self.keys().read_at, now) < KEY_MAX_AGE
+            || tried_at.is_some_and(|at| age(at, now) < UNKNOWN_KEY_PAUSE)
         {
             return;
         }
-        *tried_at = Some(Instant::now());
+        *tried_at = Some(now);
         self.read_again(source).await;
     }
 
@@ -260,10 +288,11 @@ impl Sessions {
         if !Arc::ptr_eq(held, &self.keys()) {
             return true;
         }
-        if tried_at.is_some_and(|at| at.elapsed() < UNKNOWN_KEY_PAUSE) {
+        let now = self.clock.now();
+        if tried_at.is_some_and(|at| age(at, now) < UNKNOWN_KEY_PAUSE) {
             return false;
         }
-        *tried_at = Some(Instant::now());
+        *tried_at = Some(now);
         self.read_again(source).await
     }
 
@@ -306,6 +335,7 @@ impl Sessions {
                     Some(&current),
                     usable(previous, "AWSPREVIOUS").as_ref(),
                     usable(pending, "AWSPENDING").as_ref(),
+                    self.clock.now(),
                 ),
                 None => {
                     crate::metrics::count(crate::metrics::name::SESSION_KEY_READS_FAILED, 1);
@@ -336,6 +366,22 @@ impl Sessions {
     }
 }
 
+/// How long before `now` the instant `then` was (zero if after it).
+fn age(then: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (now - then).to_std().unwrap_or_default()
+}
+
+/// Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
+const EXPIRY_LEEWAY_SECONDS: i64 = 5;
+
+/// The claims of a genuine token, unless it expired before `now` (beyond the leeway).
+fn unexpired(claims: Claims, now: DateTime<Utc>) -> Result<Claims, jsonwebtoken::errors::Error> {
+    if claims.exp.saturating_add(EXPIRY_LEEWAY_SECONDS) < now.timestamp() {
+        return Err(jsonwebtoken::errors::ErrorKind::ExpiredSignature.into());
+    }
+    Ok(claims)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,19 +406,19 @@ mod tests {
         let (old, new, older) = ("o".repeat(32), "n".repeat(32), "x".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
         let before = sessions(&old)
-            .issue(&openid, Utc::now())
+            .issue(&openid, Clock::real_now())
             .await
             .expect("signed")
             .token;
         let ancient = sessions(&older)
-            .issue(&openid, Utc::now())
+            .issue(&openid, Clock::real_now())
             .await
             .expect("signed")
             .token;
         let after = rotated(&new, Some(&old));
         assert_eq!(after.verify(&before).await.expect("previous key"), openid);
         let fresh = after
-            .issue(&openid, Utc::now())
+            .issue(&openid, Clock::real_now())
             .await
             .expect("signed")
             .token;
@@ -394,7 +440,7 @@ mod tests {
         })
         .expect("no key");
         assert!(matches!(
-            keyless.issue(&openid, Utc::now()).await,
+            keyless.issue(&openid, Clock::real_now()).await,
             Err(SessionError::NoKey)
         ));
         assert!(matches!(
@@ -408,7 +454,7 @@ mod tests {
         let (current, previous) = ("c".repeat(32), "p".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
         let expired = sessions(&current)
-            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+            .issue(&openid, Clock::real_now() - chrono::Duration::hours(3))
             .await
             .expect("signed")
             .token;
@@ -427,7 +473,7 @@ mod tests {
     async fn a_token_round_trips_to_its_openid() {
         let s = sessions(&"k".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
-        let issued = s.issue(&openid, Utc::now()).await.expect("signed");
+        let issued = s.issue(&openid, Clock::real_now()).await.expect("signed");
         assert_eq!(issued.expires_in, 7200);
         assert_eq!(s.verify(&issued.token).await.expect("valid"), openid);
     }
@@ -438,7 +484,7 @@ mod tests {
         let other = sessions(&"z".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
         let forged = other
-            .issue(&openid, Utc::now())
+            .issue(&openid, Clock::real_now())
             .await
             .expect("signed")
             .token;
@@ -447,7 +493,7 @@ mod tests {
             Err(SessionError::Invalid(_))
         ));
         let expired = s
-            .issue(&openid, Utc::now() - chrono::Duration::hours(3))
+            .issue(&openid, Clock::real_now() - chrono::Duration::hours(3))
             .await
             .expect("signed")
             .token;
@@ -468,7 +514,11 @@ mod tests {
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let s = sessions(&"k".repeat(32));
         let openid = OpenId::parse("oUser1").expect("openid");
-        let token = s.issue(&openid, Utc::now()).await.expect("signed").token;
+        let token = s
+            .issue(&openid, Clock::real_now())
+            .await
+            .expect("signed")
+            .token;
         assert!(s.verify(&token).await.is_ok(), "the control is accepted");
         let parts: Vec<&str> = token.split('.').collect();
         for alg in ["none", "HS384", "HS512", "RS256", "ES256", "EdDSA"] {

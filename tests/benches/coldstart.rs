@@ -49,7 +49,7 @@ async fn next(State(rt): State<Arc<Runtime>>) -> impl IntoResponse {
         );
     };
     let mut headers = HeaderMap::new();
-    let deadline = chrono::Utc::now().timestamp_millis() + 30_000;
+    let deadline = onegrant::Clock::real_now().timestamp_millis() + 30_000;
     for (name, value) in [
         ("lambda-runtime-aws-request-id", id.clone()),
         ("lambda-runtime-deadline-ms", deadline.to_string()),
@@ -143,7 +143,7 @@ fn callback_event(openid: &str, n: usize) -> Value {
         LOCAL_APPID,
     )
     .expect("the local push key");
-    let now = chrono::Utc::now().timestamp();
+    let now = onegrant::Clock::real_now().timestamp();
     let plain = json!({"ToUserName": setting("WECHAT_ORIGINAL_ID"), "FromUserName": openid,
         "CreateTime": now, "MsgType": "event", "Event": "subscribe_msg_popup_event",
         "List": [{"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept",

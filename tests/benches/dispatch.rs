@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use futures::StreamExt;
 use onegrant_tests::{ItemWrite, TestApp, User, spawn_app_isolated};
 use serde_json::json;
@@ -272,7 +272,7 @@ async fn main() {
 
     // 2. Latency: plans due at spread-out instants over one minute, one tick.
     let spread = due_users(&app, "spread", plans).await;
-    let t0 = Utc::now() + Duration::seconds(5);
+    let t0 = onegrant::Clock::real_now() + Duration::seconds(5);
     for (i, user) in spread.iter().enumerate() {
         let offset_ms = (i as i64 * 60_000) / plans as i64;
         app.make_due(user, "water", t0 + Duration::milliseconds(offset_ms))
@@ -287,7 +287,8 @@ async fn main() {
     // 3. Throughput: plans all due now, one worker.
     let burst = due_users(&app, "burst", plans).await;
     for user in &burst {
-        app.make_due(user, "water", Utc::now()).await;
+        app.make_due(user, "water", onegrant::Clock::real_now())
+            .await;
     }
     app.round_trips.take();
     let busy_before = Busy::of(&app).await;
@@ -309,7 +310,8 @@ async fn main() {
     let seq_n = plans.min(200);
     let users = due_users(&seq, "seq", seq_n).await;
     for user in &users {
-        seq.make_due(user, "water", Utc::now()).await;
+        seq.make_due(user, "water", onegrant::Clock::real_now())
+            .await;
     }
     let started = Instant::now();
     let seq_summary = seq.tick(100).await;
@@ -323,7 +325,8 @@ async fn main() {
         .await;
     let users = due_users(&fan, "fan", plans).await;
     for user in &users {
-        fan.make_due(user, "water", Utc::now()).await;
+        fan.make_due(user, "water", onegrant::Clock::real_now())
+            .await;
     }
     fan.round_trips.take();
     let fan_before = Busy::of(&fan).await;
@@ -356,7 +359,8 @@ async fn main() {
             .await;
         let users = due_users(&app, "slow", slow_n).await;
         for user in &users {
-            app.make_due(user, "water", Utc::now()).await;
+            app.make_due(user, "water", onegrant::Clock::real_now())
+                .await;
         }
         let started = Instant::now();
         app.tick(100).await;
@@ -492,7 +496,8 @@ async fn costs(audit: &'static str, push_events: &'static str, open: usize) {
         read_units: read.1,
         write_units: units(app, &writes).await,
     };
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", onegrant::Clock::real_now())
+        .await;
     reset(app);
     assert_eq!(app.tick(30).await.sent, 1);
     let (rt, read, writes) = taken(app);
@@ -537,7 +542,7 @@ async fn costs(audit: &'static str, push_events: &'static str, open: usize) {
         read_units: 0.0,
         write_units: units(app, &finalize_writes).await,
     };
-    let checkin = json!({"action_id": "wc_cost_1", "occurred_at": Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": "wc_cost_1", "occurred_at": onegrant::Clock::real_now().to_rfc3339(),
                          "current_count": 1, "daily_goal": 8,
                          "grant_request_id": "wr_cost_2", "subscription_status": "accept"});
     reset(app);

@@ -39,13 +39,18 @@ const TICK_LEAD: Duration = Duration::seconds(5);
 
 /// Waits until `TICK_LEAD` before `t0`, so that one tick sees every item of the minute.
 async fn start_tick_at(t0: chrono::DateTime<Utc>, what: &str) {
-    let lead = (t0 - Utc::now()).num_milliseconds();
+    let lead = (t0 - onegrant::Clock::real_now()).num_milliseconds();
     assert!(
         lead > TICK_LEAD.num_milliseconds(),
         "the {what} were stored too late ({lead} ms before the first instant); raise the lead"
     );
     eprintln!("{what} stored {lead} ms before the first is due");
-    tokio::time::sleep((t0 - TICK_LEAD - Utc::now()).to_std().unwrap_or_default()).await;
+    tokio::time::sleep(
+        (t0 - TICK_LEAD - onegrant::Clock::real_now())
+            .to_std()
+            .unwrap_or_default(),
+    )
+    .await;
 }
 
 /// The sorted due→sent latencies of one tick.
@@ -72,7 +77,7 @@ async fn main() {
     .collect()
     .await;
     // The instants are set once every user exists, a little ahead of the stores.
-    let t0 = Utc::now() + Duration::seconds(10 + (n as i64) / 50);
+    let t0 = onegrant::Clock::real_now() + Duration::seconds(10 + (n as i64) / 50);
     futures::stream::iter(users.iter().enumerate())
         .for_each_concurrent(8, |(i, user)| {
             let plans = &plans;
@@ -101,7 +106,7 @@ async fn main() {
     .collect()
     .await;
     // The instants are set once every user exists, a little ahead of the stores.
-    let t0 = Utc::now() + Duration::seconds(10 + (n as i64) / 50);
+    let t0 = onegrant::Clock::real_now() + Duration::seconds(10 + (n as i64) / 50);
     futures::stream::iter(users.iter().enumerate())
         .for_each_concurrent(8, |(i, user)| {
             let pushes = &pushes;

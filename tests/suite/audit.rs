@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use chrono::Utc;
 use onegrant::store::audit::{HistoryItem, HistoryWindow, Line, UNATTRIBUTED, timeline};
 use onegrant_tests::{TestApp, User, WATER, attr_n, attr_s, spawn_pushing_app};
 use serde_json::json;
@@ -106,7 +105,7 @@ async fn a_users_timeline_tells_every_step_with_its_cause_and_always_matches_the
         Some(json!({"openid": user.openid, "drop_after_delivery": true})),
     )
     .await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     assert_eq!(app.tick(20).await.claimed, 1);
     let mut settled = false;
     for _ in 0..100 {
@@ -276,7 +275,7 @@ async fn an_operators_read_of_a_long_history_is_bounded_by_its_window() {
     let user = app.user("long").await;
     let pk = format!("USER#{}", user.openid);
     // 250 entries a second apart (as 250 changes would leave them), written directly.
-    let t0 = Utc::now() - chrono::Duration::days(30);
+    let t0 = app.now() - chrono::Duration::days(30);
     let entries: Vec<HistoryItem> = (0..250)
         .map(|i| {
             let at = t0 + chrono::Duration::seconds(i);
@@ -295,7 +294,7 @@ async fn an_operators_read_of_a_long_history_is_bounded_by_its_window() {
                     errcode: None,
                     reason: None,
                 }],
-                expires_at: (Utc::now() + chrono::Duration::days(1)).timestamp(),
+                expires_at: (app.now() + chrono::Duration::days(1)).timestamp(),
             }
         })
         .collect();

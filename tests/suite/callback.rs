@@ -1,6 +1,5 @@
 //! `/wechat/callback`: WeChat's message push, verified before anything is read.
 
-use chrono::Utc;
 use onegrant::secrets::Secret;
 use onegrant::wechat::push::PushCrypto;
 use onegrant_local::stack::LOCAL_APPID;
@@ -49,7 +48,7 @@ pub(crate) async fn hit(
 }
 
 pub(crate) fn now() -> String {
-    Utc::now().timestamp().to_string()
+    onegrant::Clock::real_now().timestamp().to_string()
 }
 
 fn popup(openid: &str, create_time: i64) -> String {
@@ -113,7 +112,7 @@ async fn the_url_is_verified_by_its_signature() {
         c.signature(&ts, "1514711492")
     );
     assert_eq!(hit(&app, "GET", &forged, None).await.0, 401);
-    let stale_ts = (Utc::now().timestamp() - 3600).to_string();
+    let stale_ts = (app.now().timestamp() - 3600).to_string();
     let stale = format!(
         "signature={}&timestamp={stale_ts}&nonce=1&echostr=1",
         c.signature(&stale_ts, "1")
@@ -127,7 +126,7 @@ async fn a_verified_push_is_recorded_once_whatever_the_retries_and_replays() {
     let app = safe_json_app().await;
     let c = crypto();
     let ts = now();
-    let event = popup(OPENID, Utc::now().timestamp());
+    let event = popup(OPENID, app.now().timestamp());
     let (query, body) = sealed(&c, &c, &event, &ts, "n1");
     assert_eq!(
         hit(&app, "POST", &query, Some(body.clone())).await,
@@ -158,12 +157,12 @@ async fn bad_pushes_are_refused_and_change_nothing() {
     let app = safe_json_app().await;
     let c = crypto();
     let ts = now();
-    let event = popup(OPENID, Utc::now().timestamp());
+    let event = popup(OPENID, app.now().timestamp());
     let other_key = PushCrypto::new(Secret::new(TOKEN), &"B".repeat(43), LOCAL_APPID).expect("key");
     let other_app = PushCrypto::new(Secret::new(TOKEN), &key(), "wx0000000000000000").expect("key");
     let other_token = PushCrypto::new(Secret::new("BBBBB"), &key(), LOCAL_APPID).expect("key");
-    let stale_ts = (Utc::now().timestamp() - 3600).to_string();
-    let future_ts = (Utc::now().timestamp() + 3600).to_string();
+    let stale_ts = (app.now().timestamp() - 3600).to_string();
+    let future_ts = (app.now().timestamp() + 3600).to_string();
     let mut cases: Vec<(&str, String, String, u16)> = Vec::new();
     let (q, b) = sealed(&c, &other_token, &event, &ts, "a");
     cases.push(("wrong msg_signature", q, b, 401));
@@ -214,7 +213,7 @@ async fn plain_xml_pushes_are_checked_by_their_signature() {
          <CreateTime>{}</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[subscribe_msg_change_event]]></Event>\
          <SubscribeMsgChangeEvent><List><TemplateId><![CDATA[tmpl_water_reminder]]></TemplateId>\
          <SubscribeStatusString><![CDATA[reject]]></SubscribeStatusString></List></SubscribeMsgChangeEvent></xml>",
-        Utc::now().timestamp()
+        app.now().timestamp()
     );
     let forged = format!("signature={}&timestamp={ts}&nonce=2", c.signature(&ts, "1"));
     assert_eq!(hit(&app, "POST", &forged, Some(xml.clone())).await.0, 401);
@@ -247,7 +246,7 @@ async fn without_a_push_token_the_callback_is_not_there() {
 
 /// A safe-mode JSON change event (the user turned `template` off in WeChat's settings).
 pub(crate) fn change(openid: &str, template: &str) -> String {
-    json!({"ToUserName": "gh_123456789abc", "FromUserName": openid, "CreateTime": Utc::now().timestamp().to_string(),
+    json!({"ToUserName": "gh_123456789abc", "FromUserName": openid, "CreateTime": onegrant::Clock::real_now().timestamp().to_string(),
            "MsgType": "event", "Event": "subscribe_msg_change_event",
            "List": {"TemplateId": template, "SubscribeStatusString": "reject"}})
     .to_string()
@@ -267,8 +266,8 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
     // Both due now: the next tick would send alice's reminder but for the event, and
     // sends bob's (who sent no event), so the tick below can tell.
     let bob = app.scheduled_user("bob", 1).await;
-    app.make_due(&user, "water", Utc::now()).await;
-    app.make_due(&bob, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
+    app.make_due(&bob, "water", app.now()).await;
     let c = crypto();
     let ts = now();
     let event = change(&user.openid, onegrant_tests::WATER);
@@ -359,7 +358,7 @@ async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_po
             .expect("event");
     app.deps
         .store
-        .record_push(&ts, "r1", &message, &[], Utc::now())
+        .record_push(&ts, "r1", &message, &[], app.now())
         .await
         .expect("recorded");
     // WeChat retries the same request: applied now, once.
@@ -376,7 +375,7 @@ async fn a_retry_after_a_stop_between_recording_and_applying_applies_it_and_a_po
 
     // Bob rejects in the popup: his plan pauses, his earlier grants stay.
     let bob = app.scheduled_user("bob", 2).await;
-    let reject = json!({"ToUserName": "gh_123456789abc", "FromUserName": bob.openid, "CreateTime": Utc::now().timestamp(),
+    let reject = json!({"ToUserName": "gh_123456789abc", "FromUserName": bob.openid, "CreateTime": app.now().timestamp(),
                         "MsgType": "event", "Event": "subscribe_msg_popup_event",
                         "List": {"TemplateId": onegrant_tests::WATER, "SubscribeStatusString": "reject", "PopupScene": "0"}})
     .to_string();
@@ -448,7 +447,7 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
              <CreateTime>{}</CreateTime><MsgType><![CDATA[event]]></MsgType>\
              <Event><![CDATA[subscribe_msg_popup_event]]></Event>\
              <SubscribeMsgPopupEvent>{lists}</SubscribeMsgPopupEvent></xml>",
-            Utc::now().timestamp()
+            app.now().timestamp()
         )
     };
     let one = popup_xml(OPENID, &list("tmpl_water_reminder", "accept"));
@@ -561,7 +560,7 @@ async fn json_pushes_read_list_as_object_or_array_and_numbers_as_strings_or_numb
     let c = crypto();
     let ts = now();
     let item = json!({"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept", "PopupScene": "0"});
-    let at = Utc::now().timestamp();
+    let at = app.now().timestamp();
     let shapes = [
         (
             "List as an object, CreateTime a string",
@@ -633,7 +632,7 @@ async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
     ])
     .await;
     let user = app.scheduled_user("alice", 2).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     app.control(
         "POST",
         "faults",

@@ -3,7 +3,6 @@
 //! unsigned bodies are refused unless a team opts into them, and URL verification
 //! echoes only a plain `echostr` — never decrypting one, never spending a nonce.
 
-use chrono::Utc;
 use onegrant_tests::{TestApp, User, WATER, quota, spawn_app_with};
 use serde_json::json;
 
@@ -30,7 +29,7 @@ async fn available(app: &TestApp, user: &User) -> serde_json::Value {
 /// A change event (the user turned water off) addressed to `to_user`.
 fn change_to(openid: &str, to_user: &str) -> String {
     json!({"ToUserName": to_user, "FromUserName": openid,
-           "CreateTime": Utc::now().timestamp().to_string(), "MsgType": "event",
+           "CreateTime": onegrant::Clock::real_now().timestamp().to_string(), "MsgType": "event",
            "Event": "subscribe_msg_change_event",
            "List": {"TemplateId": WATER, "SubscribeStatusString": "reject"}})
     .to_string()

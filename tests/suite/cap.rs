@@ -54,7 +54,7 @@ fn noon_zone() -> (&'static str, DateTime<Utc>) {
         "Etc/GMT-14",
     ];
     // Offset (hours east of UTC) 12 - hour: between -11 and +12.
-    let now = Utc::now();
+    let now = onegrant::Clock::real_now();
     let offset = 12 - i64::from(now.hour());
     let name = ZONES[usize::try_from(offset + 12).expect("offset")];
     let tz = Timezone::parse(name).expect("zone").tz();
@@ -176,26 +176,23 @@ async fn pushes_past_the_daily_cap_wait_for_the_users_next_day_and_spend_no_gran
 
 #[tokio::test]
 async fn a_reminder_counts_against_the_cap_and_a_send_that_did_not_go_out_gives_its_count_back() {
-    // Reminders and pushes without quiet hours count in China's day: away from its
-    // midnight (16:00 UTC) while this runs.
-    let now = Utc::now();
-    let midnight = now
-        .with_hour(16)
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("PUSHES_PER_DAY", "1")]).await;
+    // Reminders and pushes without quiet hours count in China's day: the test runs at
+    // its midday (04:00 UTC), hours from its midnight whatever the hour here.
+    let now = app.now();
+    let midday = now
+        .with_hour(4)
         .and_then(|t| t.with_minute(0))
         .and_then(|t| t.with_second(0))
-        .expect("16:00");
-    if now < midnight && midnight - now < Duration::minutes(3) {
-        tokio::time::sleep(
-            (midnight - now + Duration::seconds(5))
-                .to_std()
-                .unwrap_or_default(),
-        )
-        .await;
-    }
-    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("PUSHES_PER_DAY", "1")]).await;
+        .expect("04:00");
+    app.move_to(if midday > now {
+        midday
+    } else {
+        midday + Duration::days(1)
+    });
     let user = app.scheduled_user("alice", 3).await;
     let shanghai = Timezone::SHANGHAI.tz();
-    let today = Utc::now().with_timezone(&shanghai).date_naive();
+    let today = app.now().with_timezone(&shanghai).date_naive();
     // A water push whose send WeChat refuses as busy: not sent, its grant and its count
     // given back.
     app.control(
@@ -221,7 +218,7 @@ async fn a_reminder_counts_against_the_cap_and_a_send_that_did_not_go_out_gives_
     assert_eq!(sent_on(&app, &user, WATER, today).await, Some(1));
     // The reminder, due now, is past the cap: due again at the next day's first
     // waking moment (08:00 in Shanghai), its grant kept.
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let third = app.tick(30).await;
     assert_eq!((third.sent, third.cap_waits), (0, 1), "{third:?}");
     let plan = app.item(&user, "PLAN#water").await.expect("plan");
@@ -256,7 +253,7 @@ async fn racing_claims_never_pass_the_cap() {
     let shanghai = Timezone::SHANGHAI.tz();
     // Two rounds in the users' days: now, then (as the dispatcher would see it) just
     // after their next day starts, when the waiting pushes are due again.
-    let now = Utc::now();
+    let now = app.now();
     let next_day = now
         .with_timezone(&shanghai)
         .date_naive()

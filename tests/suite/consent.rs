@@ -31,7 +31,7 @@ async fn check_in(
 ) -> Value {
     let mut body = json!({
         "action_id": action_id,
-        "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "occurred_at": app.now().to_rfc3339(),
         "current_count": 1,
         "daily_goal": 8,
     });
@@ -104,7 +104,7 @@ async fn a_popup_reject_holds_against_a_replayed_accept_report() {
     let answer = app
         .push_event(
             json!({"event": "popup", "openid": user.openid, "template_id": WATER,
-                           "status": "reject", "create_time": chrono::Utc::now().timestamp()}),
+                           "status": "reject", "create_time": app.now().timestamp()}),
         )
         .await;
     assert_eq!(answer["answers"], json!([200]), "{answer}");
@@ -193,7 +193,7 @@ async fn choice_event(app: &TestApp, user: &User, event: &str, status: &str, off
     app.push_event(
         json!({"event": event, "openid": user.openid, "template_id": WATER,
                           "status": status,
-                          "create_time": chrono::Utc::now().timestamp() + offset}),
+                          "create_time": app.now().timestamp() + offset}),
     )
     .await
 }
@@ -248,7 +248,7 @@ async fn an_event_no_try_applied_is_applied_once_by_the_sweep() {
     let user = app.scheduled_user("gus", 1).await;
     // The plan's refusal cannot be written: the event is recorded, not applied.
     proxy.inject("TransactWriteItems", Some("PLAN#water"), Fault::Throttle, 0);
-    let at = chrono::Utc::now().timestamp();
+    let at = app.now().timestamp();
     let event = json!({"event": "popup", "openid": user.openid, "template_id": WATER,
                        "status": "reject", "create_time": at});
     let failed = app.push_event(event.clone()).await;
@@ -256,7 +256,7 @@ async fn an_event_no_try_applied_is_applied_once_by_the_sweep() {
     proxy.clear();
     assert_eq!(plan(&app, &user).await.0, "scheduled", "not applied yet");
 
-    let now = chrono::Utc::now();
+    let now = app.now();
     let early = app.sweep_at(now + chrono::Duration::seconds(20)).await;
     assert_eq!(
         early.events_applied, 0,
@@ -320,7 +320,7 @@ async fn a_refusal_before_the_reminder_was_ever_set_up_holds_when_it_is_turned_o
 async fn a_change_event_applied_again_spares_a_grant_given_after_it() {
     let app = spawn_pushing_app(1).await;
     let user = app.scheduled_user("jun", 1).await;
-    let made = chrono::Utc::now().timestamp();
+    let made = app.now().timestamp();
     let answer = app
         .push_event(
             json!({"event": "change", "openid": user.openid, "template_id": WATER,
@@ -340,7 +340,7 @@ async fn a_change_event_applied_again_spares_a_grant_given_after_it() {
     let water = onegrant::domain::TemplateId::parse(WATER.to_string()).expect("template");
     app.deps
         .store
-        .refuse_template(&openid, &water, true, made, chrono::Utc::now())
+        .refuse_template(&openid, &water, true, made, app.now())
         .await
         .expect("applied again");
     let quotas = app.get("/v1/grants", Some(&user.token)).await;

@@ -117,7 +117,7 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
 
     // A scheduled push (its instant moved an hour ahead of now), then its cancel.
     let mut event = sample_event("notify-appointment-scheduled.json");
-    let soon = chrono::Utc::now() + chrono::Duration::hours(1);
+    let soon = app.now() + chrono::Duration::hours(1);
     event["detail"]["send_at"] = json!(soon.to_rfc3339());
     event["detail"]["expires_at"] = json!((soon + chrono::Duration::minutes(30)).to_rfc3339());
     let answer = invoke(&app, "NotifyFunction", &event).await;

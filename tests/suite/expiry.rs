@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
     attr_n, attr_s, spawn_app,
@@ -47,10 +47,10 @@ async fn history(app: &TestApp, name: &str) -> User {
         .await;
     assert_eq!(refused.status, 200, "{}", refused.body);
     app.accept(&user, ORDER, &format!("wr_{name}_order")).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let summary = app.tick(30).await;
     assert_eq!(summary.sent, 1, "{summary:?}");
-    let checkin = json!({"action_id": format!("wc_{name}_1"), "occurred_at": Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": format!("wc_{name}_1"), "occurred_at": app.now().to_rfc3339(),
                          "current_count": 1, "daily_goal": 8,
                          "grant_request_id": format!("wr_{name}_ci"), "subscription_status": "accept"});
     let answer = app
@@ -130,8 +130,8 @@ async fn finished_items_expire_after_their_retention_and_every_counter_still_hol
     // A day later only the per-minute report counters have gone; all of it after the
     // longest retention.
     let rates = kinds.remove("rate").expect("report counters");
-    assert_eq!(app.ttl_pass(Utc::now() + Duration::days(1)).await, rates);
-    let removed = app.ttl_pass(Utc::now() + Duration::days(401)).await;
+    assert_eq!(app.ttl_pass(app.now() + Duration::days(1)).await, rates);
+    let removed = app.ttl_pass(app.now() + Duration::days(401)).await;
     assert_eq!(removed, kinds.values().sum::<usize>());
     let after = app.items().await;
     assert!(
@@ -156,7 +156,7 @@ async fn finished_items_expire_after_their_retention_and_every_counter_still_hol
     // Life goes on: Alice's next reminder spends her next grant.
     let plan = app.get("/v1/reminders/water", Some(&alice.token)).await;
     assert_eq!(plan.body["state"], "scheduled", "{}", plan.body);
-    app.make_due(&alice, "water", Utc::now()).await;
+    app.make_due(&alice, "water", app.now()).await;
     assert_eq!(app.tick(30).await.sent, 1);
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
@@ -171,12 +171,12 @@ async fn retention_is_per_kind_from_config() {
     .await;
     let user = history(&app, "carol").await;
     assert!(
-        app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0,
+        app.ttl_pass(app.now() + Duration::hours(1)).await > 0,
         "report counters"
     );
     assert!(app.items_of(&user, "rate").await.is_empty());
     // Day 8: only the read note has gone.
-    let removed = app.ttl_pass(Utc::now() + Duration::days(8)).await;
+    let removed = app.ttl_pass(app.now() + Duration::days(8)).await;
     assert_eq!(removed, 1);
     assert!(
         app.items_of(&user, "note")
@@ -188,7 +188,7 @@ async fn retention_is_per_kind_from_config() {
     let deliveries = app.items_of(&user, "delivery").await.len();
     assert_eq!(deliveries, 2);
     assert_eq!(
-        app.ttl_pass(Utc::now() + Duration::days(11)).await,
+        app.ttl_pass(app.now() + Duration::days(11)).await,
         deliveries
     );
     assert!(app.items_of(&user, "delivery").await.is_empty());
@@ -218,7 +218,7 @@ async fn each_kind_goes_after_its_own_retention_and_no_other() {
             .filter(|i| finished(i) && kinds.contains(&attr_s(i, "kind").unwrap_or_default()))
             .count()
     };
-    assert!(app.ttl_pass(Utc::now() + Duration::hours(1)).await > 0);
+    assert!(app.ttl_pass(app.now() + Duration::hours(1)).await > 0);
     assert!(
         app.items_of(&user, "rate").await.is_empty(),
         "report counters"
@@ -236,13 +236,13 @@ async fn each_kind_goes_after_its_own_retention_and_no_other() {
         assert!(due > 0, "day {day}: the history has finished {kinds:?}");
         // A day short of it, nothing of these goes.
         assert_eq!(
-            app.ttl_pass(Utc::now() + Duration::days(day - 2)).await,
+            app.ttl_pass(app.now() + Duration::days(day - 2)).await,
             0,
             "day {}: nothing is due yet",
             day - 2
         );
         assert_eq!(
-            app.ttl_pass(Utc::now() + Duration::days(day)).await,
+            app.ttl_pass(app.now() + Duration::days(day)).await,
             due,
             "day {day}: exactly the finished {kinds:?}"
         );

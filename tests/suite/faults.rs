@@ -2,7 +2,6 @@
 //! 500s and commits whose answer is lost, injected by the fault proxy between the
 //! functions' SDK client and the emulator (`onegrant_tests::faults`).
 
-use chrono::Utc;
 use onegrant_tests::faults::{Fault, FaultProxy, ONCE};
 use onegrant_tests::{
     TestApp, User, assert_ledger_agrees_with_counters, assert_no_plan_stuck_sending,
@@ -22,7 +21,7 @@ const CLAIM: &str = ":reserved";
 
 async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     let user = app.scheduled_user(name, grants).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     user
 }
 
@@ -348,7 +347,7 @@ async fn every_api_write_path_meeting_each_fault_once_ends_as_without_it() {
             let (user, ids) = setup(&app).await;
             // The path's first transaction meets the fault (nothing else runs now).
             proxy.inject("TransactWriteItems", None, fault, 1);
-            let at = Utc::now().to_rfc3339();
+            let at = app.now().to_rfc3339();
             let (status, body, _) = act(&app, &user, &ids, path, &at).await;
             assert_eq!(status, 200, "{case}: {body}");
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
@@ -373,7 +372,7 @@ async fn an_api_write_path_the_database_keeps_refusing_answers_503_and_changes_n
         proxy.inject("UpdateItem", None, Fault::Throttle, 0);
         proxy.inject("PutItem", None, Fault::Throttle, 0);
         let (status, body, retry_after) =
-            act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
+            act(&app, &user, &ids, path, &app.now().to_rfc3339()).await;
         proxy.clear();
         if matches!(path, Path::NotifyIngest) {
             assert_eq!(
@@ -424,7 +423,7 @@ async fn every_route_meeting_throttles_or_500s_on_reads_and_writes_answers_503_a
                 continue;
             }
             let (status, body, retry_after) =
-                act(&app, &user, &ids, path, &Utc::now().to_rfc3339()).await;
+                act(&app, &user, &ids, path, &app.now().to_rfc3339()).await;
             answers.push((format!("{path:?}"), status, body, retry_after));
         }
         for route in [
@@ -453,7 +452,7 @@ async fn every_route_meeting_throttles_or_500s_on_reads_and_writes_answers_503_a
         let pushed = app
             .push_event(serde_json::json!({"event": "popup", "openid": user.openid,
                 "template_id": "tmpl_water_reminder", "status": "reject",
-                "create_time": Utc::now().timestamp()}))
+                "create_time": app.now().timestamp()}))
             .await;
         assert_eq!(
             pushed["answers"],
@@ -503,7 +502,7 @@ async fn the_sweep_meeting_each_fault_once_still_recovers_a_vanished_claim_once(
         let case = format!("sweep × {fault:?}");
         let (app, proxy) = spawn_faulty_app(&FAST).await;
         let user = due_user(&app, "vanished", 1).await;
-        let now = Utc::now();
+        let now = app.now();
         let span = app.deps.store.shard_span(now).await.expect("registry");
         let due = app
             .deps
@@ -631,13 +630,13 @@ async fn a_report_whose_commit_answer_is_lost_past_the_sdks_retries_counts_as_wr
     );
     let store = &app.deps.store;
     let first = store
-        .record_grants(&openid, &report, None, Utc::now())
+        .record_grants(&openid, &report, None, app.now())
         .await
         .expect("recorded");
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 3);
     assert_eq!(first.written, 1, "{first:?}");
     let again = store
-        .record_grants(&openid, &report, None, Utc::now())
+        .record_grants(&openid, &report, None, app.now())
         .await
         .expect("replayed");
     assert_eq!(again.written, 0, "{again:?}");
@@ -656,7 +655,7 @@ async fn a_sweep_that_cannot_read_a_vanished_pushs_item_leaves_it_whole_for_the_
     app.accept(&user, onegrant_tests::ORDER, "wr_push_vanished")
         .await;
     app.push(&user, "vanished-push").await;
-    let now = Utc::now();
+    let now = app.now();
     let span = app.deps.store.shard_span(now).await.expect("registry");
     let due = app
         .deps
@@ -719,7 +718,7 @@ async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_wha
 async fn a_finalize_tried_again_after_it_landed_finishes_as_its_own_not_as_superseded() {
     let (app, _proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "twice-finalized", 2).await;
-    let now = Utc::now();
+    let now = app.now();
     let claim = app.claim_due(now).await;
     let first = app.finalize_sent(&claim, "4200000000000000002").await;
     assert!(!first.superseded);
@@ -737,7 +736,7 @@ async fn a_late_answer_whose_plan_cannot_be_read_for_now_reads_it_again() {
     // answer must still move the plan on, not leave it paused `uncertain` for good.
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "late-unread", 1).await;
-    let now = Utc::now();
+    let now = app.now();
     let claim = app.claim_and_sweep(now).await;
     proxy.inject("BatchGetItem", Some("PLAN#water"), Fault::Throttle, 3);
     let finalized = app.finalize_sent(&claim, "4200000000000000003").await;
@@ -756,7 +755,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     // and runs the invalidation, instead of taking it for someone else's.
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "late-refused", 2).await;
-    let now = Utc::now();
+    let now = app.now();
     let claim = app.claim_and_sweep(now).await;
     let refused = || onegrant::domain::dispatch::SendResult::Refused {
         errcode: 43101,
@@ -764,11 +763,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     };
     // The invalidation's transaction is the one that stamps `voided_at`.
     proxy.inject("TransactWriteItems", Some("voided_at"), Fault::Throttle, 0);
-    let first = app
-        .deps
-        .store
-        .finalize(&claim, &refused(), Utc::now())
-        .await;
+    let first = app.deps.store.finalize(&claim, &refused(), app.now()).await;
     assert!(first.is_err(), "{first:?}");
     proxy.clear();
     let again = app.finalize_as(&claim, refused()).await;
@@ -785,7 +780,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
 async fn a_sent_message_whose_settlement_never_lands_is_settled_sent_by_the_sweep() {
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = app.scheduled_user("kept", 1).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     // Every transaction that would record the send (its grant `consumed`) is refused;
     // the claim before it is not.
     proxy.inject("TransactWriteItems", Some("consumed"), Fault::Throttle, 0);
@@ -802,7 +797,7 @@ async fn a_sent_message_whose_settlement_never_lands_is_settled_sent_by_the_swee
     assert!(delivery[0].contains_key("kept_answer"), "{delivery:?}");
 
     let swept = app
-        .sweep_at(Utc::now() + chrono::Duration::minutes(10))
+        .sweep_at(app.now() + chrono::Duration::minutes(10))
         .await;
     assert_eq!((swept.kept, swept.recovered), (1, 0), "{swept:?}");
     let delivery = app.items_of(&user, "delivery").await;
@@ -828,7 +823,7 @@ async fn a_43101_whose_voiding_never_lands_in_the_invocation_is_finished_by_the_
     .await;
     // The voiding's transactions are the ones that stamp `voided_at`.
     proxy.inject("TransactWriteItems", Some("voided_at"), Fault::Throttle, 0);
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     app.tick(20).await;
     proxy.clear();
     let available = |answer: serde_json::Value| {
@@ -838,7 +833,7 @@ async fn a_43101_whose_voiding_never_lands_in_the_invocation_is_finished_by_the_
     assert_eq!(available(before.body), 2, "not voided in the invocation");
 
     let swept = app
-        .sweep_at(Utc::now() + chrono::Duration::minutes(10))
+        .sweep_at(app.now() + chrono::Duration::minutes(10))
         .await;
     assert_eq!(swept.kept, 1, "{swept:?}");
     let after = app.get("/v1/grants", Some(&user.token)).await;
@@ -847,7 +842,7 @@ async fn a_43101_whose_voiding_never_lands_in_the_invocation_is_finished_by_the_
     let plan = app.get("/v1/reminders/water", Some(&user.token)).await;
     assert_eq!(plan.body["pause_reason"], "refused", "{}", plan.body);
     let again = app
-        .sweep_at(Utc::now() + chrono::Duration::minutes(11))
+        .sweep_at(app.now() + chrono::Duration::minutes(11))
         .await;
     assert_eq!(again.kept, 0, "off the lease index: {again:?}");
     invariants(&app).await;
@@ -870,7 +865,7 @@ async fn sends_in_flight_are_driven_while_a_slow_due_query_is_awaited() {
         .buffered(4)
         .collect()
         .await;
-    let now = Utc::now();
+    let now = app.now();
     for user in &users {
         app.make_due(user, "water", now).await;
     }
@@ -894,7 +889,7 @@ async fn sends_in_flight_are_driven_while_a_slow_due_query_is_awaited() {
     let sweeping = async {
         let mut recovered = 0;
         while !done.load(Ordering::SeqCst) {
-            recovered += app.sweep_at(Utc::now()).await.recovered;
+            recovered += app.sweep_at(app.now()).await.recovered;
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         }
         recovered

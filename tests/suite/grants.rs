@@ -2,9 +2,7 @@
 
 use futures::future::join_all;
 use onegrant_tests::attr_n;
-use onegrant_tests::{
-    ORDER, WATER, assert_ledger_agrees_with_counters, attr_s, early_in_a_minute, quota, spawn_app,
-};
+use onegrant_tests::{ORDER, WATER, assert_ledger_agrees_with_counters, attr_s, quota, spawn_app};
 use serde_json::{Value, json};
 
 fn report(request_id: &str, results: Value) -> Value {
@@ -311,7 +309,7 @@ async fn reports_past_the_per_minute_rate_answer_429_store_nothing_and_replays_s
     let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
     let alice = app.user("alice").await;
     let bob = app.user("bob").await;
-    early_in_a_minute().await;
+    app.freeze_at_a_minute_start();
     let mut statuses = Vec::new();
     for i in 0..5 {
         let answer = app
@@ -393,7 +391,7 @@ async fn unused_grants_are_capped_per_template_even_when_reports_race() {
     // A check-in carrying a fourth grant is recorded; its grant is left out.
     let enabled = app.enable(&alice, "water").await;
     assert_eq!(enabled.body["state"], "scheduled");
-    let checkin = json!({"action_id": "wc_1", "occurred_at": chrono::Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": "wc_1", "occurred_at": app.now().to_rfc3339(),
                          "current_count": 1, "daily_goal": 8,
                          "grant_request_id": "wr_ci", "subscription_status": "accept"});
     let answer = app
@@ -423,7 +421,7 @@ async fn unused_grants_are_capped_per_template_even_when_reports_race() {
         Some(json!({"openid": alice.openid, "template_id": WATER, "count": 3})),
     )
     .await;
-    app.make_due(&alice, "water", chrono::Utc::now()).await;
+    app.make_due(&alice, "water", app.now()).await;
     assert_eq!(app.tick(30).await.sent, 1);
     let more = app
         .post(
@@ -455,7 +453,7 @@ async fn a_report_with_no_template_writes_nothing_and_counts_no_report() {
         request_id: onegrant::domain::RequestId::parse("wr_empty").expect("request id"),
         results: Default::default(),
     };
-    let now = chrono::Utc::now();
+    let now = app.now();
     let recorded = app
         .deps
         .store

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use chrono::Utc;
 use onegrant_local::template::dynamodb_actions;
 use onegrant_tests::{ORDER, TestApp, WATER, spawn_app_with};
 use serde_json::json;
@@ -107,7 +106,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     )
     .await;
     call(&app, "GET", "/v1/reminders/water", &alice.token, None).await;
-    let checkin = json!({"action_id": "wc_1", "occurred_at": Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": "wc_1", "occurred_at": app.now().to_rfc3339(),
                          "current_count": 1, "daily_goal": 8,
                          "grant_request_id": "wr_2", "subscription_status": "accept"});
     post(
@@ -161,7 +160,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     assert_eq!(late["push"], "cancelled", "{late}");
     app.notify(
         json!({"idempotency_key": "k4", "openid": alice.openid, "type": "system", "title": "t",
-               "send_at": (Utc::now() + chrono::Duration::hours(1)).to_rfc3339()}),
+               "send_at": (app.now() + chrono::Duration::hours(1)).to_rfc3339()}),
     )
     .await;
     let notify = actions();
@@ -261,7 +260,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ),
     ];
     for (nonce, name, list) in events {
-        let ts = Utc::now().timestamp().to_string();
+        let ts = app.now().timestamp().to_string();
         let event = json!({"ToUserName": "gh_123456789abc", "FromUserName": alice.openid,
                            "CreateTime": ts.clone(), "MsgType": "event", "Event": name,
                            "List": list});

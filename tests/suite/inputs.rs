@@ -7,7 +7,7 @@ use onegrant_tests::{ORDER, WATER, spawn_app};
 use serde_json::json;
 
 fn sign(secret: &str, sub: &str, exp_offset_seconds: i64) -> String {
-    let now = chrono::Utc::now().timestamp();
+    let now = onegrant::Clock::real_now().timestamp();
     let claims =
         json!({"sub": sub, "iat": now - 60, "exp": now + exp_offset_seconds, "iss": "onegrant"});
     let key = EncodingKey::from_secret(secret.as_bytes()).expect("key");
@@ -333,7 +333,7 @@ async fn bad_login_requests_are_refused_with_their_own_error() {
 async fn bad_plan_settings_and_check_ins_are_refused_with_their_own_error_and_store_nothing() {
     let app = spawn_app().await;
     let token = app.login("alice").await;
-    let now = chrono::Utc::now();
+    let now = app.now();
     let ok_checkin = json!({"action_id": "wc_1", "occurred_at": now.to_rfc3339(), "current_count": 1, "daily_goal": 8});
     let checkin_with = |k: &str, v: serde_json::Value| {
         let mut b = ok_checkin.clone();

@@ -5,19 +5,17 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::faults::Fault;
 use onegrant_tests::{
-    Answer, TestApp, User, WATER, assert_rate_limited, attr_s, early_in_a_minute, spawn_app_with,
-    spawn_faulty_app,
+    Answer, TestApp, User, WATER, assert_rate_limited, attr_s, spawn_app_with, spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
 const LIMIT: usize = 10;
 
-fn minute() -> i64 {
-    Utc::now().timestamp().div_euclid(60)
+fn minute(app: &TestApp) -> i64 {
+    app.now().timestamp().div_euclid(60)
 }
 
 /// How many of `answers` were 200; every other one is a 429 `rate_limited` with a
@@ -29,20 +27,13 @@ fn admitted(answers: &[Answer], what: &str) -> usize {
     answers.iter().filter(|a| a.status == 200).count()
 }
 
-/// Exactly the limit when the burst stayed within one minute; at most twice it when it
-/// straddled two.
+/// Exactly the limit: the test's clock is held in one minute.
 fn assert_limited(ok: usize, first: i64, last: i64, what: &str) {
-    if first == last {
-        assert_eq!(
-            ok, LIMIT,
-            "{what}: exactly the per-minute limit got through"
-        );
-    } else {
-        assert!(
-            (LIMIT..=2 * LIMIT).contains(&ok),
-            "{what}: {ok} across two minutes"
-        );
-    }
+    assert_eq!(first, last, "{what}: the test's minute is held");
+    assert_eq!(
+        ok, LIMIT,
+        "{what}: exactly the per-minute limit got through"
+    );
 }
 
 async fn burst(app: &TestApp, user: &User, path: &str, bodies: Vec<Value>) -> Vec<Answer> {
@@ -66,14 +57,14 @@ async fn bursts_of_reports_and_check_ins_from_one_user_are_limited_per_minute_an
     let alice = app.user("alice").await;
     let bob = app.user("bob").await;
 
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     let reports: Vec<Value> = (0..100)
         .map(|i| json!({"request_id": format!("burst_{i}"), "results": {WATER: "accept"}}))
         .collect();
     let answers = burst(&app, &alice, "/v1/grants", reports).await;
     let ok = admitted(&answers, "reports");
-    assert_limited(ok, first, minute(), "reports");
+    assert_limited(ok, first, minute(&app), "reports");
     // Each admitted report stored its grant; a refused one stored nothing.
     let grants = app.items_of(&alice, "grant").await;
     assert_eq!(
@@ -103,17 +94,17 @@ async fn bursts_of_reports_and_check_ins_from_one_user_are_limited_per_minute_an
         .await;
     assert_eq!(other.status, 200, "{}", other.body);
 
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     let checkins: Vec<Value> = (0..40)
         .map(|i| {
-            json!({"action_id": format!("drink_{i}"), "occurred_at": Utc::now().to_rfc3339(),
+            json!({"action_id": format!("drink_{i}"), "occurred_at": app.now().to_rfc3339(),
                    "current_count": 1, "daily_goal": 8})
         })
         .collect();
     let answers = burst(&app, &alice, "/v1/reminders/water/checkins", checkins).await;
     let ok = admitted(&answers, "check-ins");
-    assert_limited(ok, first, minute(), "check-ins");
+    assert_limited(ok, first, minute(&app), "check-ins");
     assert_eq!(
         app.items_of(&alice, "action").await.len(),
         ok,
@@ -123,7 +114,7 @@ async fn bursts_of_reports_and_check_ins_from_one_user_are_limited_per_minute_an
         .post(
             "/v1/reminders/water/checkins",
             Some(&bob.token),
-            &json!({"action_id": "drink_0", "occurred_at": Utc::now().to_rfc3339(),
+            &json!({"action_id": "drink_0", "occurred_at": app.now().to_rfc3339(),
                     "current_count": 1, "daily_goal": 8}),
         )
         .await;

@@ -218,7 +218,7 @@ async fn quiet_hours_hold_a_normal_push_until_they_end_while_a_high_one_goes_at_
     app.accept(&user, ORDER, "wr_1").await;
     app.accept(&user, ORDER, "wr_2").await;
     // Quiet from a minute ago to the next whole minute at least 5 s away (in UTC).
-    let now = Utc::now();
+    let now = app.now();
     let next_minute = (now + Duration::seconds(65 - i64::from(now.second())))
         .with_second(0)
         .and_then(|t| t.with_nanosecond(0))
@@ -258,7 +258,7 @@ async fn quiet_hours_hold_a_normal_push_until_they_end_while_a_high_one_goes_at_
     // Another tick before the end does not send it.
     let early = app.tick(5).await;
     assert_eq!((early.sent, early.claimed), (0, 0), "{early:?}");
-    tokio::time::sleep((end - Utc::now()).to_std().unwrap_or_default()).await;
+    tokio::time::sleep((end - app.now()).to_std().unwrap_or_default()).await;
     let after = app.tick(30).await;
     assert_eq!(after.sent, 1, "{after:?}");
     assert_eq!(

@@ -141,7 +141,7 @@ async fn a_push_yields_a_grant_to_a_better_one_waiting() {
     Box::pin(
         app.deps
             .store
-            .record_grants(&openid, &report, None, chrono::Utc::now()),
+            .record_grants(&openid, &report, None, app.now()),
     )
     .await
     .expect("grant");
@@ -169,7 +169,7 @@ async fn expired_and_cancelled_waiting_pushes_end_inbox_only_and_never_hold_a_gr
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("carol").await;
     let mut soon = event(&user, "soon", Some("high"));
-    soon["expires_at"] = json!((chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339());
+    soon["expires_at"] = json!((app.now() + chrono::Duration::seconds(3)).to_rfc3339());
     app.notify(soon).await;
     app.notify(event(&user, "gone", Some("high"))).await;
     app.notify(event(&user, "rest", Some("low"))).await;
@@ -234,7 +234,7 @@ async fn a_check_in_carrying_an_accept_wakes_a_push_waiting_for_its_template() {
     )
     .await;
     app.ticks_until(|s| s.grant_waits >= 1).await;
-    let checkin = json!({"action_id": "wc_1", "occurred_at": chrono::Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": "wc_1", "occurred_at": app.now().to_rfc3339(),
         "current_count": 1, "daily_goal": 8, "grant_request_id": "wr_tap", "subscription_status": "accept"});
     let answer = app
         .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)

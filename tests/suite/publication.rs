@@ -26,10 +26,6 @@ async fn dispatch_cost(app: &TestApp) -> (Vec<String>, usize) {
     (ops, app.write_units(&writes).await)
 }
 
-async fn wait_until(t: DateTime<Utc>) {
-    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or_default()).await;
-}
-
 #[tokio::test]
 async fn a_scheduled_push_is_published_and_claimed_in_one_transaction_at_an_immediate_pushs_round_trips()
  {
@@ -52,10 +48,10 @@ async fn a_scheduled_push_is_published_and_claimed_in_one_transaction_at_an_imme
     assert_eq!((summary.sent, summary.published), (1, 0), "{summary:?}");
     let (immediate, immediate_wru) = dispatch_cost(&app).await;
 
-    let send_at = Utc::now() + Duration::seconds(2);
+    let send_at = app.now() + Duration::seconds(2);
     app.notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
         .await;
-    wait_until(send_at + Duration::milliseconds(100)).await;
+    app.move_to(send_at + Duration::milliseconds(100));
     app.round_trips.take();
     app.round_trips.take_writes();
     let summary = app.tick(30).await;
@@ -92,7 +88,7 @@ async fn read_publication(
     send_at: DateTime<Utc>,
 ) -> (DueItem, DueItem, ReadAhead) {
     let store = &app.deps.store;
-    let span = store.shard_span(Utc::now()).await.expect("shards");
+    let span = store.shard_span(app.now()).await.expect("shards");
     let entry = store
         .due_items(send_at + Duration::seconds(1), &span)
         .await
@@ -102,7 +98,7 @@ async fn read_publication(
         .expect("its due entry");
     let (pk, sk) = entry.key();
     let publication = store
-        .publication(pk, sk, entry.due_at, Utc::now())
+        .publication(pk, sk, entry.due_at, app.now())
         .await
         .expect("read")
         .expect("a push to publish and claim");
@@ -132,7 +128,7 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
         if grant {
             app.accept(&user, ORDER, &format!("wr_{i}")).await;
         }
-        let send_at = Utc::now() + Duration::seconds(3);
+        let send_at = app.now() + Duration::seconds(3);
         let key = format!("appt-{i}");
         let answer = app
             .notify(scheduled(
@@ -176,7 +172,7 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
                 let published = app
                     .deps
                     .store
-                    .publish(pk, sk, entry.due_at, Utc::now())
+                    .publish(pk, sk, entry.due_at, app.now())
                     .await
                     .expect("publish");
                 assert_eq!(
@@ -200,7 +196,7 @@ async fn a_notification_changed_between_its_read_and_its_claim_writes_nothing_an
                 &publication,
                 "test",
                 std::time::Duration::from_secs(60),
-                Utc::now(),
+                app.now(),
             )
             .await
             .expect("claim");
@@ -255,7 +251,7 @@ async fn a_push_listed_waiting_after_the_read_ahead_is_not_passed_over() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
     let user = app.user("waits").await;
     app.accept(&user, ORDER, "wr_1").await;
-    let send_at = Utc::now() + Duration::seconds(3);
+    let send_at = app.now() + Duration::seconds(3);
     let answer = app
         .notify(scheduled(
             &user,
@@ -290,7 +286,7 @@ async fn a_push_listed_waiting_after_the_read_ahead_is_not_passed_over() {
             &ahead,
             "test",
             std::time::Duration::from_secs(60),
-            Utc::now(),
+            app.now(),
         )
         .await
         .expect("claim");
@@ -308,7 +304,7 @@ async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
     let mut users = Vec::new();
     for round in 0..3 {
-        let send_at = Utc::now() + Duration::seconds(3);
+        let send_at = app.now() + Duration::seconds(3);
         let mut these = Vec::new();
         for i in 0..6 {
             let user = app.user(&format!("r{round}u{i}")).await;
@@ -385,7 +381,7 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
     for i in 0..3 {
         app.accept(&user, ORDER, &format!("wr_{i}")).await;
     }
-    let send_at = Utc::now() + Duration::seconds(6);
+    let send_at = app.now() + Duration::seconds(6);
     for i in 0..3 {
         let answer = app
             .notify(scheduled(
@@ -397,12 +393,12 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
         assert_eq!(answer["push"], "pending", "{answer}");
     }
     assert!(
-        Utc::now() + Duration::seconds(2) < send_at,
+        app.now() + Duration::seconds(2) < send_at,
         "the notifications were stored too late to tell"
     );
     // When all three are listed and counted, looked for from the instant on.
     let watch = async {
-        wait_until(send_at).await;
+        app.move_to(send_at);
         loop {
             let listed = app.get("/v1/notifications", Some(&user.token)).await.body["items"]
                 .as_array()
@@ -412,8 +408,8 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
                 .await
                 .body["unread"]
                 .as_u64();
-            if (listed, unread) == (3, Some(3)) || Utc::now() > send_at + Duration::seconds(40) {
-                return ((listed, unread), Utc::now());
+            if (listed, unread) == (3, Some(3)) || app.now() > send_at + Duration::seconds(40) {
+                return ((listed, unread), app.now());
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
@@ -422,7 +418,7 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
     // queries too slow and leave the items to the next).
     let dispatch = async {
         let (mut published, mut sent) = (0, 0);
-        while sent < 3 && Utc::now() < send_at + Duration::seconds(60) {
+        while sent < 3 && app.now() < send_at + Duration::seconds(60) {
             let summary = app.tick(120).await;
             published += summary.published;
             sent += summary.sent;

@@ -2,7 +2,6 @@
 //! names a refill template, one notice goes out with the refill template's own grant —
 //! once per depletion, never without a grant, recorded in the inbox.
 
-use chrono::Utc;
 use onegrant::domain::inbox::refill::{NOTE_TYPE, notice};
 use onegrant::store::inbox::Refilled;
 use onegrant_tests::{
@@ -44,7 +43,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         plan.body["refill_template_id"], USED_UP,
         "the client learns the pairing"
     );
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let first = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!((first.sent, first.refills), (1, 1), "{first:?}");
     assert_eq!(available(&app, &user, WATER).await, 0);
@@ -78,12 +77,12 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         })
         .expect("the water grant");
     let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
-    let again = notice(water, used_up, openid, &last, Utc::now()).expect("notice");
+    let again = notice(water, used_up, openid, &last, app.now()).expect("notice");
     let replay =
         Box::pin(
             app.deps
                 .store
-                .refill(&again, &water.id, &used_up.id, Utc::now(), Utc::now()),
+                .refill(&again, &water.id, &used_up.id, app.now(), app.now()),
         )
         .await
         .expect("refill");
@@ -102,7 +101,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         .post(
             "/v1/reminders/water/checkins",
             Some(&user.token),
-            &json!({"action_id": "wc_1", "occurred_at": Utc::now().to_rfc3339(),
+            &json!({"action_id": "wc_1", "occurred_at": app.now().to_rfc3339(),
                     "current_count": 1, "daily_goal": 8,
                     "grant_request_id": "wr_water_2", "subscription_status": "accept"}),
         )
@@ -110,7 +109,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     assert_eq!(checked_in.status, 200, "{}", checked_in.body);
     assert_eq!(checked_in.body["state"], "scheduled", "{}", checked_in.body);
     assert_eq!(checked_in.body["refill_template_id"], USED_UP);
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let third = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (third.sent, third.refills, third.refills_without_grant),
@@ -130,7 +129,7 @@ async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
     // Two water grants: the reminder leaves one, so nothing is used up.
     let user = app.scheduled_user("bob", 2).await;
     app.accept(&user, USED_UP, "wr_refill_b").await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let tick = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (tick.sent, tick.refills, tick.refills_without_grant),
@@ -167,7 +166,7 @@ async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
     .await;
     let user = app.scheduled_user("dora", 1).await;
     app.accept(&user, USED_UP, "wr_refill_d").await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     // WeChat holds the send until the user has refused the template meanwhile.
     app.control(
         "POST",
@@ -300,7 +299,7 @@ async fn no_refill_notice_when_the_users_settings_refuse_the_refill_template() {
         )
         .await;
     assert_eq!(kept_no.status, 200, "{}", kept_no.body);
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let tick = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         (tick.sent, tick.refills, tick.refills_without_grant),

@@ -6,7 +6,7 @@ use futures::future::join_all;
 use onegrant_tests::faults::Fault;
 use onegrant_tests::{
     TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_n,
-    attr_s, early_in_a_minute, plan_state, quota, spawn_app, spawn_faulty_app,
+    attr_s, plan_state, quota, spawn_app, spawn_faulty_app,
 };
 use serde_json::{Value, json};
 
@@ -41,7 +41,7 @@ async fn put(app: &TestApp, token: &str, body: &Value) -> Value {
 fn checkin(action_id: &str, count: u32, grant: Option<(&str, &str)>) -> Value {
     let mut body = json!({
         "action_id": action_id,
-        "occurred_at": Utc::now().to_rfc3339(),
+        "occurred_at": onegrant::Clock::real_now().to_rfc3339(),
         "current_count": count,
         "daily_goal": 8,
     });
@@ -106,8 +106,8 @@ async fn enabling_without_a_grant_pauses_and_a_grant_report_schedules_within_wak
     assert_eq!(plan["state"], "scheduled", "{plan}");
     assert_eq!(plan["needs_grant"], false);
     let at = due(&plan);
-    assert!(at > Utc::now(), "due in the future");
-    assert!(at <= Utc::now() + Duration::hours(2) + Duration::hours(10) + Duration::minutes(1));
+    assert!(at > app.now(), "due in the future");
+    assert!(at <= app.now() + Duration::hours(2) + Duration::hours(10) + Duration::minutes(1));
     assert!(
         plan["next_due_at"]
             .as_str()
@@ -374,7 +374,7 @@ async fn a_check_in_from_a_fast_clock_is_recorded_and_schedules_from_server_time
         let count = 2 + i as u32;
         let request = format!("wr_{}", i + 1);
         let mut body = checkin(&format!("wc_{i}"), count, Some((&request, "accept")));
-        let before = Utc::now();
+        let before = app.now();
         body["occurred_at"] = json!((before + ahead).to_rfc3339());
         let answer = app.post(CHECKINS, Some(&token), &body).await;
         assert_eq!(answer.status, 200, "{ahead}: {}", answer.body);
@@ -388,7 +388,7 @@ async fn a_check_in_from_a_fast_clock_is_recorded_and_schedules_from_server_time
             .expect("scheduled")
             .with_timezone(&Utc);
         assert!(
-            due < Utc::now() + chrono::Duration::days(2),
+            due < app.now() + chrono::Duration::days(2),
             "{ahead}: scheduled from server time, not from the phone's ({due})"
         );
         let replay = app.post(CHECKINS, Some(&token), &body).await;
@@ -487,10 +487,10 @@ async fn a_check_in_from_the_distant_past_is_recorded_but_never_schedules_into_t
     grant(&app, &token, "wr_0").await;
     put(&app, &token, &json!({"enabled": true})).await;
     let mut old = checkin("wc_old", 1, None);
-    old["occurred_at"] = json!((Utc::now() - Duration::days(20)).to_rfc3339());
+    old["occurred_at"] = json!((app.now() - Duration::days(20)).to_rfc3339());
     let answer = app.post(CHECKINS, Some(&token), &old).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert!(due(&answer.body) > Utc::now());
+    assert!(due(&answer.body) > app.now());
     assert_eq!(
         answer.body["today"]["count"], 0,
         "an old day's count is not today's"
@@ -573,8 +573,8 @@ async fn plan_version(app: &TestApp, user: &User) -> i64 {
 async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() {
     let (app, proxy, user) = with_many_grants().await;
     let before = plan_version(&app, &user).await;
-    early_in_a_minute().await;
-    let at = Utc::now().timestamp().div_euclid(60);
+    app.freeze_at_a_minute_start();
+    let at = app.now().timestamp().div_euclid(60);
     let changes = |rate: Option<std::collections::HashMap<_, _>>| {
         rate.as_ref()
             .and_then(|r| attr_n(r, "changes"))
@@ -599,7 +599,7 @@ async fn a_turn_off_of_many_grants_refused_midway_is_counted_and_written_once() 
         before + 1,
         "the plan was written once"
     );
-    if Utc::now().timestamp().div_euclid(60) == at {
+    if app.now().timestamp().div_euclid(60) == at {
         let rate = changes(app.item(&user, &format!("RATE#{at}")).await);
         assert_eq!(rate, counted + 1, "the turn-off counted once");
     }

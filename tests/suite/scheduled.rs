@@ -56,7 +56,7 @@ async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at
     let app = spawn_app().await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
-    let send_at = Utc::now() + Duration::seconds(20);
+    let send_at = app.now() + Duration::seconds(20);
     let answer = app
         .notify(scheduled(&user, "appt-1", json!({"send_at": at(send_at)})))
         .await;
@@ -80,10 +80,10 @@ async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at
     // inbox still shows nothing.
     let watch = async {
         let before = send_at - Duration::seconds(10);
-        tokio::time::sleep((before - Utc::now()).to_std().unwrap_or_default()).await;
+        tokio::time::sleep((before - app.now()).to_std().unwrap_or_default()).await;
         let seen = (page(&app, &user).await.len(), unread(&app, &user).await);
         let sent = app.deliveries().await.len();
-        (seen, sent, Utc::now() < send_at)
+        (seen, sent, app.now() < send_at)
     };
     let (summary, (seen, sent_before, in_time)) = tokio::join!(app.tick(60), watch);
     assert!(in_time, "the look before send_at ran too late to tell");
@@ -129,7 +129,7 @@ async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at
 async fn a_scheduled_notification_without_a_push_appears_at_its_send_at() {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    let send_at = Utc::now() + Duration::seconds(4);
+    let send_at = app.now() + Duration::seconds(4);
     let answer = app
         .notify(
             json!({"idempotency_key": "note-1", "openid": user.openid, "type": "news",
@@ -166,7 +166,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
-    let now = Utc::now();
+    let now = app.now();
     // Due now, expiring in 2 s — but no dispatcher runs until it has expired.
     let immediate = app
         .notify(scheduled(
@@ -193,7 +193,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
     ))
     .await;
     tokio::time::sleep(
-        (now + Duration::milliseconds(4500) - Utc::now())
+        (now + Duration::milliseconds(4500) - app.now())
             .to_std()
             .unwrap_or_default(),
     )
@@ -250,7 +250,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
 async fn bad_timings_are_refused_with_their_reason_and_store_nothing() {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    let now = Utc::now();
+    let now = app.now();
     let cases = [
         (
             json!({"send_at": at(now + Duration::days(31))}),
@@ -302,7 +302,7 @@ async fn the_same_scheduled_event_again_is_a_duplicate_and_another_send_at_under
  {
     let app = spawn_app().await;
     let user = app.user("alice").await;
-    let send_at = at(Utc::now() + Duration::hours(1));
+    let send_at = at(app.now() + Duration::hours(1));
     let detail = scheduled(
         &user,
         "dup-1",
@@ -320,7 +320,7 @@ async fn the_same_scheduled_event_again_is_a_duplicate_and_another_send_at_under
         .notify(scheduled(
             &user,
             "dup-1",
-            json!({"send_at": at(Utc::now() + Duration::hours(2)), "priority": "high"}),
+            json!({"send_at": at(app.now() + Duration::hours(2)), "priority": "high"}),
         ))
         .await;
     assert_eq!(moved["status"], "conflict", "{moved}");
@@ -337,7 +337,7 @@ async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
-    let soon = at(Utc::now() + Duration::seconds(2));
+    let soon = at(app.now() + Duration::seconds(2));
     app.notify(scheduled(&user, "later", json!({"send_at": soon})))
         .await;
     app.notify(scheduled(&user, "now", json!({}))).await;
@@ -558,7 +558,7 @@ async fn a_scheduled_push_is_replaced_before_its_send_at_and_ten_at_once_leave_e
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
-    let later = at(Utc::now() + Duration::hours(1));
+    let later = at(app.now() + Duration::hours(1));
     app.notify(scheduled(
         &user,
         "tomorrow",
@@ -658,7 +658,7 @@ async fn a_user_with_1000_scheduled_pushes_costs_an_idle_tick_nothing_and_a_canc
         app.round_trips.take_items_read(),
     );
     assert_eq!(idle.due, 0, "{idle:?}");
-    let start = Utc::now() + Duration::hours(1);
+    let start = app.now() + Duration::hours(1);
     // Three through notify; a thousand more like them written straight to the table
     // (25 to a request, so this test does not hold the shared emulator for long).
     for i in 0..3 {
@@ -744,7 +744,7 @@ async fn a_scheduled_push_costs_its_publication_more_than_an_immediate_one() {
     app.round_trips.take_writes();
     app.notify(scheduled(&user, "now", json!({}))).await;
     let immediate = cost(&app).await;
-    let send_at = Utc::now() + Duration::seconds(1);
+    let send_at = app.now() + Duration::seconds(1);
     let answer = app
         .notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
         .await;
@@ -759,7 +759,7 @@ async fn a_scheduled_push_costs_its_publication_more_than_an_immediate_one() {
             DateTime::parse_from_rfc3339(answer["send_at"].as_str().expect("send_at"))
                 .expect("time")
                 .with_timezone(&Utc),
-            Utc::now(),
+            app.now(),
         )
         .await
         .expect("published");

@@ -133,7 +133,7 @@ async fn a_container_started_before_a_rotation_takes_tokens_signed_after_it_with
     let arn = create("session-reread", &old_key).await;
     let env = environment(&[("SESSION_SECRET_ARN", &arn)]);
     let openid = OpenId::parse("oReread").expect("openid");
-    let now = chrono::Utc::now();
+    let now = onegrant::Clock::real_now();
     // Two containers' key rings, each with its own reader: one cold-started before the
     // rotation, one after.
     let before = container(&env).await;
@@ -269,7 +269,7 @@ async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_
     let arn = create("session-rotated", &old_key).await;
     let env = environment(&[("SESSION_SECRET_ARN", &arn)]);
     let openid = OpenId::parse("oRotated").expect("openid");
-    let now = chrono::Utc::now();
+    let now = onegrant::Clock::real_now();
     let before = container(&env).await;
     let old_token = before.issue(&openid, now).await.expect("signed").token;
     let reader = reader();
@@ -375,7 +375,7 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
     );
     let old_token = Sessions::new(&before.session)
         .expect("keys")
-        .issue(&openid, chrono::Utc::now())
+        .issue(&openid, onegrant::Clock::real_now())
         .await
         .expect("signed")
         .token;
@@ -416,7 +416,7 @@ async fn each_function_reads_only_its_secrets_by_arn_and_a_rotation_signs_nobody
         signer.secret = staged.session.pending.clone();
         let early = Sessions::new(&signer)
             .expect("keys")
-            .issue(openid, chrono::Utc::now())
+            .issue(openid, onegrant::Clock::real_now())
             .await
             .expect("signed")
             .token;

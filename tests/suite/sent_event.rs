@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use chrono::Utc;
 use futures::future::join_all;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
@@ -34,7 +33,7 @@ async fn due_user(app: &TestApp, name: &str, grants: u32, fault: Option<Value>) 
         fault["openid"] = json!(user.openid);
         app.control("POST", "faults", Some(fault)).await;
     }
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     user
 }
 
@@ -205,13 +204,13 @@ async fn a_definite_sends_event_never_settles_another_unknown_send_however_often
         .post(
             "/v1/reminders/water/checkins",
             Some(&user.token),
-            &json!({"action_id": "kc_1", "occurred_at": Utc::now().to_rfc3339(),
+            &json!({"action_id": "kc_1", "occurred_at": app.now().to_rfc3339(),
                     "current_count": 1, "daily_goal": 8}),
         )
         .await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     assert_eq!(app.tick(20).await.claimed, 1);
     let pushed = pushes(&app, 1).await;
     assert_eq!(pushed[0]["answers"], json!([200, 200, 200, 200]));
@@ -379,7 +378,7 @@ async fn a_check_in_made_while_the_send_was_uncertain_counts_when_the_event_sett
         .post(
             "/v1/reminders/water/checkins",
             Some(&user.token),
-            &json!({"action_id": "uc_1", "occurred_at": Utc::now().to_rfc3339(),
+            &json!({"action_id": "uc_1", "occurred_at": app.now().to_rfc3339(),
                     "current_count": 1, "daily_goal": 8}),
         )
         .await;
@@ -469,7 +468,7 @@ async fn a_send_swept_unknown_after_its_dispatcher_vanished_is_settled_by_the_ev
     let app = spawn_pushing_app(1).await;
     let user = due_user(&app, "vanished", 2, None).await;
     // A dispatcher claims, sends (WeChat takes it: msgid below) and vanishes.
-    let now = Utc::now();
+    let now = app.now();
     let store = &app.deps.store;
     let span = store.shard_span(now).await.expect("registry");
     let due = store
@@ -502,7 +501,7 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
     // No events: the new send's own mark stays for the check below.
     app.control("DELETE", "push-target", None).await;
     let user = due_user(&app, "stale", 2, None).await;
-    let fresh = format!("{}#777", Utc::now().timestamp());
+    let fresh = format!("{}#777", app.now().timestamp());
     app.quota_update(&user, WATER)
         .update_expression("ADD sent_marks :s, open_unknown :u, inflight :f, pending_events :p")
         .expression_attribute_values(":f", AttributeValue::Ss(vec!["1000#gone".into()]))
@@ -545,12 +544,12 @@ async fn an_event_held_back_by_another_send_in_flight_settles_its_own_send_when_
         .post(
             "/v1/reminders/water/checkins",
             Some(&user.token),
-            &json!({"action_id": "hc_1", "occurred_at": Utc::now().to_rfc3339(),
+            &json!({"action_id": "hc_1", "occurred_at": app.now().to_rfc3339(),
                     "current_count": 1, "daily_goal": 8}),
         )
         .await;
     assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     app.control(
         "POST",
         "faults",

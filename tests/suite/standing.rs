@@ -35,7 +35,7 @@ async fn report(
 fn check_in_body(action_id: &str, setting: Value) -> Value {
     json!({
         "action_id": action_id,
-        "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "occurred_at": onegrant::Clock::real_now().to_rfc3339(),
         "current_count": 1,
         "daily_goal": 8,
         "subscriptions_setting": setting,
@@ -363,7 +363,7 @@ async fn racing_settings_leave_the_quota_and_the_plan_agreeing() {
 async fn changing_settings_are_rate_limited_like_reports() {
     let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
     // The setup's grant report counts one: two changes make three.
-    onegrant_tests::early_in_a_minute().await;
+    app.freeze_at_a_minute_start();
     let user = app.scheduled_user("erin", 1).await;
     let setting = |item: &str| json!({"main_switch": true, "item_settings": {WATER: item}});
     for (i, item) in ["reject", "accept"].into_iter().enumerate() {

@@ -90,7 +90,7 @@ async fn broken_plan(app: &TestApp, name: &str, lease_until: chrono::DateTime<Ut
 #[tokio::test]
 async fn failing_lease_entries_ahead_of_a_recoverable_delivery_hold_nothing_up() {
     let app = spawn_app_with(&[("DUE_SHARDS", "1"), ("DISPATCH_LOOKAHEAD_SECONDS", "5")]).await;
-    let now = Utc::now();
+    let now = app.now();
     let oldest = now - Duration::hours(1);
     for i in 0..10 {
         broken_plan(&app, &format!("broken{i}"), oldest + Duration::seconds(i)).await;

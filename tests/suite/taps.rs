@@ -2,7 +2,7 @@
 //! (pushed by the stand-in to `/wechat/callback`, sealed in safe mode) confirm one
 //! grant, in either order and concurrently; a popup accept is never a grant itself.
 
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use futures::future::join_all;
 use onegrant_tests::{
     TestApp, User, WATER, assert_ledger_agrees_with_counters, attr_n, attr_s, quota,
@@ -29,7 +29,7 @@ async fn popup(app: &TestApp, user: &User, ago: Duration) -> Value {
         .push_event(
             json!({"event": "popup", "openid": user.openid, "template_id": WATER,
                            "status": "accept",
-                           "create_time": (Utc::now() - ago).timestamp()}),
+                           "create_time": (app.now() - ago).timestamp()}),
         )
         .await;
     assert!(
@@ -207,7 +207,7 @@ async fn a_check_ins_grant_is_confirmed_like_a_reported_one() {
             "/v1/reminders/water/checkins",
             Some(&user.token),
             &json!({"action_id": "ck_1", "grant_request_id": "tap_ck", "subscription_status": "accept",
-                    "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+                    "occurred_at": app.now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
         )
         .await;
     assert_eq!(answer.status, 200, "{}", answer.body);

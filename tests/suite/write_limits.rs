@@ -4,17 +4,14 @@
 //! another's. Writes are counted by the round-trip counter: every item a write request
 //! names, whether it landed or not.
 
-use chrono::Utc;
 use futures::StreamExt;
-use onegrant_tests::{
-    Answer, ORDER, TestApp, User, WATER, assert_rate_limited, early_in_a_minute, spawn_app_with,
-};
+use onegrant_tests::{Answer, ORDER, TestApp, User, WATER, assert_rate_limited, spawn_app_with};
 use serde_json::{Value, json};
 
 const LIMIT: usize = 10;
 
-fn minute() -> i64 {
-    Utc::now().timestamp().div_euclid(60)
+fn minute(app: &TestApp) -> i64 {
+    app.now().timestamp().div_euclid(60)
 }
 
 async fn save(app: &TestApp, user: &User, body: &Value) -> Answer {
@@ -41,8 +38,8 @@ async fn five_hundred_settings_saves_in_a_minute_are_limited_and_refused_or_unch
     let bob = app.user("bob").await;
     app.accept(&alice, WATER, "limits_grant").await;
 
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     let entries_before = history(&app, &alice).await;
     app.round_trips.take_writes();
     // Turned on and off, one after another: each save changes the plan.
@@ -65,26 +62,18 @@ async fn five_hundred_settings_saves_in_a_minute_are_limited_and_refused_or_unch
         .collect()
         .await;
     let refused_writes = app.round_trips.take_writes();
-    let same_minute = minute() == first;
-    if same_minute {
-        for answer in &rest {
-            assert_rate_limited(answer, "a save past the limit");
-        }
-        assert!(
-            refused_writes.is_empty(),
-            "refused saves wrote {} items ({} write units): {:?}",
-            refused_writes.len(),
-            app.write_units(&refused_writes).await,
-            refused_writes.iter().take(3).collect::<Vec<_>>()
-        );
-    } else {
-        // The burst crossed into the next minute: at most one more minute's worth.
-        let ok = rest.iter().filter(|a| a.status == 200).count();
-        assert!(ok <= LIMIT, "{ok} admitted in the next minute");
-        for answer in rest.iter().filter(|a| a.status != 200) {
-            assert_rate_limited(answer, "a save past the limit");
-        }
+    // The clock is held in one minute: every save past the limit is refused.
+    assert_eq!(minute(&app), first, "the test's minute is held");
+    for answer in &rest {
+        assert_rate_limited(answer, "a save past the limit");
     }
+    assert!(
+        refused_writes.is_empty(),
+        "refused saves wrote {} items ({} write units): {:?}",
+        refused_writes.len(),
+        app.write_units(&refused_writes).await,
+        refused_writes.iter().take(3).collect::<Vec<_>>()
+    );
     // Saving what is stored changes nothing, writes nothing and is never refused:
     // the plan is off now (the last admitted save turned it off).
     assert!(
@@ -93,9 +82,7 @@ async fn five_hundred_settings_saves_in_a_minute_are_limited_and_refused_or_unch
     );
     let plan = app.get("/v1/reminders/water", Some(&alice.token)).await;
     let enabled = plan.body["state"] != "disabled";
-    if same_minute {
-        assert!(!enabled, "{}", plan.body);
-    }
+    assert!(!enabled, "{}", plan.body);
     app.round_trips.take_writes();
     for _ in 0..20 {
         let answer = save(&app, &alice, &json!({"enabled": enabled})).await;
@@ -111,9 +98,7 @@ async fn five_hundred_settings_saves_in_a_minute_are_limited_and_refused_or_unch
     // One history entry at most per admitted change (a change writes one; the
     // grant voided by the first turn-off rides in that save's entry).
     let entries = history(&app, &alice).await - entries_before;
-    if same_minute {
-        assert_eq!(entries, LIMIT, "one history entry per admitted save");
-    }
+    assert_eq!(entries, LIMIT, "one history entry per admitted save");
     // Another user's saves are their own.
     let other = save(&app, &bob, &json!({"enabled": true})).await;
     assert_eq!(other.status, 200, "{}", other.body);
@@ -155,8 +140,8 @@ async fn reading_notifications_costs_one_read_when_nothing_changes_and_is_limite
     assert_eq!(app.round_trips.take(), vec!["BatchGetItem".to_string()]);
     assert!(app.round_trips.take_writes().is_empty());
 
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     // The first LIMIT reads change something and are admitted…
     for id in ids.iter().take(LIMIT) {
         let path = format!("/v1/notifications/{id}/read");
@@ -176,20 +161,19 @@ async fn reading_notifications_costs_one_read_when_nothing_changes_and_is_limite
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!(again.body["read"], true);
     assert!(app.round_trips.take_writes().is_empty());
-    if minute() == first {
-        // …and the next unread one, past the limit, is refused with nothing written,
-        // as is a read-all.
-        let path = format!("/v1/notifications/{}/read", ids[LIMIT]);
-        let refused = app.post(&path, Some(&alice.token), &json!({})).await;
-        assert_rate_limited(&refused, "a read past the limit");
-        let all = app.read_all(&alice).await;
-        assert_rate_limited(&all, "a read-all past the limit");
-        assert!(app.round_trips.take_writes().is_empty());
-        let unread = app
-            .get("/v1/notifications/unread-count", Some(&alice.token))
-            .await;
-        assert_eq!(unread.body["unread"], 3, "{}", unread.body);
-    }
+    assert_eq!(minute(&app), first, "the test's minute is held");
+    // …and the next unread one, past the limit, is refused with nothing written,
+    // as is a read-all.
+    let path = format!("/v1/notifications/{}/read", ids[LIMIT]);
+    let refused = app.post(&path, Some(&alice.token), &json!({})).await;
+    assert_rate_limited(&refused, "a read past the limit");
+    let all = app.read_all(&alice).await;
+    assert_rate_limited(&all, "a read-all past the limit");
+    assert!(app.round_trips.take_writes().is_empty());
+    let unread = app
+        .get("/v1/notifications/unread-count", Some(&alice.token))
+        .await;
+    assert_eq!(unread.body["unread"], 3, "{}", unread.body);
     // A read-all with nothing unread, later, writes nothing either.
     let bob = app.user("bob").await;
     let nothing = app.read_all(&bob).await;
@@ -211,8 +195,8 @@ async fn preferences_saves_are_limited_and_unchanged_ones_write_nothing() {
                 .0
         }
     };
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     app.round_trips.take_writes();
     for muted in ["a", "b", "c"] {
         let answer = put(json!({"quiet_hours": null, "muted_types": [muted]})).await;
@@ -225,12 +209,11 @@ async fn preferences_saves_are_limited_and_unchanged_ones_write_nothing() {
     );
     let same = put(json!({"quiet_hours": null, "muted_types": ["c"]})).await;
     assert_eq!(same.status, 200, "{}", same.body);
-    if minute() == first {
-        let refused = put(json!({"quiet_hours": null, "muted_types": ["d"]})).await;
-        assert_rate_limited(&refused, "a preferences save past the limit");
-        let stored = app.get("/v1/preferences", Some(&alice.token)).await;
-        assert_eq!(stored.body["muted_types"], json!(["c"]));
-    }
+    assert_eq!(minute(&app), first, "the test's minute is held");
+    let refused = put(json!({"quiet_hours": null, "muted_types": ["d"]})).await;
+    assert_rate_limited(&refused, "a preferences save past the limit");
+    let stored = app.get("/v1/preferences", Some(&alice.token)).await;
+    assert_eq!(stored.body["muted_types"], json!(["c"]));
     assert!(app.round_trips.take_writes().is_empty());
 }
 
@@ -238,8 +221,8 @@ async fn preferences_saves_are_limited_and_unchanged_ones_write_nothing() {
 async fn a_report_past_the_limit_is_refused_before_any_transaction() {
     let app = spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
     let alice = app.user("alice").await;
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     for i in 0..3 {
         let report = json!({"request_id": format!("limit_{i}"), "results": {WATER: "accept"}});
         let answer = app.post("/v1/grants", Some(&alice.token), &report).await;
@@ -249,20 +232,19 @@ async fn a_report_past_the_limit_is_refused_before_any_transaction() {
     app.round_trips.take_writes();
     let report = json!({"request_id": "limit_3", "results": {WATER: "accept"}});
     let refused = app.post("/v1/grants", Some(&alice.token), &report).await;
-    if minute() == first {
-        assert_rate_limited(&refused, "a report past the limit");
-        let ops = app.round_trips.take();
-        assert_eq!(
-            ops,
-            vec!["BatchGetItem".to_string()],
-            "one read, no transaction"
-        );
-        assert!(app.round_trips.take_writes().is_empty());
-        // A replay of an admitted report is never limited, and writes nothing.
-        let replay = json!({"request_id": "limit_0", "results": {WATER: "accept"}});
-        let answer = app.post("/v1/grants", Some(&alice.token), &replay).await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
-    }
+    assert_eq!(minute(&app), first, "the test's minute is held");
+    assert_rate_limited(&refused, "a report past the limit");
+    let ops = app.round_trips.take();
+    assert_eq!(
+        ops,
+        vec!["BatchGetItem".to_string()],
+        "one read, no transaction"
+    );
+    assert!(app.round_trips.take_writes().is_empty());
+    // A replay of an admitted report is never limited, and writes nothing.
+    let replay = json!({"request_id": "limit_0", "results": {WATER: "accept"}});
+    let answer = app.post("/v1/grants", Some(&alice.token), &replay).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
 }
 
 /// The user's standing choice for the water template, as the quotas show it.
@@ -276,8 +258,8 @@ async fn a_report_refused_by_its_limit_or_a_conflict_leaves_its_standing_choice_
     let app = spawn_app_with(&[("REPORTS_PER_MINUTE", "3")]).await;
     let alice = app.user("alice").await;
     let reject = json!({"main_switch": true, "item_settings": {WATER: "reject"}});
-    early_in_a_minute().await;
-    let first = minute();
+    app.freeze_at_a_minute_start();
+    let first = minute(&app);
     // A partly conflicting replay (the same request id: one template recorded with
     // another result, one new) carrying a setting that would change something: 409,
     // and the setting is not applied.
@@ -305,13 +287,12 @@ async fn a_report_refused_by_its_limit_or_a_conflict_leaves_its_standing_choice_
     let carrying = json!({"request_id": "wl_3", "results": {WATER: "accept"},
                           "subscriptions_setting": reject});
     let answer = app.post("/v1/grants", Some(&alice.token), &carrying).await;
-    if minute() == first {
-        assert_rate_limited(&answer, "a report whose setting needs the last place");
-        assert!(app.round_trips.take_writes().is_empty(), "nothing written");
-        assert_eq!(standing(&app, &alice).await, Value::Null);
-        // Without a setting to apply, the same report takes the last place.
-        let plain = json!({"request_id": "wl_3", "results": {WATER: "accept"}});
-        let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
-    }
+    assert_eq!(minute(&app), first, "the test's minute is held");
+    assert_rate_limited(&answer, "a report whose setting needs the last place");
+    assert!(app.round_trips.take_writes().is_empty(), "nothing written");
+    assert_eq!(standing(&app, &alice).await, Value::Null);
+    // Without a setting to apply, the same report takes the last place.
+    let plain = json!({"request_id": "wl_3", "results": {WATER: "accept"}});
+    let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
 }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::support::invariants::attr_n;
 use crate::support::round_trips::{ItemWrite, RoundTrips, item_size};
-use crate::support::table::{TestTable, emulator_endpoint};
+use crate::support::table::{Leased, TestTable};
 use crate::{faults, openapi};
 
 /// One test's running onegrant: API, stand-in and table.
@@ -27,6 +27,9 @@ pub struct TestApp {
     pub deps: Deps,
     /// Every DynamoDB request the functions send.
     pub round_trips: RoundTrips,
+    /// The time every function of this app (and its stand-in) reads: the test moves it
+    /// ([`TestApp::advance`]) instead of waiting.
+    pub clock: onegrant::Clock,
     /// The items [`TestApp::ttl_pass`] removed, so ledger checks still add up.
     pub expired: Arc<Mutex<Vec<HashMap<String, AttributeValue>>>>,
     // Declared after `table`, so the table is deleted before the emulator is killed.
@@ -100,8 +103,9 @@ pub async fn spawn_app_with(overrides: &[(&'static str, &str)]) -> TestApp {
 /// client retries and times out as a deployed one does, only faster: 3 attempts, a
 /// 1-second attempt timeout, 10 ms first backoff.
 pub async fn spawn_faulty_app(overrides: &[(&'static str, &str)]) -> (TestApp, faults::FaultProxy) {
-    let proxy = faults::FaultProxy::start(emulator_endpoint()).await;
-    let app = spawn_app_on(overrides, None, Some(&proxy.url)).await;
+    let leased = Leased::take().await;
+    let proxy = faults::FaultProxy::start(leased.endpoint()).await;
+    let app = spawn_app_on(overrides, None, Some((leased, &proxy.url))).await;
     (app, proxy)
 }
 
@@ -116,8 +120,13 @@ pub async fn spawn_app_isolated(overrides: &[(&'static str, &str)]) -> TestApp {
 pub(crate) async fn spawn_app_on(
     overrides: &[(&'static str, &str)],
     emulator: Option<Emulator>,
-    proxy: Option<&str>,
+    // The emulator and, in front of it, the fault proxy the functions go through.
+    proxied: Option<(Leased, &str)>,
 ) -> TestApp {
+    let (leased, proxy) = match proxied {
+        Some((leased, url)) => (Some(leased), Some(url)),
+        None => (None, None),
+    };
     // Logs go through the test harness's capture: shown only for failing tests.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -125,9 +134,10 @@ pub(crate) async fn spawn_app_on(
         .try_init();
     // reqwest is built without a default TLS provider; onegrant installs ring.
     onegrant::aws::install_crypto_provider();
-    let table = match &emulator {
-        Some(e) => TestTable::create_on(e.endpoint()).await,
-        None => TestTable::create().await,
+    let table = match (&emulator, leased) {
+        (Some(e), _) => TestTable::create_on(e.endpoint()).await,
+        (None, Some(leased)) => TestTable::create_leased(leased).await,
+        (None, None) => TestTable::create().await,
     };
     let standin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let standin_url = format!(
@@ -166,7 +176,14 @@ pub(crate) async fn spawn_app_on(
         values.insert(k, v.to_string());
     }
     let config = stack::local_config(&values).expect("test config is valid");
-    let standin_task = standin::spawn(stack::standin_config(&config), standin_listener);
+    let clock = onegrant::Clock::test();
+    let standin_task = standin::spawn(
+        standin::StandinConfig {
+            clock: clock.clone(),
+            ..stack::standin_config(&config)
+        },
+        standin_listener,
+    );
     let round_trips = RoundTrips::default();
     let functions_client = match proxy {
         None => table.client.clone(),
@@ -188,7 +205,8 @@ pub(crate) async fn spawn_app_on(
             aws_sdk_dynamodb::Client::from_conf(config)
         }
     };
-    let deps = stack::deps(config, round_trips.attach(&functions_client)).expect("deps build");
+    let deps = stack::deps_on(config, round_trips.attach(&functions_client), clock.clone())
+        .expect("deps build");
     let (base_url, api_task) = serve(api::api_router(deps.clone()).expect("router builds")).await;
     let router = api::invoke_router(deps.clone()).expect("router builds");
     let invoke_task = tokio::spawn(async move {
@@ -198,10 +216,13 @@ pub(crate) async fn spawn_app_on(
         base_url,
         invoke_url,
         standin_url,
-        http: reqwest::Client::new(),
+        http: onegrant::aws::http_client_builder()
+            .build()
+            .expect("an HTTP client"),
         table,
         deps,
         round_trips,
+        clock,
         expired: Arc::default(),
         _emulator: emulator,
         tasks: vec![standin_task, api_task, invoke_task],
@@ -225,8 +246,9 @@ pub async fn spawn_pushing_app_with(copies: u32, extra: &[(&'static str, &str)])
 /// Like [`spawn_pushing_app`], with the fault proxy between the functions and the
 /// emulator.
 pub async fn spawn_faulty_pushing_app(copies: u32) -> (TestApp, faults::FaultProxy) {
-    let proxy = faults::FaultProxy::start(emulator_endpoint()).await;
-    let app = spawn_app_on(&pushing_overrides(&[]), None, Some(&proxy.url)).await;
+    let leased = Leased::take().await;
+    let proxy = faults::FaultProxy::start(leased.endpoint()).await;
+    let app = spawn_app_on(&pushing_overrides(&[]), None, Some((leased, &proxy.url))).await;
     point_pushes(&app, copies).await;
     (app, proxy)
 }
@@ -262,6 +284,34 @@ pub const WATER: &str = "tmpl_water_reminder";
 pub const ORDER: &str = "tmpl_order_status";
 
 impl TestApp {
+    /// What time it is for this app.
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.clock.now()
+    }
+
+    /// Holds this app's clock at the start of the next minute, for a test whose
+    /// requests must all count in one minute (the per-minute limits), however slow the
+    /// machine: no earlier request counts in it, and it never ends under the test.
+    pub fn freeze_at_a_minute_start(&self) {
+        let next = (self.now().timestamp().div_euclid(60) + 1) * 60;
+        self.clock.freeze_at(
+            chrono::DateTime::from_timestamp(next, 0).expect("a minute within chrono's range"),
+        );
+    }
+
+    /// Moves this app's clock on to `at`, if it is not there yet (never back).
+    pub fn move_to(&self, at: chrono::DateTime<chrono::Utc>) {
+        if at > self.now() {
+            self.clock.set(at);
+        }
+    }
+
+    /// Makes `by` pass for this app at once: everything waiting on its clock (a
+    /// dispatcher waiting for an instant) looks at the time again.
+    pub fn advance(&self, by: std::time::Duration) {
+        self.clock.advance(by);
+    }
+
     pub(crate) async fn decode(response: reqwest::Response) -> Answer {
         let status = response.status().as_u16();
         let headers = response.headers().clone();

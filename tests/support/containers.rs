@@ -135,7 +135,7 @@ impl TestApp {
     ) -> onegrant::store::dispatch::Finalized {
         self.deps
             .store
-            .finalize(claim, &result, chrono::Utc::now())
+            .finalize(claim, &result, onegrant::Clock::real_now())
             .await
             .expect("finalized")
     }

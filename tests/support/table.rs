@@ -2,14 +2,15 @@
 //! `template.yaml` and deleted on drop.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use onegrant_local::emulator::Emulator;
 
 use crate::support::invariants::attr_s;
 
-/// The suite's emulator: started once per test binary, gone when the binary exits.
+/// The emulator Secrets Manager is served from (and tables of tests that ask for
+/// [`emulator_endpoint`]): started once per test binary, gone when it exits.
 pub fn emulator_endpoint() -> &'static str {
     static EMULATOR: OnceLock<Emulator> = OnceLock::new();
     EMULATOR
@@ -19,10 +20,62 @@ pub fn emulator_endpoint() -> &'static str {
         .endpoint()
 }
 
-/// A DynamoDB client on the suite's emulator (one per test: clients hold connections
-/// bound to the test's runtime).
-pub fn dynamodb() -> aws_sdk_dynamodb::Client {
-    onegrant::aws::local_dynamodb_client(emulator_endpoint())
+/// The suite's emulators for tables: each test running takes one of its own and
+/// gives it back when its table is dropped, so no test waits behind another's requests
+/// (moto applies one request at a time, on one core) and the suite keeps both cores
+/// busy. An emulator is started when every one is taken (about a second), so there are
+/// as many as tests run at once; they die with the test binary.
+struct Pool {
+    idle: Mutex<Vec<Emulator>>,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool {
+        idle: Mutex::new(Vec::new()),
+    })
+}
+
+/// An emulator a test holds for itself until dropped.
+pub struct Leased {
+    emulator: Option<Emulator>,
+}
+
+impl Leased {
+    /// An idle emulator of the pool, or a new one.
+    pub async fn take() -> Self {
+        let idle = pool()
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let emulator = match idle {
+            Some(emulator) => emulator,
+            None => tokio::task::spawn_blocking(|| Emulator::start(true))
+                .await
+                .expect("the emulator's start ran")
+                .expect("the DynamoDB emulator starts (run scripts/setup)"),
+        };
+        Self {
+            emulator: Some(emulator),
+        }
+    }
+
+    pub fn endpoint(&self) -> &str {
+        self.emulator.as_ref().map_or("", Emulator::endpoint)
+    }
+}
+
+impl Drop for Leased {
+    fn drop(&mut self) {
+        if let Some(emulator) = self.emulator.take() {
+            pool()
+                .idle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(emulator);
+        }
+    }
 }
 
 /// A fresh table, created from `template.yaml` and deleted when dropped.
@@ -30,12 +83,22 @@ pub struct TestTable {
     pub name: String,
     pub client: aws_sdk_dynamodb::Client,
     pub(crate) endpoint: String,
+    /// The emulator the table is on, when the table holds it (given back after the
+    /// table is deleted: fields drop after `drop`).
+    _leased: Option<Leased>,
 }
 
 impl TestTable {
-    /// A table on the suite's shared emulator.
+    /// A table on an emulator of the pool, the test's own while the table lives.
     pub async fn create() -> Self {
-        Self::create_on(emulator_endpoint()).await
+        Self::create_leased(Leased::take().await).await
+    }
+
+    /// A table on `leased`, which it holds until dropped.
+    pub async fn create_leased(leased: Leased) -> Self {
+        let mut table = Self::create_on(leased.endpoint()).await;
+        table._leased = Some(leased);
+        table
     }
 
     /// A table on the emulator at `endpoint`.
@@ -49,6 +112,7 @@ impl TestTable {
             name,
             client,
             endpoint: endpoint.to_string(),
+            _leased: None,
         }
     }
 

@@ -29,15 +29,6 @@ pub struct User {
     pub token: String,
 }
 
-/// Waits for the start of a minute when less than 20 s of this one are left (the rate
-/// limits count per minute).
-pub async fn early_in_a_minute() {
-    let into = chrono::Utc::now().timestamp().rem_euclid(60);
-    if into > 40 {
-        tokio::time::sleep(std::time::Duration::from_secs((61 - into) as u64)).await;
-    }
-}
-
 /// A plan answer's (state, pause reason, needs_grant).
 pub fn plan_state(plan: &Value) -> (String, Option<String>, bool) {
     (

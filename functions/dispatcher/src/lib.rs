@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::events::EventError;
@@ -68,7 +67,7 @@ impl Budget {
 
 /// Runs one tick that must finish by `deadline`.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
-    let now = Utc::now();
+    let now = deps.clock.now();
     // Every partition that may hold items, old shard counts included.
     let shards = match deps.store.shard_span(now).await {
         Ok(shards) => shards,
@@ -94,7 +93,7 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
             run_shards(deps, deadline, &all, now).await?
         }
     };
-    if let Err(e) = deps.store.drain_shards(&shards, Utc::now()).await {
+    if let Err(e) = deps.store.drain_shards(&shards, deps.clock.now()).await {
         tracing::error!(error = %error_chain(&e), "old shards not checked for empty");
     }
     report(&summary, true);
@@ -108,7 +107,7 @@ pub async fn tick_shards(
     deadline: Instant,
     shards: &[u32],
 ) -> Result<Summary, StoreError> {
-    let summary = run_shards(deps, deadline, shards, Utc::now()).await?;
+    let summary = run_shards(deps, deadline, shards, deps.clock.now()).await?;
     report(&summary, false);
     Ok(summary)
 }
@@ -118,7 +117,7 @@ async fn run_shards(
     deps: &Deps,
     deadline: Instant,
     shards: &[u32],
-    now: chrono::DateTime<Utc>,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Summary, StoreError> {
     let config = &deps.config;
     // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends

@@ -2,7 +2,6 @@
 //! template that names a refill template (`domain::inbox::refill` decides what it says,
 //! `Store::refill` publishes it once per depletion, only with a refill grant held).
 
-use chrono::Utc;
 use onegrant::Deps;
 use onegrant::domain::GrantState;
 use onegrant::domain::inbox::refill::notice;
@@ -54,7 +53,7 @@ pub(crate) async fn after_send(
     let Some(last_grant) = claim.grant_request_id() else {
         return Refill::Nothing;
     };
-    let now = Utc::now();
+    let now = deps.clock.now();
     let event = match notice(
         stopped,
         refill,

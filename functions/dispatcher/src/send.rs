@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::FutureExt;
 use onegrant::Deps;
 use onegrant::domain::OpenId;
@@ -69,10 +68,12 @@ pub(crate) async fn dispatch_one(
     let config = &deps.config;
     let Some(openid) = item.openid() else {
         tracing::error!("due item outside any user partition taken off the due index");
-        deps.store.quarantine_due(item, Utc::now()).await?;
+        deps.store.quarantine_due(item, deps.clock.now()).await?;
         return Ok(Dispatched::Unreadable);
     };
-    let wait = (item.due_at - Utc::now()).to_std().unwrap_or_default();
+    let wait = (item.due_at - deps.clock.now())
+        .to_std()
+        .unwrap_or_default();
     if wait + budget.after_turn > budget.left() {
         return Ok(Dispatched::Deferred);
     }
@@ -84,11 +85,11 @@ pub(crate) async fn dispatch_one(
     // if any, then claimed like any other.
     let mut publication = if item.is_scheduled_note() {
         let read_at = item.due_at - chrono::Duration::from_std(READ_AHEAD).unwrap_or_default();
-        tokio::time::sleep((read_at - Utc::now()).to_std().unwrap_or_default()).await;
+        deps.clock.sleep_until(read_at).await;
         let (pk, sk) = item.key();
         match deps
             .store
-            .publication(pk, sk, item.due_at, Utc::now())
+            .publication(pk, sk, item.due_at, deps.clock.now())
             .await?
         {
             Some(publication) => Some(deps.store.read_ahead(publication).await),
@@ -98,7 +99,7 @@ pub(crate) async fn dispatch_one(
         None
     };
     // (Until the instant itself: the read above took some of the wait.)
-    tokio::time::sleep((item.due_at - Utc::now()).to_std().unwrap_or_default()).await;
+    deps.clock.sleep_until(item.due_at).await;
     let entry = item;
     let published_push;
     let item = match entry.published_push() {
@@ -140,16 +141,25 @@ pub(crate) async fn dispatch_one(
     let mut outcome = match &publication {
         Some(publication) => {
             deps.store
-                .claim_published(item, publication, claimer, lease, Utc::now())
+                .claim_published(item, publication, claimer, lease, deps.clock.now())
                 .await?
         }
-        None => deps.store.claim(item, claimer, lease, Utc::now()).await?,
+        None => {
+            deps.store
+                .claim(item, claimer, lease, deps.clock.now())
+                .await?
+        }
     };
     if publication.is_some() {
         match outcome {
             // Nothing written: publish it the ordinary way, then claim its push.
             ClaimOutcome::Republish => match Box::pin(publish(deps, entry, published)).await? {
-                Ok(_) => outcome = deps.store.claim(item, claimer, lease, Utc::now()).await?,
+                Ok(_) => {
+                    outcome = deps
+                        .store
+                        .claim(item, claimer, lease, deps.clock.now())
+                        .await?
+                }
                 Err(done) => return Ok(done),
             },
             ClaimOutcome::Claimed(_) => published.store(true, Ordering::Relaxed),
@@ -176,7 +186,7 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");
-            deps.store.quarantine_due(item, Utc::now()).await?;
+            deps.store.quarantine_due(item, deps.clock.now()).await?;
             return Ok(Dispatched::Unreadable);
         }
     };
@@ -186,7 +196,7 @@ pub(crate) async fn dispatch_one(
     // The send must end inside the lease and the invocation, before the finalize's
     // margin: measured now, on the wall clock for the lease, so a process that stalled
     // after claiming gives the claim back instead of sending late.
-    let lease_left = (claim.lease_until - Utc::now())
+    let lease_left = (claim.lease_until - deps.clock.now())
         .to_std()
         .unwrap_or_default()
         .saturating_sub(FINALIZE_MARGIN);
@@ -199,7 +209,7 @@ pub(crate) async fn dispatch_one(
         // `unknown`, a send that never happened.
         let finalized = retried(&budget, "release", || {
             deps.store
-                .release(&claim, "no time left to send", Utc::now())
+                .release(&claim, "no time left to send", deps.clock.now())
         })
         .await?;
         // No longer in flight: an event it held back may settle another send.
@@ -216,12 +226,12 @@ pub(crate) async fn dispatch_one(
         Err(invalid) => invalid,
     };
     drop(turn);
-    let latency_ms = (Utc::now() - claim.due_at).num_milliseconds();
+    let latency_ms = (deps.clock.now() - claim.due_at).num_milliseconds();
     onegrant::failpoint::hit("after_send");
     if let Some(delay) = onegrant::failpoint::delay_of("during_finalize") {
         // Die with the finalize transaction in flight: it may or may not land.
         tokio::select! {
-            _ = deps.store.finalize(&claim, &result, Utc::now()) => {}
+            _ = deps.store.finalize(&claim, &result, deps.clock.now()) => {}
             () = tokio::time::sleep(delay) => {}
         }
         onegrant::failpoint::hit("during_finalize");
@@ -233,7 +243,7 @@ pub(crate) async fn dispatch_one(
     // sweep to record as `unknown`. Each try is guarded, and one that finds its own
     // settlement landed finishes what follows it.
     let finalized = match retried(&budget, "finalize", || {
-        deps.store.finalize(&claim, &result, Utc::now())
+        deps.store.finalize(&claim, &result, deps.clock.now())
     })
     .await
     {
@@ -313,7 +323,7 @@ pub(crate) async fn keep_answer(deps: &Deps, claim: &Claim, result: &SendResult)
                 // No longer live: a sweep declared it `unknown` meanwhile. The answer
                 // still wins, as a late answer (or the finalize landed after all, and
                 // this finds its own settlement).
-                match deps.store.finalize(claim, result, Utc::now()).await {
+                match deps.store.finalize(claim, result, deps.clock.now()).await {
                     Ok(finalized) => tracing::warn!(
                         delivery_id = %claim.delivery_id,
                         late = finalized.late,
@@ -397,7 +407,7 @@ pub(crate) async fn settle_pending(deps: &Deps, claim: &Claim) {
     let config = &deps.config;
     if config.limits.push_events {
         deps.store
-            .settle_pending_events(&claim.openid, &claim.template_id, Utc::now())
+            .settle_pending_events(&claim.openid, &claim.template_id, deps.clock.now())
             .await;
     }
 }
@@ -446,7 +456,11 @@ async fn publish(
 ) -> Result<Result<DueItem, Dispatched>, StoreError> {
     let (pk, sk) = item.key();
     Ok(
-        match deps.store.publish(pk, sk, item.due_at, Utc::now()).await? {
+        match deps
+            .store
+            .publish(pk, sk, item.due_at, deps.clock.now())
+            .await?
+        {
             Published::Done { push, expired } => {
                 published.store(true, Ordering::Relaxed);
                 match item.published_push() {
@@ -458,7 +472,7 @@ async fn publish(
             Published::Gone => Err(Dispatched::Lost),
             Published::Unreadable(why) => {
                 tracing::error!(why = %why, "unreadable scheduled notification taken off the due index");
-                deps.store.quarantine_due(item, Utc::now()).await?;
+                deps.store.quarantine_due(item, deps.clock.now()).await?;
                 Err(Dispatched::Unreadable)
             }
         },

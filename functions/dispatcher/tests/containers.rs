@@ -7,7 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Stdio};
 use std::time::Duration as StdDuration;
 
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use onegrant_tests::{
     ORDER, TestApp, User, WATER, assert_ledger_agrees_with_counters, assert_plans_consistent,
     attr_n, attr_s, order_numbers, spawn_app_with, summary_of, wait_for_exit,
@@ -106,7 +106,8 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
         let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
         let (user, source_sk, template) = if what == "plan" {
             let user = app.scheduled_user("alice", 1).await;
-            app.make_due(&user, "water", Utc::now()).await;
+            app.make_due(&user, "water", onegrant::Clock::real_now())
+                .await;
             (user, "PLAN#water".to_string(), WATER)
         } else {
             let user = app.user("alice").await;
@@ -126,7 +127,9 @@ async fn a_dispatcher_frozen_past_its_lease_after_the_send_still_records_what_we
 
         // The lease runs out while the process is frozen: the sweep declares the send
         // unknown, voids the grant and pauses the plan (or marks the push unknown).
-        let swept = app.sweep_at(Utc::now() + AFTER_EVERY_LEASE).await;
+        let swept = app
+            .sweep_at(onegrant::Clock::real_now() + AFTER_EVERY_LEASE)
+            .await;
         assert_eq!(swept.recovered, 1, "{what}: {swept:?}");
         assert_eq!(
             state_of(&app, &user, &source_sk).await.as_deref(),
@@ -198,7 +201,8 @@ async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_nev
         ])
         .await;
         let user = app.scheduled_user("alice", 1).await;
-        app.make_due(&user, "water", Utc::now()).await;
+        app.make_due(&user, "water", onegrant::Clock::real_now())
+            .await;
         app.control("POST", "latency", Some(json!({"ms": 1500})))
             .await;
         let child = app
@@ -231,7 +235,7 @@ async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_nev
                 "/v1/reminders/water/checkins",
                 Some(&user.token),
                 &json!({"action_id": "wc_mid", "grant_request_id": "wr_mid", "subscription_status": "accept",
-                        "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+                        "occurred_at": onegrant::Clock::real_now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
             )
             .await;
         assert_eq!(answer.status, 200, "{point}: {}", answer.body);
@@ -245,7 +249,10 @@ async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_nev
         // After the lease: the sweep races the user rejecting the template.
         let refusal = json!({"request_id": "rq_no", "results": {WATER: "reject"}});
         let reject = app.post("/v1/grants", Some(&user.token), &refusal);
-        let (swept, rejected) = tokio::join!(app.sweep_at(Utc::now() + AFTER_EVERY_LEASE), reject);
+        let (swept, rejected) = tokio::join!(
+            app.sweep_at(onegrant::Clock::real_now() + AFTER_EVERY_LEASE),
+            reject
+        );
         assert_eq!(rejected.status, 200, "{point}: {}", rejected.body);
         assert_eq!(swept.skipped, 0, "{point}: {swept:?}");
         let plan = app.item(&user, "PLAN#water").await.expect("plan");
@@ -269,7 +276,8 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
     for i in 0..19 {
         app.push(&user, &format!("order-{i}")).await;
     }
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", onegrant::Clock::real_now())
+        .await;
     app.control("POST", "latency", Some(json!({"ms": 200})))
         .await;
     let env = [
@@ -383,7 +391,8 @@ async fn with_wechat_answering_in_2_5_s_and_a_second_dispatcher_65_s_in_30_pushe
 async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_gives_the_claim_back() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.scheduled_user("alice", 1).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", onegrant::Clock::real_now())
+        .await;
     // Short timeouts, so the lease (10 s at least) really runs out.
     let short = [
         ("WECHAT_TIMEOUT_MS", "500"),
@@ -393,12 +402,12 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     // Frozen until its lease has really run out, by the wall clock; then swept.
     let claimed = app.items_of(&user, "delivery").await.remove(0);
     let lease_until = attr_n(&claimed, "lease_until").expect("a lease");
-    let wait_ms = lease_until - Utc::now().timestamp_millis() + 300;
+    let wait_ms = lease_until - onegrant::Clock::real_now().timestamp_millis() + 300;
     tokio::time::sleep(StdDuration::from_millis(
         u64::try_from(wait_ms).unwrap_or(0),
     ))
     .await;
-    let swept = app.sweep_at(Utc::now()).await;
+    let swept = app.sweep_at(onegrant::Clock::real_now()).await;
     assert_eq!(swept.recovered, 1, "{swept:?}");
     // Thawed, it finds no time left in its lease: it must not send.
     signal(pid, "-CONT");
@@ -482,7 +491,7 @@ async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_
         let user = app.user(&format!("race-{round}")).await;
         app.accept_n(&user, ORDER, 6).await;
         // Three due at the instant through publication, three due now in the outbox.
-        let due = Utc::now() + Duration::seconds(3);
+        let due = onegrant::Clock::real_now() + Duration::seconds(3);
         let keys: Vec<String> = (0..6).map(|i| format!("r{round}-{i}")).collect();
         for (i, key) in keys.iter().enumerate() {
             let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
@@ -498,7 +507,12 @@ async fn cancels_racing_a_dispatcher_process_at_the_due_instant_leave_each_push_
             ("DISPATCH_ONCE_SECONDS", "30"),
         ];
         let child = spawn_dispatcher(&app, &env);
-        tokio::time::sleep((due - Utc::now()).to_std().unwrap_or_default()).await;
+        tokio::time::sleep(
+            (due - onegrant::Clock::real_now())
+                .to_std()
+                .unwrap_or_default(),
+        )
+        .await;
         let answers =
             futures::future::join_all(keys.iter().map(|key| app.cancel(&user, key))).await;
         let (status, _) = wait_for_exit(child).await;

@@ -5,7 +5,6 @@
 
 use std::os::unix::process::ExitStatusExt;
 
-use chrono::Utc;
 use onegrant_tests::{
     User, assert_ledger_agrees_with_counters, assert_plans_consistent, attr_s, spawn_app_with,
 };
@@ -39,7 +38,8 @@ async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_o
         let mut users: Vec<User> = Vec::new();
         for i in 0..4 {
             let user = app.scheduled_user(&format!("u{i}"), 1).await;
-            app.make_due(&user, "water", Utc::now()).await;
+            app.make_due(&user, "water", onegrant::Clock::real_now())
+                .await;
             users.push(user);
         }
 
@@ -93,9 +93,11 @@ async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_o
         }
 
         // Before the lease expires the sweep leaves the claims alone…
-        assert_eq!(app.sweep_at(Utc::now()).await.recovered, 0);
+        assert_eq!(app.sweep_at(onegrant::Clock::real_now()).await.recovered, 0);
         // …after it, one sweep settles every one of them.
-        let swept = app.sweep_at(Utc::now() + AFTER_EVERY_LEASE).await;
+        let swept = app
+            .sweep_at(onegrant::Clock::real_now() + AFTER_EVERY_LEASE)
+            .await;
         assert_eq!(
             (swept.recovered as usize, swept.skipped),
             (in_flight, 0),

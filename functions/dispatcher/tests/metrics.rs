@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::process::Stdio;
 
-use chrono::Utc;
 use onegrant::metrics::{ALL, NAMESPACE, name};
 use onegrant_tests::{ORDER, TestApp, User, spawn_app_with};
 use serde_json::{Value, json};
@@ -14,7 +13,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_dispatch-once");
 
 async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     let user = app.scheduled_user(name, grants).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", onegrant::Clock::real_now())
+        .await;
     user
 }
 

@@ -5,7 +5,6 @@
 //! reminder kind's template resumes a plan waiting for one; a reject or ban pauses it.
 //! The answer lists the report's grants and every configured template's quota.
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, Response};
@@ -52,7 +51,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
-    let now = Utc::now();
+    let now = deps.clock.now();
     let cause = format!("report {}", report.request_id);
     // A new report past the minute's limit is refused here, before any write.
     let admitted = deps.store.admit_report(&openid, &report, now).await?;

@@ -5,7 +5,6 @@
 //! Every query runs in the caller's own partition: a cursor holds only a position, and
 //! an id that is not the caller's answers 404 (I8).
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
@@ -98,7 +97,7 @@ async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         .ok_or(ApiError::NotFound)?;
     let note = deps
         .store
-        .mark_read(&openid, &id, Utc::now())
+        .mark_read(&openid, &id, deps.clock.now())
         .await?
         .ok_or(ApiError::NotFound)?;
     json_response(200, &note)
@@ -106,7 +105,7 @@ async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
 
 async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions).await?;
-    let done = deps.store.read_all(&openid, Utc::now()).await?;
+    let done = deps.store.read_all(&openid, deps.clock.now()).await?;
     json_response(200, &json!({"updated": done.updated, "more": done.more}))
 }
 
@@ -122,7 +121,7 @@ async fn save_preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, 
     let wanted = Preferences::from_json(&json_body(req)?)?;
     let saved = deps
         .store
-        .save_preferences(&openid, &wanted, Utc::now())
+        .save_preferences(&openid, &wanted, deps.clock.now())
         .await?;
     json_response(200, &saved)
 }

@@ -7,7 +7,6 @@
 //! nothing. A push that cannot be sent (unknown template, invalid keywords) is recorded
 //! `rejected` on the notification, which is stored all the same (record first, I7).
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::domain::inbox::cancel::CancelEvent;
@@ -62,7 +61,7 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         tracing::error!(reason = "no detail", "notify event refused");
         return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
     };
-    let now = Utc::now();
+    let now = deps.clock.now();
     if detail_type == Some(CANCEL_DETAIL_TYPE) {
         return cancel(deps, detail, source).await;
     }
@@ -120,7 +119,7 @@ async fn cancel(deps: &Deps, detail: &Value, source: &str) -> Result<Value, Even
         }
     };
     let cause = format!("cancel {}:{}", parsed.publisher, parsed.idempotency_key);
-    let cancelled = attributed(cause, deps.store.cancel(&parsed, Utc::now()))
+    let cancelled = attributed(cause, deps.store.cancel(&parsed, deps.clock.now()))
         .await
         .map_err(|e| {
             tracing::error!(error = %error_chain(&e), "cancel not recorded");

@@ -4,7 +4,6 @@
 //! The plan state machine and the next-due rule are pure (`onegrant::domain`); this
 //! crate only decodes, authenticates and calls one store operation per request.
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
@@ -47,7 +46,9 @@ async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let snapshot = deps.store.plan(&openid, kind).await?;
-    let view = snapshot.plan.view(snapshot.counters.available, Utc::now());
+    let view = snapshot
+        .plan
+        .view(snapshot.counters.available, deps.clock.now());
     json_response(200, &with_refill(deps, kind, &view))
 }
 
@@ -82,7 +83,7 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
-    let now = Utc::now();
+    let now = deps.clock.now();
     // Every field is checked before the plan is read; only the merged whole needs it.
     let patch = SettingsPatch::from_json(&body)?;
     let current = deps.store.plan(&openid, kind).await?;
@@ -106,7 +107,7 @@ async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
     let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
-    let now = Utc::now();
+    let now = deps.clock.now();
     let checkin = CheckIn::from_json(&body)?;
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
     // The standing choice first, and only on the check-in's first application: a

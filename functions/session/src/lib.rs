@@ -4,7 +4,6 @@
 //! code of one user leads to the same openid, hence the same account. The answer is a
 //! signed, expiring bearer token that every other route takes identity from.
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};
 use onegrant::Core;
@@ -41,7 +40,7 @@ async fn login(deps: &Core, req: &Request) -> Result<Response<Body>, ApiError> {
         });
     }
     let login = deps.wechat.code_to_session(code).await?;
-    let issued = deps.sessions.issue(&login.openid, Utc::now()).await?;
+    let issued = deps.sessions.issue(&login.openid, deps.clock.now()).await?;
     tracing::info!(openid = %openid_hash(login.openid.as_str()), "session issued");
     json_response(200, &issued)
 }

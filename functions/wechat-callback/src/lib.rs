@@ -14,7 +14,6 @@
 //! refusal voids the template's available grants and pauses its plans) and answered
 //! `success`.
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
@@ -87,7 +86,7 @@ fn query(req: &Request, name: &str) -> Option<String> {
 }
 
 /// The timestamp and nonce, if the timestamp is a number within the window.
-fn fresh(req: &Request) -> Result<(String, String), ApiError> {
+fn fresh(deps: &Deps, req: &Request) -> Result<(String, String), ApiError> {
     let timestamp = query(req, "timestamp").ok_or(ApiError::Unauthorized)?;
     let nonce = query(req, "nonce")
         .filter(|n| !n.is_empty() && n.len() <= 64)
@@ -95,7 +94,7 @@ fn fresh(req: &Request) -> Result<(String, String), ApiError> {
     let at = timestamp
         .parse::<i64>()
         .map_err(|_| ApiError::Unauthorized)?;
-    if Utc::now().timestamp().abs_diff(at) > TIMESTAMP_WINDOW_SECONDS.unsigned_abs() {
+    if deps.clock.now().timestamp().abs_diff(at) > TIMESTAMP_WINDOW_SECONDS.unsigned_abs() {
         return Err(ApiError::Unauthorized);
     }
     Ok((timestamp, nonce))
@@ -114,7 +113,7 @@ async fn verify_url(
     crypto: &PushCrypto,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
-    let (timestamp, nonce) = fresh(req)?;
+    let (timestamp, nonce) = fresh(deps, req)?;
     let echostr = query(req, "echostr")
         .filter(|e| callback::is_plain_echostr(e))
         .ok_or(ApiError::Unauthorized)?;
@@ -138,7 +137,7 @@ fn another_account() -> Result<Response<Body>, ApiError> {
 async fn fresh_nonce(deps: &Deps, timestamp: &str, nonce: &str) -> Result<(), ApiError> {
     if deps
         .store
-        .record_nonce(timestamp, nonce, Utc::now())
+        .record_nonce(timestamp, nonce, deps.clock.now())
         .await?
     {
         Ok(())
@@ -158,7 +157,7 @@ async fn receive(
     if bytes.len() > MAX_PUSH_BYTES {
         return Err(ApiError::PayloadTooLarge);
     }
-    let (timestamp, nonce) = fresh(req)?;
+    let (timestamp, nonce) = fresh(deps, req)?;
     let body = std::str::from_utf8(bytes).map_err(|_| ApiError::Unauthorized)?;
     let plain = match push.mode {
         // The body is read (within 64 KiB, no DTD) for its Encrypt field only, which
@@ -207,7 +206,7 @@ async fn receive(
     if message.to_user != push.original_id {
         return another_account();
     }
-    let now = Utc::now();
+    let now = deps.clock.now();
     let taps = deps.store.popup_accepts(&message, &deps.config.templates);
     let recorded = deps
         .store

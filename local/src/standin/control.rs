@@ -169,8 +169,9 @@ pub(crate) async fn push_and_record(
     spec: PushEventSpec,
     create_time: Option<i64>,
 ) -> Vec<u16> {
-    let at = create_time.unwrap_or_else(|| chrono::Utc::now().timestamp());
-    let answers = push::push(&s.client, target, &s.config.appid, &spec, at).await;
+    let now = s.config.clock.now().timestamp();
+    let at = create_time.unwrap_or(now);
+    let answers = push::push(&s.client, target, &s.config.appid, &spec, at, now).await;
     s.lock().pushes.push(PushRecord {
         spec,
         answers: answers.clone(),

@@ -82,6 +82,9 @@ pub struct StandinConfig {
     pub templates: Templates,
     /// Where to push events from the start (the control API can change it).
     pub push: Option<PushTarget>,
+    /// WeChat's time, as its pushes carry it: a test gives the stand-in the clock it
+    /// gives onegrant, so a push signed after the test moved it is fresh.
+    pub clock: onegrant::Clock,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +258,9 @@ pub fn router(config: StandinConfig) -> Router {
     let state = Arc::new(Shared {
         config,
         inner: Mutex::new(inner),
-        client: reqwest::Client::new(),
+        client: onegrant::aws::http_client_builder()
+            .build()
+            .unwrap_or_default(),
     });
     Router::new()
         .route("/cgi-bin/token", get(token))

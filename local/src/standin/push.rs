@@ -174,8 +174,8 @@ fn nonce() -> String {
 }
 
 /// The query and body of one push request of `plain`.
-fn request(target: &PushTarget, appid: &str, plain: &str, xml: bool) -> (String, String) {
-    let ts = chrono::Utc::now().timestamp().to_string();
+fn request(target: &PushTarget, appid: &str, plain: &str, xml: bool, now: i64) -> (String, String) {
+    let ts = now.to_string();
     let nonce = nonce();
     let token = Secret::new(target.token.clone());
     let sealed = target
@@ -223,20 +223,21 @@ fn request(target: &PushTarget, appid: &str, plain: &str, xml: bool) -> (String,
 pub const DEFAULT_TO_USER: &str = "gh_0negrant0local";
 
 /// Pushes one event created at `create_time` (epoch seconds) to the target (its copies
-/// at once): each copy's answer.
+/// at once), signed at `now` (epoch seconds): each copy's answer.
 pub async fn push(
     client: &reqwest::Client,
     target: &PushTarget,
     appid: &str,
     spec: &PushEventSpec,
     create_time: i64,
+    now: i64,
 ) -> Vec<u16> {
     let xml = target.format.as_deref() == Some("xml");
     let to_user = target.to_user.as_deref().unwrap_or(DEFAULT_TO_USER);
     let plain = event_body(spec, xml, to_user, create_time);
     let copies = target.copies.unwrap_or(1).clamp(1, 50);
     let sends = (0..copies).map(|_| {
-        let (query, body) = request(target, appid, &plain, xml);
+        let (query, body) = request(target, appid, &plain, xml, now);
         let url = format!(
             "{}{}{query}",
             target.url,
@@ -305,7 +306,7 @@ mod tests {
     fn a_sealed_push_opens_with_the_same_key_and_verifies() {
         let key = "A".repeat(43);
         let t = target(Some(key.clone()));
-        let (query, body) = request(&t, "wxapp", "{\"a\":1}", false);
+        let (query, body) = request(&t, "wxapp", "{\"a\":1}", false, 1_800_000_000);
         let params: std::collections::HashMap<String, String> =
             form_urlencoded::parse(query.as_bytes())
                 .into_owned()
@@ -321,7 +322,7 @@ mod tests {
             &params["msg_signature"]
         ));
         assert_eq!(crypto.decrypt(&encrypt).expect("opens"), "{\"a\":1}");
-        let (plain_query, plain_body) = request(&target(None), "wxapp", "{}", false);
+        let (plain_query, plain_body) = request(&target(None), "wxapp", "{}", false, 1_800_000_000);
         assert_eq!(plain_body, "{}");
         assert!(plain_query.starts_with("signature="));
     }

@@ -341,7 +341,7 @@ mod tests {
             max_attempts: 5,
             retry_base: std::time::Duration::from_secs(60),
         };
-        let now = Utc::now();
+        let now = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("an instant");
         let sent = event_settlement(0, 2, &policy, now);
         assert_eq!(sent.delivery, DeliveryState::Sent);
         assert_eq!(sent.grant, GrantState::Consumed);

@@ -81,7 +81,9 @@ pub(crate) fn signed_post(
         .identity(identity)
         .region(region)
         .name(service)
-        .time(SystemTime::now())
+        // AWS checks a signature against its own clock: the real time, whatever a
+        // test's clock reads.
+        .time(SystemTime::from(crate::Clock::real_now()))
         .settings(SigningSettings::default())
         .build()?
         .into();
@@ -161,8 +163,7 @@ impl SecretsReader {
     }
 
     pub fn new(region: String, credentials: Credentials, endpoint: String) -> Self {
-        crate::aws::install_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = crate::aws::http_client_builder()
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5))
             .build()

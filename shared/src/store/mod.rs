@@ -65,6 +65,9 @@ pub struct Store {
     /// Shared by every clone: caps the index queries a tick has in flight (see
     /// [`INDEX_QUERIES_IN_FLIGHT`]).
     index_queries: std::sync::Arc<tokio::sync::Semaphore>,
+    /// What time it is where the store itself reads it (an audit entry's time, a lease
+    /// taken, an answer kept).
+    clock: crate::Clock,
 }
 
 /// The most index queries one process has in flight at once. A tick queries the due
@@ -198,7 +201,19 @@ impl Store {
             index_queries: std::sync::Arc::new(tokio::sync::Semaphore::new(
                 INDEX_QUERIES_IN_FLIGHT,
             )),
+            clock: crate::Clock::system(),
         }
+    }
+
+    /// This store reading `clock` (a test's, which it moves).
+    pub fn with_clock(mut self, clock: crate::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &crate::Clock {
+        &self.clock
     }
 
     /// A turn to query an index, held until dropped (see [`INDEX_QUERIES_IN_FLIGHT`]).

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
-use chrono::Utc;
 
 use crate::store::{Store, StoreError, classify_sdk_error};
 
@@ -26,7 +25,7 @@ impl Store {
             crate::store::audit::with_history(
                 items,
                 &self.table,
-                Utc::now(),
+                self.clock.now(),
                 self.limits.retention.grants,
             )?
         } else {

@@ -22,9 +22,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::Clock;
 use crate::config::WechatConfig;
 use crate::domain::OpenId;
 use crate::domain::dispatch::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
@@ -105,8 +107,13 @@ const CONCURRENT_RETRY_MAX: Duration = Duration::from_millis(1200);
 
 #[derive(Clone)]
 enum CachedToken {
-    Valid { token: String, refresh_at: Instant },
-    Failed { until: Instant },
+    Valid {
+        token: String,
+        refresh_at: DateTime<Utc>,
+    },
+    Failed {
+        until: DateTime<Utc>,
+    },
 }
 
 #[derive(Deserialize)]
@@ -136,12 +143,13 @@ pub struct WechatClient {
     token: Arc<tokio::sync::Mutex<Option<CachedToken>>>,
     // One send at a time per openid. std mutex: held only to find the openid's lock.
     sending: Arc<StdMutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// A token's lifetime and a failure's memory run on it.
+    clock: Clock,
 }
 
 impl WechatClient {
     pub fn new(config: WechatConfig) -> Result<Self, WechatError> {
-        crate::aws::install_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = crate::aws::http_client_builder()
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             .build()
@@ -151,7 +159,14 @@ impl WechatClient {
             config,
             token: Arc::new(tokio::sync::Mutex::new(None)),
             sending: Arc::new(StdMutex::new(HashMap::new())),
+            clock: Clock::system(),
         })
+    }
+
+    /// This client reading `clock` for its token's lifetime (a test's, which it moves).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn config(&self) -> &WechatConfig {
@@ -226,13 +241,14 @@ impl WechatClient {
     /// returned from cache.
     async fn access_token(&self, stale: Option<&str>) -> Result<String, WechatError> {
         let mut cached = self.token.lock().await;
+        let now = self.clock.now();
         match cached.as_ref() {
             Some(CachedToken::Valid { token, refresh_at })
-                if Instant::now() < *refresh_at && Some(token.as_str()) != stale =>
+                if now < *refresh_at && Some(token.as_str()) != stale =>
             {
                 return Ok(token.clone());
             }
-            Some(CachedToken::Failed { until }) if Instant::now() < *until => {
+            Some(CachedToken::Failed { until }) if now < *until => {
                 return Err(WechatError::TokenRecentlyFailed);
             }
             Some(CachedToken::Valid { .. } | CachedToken::Failed { .. }) | None => {}
@@ -244,15 +260,17 @@ impl WechatClient {
             if fetched.is_ok() { "ok" } else { "failed" }.to_string(),
             1,
         );
+        let now = self.clock.now();
+        let after = |d: Duration| now + chrono::Duration::from_std(d).unwrap_or_default();
         *cached = Some(match &fetched {
             Ok((token, lifetime)) => CachedToken::Valid {
                 token: token.clone(),
-                refresh_at: Instant::now() + *lifetime,
+                refresh_at: after(*lifetime),
             },
             Err(e) => {
                 tracing::error!(error = %e, "stable_token failed; remembered briefly");
                 CachedToken::Failed {
-                    until: Instant::now() + TOKEN_FAILURE_MEMORY,
+                    until: after(TOKEN_FAILURE_MEMORY),
                 }
             }
         });

@@ -75,7 +75,7 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
     .await;
     let hold = |held: bool| json!({"openid": user.openid, "held": held});
     app.control("POST", "hold", Some(hold(true))).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     let meanwhile = async {
         app.until_sending(&user, "water").await;
         app.accept(&user, WATER, "wr_meanwhile").await;
@@ -137,7 +137,7 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
     let mut costs = Vec::new();
     for user in [&fresh, &veteran] {
         // A reminder.
-        app.make_due(user, "water", Utc::now()).await;
+        app.make_due(user, "water", app.now()).await;
         app.round_trips.take();
         app.round_trips.take_read_units();
         assert_eq!(app.tick(30).await.sent, 1);
@@ -268,7 +268,7 @@ async fn a_disable_with_an_id_in_both_lists_voids_through_the_ledger() {
     use aws_sdk_dynamodb::types::AttributeValue::Ss;
     let app = spawn_app_with(&FAST).await;
     let user = due_user(&app, "alice", 3).await;
-    app.claim_due(Utc::now()).await; // one grant reserved, its send in flight
+    app.claim_due(app.now()).await; // one grant reserved, its send in flight
     let available: Vec<String> = app
         .items_of(&user, "grant")
         .await

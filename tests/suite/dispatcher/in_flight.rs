@@ -150,7 +150,7 @@ async fn a_token_error_that_persists_after_the_one_refetch_fails_the_send_and_re
     let plan = app.item(&user, "PLAN#water").await.expect("plan");
     assert_eq!(attr_s(&plan, "state"), Some("scheduled"));
     assert_eq!(attr_n(&plan, "attempts"), Some(1));
-    assert!(attr_n(&plan, "next_due_at").unwrap_or(0) > Utc::now().timestamp_millis());
+    assert!(attr_n(&plan, "next_due_at").unwrap_or(0) > app.now().timestamp_millis());
     let grants = app.items_of(&user, "grant").await;
     assert_eq!(attr_s(&grants[0], "state"), Some("available"));
     assert_ledger_agrees_with_counters(&app).await;

@@ -8,7 +8,7 @@ async fn swept_push(app: &TestApp, name: &str) -> (User, onegrant::store::dispat
     let user = app.user(name).await;
     app.accept(&user, ORDER, &format!("wr_{name}")).await;
     app.push(&user, name).await;
-    let now = Utc::now();
+    let now = app.now();
     let claim = app.claim_and_sweep(now).await;
     (user, claim)
 }
@@ -31,7 +31,7 @@ async fn a_late_answer_never_recreates_a_notification_its_retention_removed() {
     app.accept(&user, ORDER, "wr_expired").await;
     let pushed = app.push(&user, "expired-note").await;
     let note_id = pushed["note_id"].as_str().expect("note id").to_string();
-    let claim = app.claim_and_sweep(Utc::now()).await;
+    let claim = app.claim_and_sweep(app.now()).await;
     let read = app
         .call(
             "POST",
@@ -42,7 +42,7 @@ async fn a_late_answer_never_recreates_a_notification_its_retention_removed() {
         .await;
     assert_eq!(read.status, 200, "{}", read.body);
     // A read note is kept 7 days; the push and its delivery 30.
-    assert!(app.ttl_pass(Utc::now() + Duration::days(8)).await >= 1);
+    assert!(app.ttl_pass(app.now() + Duration::days(8)).await >= 1);
     // Any item under the note's key, whatever it holds (a stub has no `kind`).
     let notes = || async {
         let pk = format!("USER#{}", user.openid);
@@ -93,7 +93,7 @@ async fn a_late_failure_never_gives_back_a_grant_of_a_template_refused_since_the
     let order = onegrant::domain::TemplateId::parse(ORDER.to_string()).expect("template");
     app.deps
         .store
-        .refuse_template(&openid, &order, true, Utc::now().timestamp(), Utc::now())
+        .refuse_template(&openid, &order, true, app.now().timestamp(), app.now())
         .await
         .expect("refused");
     let late = app.finalize_as(&claim, busy()).await;

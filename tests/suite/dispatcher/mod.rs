@@ -10,7 +10,7 @@ mod shards;
 
 use std::collections::HashMap;
 
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use futures::StreamExt;
 use futures::future::join_all;
 use onegrant_tests::{
@@ -31,7 +31,7 @@ const FAST: [(&str, &str); 3] = [
 /// plan enabled, due now.
 async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     let user = app.scheduled_user(name, grants).await;
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     user
 }
 

@@ -256,7 +256,7 @@ async fn every_row_of_the_outcome_table_lands_in_its_states() {
                 .and_then(|p| attr_n(p, "next_due_at"))
                 .expect("due");
             assert!(
-                due > Utc::now().timestamp_millis(),
+                due > app.now().timestamp_millis(),
                 "{}: retried later",
                 r.name
             );

@@ -55,7 +55,7 @@ async fn a_due_reminder_is_sent_once_with_its_content_and_the_plan_awaits_the_ch
             "/v1/reminders/water/checkins",
             Some(&user.token),
             &json!({"action_id": "wc_1", "grant_request_id": "wr_next", "subscription_status": "accept",
-                    "occurred_at": Utc::now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
+                    "occurred_at": app.now().to_rfc3339(), "current_count": 1, "daily_goal": 8}),
         )
         .await;
     assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
@@ -76,7 +76,7 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
         state(&app.item(&user, "PLAN#water").await),
         Some("scheduled")
     );
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     app.tick(30).await;
     let plan = app.item(&user, "PLAN#water").await;
     assert_eq!(
@@ -95,7 +95,7 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
     assert_ledger_agrees_with_counters(&app).await;
     // The user checks in: the plan resumes with a fresh count, so one more failure
     // retries it instead of pausing it again at once.
-    let checkin = json!({"action_id": "ck_resume", "occurred_at": Utc::now().to_rfc3339(),
+    let checkin = json!({"action_id": "ck_resume", "occurred_at": app.now().to_rfc3339(),
                          "current_count": 1, "daily_goal": 8});
     let resumed = app
         .post("/v1/reminders/water/checkins", Some(&user.token), &checkin)
@@ -103,7 +103,7 @@ async fn a_retryable_failure_pauses_the_plan_after_the_attempt_limit() {
     assert_eq!(resumed.body["state"], "scheduled", "{}", resumed.body);
     let plan = app.item(&user, "PLAN#water").await;
     assert_eq!(plan.as_ref().and_then(|p| attr_n(p, "attempts")), Some(0));
-    app.make_due(&user, "water", Utc::now()).await;
+    app.make_due(&user, "water", app.now()).await;
     app.tick(30).await;
     assert_eq!(
         state(&app.item(&user, "PLAN#water").await),
@@ -188,12 +188,12 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
                             "/v1/reminders/water/checkins",
                             Some(&user.token),
                             &json!({"action_id": format!("wc_{round}"), "grant_request_id": request_id,
-                                    "subscription_status": "accept", "occurred_at": Utc::now().to_rfc3339(),
+                                    "subscription_status": "accept", "occurred_at": app.now().to_rfc3339(),
                                     "current_count": round, "daily_goal": 8}),
                         )
                         .await;
                     assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
-                    app.make_due(user, "water", Utc::now() + Duration::milliseconds((i % 20) as i64 * 100)).await;
+                    app.make_due(user, "water", app.now() + Duration::milliseconds((i % 20) as i64 * 100)).await;
                 }
             }))
             .await;
@@ -295,7 +295,7 @@ async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sendin
             "/v1/reminders/water/checkins",
             Some(&user.token),
             &json!({"action_id": "wc_mid", "grant_request_id": "wr_mid", "subscription_status": "accept",
-                    "occurred_at": Utc::now().to_rfc3339(), "current_count": 2, "daily_goal": 8}),
+                    "occurred_at": app.now().to_rfc3339(), "current_count": 2, "daily_goal": 8}),
         )
         .await
     };

@@ -40,7 +40,7 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
     let app = spawn_app_with(&[FAST[0], FAST[1], FAST[2], ("DUE_SHARDS", "1")]).await;
     let names: Vec<String> = (0..3).map(|i| format!("c{i}")).collect();
     let users: Vec<User> = join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
-    let past = (Utc::now() - Duration::minutes(5))
+    let past = (app.now() - Duration::minutes(5))
         .timestamp_millis()
         .to_string();
     // A due entry outside any user partition, and a plan that cannot be read.
@@ -108,7 +108,7 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
 #[tokio::test]
 async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
     let app = spawn_app_with(&[("DUE_SHARDS", "1")]).await;
-    let past = (Utc::now() - Duration::minutes(5))
+    let past = (app.now() - Duration::minutes(5))
         .timestamp_millis()
         .to_string();
     let backlog = onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize + 15;
@@ -116,7 +116,7 @@ async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
         put_corrupt_stale_delivery(&app, &format!("DELIVERY#bad{i}"), &past).await;
     }
     app.round_trips.take();
-    let swept = app.sweep_at(Utc::now()).await;
+    let swept = app.sweep_at(app.now()).await;
     assert_eq!(
         swept.skipped as usize,
         onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize,
@@ -134,7 +134,7 @@ async fn a_sweep_does_a_bounded_amount_of_work_per_tick() {
         "the shard registry, then one read per entry"
     );
     // The unreadable ones left the lease index: the next sweep reaches the rest.
-    let next = app.sweep_at(Utc::now()).await;
+    let next = app.sweep_at(app.now()).await;
     assert_eq!(
         next.skipped as usize,
         backlog - onegrant::store::dispatch::sweep::SWEEP_BATCH_PER_SHARD as usize
@@ -150,7 +150,7 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
         let names: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
         join_all(names.iter().map(|name| due_user(&app, name, 1))).await;
         // One of its runs claimed two of them and vanished.
-        let now = Utc::now();
+        let now = app.now();
         let store = &app.deps.store;
         let old = store.shard_span(now).await.expect("registry");
         let due = store
@@ -172,14 +172,14 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
             summary.sent, 10,
             "{to}: every item written under 16 shards is found: {summary:?}"
         );
-        let span = deps.store.shard_span(Utc::now()).await.expect("registry");
+        let span = deps.store.shard_span(app.now()).await.expect("registry");
         assert_eq!(span.span, 16.max(to), "{to}: {span:?}");
         let swept = deps
             .store
             .sweep(
                 &deps.config.templates,
                 0..span.span,
-                Utc::now() + Duration::seconds(300),
+                app.now() + Duration::seconds(300),
             )
             .await;
         assert_eq!(
@@ -189,7 +189,7 @@ async fn plans_written_under_16_shards_are_sent_and_swept_after_a_change_to_4_an
         // Once the old partitions are empty (and the change has settled), the
         // extra queries stop.
         let later =
-            Utc::now() + onegrant::store::dispatch::shards::DRAIN_GRACE + Duration::minutes(1);
+            app.now() + onegrant::store::dispatch::shards::DRAIN_GRACE + Duration::minutes(1);
         let drained = deps.store.drain_shards(&span, later).await.expect("drain");
         assert_eq!(drained, to < 16, "{to}");
         let after = deps.store.shard_span(later).await.expect("registry");
@@ -204,7 +204,7 @@ async fn the_shard_registry_assumes_the_default_when_new_and_everything_when_unr
     use aws_sdk_dynamodb::types::AttributeValue::S;
     let app = spawn_app_with(&[("DUE_SHARDS", "4")]).await;
     let store = &app.deps.store;
-    let now = Utc::now();
+    let now = app.now();
     // An upgrade that also lowered the count: the default's partitions stay covered.
     let first = store.shard_span(now).await.expect("registry");
     assert_eq!((first.span, first.current), (16, 4));

@@ -3,6 +3,8 @@
 use super::*;
 use serde_json::json;
 
+use crate::Clock;
+
 fn templates() -> Templates {
     Templates::from_json(
         r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}]}]"#,
@@ -14,16 +16,16 @@ fn templates() -> Templates {
 fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
     let ok = json!({"idempotency_key": "order-1:shipped", "openid": "oA", "type": "order", "title": "已发货",
                     "body": "您的订单已发货", "wechat": {"template_id": "T", "data": {"phrase1": "已发货", "thing2": {"value": "顺丰"}}}});
-    let e = NotifyEvent::from_json(&ok, "tests", &templates(), Utc::now()).expect("valid");
+    let e = NotifyEvent::from_json(&ok, "tests", &templates(), Clock::real_now()).expect("valid");
     assert!(matches!(e.push, Some(Push::Ready { .. })));
     let bad = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x",
                      "wechat": {"template_id": "T", "data": {"phrase1": "shipped", "thing2": "x"}}});
-    let e = NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now())
+    let e = NotifyEvent::from_json(&bad, "tests", &templates(), Clock::real_now())
         .expect("still a notification");
     assert!(matches!(e.push, Some(Push::Rejected { .. })));
     let unknown = json!({"idempotency_key": "k", "openid": "oA", "type": "order", "title": "x", "wechat": {"template_id": "nope", "data": {}}});
     assert!(matches!(
-        NotifyEvent::from_json(&unknown, "tests", &templates(), Utc::now())
+        NotifyEvent::from_json(&unknown, "tests", &templates(), Clock::real_now())
             .expect("kept")
             .push,
         Some(Push::Rejected { .. })
@@ -45,7 +47,7 @@ fn an_event_naming_no_priority_takes_its_templates_and_keeps_its_fingerprint() {
         }
         e
     };
-    let now = Utc::now();
+    let now = Clock::real_now();
     let parse =
         |e: &Value, t: &Templates| NotifyEvent::from_json(e, "tests", t, now).expect("valid");
     let defaulted = parse(&event(None), &urgent);
@@ -80,7 +82,7 @@ fn events_without_their_essentials_are_refused() {
         json!({"idempotency_key": "k", "openid": "oA", "type": "t", "title": ""}),
     ] {
         assert!(
-            NotifyEvent::from_json(&bad, "tests", &templates(), Utc::now()).is_err(),
+            NotifyEvent::from_json(&bad, "tests", &templates(), Clock::real_now()).is_err(),
             "{bad}"
         );
     }
@@ -88,7 +90,7 @@ fn events_without_their_essentials_are_refused() {
 
 #[test]
 fn cursors_round_trip_and_forgeries_are_refused() {
-    let id = new_notification_id(Utc::now());
+    let id = new_notification_id(Clock::real_now());
     assert!(is_notification_id(&id));
     assert_eq!(decode_cursor(&encode_cursor(&id)), Some(id));
     for bad in [

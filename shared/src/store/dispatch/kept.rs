@@ -83,7 +83,7 @@ impl Store {
             .expression_attribute_values(":answer", kept)
             .expression_attribute_values(
                 ":now",
-                AttributeValue::N(chrono::Utc::now().timestamp_millis().to_string()),
+                AttributeValue::N(self.clock.now().timestamp_millis().to_string()),
             )
             .expression_attribute_values(
                 ":claimed",

@@ -402,7 +402,7 @@ impl Store {
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
             let lease_until =
-                Utc::now().max(now) + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
+                self.clock.now().max(now) + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
             let (source_write, source, attempts, publishing) =
                 self.claimed_source(item, claimable, &delivery_id, lease_until, now)?;
             let mut writes = vec![source_write];

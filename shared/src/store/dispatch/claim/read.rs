@@ -105,7 +105,7 @@ impl Store {
             return Ok(Found::Unreadable("a push with a bad template id".into()));
         };
         // What was read ahead serves the first attempt; any other reads again.
-        let context = ahead.take();
+        let context = ahead.take(self.clock.now());
         let read_ahead = context.is_some();
         let (counters, open, prefs, version) = match context {
             Some(context) => context,
@@ -154,7 +154,7 @@ impl Store {
         ReadAhead {
             publication,
             context: std::sync::Mutex::new(context),
-            read_at: std::time::Instant::now(),
+            read_at: self.clock.now(),
         }
     }
 
@@ -204,7 +204,7 @@ pub struct ReadAhead {
     pub(crate) publication: Publication,
     /// Taken by the claim's first attempt.
     context: std::sync::Mutex<Option<Context>>,
-    read_at: std::time::Instant,
+    read_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// How old a read ahead may be when its claim decides on it: older (a process that
@@ -212,13 +212,14 @@ pub struct ReadAhead {
 const READ_AHEAD_FOR: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl ReadAhead {
-    /// What was read ahead, once, while it is recent.
-    fn take(&self) -> Option<Context> {
+    /// What was read ahead, once, while it is recent at `now`.
+    fn take(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Context> {
         let context = self
             .context
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        context.filter(|_| self.read_at.elapsed() <= READ_AHEAD_FOR)
+        let age = (now - self.read_at).to_std().unwrap_or_default();
+        context.filter(|_| age <= READ_AHEAD_FOR)
     }
 }
