@@ -62,9 +62,10 @@ async fn a_tick_fans_its_shards_out_to_workers_through_the_invoke_api() {
         (4, 0, 0),
         "{coordinator:?}"
     );
-    // ... which send everything, each reminder once.
+    // ... which send everything, each reminder once (looked for until they have, for
+    // up to two minutes of a loaded machine: asynchronous invocations end when they end).
     let mut sent = 0;
-    for _ in 0..300 {
+    for _ in 0..1200 {
         sent = app.deliveries().await.len();
         if sent >= 40 {
             break;
