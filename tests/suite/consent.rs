@@ -330,7 +330,7 @@ async fn a_change_event_applied_again_spares_a_grant_given_after_it() {
     assert_eq!(answer["answers"], json!([200]), "{answer}");
     let available = |body: &Value| onegrant_tests::quota(body, WATER)["available"].clone();
     // A tie goes to the refusal: the grant given after it comes in a later second.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    app.advance(std::time::Duration::from_millis(1100));
     assert_eq!(
         available(&report(&app, &user, "wr_after", "accept").await),
         1

@@ -454,7 +454,7 @@ async fn a_push_that_fails_retryably_then_succeeds_sends_once_and_consumes_one_g
         list(&app, &user, "").await["items"][0]["push"]["status"],
         "pending"
     );
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    app.advance(std::time::Duration::from_millis(1100));
     let second = app.tick(30).await;
     assert_eq!(second.sent, 1, "{second:?}");
     assert_eq!(app.deliveries().await.len(), 1, "one message delivered");

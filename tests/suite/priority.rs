@@ -176,7 +176,7 @@ async fn expired_and_cancelled_waiting_pushes_end_inbox_only_and_never_hold_a_gr
     app.ticks_until(|s| s.grant_waits >= 3).await;
     let cancelled = app.cancel(&user, "gone").await;
     assert!(cancelled.to_string().contains("cancel"), "{cancelled}");
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    app.advance(std::time::Duration::from_secs(4));
     app.ticks_until(|s| s.expired >= 1).await;
     let after = pushes(&app, &user).await;
     assert_eq!(

@@ -77,16 +77,17 @@ async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at
     assert!(app.items_of(&user, "outbox").await.is_empty());
 
     // The dispatcher (its lookahead covers the instant) waits for it; meanwhile the
-    // inbox still shows nothing.
+    // inbox still shows nothing. The clock is held short of the instant while the test
+    // looks, however slow the machine, then moved to it.
+    app.clock.freeze_at(send_at - Duration::seconds(10));
     let watch = async {
-        let before = send_at - Duration::seconds(10);
-        tokio::time::sleep((before - app.now()).to_std().unwrap_or_default()).await;
         let seen = (page(&app, &user).await.len(), unread(&app, &user).await);
         let sent = app.deliveries().await.len();
-        (seen, sent, app.now() < send_at)
+        app.clock.set(send_at);
+        app.clock.run();
+        (seen, sent)
     };
-    let (summary, (seen, sent_before, in_time)) = tokio::join!(app.tick(60), watch);
-    assert!(in_time, "the look before send_at ran too late to tell");
+    let (summary, (seen, sent_before)) = tokio::join!(app.tick(60), watch);
     assert_eq!((seen, sent_before), ((0, 0), 0), "nothing before send_at");
     assert_eq!(
         (summary.published, summary.sent, summary.expired),
@@ -192,12 +193,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
         json!({"send_at": at(now + Duration::seconds(3)), "expires_at": at(now + Duration::seconds(4))}),
     ))
     .await;
-    tokio::time::sleep(
-        (now + Duration::milliseconds(4500) - app.now())
-            .to_std()
-            .unwrap_or_default(),
-    )
-    .await;
+    app.move_to(now + Duration::milliseconds(4500));
     let summary = app.tick(30).await;
     assert_eq!(
         (
@@ -347,7 +343,7 @@ async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or
         let again = app.cancel(&user, key).await;
         assert_eq!(again["status"], "already", "{key}: {again}");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    app.advance(std::time::Duration::from_millis(2500));
     let summary = app.tick(30).await;
     assert_eq!((summary.published, summary.claimed), (1, 0), "{summary:?}");
     assert!(app.deliveries().await.is_empty(), "nothing sent");
@@ -853,7 +849,7 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
         );
         if fails {
             assert_eq!((summary.failed, summary.restored), (1, 1), "{summary:?}");
-            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            app.advance(std::time::Duration::from_millis(1100));
             let retry = app.tick(30).await;
             assert_eq!(
                 (retry.cancelled, retry.claimed, retry.sent),

@@ -15,6 +15,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default)]
 pub struct RoundTrips {
     pub(crate) ops: Arc<Mutex<Vec<String>>>,
+    /// Each index query's index, `+next` after it when it asked for a later page.
+    pub(crate) index_queries: Arc<Mutex<Vec<String>>>,
     pub(crate) items_read: Arc<std::sync::atomic::AtomicU64>,
     /// Estimated read request units, in halves (see [`read_units`]).
     pub(crate) read_half_units: Arc<std::sync::atomic::AtomicU64>,
@@ -144,6 +146,12 @@ impl RoundTrips {
     }
 
     /// The item writes sent since the last call; resets the record.
+    /// The index queries sent since the last take: each one's index, `+next` after a
+    /// query of a later page.
+    pub fn take_index_queries(&self) -> Vec<String> {
+        std::mem::take(&mut *self.index_queries.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     pub fn take_writes(&self) -> Vec<ItemWrite> {
         std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -419,6 +427,22 @@ impl aws_sdk_dynamodb::config::Intercept for RoundTrips {
                 .is_some_and(|b| b.windows(11).any(|w| w == b"\"IndexName\""))
         {
             target.push_str("@index");
+            if let Some(query) = request
+                .body()
+                .bytes()
+                .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+            {
+                let index = query["IndexName"].as_str().unwrap_or_default();
+                let next = if query.get("ExclusiveStartKey").is_some() {
+                    "+next"
+                } else {
+                    ""
+                };
+                self.index_queries
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{index}{next}"));
+            }
         }
         let number = self
             .requests
