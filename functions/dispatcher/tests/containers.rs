@@ -270,8 +270,26 @@ async fn the_sweep_racing_a_check_in_and_a_reject_at_each_finalize_failpoint_nev
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no_attempt_on_43108()
 {
+    // Whether the two processes' sends to the user overlap (WeChat answering 43108) is
+    // up to the machine's scheduling: rounds until they have, every invariant checked
+    // in each round, and the overlap required once.
+    let mut overlapped = 0;
+    for round in 0..4 {
+        overlapped += two_processes_sending_to_one_user(round).await;
+        if overlapped > 0 {
+            break;
+        }
+    }
+    assert!(
+        overlapped > 0,
+        "the two processes really sent to the user at once"
+    );
+}
+
+/// One round of the test above, on a fresh app: the 43108 answers seen.
+async fn two_processes_sending_to_one_user(round: usize) -> u64 {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
-    let user = app.scheduled_user("alice", 1).await;
+    let user = app.scheduled_user(&format!("alice-{round}"), 1).await;
     app.accept_n(&user, ORDER, 19).await;
     for i in 0..19 {
         app.push(&user, &format!("order-{i}")).await;
@@ -308,10 +326,6 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
     let counters = app.control("GET", "counters", None).await;
     let concurrent = counters["send_errcodes"]["43108"].as_u64().unwrap_or(0);
     eprintln!("43108 answers while two processes sent to one user: {concurrent}; {summaries:?}");
-    assert!(
-        concurrent > 0,
-        "the two processes really sent to the user at once"
-    );
 
     let plan = app.item(&user, "PLAN#water").await.expect("plan");
     assert_eq!(
@@ -333,6 +347,7 @@ async fn two_dispatcher_processes_sending_to_one_user_pause_nothing_and_spend_no
     }
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
+    concurrent
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
