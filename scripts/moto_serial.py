@@ -29,7 +29,9 @@ applied, so running it again is what a retry of it means).
 
 And it keeps what the requests cost it, for benches: `GET /_onegrant/busy` answers the
 process's CPU seconds so far, the seconds requests held the lock, and per operation
-(`Query@index` for an index query) the requests and their seconds under the lock. The
+(`Query@index` for an index query) the requests and their seconds under the lock, and
+`in_flight`: the requests taken in and not answered yet (a test that killed a client
+waits for 0, so that client's last request has landed or been refused). The
 emulator runs Python on one core at a time (the GIL), so its CPU seconds over a run's
 wall time is how busy the run kept it.
 
@@ -358,6 +360,10 @@ class SerialApp:
         self._tokens = collections.OrderedDict()
         # operation -> [requests, seconds under the lock]; written under the lock
         self._busy = collections.defaultdict(lambda: [0, 0.0])
+        # Requests taken in and not yet answered (waiting for the lock or under it): a
+        # test that killed a client reads it to know that client's last request landed.
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
 
     def _busy_answer(self, start_response):
         with self._lock:
@@ -366,6 +372,7 @@ class SerialApp:
             {
                 "cpu_seconds": time.process_time(),
                 "locked_seconds": sum(op["seconds"] for op in operations.values()),
+                "in_flight": self._in_flight,
                 "operations": operations,
             }
         ).encode()
@@ -381,16 +388,22 @@ class SerialApp:
         refused = _validation_error(environ, start_response)
         if refused is not None:
             return refused
-        tokened = _transaction_token(environ)
-        operation = _operation(environ)
-        with self._lock:
-            started = time.perf_counter()
-            try:
-                return self._serve(environ, start_response, tokened)
-            finally:
-                busy = self._busy[operation]
-                busy[0] += 1
-                busy[1] += time.perf_counter() - started
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            tokened = _transaction_token(environ)
+            operation = _operation(environ)
+            with self._lock:
+                started = time.perf_counter()
+                try:
+                    return self._serve(environ, start_response, tokened)
+                finally:
+                    busy = self._busy[operation]
+                    busy[0] += 1
+                    busy[1] += time.perf_counter() - started
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
 
     def _serve(self, environ, start_response, tokened):
         """One request, under the lock."""

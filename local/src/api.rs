@@ -182,6 +182,42 @@ pub fn api_router(deps: Deps) -> anyhow::Result<Router> {
 struct InvokeState {
     deps: Deps,
     functions: Vec<template::Function>,
+    running: Running,
+}
+
+/// How many asynchronous invocations are still running: Lambda runs them on their
+/// own, and a test that fanned work out waits for them to end ([`Running::idle`])
+/// instead of guessing how long they take.
+#[derive(Clone)]
+pub struct Running(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Default for Running {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Running {
+    /// Ends once no asynchronous invocation is running.
+    pub async fn idle(&self) {
+        let mut count = self.0.subscribe();
+        // (The sender lives as long as `self`: the wait cannot fail.)
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
+
+    /// One more running until the returned guard is dropped (also by a panic).
+    fn start(&self) -> RunningOne {
+        self.0.send_modify(|n| *n += 1);
+        RunningOne(self.0.clone())
+    }
+}
+
+struct RunningOne(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for RunningOne {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 async fn invoke(
@@ -255,7 +291,9 @@ async fn invoke(
                     Err(message) => return function_error(message),
                 };
                 let state = state.clone();
+                let running = state.running.start();
                 tokio::spawn(async move {
+                    let _running = running;
                     if let Err(e) = handler(&state.deps, event, EVENT_BUDGET).await {
                         tracing::error!(error = %error_chain(&e), "asynchronous invocation failed");
                     }
@@ -286,9 +324,11 @@ fn event_payload(payload: &[u8]) -> Result<serde_json::Value, String> {
     serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))
 }
 
-/// The Lambda Invoke API for every function in `template.yaml`.
-pub fn invoke_router(deps: Deps) -> anyhow::Result<Router> {
-    Ok(Router::new()
+/// The Lambda Invoke API for every function in `template.yaml`, and its count of
+/// asynchronous invocations running.
+pub fn invoke_router(deps: Deps) -> anyhow::Result<(Router, Running)> {
+    let running = Running::default();
+    let router = Router::new()
         .route(
             "/2015-03-31/functions/{name}/invocations",
             axum::routing::post(invoke),
@@ -296,7 +336,9 @@ pub fn invoke_router(deps: Deps) -> anyhow::Result<Router> {
         .with_state(Arc::new(InvokeState {
             deps,
             functions: template::functions()?,
-        })))
+            running: running.clone(),
+        }));
+    Ok((router, running))
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub struct TestApp {
     /// The time every function of this app (and its stand-in) reads: the test moves it
     /// ([`TestApp::advance`]) instead of waiting.
     pub clock: onegrant::Clock,
+    /// The asynchronous invocations of its Invoke API still running (a fanning-out
+    /// tick's workers): [`TestApp::workers_done`] waits for them.
+    pub invocations: api::Running,
     /// The items [`TestApp::ttl_pass`] removed, so ledger checks still add up.
     pub expired: Arc<Mutex<Vec<HashMap<String, AttributeValue>>>>,
     // Declared after `table`, so the table is deleted before the emulator is killed.
@@ -208,7 +211,7 @@ pub(crate) async fn spawn_app_on(
     let deps = stack::deps_on(config, round_trips.attach(&functions_client), clock.clone())
         .expect("deps build");
     let (base_url, api_task) = serve(api::api_router(deps.clone()).expect("router builds")).await;
-    let router = api::invoke_router(deps.clone()).expect("router builds");
+    let (router, invocations) = api::invoke_router(deps.clone()).expect("router builds");
     let invoke_task = tokio::spawn(async move {
         let _ = axum_router::serve(invoke_listener, router).await;
     });
@@ -223,6 +226,7 @@ pub(crate) async fn spawn_app_on(
         deps,
         round_trips,
         clock,
+        invocations,
         expired: Arc::default(),
         _emulator: emulator,
         tasks: vec![standin_task, api_task, invoke_task],
@@ -310,6 +314,44 @@ impl TestApp {
     /// dispatcher waiting for an instant) looks at the time again.
     pub fn advance(&self, by: std::time::Duration) {
         self.clock.advance(by);
+    }
+
+    /// Waits until the asynchronous invocations (a fanning-out tick's workers) have
+    /// ended, as Lambda's would on their own (each has the function's 55 s budget).
+    pub async fn workers_done(&self) {
+        tokio::time::timeout(std::time::Duration::from_secs(120), self.invocations.idle())
+            .await
+            .expect("the asynchronous invocations end within their budget");
+    }
+
+    /// Waits until the emulator has answered every request it took in (read twice,
+    /// 100 ms apart, from `GET /_onegrant/busy`): a request a killed process sent just
+    /// before it died still lands, as it would on DynamoDB, and a test counting what
+    /// the crash left counts after it.
+    pub async fn emulator_quiet(&self) {
+        let url = format!("{}/_onegrant/busy", self.table.endpoint());
+        let in_flight = || async {
+            let busy: Value = reqwest::get(&url)
+                .await
+                .expect("the emulator answers")
+                .json()
+                .await
+                .expect("busy is JSON");
+            busy["in_flight"].as_u64().expect("in_flight is counted")
+        };
+        let mut quiet_reads = 0;
+        for _ in 0..600 {
+            quiet_reads = if in_flight().await == 0 {
+                quiet_reads + 1
+            } else {
+                0
+            };
+            if quiet_reads == 2 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the emulator still had requests in flight after a minute");
     }
 
     pub(crate) async fn decode(response: reqwest::Response) -> Answer {

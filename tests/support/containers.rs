@@ -178,17 +178,22 @@ impl TestApp {
         &self,
         at: chrono::DateTime<chrono::Utc>,
     ) -> onegrant::store::dispatch::SweepSummary {
+        self.try_sweep_at(at).await.expect("the shard registry")
+    }
+
+    /// One sweep as if at `at`, or the error reading the shard registry that ends a
+    /// sweep invocation before it starts (a sweep beside a faulty database).
+    pub async fn try_sweep_at(
+        &self,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<onegrant::store::dispatch::SweepSummary, onegrant::store::StoreError> {
         // Read only: a check must not register a shard count.
-        let known = self
+        let known = self.deps.store.known_shards().await?;
+        Ok(self
             .deps
             .store
-            .known_shards()
-            .await
-            .expect("the shard registry");
-        self.deps
-            .store
             .sweep(&self.deps.config.templates, 0..known, at)
-            .await
+            .await)
     }
 
     /// Invokes a function through the local Lambda Invoke API and returns its answer.

@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let api = axum::serve(api_listener, api::api_router(deps.clone())?);
-    let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?);
+    let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?.0);
 
     println!("onegrant local stack");
     println!("  HTTP API        http://127.0.0.1:{api_port}");

@@ -78,38 +78,52 @@ async fn a_tick_fans_its_shards_out_to_workers_through_the_invoke_api() {
         (4, 0, 0),
         "{coordinator:?}"
     );
-    // ... which send everything, each reminder once. They are looked for until they
-    // have, for up to a minute (asynchronous invocations end when they end); on a
-    // loaded machine a worker may leave an item for want of time (deferred, or a claim
-    // given back with its grant), which the next scheduled tick sends, still once.
-    let mut by_workers = 0;
-    for _ in 0..600 {
-        by_workers = app.deliveries().await.len();
-        if by_workers >= 40 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    // ... which send everything, each reminder once, asynchronously: the test waits
+    // for them to end. On a loaded machine a worker may leave an item for want of
+    // time (deferred, or a claim given back unsent with its grant), due again at its
+    // plan's next instant within the user's waking hours (hours away when the test
+    // runs in the user's night); a next scheduled tick at that instant sends it, still
+    // once. The clock is moved only once no worker is running (a claim's lease is on
+    // the same clock).
+    app.workers_done().await;
+    let by_workers = app.deliveries().await.len();
     assert!(by_workers > 0, "the workers sent");
-    // What a worker left (deferred, or given back and due again after its backoff on
-    // the test's clock) the next scheduled ticks send, the clock moved past any backoff;
-    // they fan out to workers too, so their sends are looked for, not counted.
     for _ in 0..5 {
         if app.deliveries().await.len() >= 40 {
             break;
         }
-        app.advance(std::time::Duration::from_secs(120));
+        let next_due = app
+            .items()
+            .await
+            .iter()
+            .filter(|i| {
+                attr_s(i, "kind") == Some("plan") && attr_s(i, "state") == Some("scheduled")
+            })
+            .filter_map(|i| attr_n(i, "due_at"))
+            .min()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .expect("a plan not sent yet is scheduled");
+        app.clock
+            .set(next_due.max(app.clock.now()) + chrono::Duration::seconds(1));
         let next = app.tick(30).await;
-        eprintln!("the workers sent {by_workers}; a next tick: {next:?}");
-        for _ in 0..100 {
-            if app.deliveries().await.len() >= 40 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        app.workers_done().await;
+        eprintln!("the workers sent {by_workers}; a next tick at {next_due}: {next:?}");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(app.deliveries().await.len(), 40, "nothing twice");
+    let left: Vec<String> = app
+        .items()
+        .await
+        .iter()
+        .filter(|i| {
+            attr_s(i, "kind") == Some("delivery") && attr_s(i, "state") != Some("sent")
+                || attr_s(i, "kind") == Some("plan") && attr_s(i, "state") != Some("scheduled")
+        })
+        .map(|i| format!("{i:?}"))
+        .collect();
+    assert_eq!(
+        app.deliveries().await.len(),
+        40,
+        "each sent, nothing twice; left: {left:#?}"
+    );
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
     assert_no_plan_stuck_sending(&app).await;
@@ -147,6 +161,7 @@ async fn a_worker_event_naming_no_usable_shards_fails_and_never_runs_a_tick() {
         let answer = app.invoke("dispatcher", &payload).await;
         assert_eq!(answer["errorType"], "FunctionError", "{answer}");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // (Had one fanned out instead, its workers would have run by now.)
+    app.workers_done().await;
     assert!(app.deliveries().await.is_empty(), "no tick ran");
 }
