@@ -909,10 +909,14 @@ async fn sends_in_flight_are_driven_while_a_slow_due_query_is_awaited() {
     proxy.clear();
     assert!(injected(&proxy, late) >= 1, "a second page was awaited");
     assert_eq!(recovered, 0, "nothing for a sweep to recover: {summary:?}");
-    // An item whose claim timed out on a loaded machine (the suite shares one emulator)
-    // is skipped unclaimed and left due: the next tick sends it, once.
+    // An item whose claim timed out on a loaded machine is skipped unclaimed and left
+    // due: a next tick sends it, once (up to three, each as loaded: seen 11 skipped
+    // beside two CPU hogs, and one of them skipped again).
     let mut sent = summary.sent;
-    if summary.skipped > 0 {
+    for _ in 0..3 {
+        if sent >= 56 {
+            break;
+        }
         let next = app.tick(60).await;
         assert_eq!(next.unknown, 0, "{next:?}");
         sent += next.sent;
