@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,10 +33,12 @@ MAX_EXAMPLES = "150"
 SEED = "1"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def printed_port(printed, label):
+    """The port onegrant-local printed for `label` (it binds port 0 to a free one)."""
+    match = re.search(label + r"\s+http://127\.0\.0\.1:(\d+)", printed)
+    if match is None:
+        raise SystemExit(f"fuzz: the local stack printed no {label} address")
+    return int(match.group(1))
 
 
 def call(method, url, body=None, token=None):
@@ -77,12 +78,13 @@ def deployment_schema(root):
 def main():
     binary = os.path.abspath(sys.argv[1])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    api, invoke, standin = free_port(), free_port(), free_port()
+    # Port 0 for each: the stack binds free ones and prints them (stacks started side
+    # by side, as the client's tests beside this, never race for a port).
     env = dict(
         os.environ,
-        ONEGRANT_API_PORT=str(api),
-        ONEGRANT_INVOKE_PORT=str(invoke),
-        ONEGRANT_STANDIN_PORT=str(standin),
+        ONEGRANT_API_PORT="0",
+        ONEGRANT_INVOKE_PORT="0",
+        ONEGRANT_STANDIN_PORT="0",
         ONEGRANT_LOCAL_TICK_SECONDS="0",
         RUST_LOG="error",
     )
@@ -93,11 +95,14 @@ def main():
     )
     try:
         deadline = time.monotonic() + 120
+        printed = ""
         for line in stack.stdout:
+            printed += line
             if "Ctrl-C stops everything" in line:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit("fuzz: the local stack did not start")
+        api, standin = printed_port(printed, "HTTP API"), printed_port(printed, "WeChat stand-in")
         base = f"http://127.0.0.1:{api}"
         login = call("POST", f"http://127.0.0.1:{standin}/control/login-codes", {"user": "fuzz"})
         token = call("POST", f"{base}/v1/session", {"code": login["code"]})["token"]

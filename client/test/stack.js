@@ -1,23 +1,18 @@
 'use strict';
 // The real local stack for the integration tests: `onegrant-local` (built by cargo; its
-// path in ONEGRANT_LOCAL_BIN, else $CARGO_TARGET_DIR/debug or target/debug) on free
-// ports with its own DynamoDB
+// path in ONEGRANT_LOCAL_BIN, else $CARGO_TARGET_DIR/debug or target/debug) on the free
+// ports it picks and prints, with its own DynamoDB
 // emulator and WeChat stand-in, and wx adapters that reach it over real HTTP.
 
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
-const net = require('node:net');
 const path = require('node:path');
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
+/** The port `onegrant-local` printed for `label` (it binds port 0 to a free one). */
+function printedPort(printed, label) {
+  const match = printed.match(new RegExp(`${label}\\s+http://127\\.0\\.0\\.1:(\\d+)`));
+  if (!match) throw new Error(`onegrant-local printed no ${label} address`);
+  return match[1];
 }
 
 async function startStack() {
@@ -28,17 +23,18 @@ async function startStack() {
     throw new Error(`${binary} is missing: build it first with \`cargo build --bin onegrant-local\` `
       + '(or run scripts/test, which builds it), or set ONEGRANT_LOCAL_BIN to its path');
   }
-  const [api, invoke, standin] = [await freePort(), await freePort(), await freePort()];
+  // Port 0 for each: the stack binds free ones and prints them (stacks started side by
+  // side, as the fuzzer's beside these tests, never race for a port).
   const env = Object.assign({}, process.env, {
-    ONEGRANT_API_PORT: String(api),
-    ONEGRANT_INVOKE_PORT: String(invoke),
-    ONEGRANT_STANDIN_PORT: String(standin),
+    ONEGRANT_API_PORT: '0',
+    ONEGRANT_INVOKE_PORT: '0',
+    ONEGRANT_STANDIN_PORT: '0',
     ONEGRANT_LOCAL_TICK_SECONDS: '0',
     RUST_LOG: 'error',
   });
   for (const name of ['AWS_ENDPOINT_URL_DYNAMODB', 'WECHAT_API_BASE', 'WECHAT_PUSH_TOKEN']) delete env[name];
   const child = spawn(binary, [], { cwd: root, env, stdio: ['pipe', 'pipe', 'ignore'] });
-  await new Promise((resolve, reject) => {
+  const printed = await new Promise((resolve, reject) => {
     let seen = '';
     const timer = setTimeout(() => reject(new Error('the local stack did not start in 120 s')), 120000);
     child.on('exit', (code) => reject(new Error(`onegrant-local exited with ${code}`)));
@@ -47,11 +43,12 @@ async function startStack() {
       seen += chunk.toString();
       if (seen.includes('Ctrl-C stops everything')) {
         clearTimeout(timer);
-        resolve();
+        resolve(seen);
       }
     });
   });
   child.stdout.resume();
+  const [api, invoke, standin] = ['HTTP API', 'Invoke API', 'WeChat stand-in'].map((l) => printedPort(printed, l));
   return {
     api: `http://127.0.0.1:${api}`,
     standin: `http://127.0.0.1:${standin}`,

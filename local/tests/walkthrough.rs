@@ -239,10 +239,11 @@ impl Drop for Stack {
 }
 
 fn tempdir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "onegrant-walkthrough-{}-{}",
         std::process::id(),
-        common::free_port()
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     dir

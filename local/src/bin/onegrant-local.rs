@@ -24,9 +24,24 @@ fn env_u16(name: &str, default: u16) -> anyhow::Result<u16> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     onegrant::telemetry::init();
-    let api_port = env_u16("ONEGRANT_API_PORT", 3000)?;
-    let invoke_port = env_u16("ONEGRANT_INVOKE_PORT", 3001)?;
-    let standin_port = env_u16("ONEGRANT_STANDIN_PORT", 3002)?;
+    // Every listener is bound first, so a port of 0 takes a free one (printed below):
+    // stacks started side by side (tests, the fuzzer) never race for a port.
+    let real_wechat = ["WECHAT_API_BASE", "WECHAT_APPID", "WECHAT_SECRET"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_some());
+    let bind = |name: &'static str, port: u16| async move {
+        TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("binding the {name} to 127.0.0.1:{port}"))
+    };
+    let api_listener = bind("API", env_u16("ONEGRANT_API_PORT", 3000)?).await?;
+    let invoke_listener = bind("Invoke API", env_u16("ONEGRANT_INVOKE_PORT", 3001)?).await?;
+    let standin_listener = match real_wechat {
+        true => None,
+        false => Some(bind("stand-in", env_u16("ONEGRANT_STANDIN_PORT", 3002)?).await?),
+    };
+    let api_port = api_listener.local_addr()?.port();
+    let invoke_port = invoke_listener.local_addr()?.port();
 
     let (emulator, endpoint) = match std::env::var("AWS_ENDPOINT_URL_DYNAMODB") {
         Ok(endpoint) => (None, endpoint),
@@ -37,18 +52,10 @@ async fn main() -> anyhow::Result<()> {
         }
     };
 
-    let real_wechat = ["WECHAT_API_BASE", "WECHAT_APPID", "WECHAT_SECRET"]
-        .iter()
-        .all(|v| std::env::var_os(v).is_some());
     let mut overrides = HashMap::new();
     let mut standin_task = None;
-    let wechat_base = if real_wechat {
-        std::env::var("WECHAT_API_BASE").unwrap_or_default()
-    } else {
-        let listener = TcpListener::bind(("127.0.0.1", standin_port))
-            .await
-            .with_context(|| format!("binding the stand-in to 127.0.0.1:{standin_port}"))?;
-        let base = format!("http://127.0.0.1:{standin_port}");
+    let wechat_base = if let Some(listener) = standin_listener {
+        let base = format!("http://127.0.0.1:{}", listener.local_addr()?.port());
         overrides.insert("WECHAT_API_BASE", base.clone());
         overrides.insert("WECHAT_APPID", stack::LOCAL_APPID.to_string());
         overrides.insert("WECHAT_SECRET", stack::LOCAL_SECRET.to_string());
@@ -64,6 +71,8 @@ async fn main() -> anyhow::Result<()> {
         standin.push = stack::standin_push(&config, &format!("http://127.0.0.1:{api_port}"));
         standin_task = Some(standin::spawn(standin, listener));
         base
+    } else {
+        std::env::var("WECHAT_API_BASE").unwrap_or_default()
     };
     // With DISPATCH_WORKERS above 1 the tick fans out to workers through this stack's
     // own Invoke API, as the deployed one does through Lambda's.
@@ -79,12 +88,6 @@ async fn main() -> anyhow::Result<()> {
     let deps_push = config.push.is_some();
     let deps = stack::deps(config, dynamodb)?;
 
-    let api_listener = TcpListener::bind(("127.0.0.1", api_port))
-        .await
-        .with_context(|| format!("binding the API to 127.0.0.1:{api_port}"))?;
-    let invoke_listener = TcpListener::bind(("127.0.0.1", invoke_port))
-        .await
-        .with_context(|| format!("binding the Invoke API to 127.0.0.1:{invoke_port}"))?;
     let tick_seconds = env_u16("ONEGRANT_LOCAL_TICK_SECONDS", 60)?;
     let ticker = {
         let deps = deps.clone();

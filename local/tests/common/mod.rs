@@ -1,16 +1,9 @@
-//! Starting `onegrant-local` for a test: free ports, the emulator and stand-in of its
+//! Starting `onegrant-local` for a test: the free ports it picks, the emulator and stand-in of its
 //! own, and what it printed until it reported it was up.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// A running `onegrant-local` and its ports.
 pub struct Started {
@@ -23,14 +16,30 @@ pub struct Started {
     pub printed: Vec<String>,
 }
 
-/// Starts `onegrant-local` on free ports with `env` added, and waits (up to 120 s)
-/// until it says it is up.
+/// The port `onegrant-local` printed for `label` (it binds port 0 to a free one).
+fn printed_port(printed: &[String], label: &str) -> u16 {
+    printed
+        .iter()
+        .filter_map(|line| line.trim_start().strip_prefix(label))
+        .filter_map(|rest| rest.trim_start().strip_prefix("http://127.0.0.1:"))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .next()
+        .unwrap_or_else(|| panic!("onegrant-local printed its {label} address: {printed:?}"))
+}
+
+/// Starts `onegrant-local` on free ports (port 0 for each: it binds free ones and
+/// prints them, so stacks started side by side never race for a port) with `env`
+/// added, and waits (up to 120 s) until it says it is up.
 pub fn start_local(env: &[(&str, &str)]) -> Started {
-    let (api, invoke, standin) = (free_port(), free_port(), free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_onegrant-local"))
-        .env("ONEGRANT_API_PORT", api.to_string())
-        .env("ONEGRANT_INVOKE_PORT", invoke.to_string())
-        .env("ONEGRANT_STANDIN_PORT", standin.to_string())
+        .env("ONEGRANT_API_PORT", "0")
+        .env("ONEGRANT_INVOKE_PORT", "0")
+        .env("ONEGRANT_STANDIN_PORT", "0")
         .envs(env.iter().copied())
         .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
         .env_remove("WECHAT_API_BASE")
@@ -57,9 +66,9 @@ pub fn start_local(env: &[(&str, &str)]) -> Started {
     }
     Started {
         child,
-        api,
-        invoke,
-        standin,
+        api: printed_port(&printed, "HTTP API"),
+        invoke: printed_port(&printed, "Invoke API"),
+        standin: printed_port(&printed, "WeChat stand-in"),
         printed,
     }
 }
