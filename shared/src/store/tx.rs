@@ -18,6 +18,16 @@ impl Store {
         &self,
         items: Vec<TransactWriteItem>,
     ) -> Result<TxOutcome, StoreError> {
+        Ok(self.transact_kept(items).await?.0)
+    }
+
+    /// [`Store::transact`], keeping what was sent: a caller whose transaction ended
+    /// `Contended` (it may have committed unseen) and that then reads its work done
+    /// can [`Store::resend`] it to learn whether the work was its own.
+    pub(crate) async fn transact_kept(
+        &self,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<(TxOutcome, SentTx), StoreError> {
         // One token for every attempt below: a retry after a commit whose answer was
         // lost gets that answer instead of failing its own conditions (and a caller
         // reading again would take its own write for someone else's).
@@ -31,7 +41,23 @@ impl Store {
         } else {
             items
         };
-        let token = crate::store::request_token();
+        let sent = SentTx {
+            items,
+            token: crate::store::request_token(),
+        };
+        let outcome = self.send_tx(&sent).await?;
+        Ok((outcome, sent))
+    }
+
+    /// Sends again, with its token, a transaction that ended `Contended`: DynamoDB
+    /// answers for the token (committed, if that attempt did), or runs it now against
+    /// the items as they are (cancelled, if its conditions no longer hold).
+    pub(crate) async fn resend(&self, sent: &SentTx) -> Result<TxOutcome, StoreError> {
+        self.send_tx(sent).await
+    }
+
+    async fn send_tx(&self, sent_tx: &SentTx) -> Result<TxOutcome, StoreError> {
+        let (items, token) = (&sent_tx.items, &sent_tx.token);
         let started = tokio::time::Instant::now();
         // Set once an attempt may have committed unseen: from then on an answer that
         // only says "not this attempt" (a throttle, the token in progress) proves
@@ -46,7 +72,7 @@ impl Store {
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(items.clone()))
-                .client_request_token(&token)
+                .client_request_token(token)
                 .customize()
                 .config_override(
                     aws_sdk_dynamodb::config::Builder::new()
@@ -137,6 +163,12 @@ pub(crate) fn condition_failed(
     reasons
         .get(i)
         .is_some_and(|(code, _)| is_condition_failed(code))
+}
+
+/// A transaction as it was sent (with what [`Store::transact`] adds) and its token.
+pub(crate) struct SentTx {
+    items: Vec<TransactWriteItem>,
+    token: String,
 }
 
 pub(crate) enum TxOutcome {
