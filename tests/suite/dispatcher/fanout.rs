@@ -48,10 +48,13 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
     // may leave some for the next).
     app.control("POST", "latency", Some(json!({"ms": 0}))).await;
     let first_rest = app.tick(60).await;
+    // Every page — unless its budget ran out first (seen beside two CPU hogs: 45 s a
+    // send), and then it defers what it read and could not send.
     assert!(
-        first_rest.due >= 120 - short.sent,
+        first_rest.due >= 120 - short.sent || first_rest.deferred > 0,
         "a tick with time reads every page: {first_rest:?}"
     );
+    assert!(first_rest.due > 50, "past its first page: {first_rest:?}");
     let mut rest = first_rest.sent;
     for _ in 0..5 {
         if short.sent + rest >= 120 {
