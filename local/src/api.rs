@@ -4,7 +4,8 @@
 //!   `template.yaml` declares (`sam local start-api`). A request becomes the
 //!   `lambda_http::Request` API Gateway would deliver (path and query parameters
 //!   included) and goes to the function's own handler; unknown routes answer API
-//!   Gateway's `{"message":"Not Found"}`.
+//!   Gateway's `{"message":"Not Found"}`. Beside them, the contract this
+//!   configuration makes of `api/openapi.yaml` ([`crate::contract`]).
 //! - [`invoke_router`]: the Lambda Invoke API shape (`sam local start-lambda`):
 //!   `POST /2015-03-31/functions/<name>/invocations`, by logical id or binary name. HTTP
 //!   functions take an API Gateway v2 event and answer its response JSON.
@@ -174,7 +175,13 @@ pub fn api_router(deps: Deps) -> anyhow::Result<Router> {
         })?;
         routes.push((route, handler));
     }
+    let contract =
+        crate::contract::deployment_contract(&deps.config.templates, &deps.config.reminders)?;
     Ok(Router::new()
+        .route(
+            crate::contract::PATH,
+            axum::routing::get(move || async move { axum::Json(contract) }),
+        )
         .fallback(dispatch)
         .with_state(Arc::new(ApiState { deps, routes })))
 }

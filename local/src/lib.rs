@@ -11,6 +11,7 @@
 //! - [`stack`]: wires them together with local defaults.
 
 pub mod api;
+pub mod contract;
 pub mod emulator;
 pub mod stack;
 pub mod standin;

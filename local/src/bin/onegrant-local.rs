@@ -120,6 +120,10 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!(
+        "  Contract        http://127.0.0.1:{api_port}{}  (this configuration's templates, kinds and zones)",
+        onegrant_local::contract::PATH
+    );
+    println!(
         "  Invoke API      http://127.0.0.1:{invoke_port}/2015-03-31/functions/<name>/invocations"
     );
     match &emulator {

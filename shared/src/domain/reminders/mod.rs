@@ -4,6 +4,7 @@
 //! Parsing here turns a decoded JSON body into validated values, with one error
 //! variant per client mistake; the HTTP layer maps each to its status in one place.
 
+mod body;
 pub mod check_in;
 pub mod plan;
 pub mod schedule;
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::domain::grants::SubscribeResult;
 use crate::domain::ids::{IdError, RequestId, TemplateId};
+use crate::domain::reminders::body::{str_field, u32_field};
 use crate::domain::reminders::schedule::{
     MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES, Schedule, ScheduleError, TimeOfDay, Timezone,
 };
@@ -261,33 +263,6 @@ pub enum SettingsError {
 pub struct SettingsUpdate {
     pub enabled: bool,
     pub settings: Settings,
-}
-
-fn field<'a>(object: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
-    object.get(name).filter(|v| !v.is_null())
-}
-
-fn u32_field(object: &serde_json::Map<String, Value>, name: &str) -> Result<Option<i64>, String> {
-    match field(object, name) {
-        None => Ok(None),
-        Some(v) => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| format!("{name} must be an integer")),
-    }
-}
-
-fn str_field<'a>(
-    object: &'a serde_json::Map<String, Value>,
-    name: &str,
-) -> Result<Option<&'a str>, String> {
-    match field(object, name) {
-        None => Ok(None),
-        Some(v) => v
-            .as_str()
-            .map(Some)
-            .ok_or_else(|| format!("{name} must be a string")),
-    }
 }
 
 /// A settings body, every field it gives checked on its own: what can be refused

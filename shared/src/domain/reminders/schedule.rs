@@ -49,6 +49,12 @@ impl Timezone {
         self.0.name()
     }
 
+    /// Every zone name [`Timezone::parse`] takes: the IANA database's, as compiled in
+    /// (a deployment's served contract lists them).
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name())
+    }
+
     pub fn tz(&self) -> Tz {
         self.0
     }
