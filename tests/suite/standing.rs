@@ -397,6 +397,69 @@ async fn changing_settings_are_rate_limited_like_reports() {
     assert_eq!(same.status, 200, "the setting as it stands: {}", same.body);
 }
 
+/// The recipe: with `REPORTS_PER_MINUTE=2` and three templates configured, a
+/// check-in carrying the main switch off changes three templates. It takes one place of
+/// the minute, not three: it is recorded at once, and when the minute is full, its
+/// retry in the next minute is (before, it was refused 429 on every retry, its check-in
+/// never recorded). A grant report carrying it rides on the report's own place, even at
+/// a limit of one.
+#[tokio::test]
+async fn a_setting_changing_more_templates_than_the_limit_is_recorded_and_never_refused_for_ever() {
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "2")]).await;
+    let user = app.scheduled_user("fay", 1).await;
+    let off = json!({"main_switch": false});
+    app.freeze_at_a_minute_start();
+    let answer = app
+        .post(
+            CHECKINS,
+            Some(&user.token),
+            &check_in_body("wc_off_1", off.clone()),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "at once: {}", answer.body);
+    assert_eq!(view(&answer.body), paused("main_switch_off", false));
+    assert_eq!(
+        water_quota(&app, &user).await.0.as_deref(),
+        Some("main_switch_off")
+    );
+    assert_eq!(plan(&app, &user).await, paused("main_switch_off", false));
+    // The minute's second place taken by a report, a check-in turning the switch on
+    // again is refused, and recorded in the next minute.
+    let fill = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": "wr_fill", "results": {ORDER: "accept"}}),
+        )
+        .await;
+    assert_eq!(fill.status, 200, "{}", fill.body);
+    let on = json!({"main_switch": true});
+    let body = check_in_body("wc_on", on);
+    let refused = app.post(CHECKINS, Some(&user.token), &body).await;
+    onegrant_tests::assert_rate_limited(&refused, "the minute's places are taken");
+    app.advance(std::time::Duration::from_secs(61));
+    let retried = app.post(CHECKINS, Some(&user.token), &body).await;
+    assert_eq!(retried.status, 200, "its retry: {}", retried.body);
+    assert_eq!(water_quota(&app, &user).await.0, None);
+    for template in [WATER, ORDER] {
+        let answer = app.get("/v1/grants", Some(&user.token)).await;
+        assert!(
+            quota(&answer.body, template)["standing"].is_null(),
+            "{template}"
+        );
+    }
+
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "1")]).await;
+    let user = app.user("gus").await;
+    app.freeze_at_a_minute_start();
+    let body = report(&app, &user, "wr_off", json!({WATER: "accept"}), off).await;
+    assert_eq!(quota(&body, ORDER)["standing"], "main_switch_off", "{body}");
+    assert_eq!(
+        water_quota(&app, &user).await.0.as_deref(),
+        Some("main_switch_off")
+    );
+}
+
 /// A push of `ORDER` to `user`, titled and numbered `key`, at `priority`.
 fn order_push(user: &User, key: &str, priority: &str) -> Value {
     json!({"idempotency_key": key, "openid": user.openid, "type": "order", "title": key,

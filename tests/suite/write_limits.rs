@@ -273,26 +273,34 @@ async fn a_report_refused_by_its_limit_or_a_conflict_leaves_its_standing_choice_
         .await;
     assert_eq!(answer.status, 409, "{}", answer.body);
     assert_eq!(standing(&app, &alice).await, Value::Null);
-    // Two more reports fill the minute but one place; a report whose setting would
-    // take that place and leave none for the report itself is refused whole.
-    let answer = app
-        .post(
-            "/v1/grants",
-            Some(&alice.token),
-            &json!({"request_id": "wl_2", "results": {WATER: "accept"}}),
-        )
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    // Two more reports fill the minute; a report carrying a setting is then refused
+    // whole, its setting unwritten.
+    accepted_reports(&app, &alice, &["wl_2", "wl_3"]).await;
     app.round_trips.take_writes();
-    let carrying = json!({"request_id": "wl_3", "results": {WATER: "accept"},
+    let carrying = json!({"request_id": "wl_4", "results": {WATER: "accept"},
                           "subscriptions_setting": reject});
     let answer = app.post("/v1/grants", Some(&alice.token), &carrying).await;
     assert_eq!(minute(&app), first, "the test's minute is held");
-    assert_rate_limited(&answer, "a report whose setting needs the last place");
+    assert_rate_limited(&answer, "a report carrying a setting past the limit");
     assert!(app.round_trips.take_writes().is_empty(), "nothing written");
     assert_eq!(standing(&app, &alice).await, Value::Null);
-    // Without a setting to apply, the same report takes the last place.
-    let plain = json!({"request_id": "wl_3", "results": {WATER: "accept"}});
-    let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
+    // In the next minute the same report and its setting take one place together:
+    // the setting rides on the report's own.
+    app.advance(std::time::Duration::from_secs(60));
+    let answer = app.post("/v1/grants", Some(&alice.token), &carrying).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(standing(&app, &alice).await, "reject");
+    accepted_reports(&app, &alice, &["wl_5", "wl_6"]).await;
+    let plain = json!({"request_id": "wl_7", "results": {WATER: "accept"}});
+    let answer = app.post("/v1/grants", Some(&alice.token), &plain).await;
+    assert_rate_limited(&answer, "the minute's three places taken by three reports");
+}
+
+/// Reports of a water grant, one per request id, each recorded.
+async fn accepted_reports(app: &TestApp, user: &User, ids: &[&str]) {
+    for id in ids {
+        let body = json!({"request_id": id, "results": {WATER: "accept"}});
+        let answer = app.post("/v1/grants", Some(&user.token), &body).await;
+        assert_eq!(answer.status, 200, "{id}: {}", answer.body);
+    }
 }

@@ -32,6 +32,16 @@ pub fn admit_n(count: u64, n: u64, max: u32, now: DateTime<Utc>) -> Result<(), u
     }
 }
 
+/// The places a standing choice (`subscriptions_setting`) takes of the user's reports in
+/// the minute, when it changes `changed` templates and rides on a request that takes
+/// `reserve` places of its own: one, however many templates it changes, or none when
+/// the request's own place covers it. So whatever a setting carries, the request needs
+/// at most one place more than it would alone, and a retry in a later minute always
+/// fits (a request refused for ever would keep its check-in or grant unrecorded, I7).
+pub fn setting_places(changed: usize, reserve: u64) -> u64 {
+    if changed == 0 || reserve > 0 { 0 } else { 1 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +57,25 @@ mod tests {
         assert_eq!(admit_n(1, 2, 3, now), Ok(()));
         assert_eq!(admit_n(2, 2, 3, now), Err(45), "all fit, or none");
         assert_eq!(admit_n(3, 0, 3, now), Ok(()), "nothing to count");
+    }
+
+    #[test]
+    fn a_setting_takes_one_place_whatever_it_changes_or_rides_on_its_requests() {
+        assert_eq!(setting_places(0, 0), 0, "nothing changed");
+        assert_eq!(setting_places(1, 0), 1);
+        assert_eq!(
+            setting_places(3, 0),
+            1,
+            "the main switch off, three templates"
+        );
+        assert_eq!(setting_places(300, 0), 1);
+        assert_eq!(setting_places(3, 1), 0, "on a grant report's own place");
+        // A request never needs more than the smallest limit (1) allows.
+        for changed in [0, 1, 3, 300] {
+            for reserve in [0, 1] {
+                assert!(setting_places(changed, reserve) + reserve <= 1);
+            }
+        }
     }
 
     #[test]

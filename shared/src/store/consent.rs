@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::consent::Refusal;
 use crate::domain::consent::standing::{Standing, SubscriptionsSetting};
+use crate::domain::rate::setting_places;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, SubscribeResult, TemplateId};
@@ -117,11 +118,14 @@ impl Store {
     /// transaction for every template whose items change (split only past 98 items),
     /// conditional on everything as read (each standing choice and every plan's
     /// version), so a choice is applied to every template or none, and two settings
-    /// racing leave the quotas and their plans agreeing; a race reads again. Each
-    /// template changed counts against the user's `REPORTS_PER_MINUTE`, so settings
-    /// cannot be written faster than reports: all of them and `reserve` more
-    /// (the request's own counted write, after them) must fit in the minute as read, or
-    /// nothing is written (`Limited`). The
+    /// racing leave the quotas and their plans agreeing; a race reads again. A setting
+    /// that changes anything counts against the user's `REPORTS_PER_MINUTE` as one
+    /// report, however many templates it changes ([`setting_places`]; none on a grant
+    /// report, whose own place covers it), so settings cannot be written faster than
+    /// reports and no setting needs more places than the limit has: its place and
+    /// `reserve` more (the request's own counted write, after it) must fit in the
+    /// minute as read, or nothing is written (`Limited`, and a retry in a later minute
+    /// fits). The
     /// caller applies a request's setting only on its first application: a replay
     /// changes nothing.
     pub async fn stand(
@@ -175,9 +179,10 @@ impl Store {
                 writes.extend(plans);
                 changes.push(writes);
             }
-            // Every change, and the `reserve` places the request's own write needs
-            // after them, fit in the minute — or nothing is written.
-            let n = u64::try_from(changes.len()).unwrap_or(u64::MAX);
+            // The setting's place (one, whatever it changes) and the `reserve` places
+            // the request's own write needs after it fit in the minute — or nothing
+            // is written.
+            let n = setting_places(changes.len(), reserve);
             self.rate_admits_n(
                 Counter::Reports,
                 stored.get(&rate),
