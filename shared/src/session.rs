@@ -9,27 +9,20 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::Clock;
 use crate::config::{SessionConfig, SessionKeySource};
 use crate::domain::OpenId;
 use crate::secrets::Secret;
 
+mod claims;
 pub mod jwt_crypto;
 
-const ISSUER: &str = "onegrant";
+use claims::{Claims, ISSUER, within_lifetime};
 
 /// The shortest session key accepted (as at a cold start).
 const MIN_KEY_BYTES: usize = crate::config::MIN_SESSION_SECRET_BYTES;
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Claims {
-    sub: String,
-    iat: i64,
-    exp: i64,
-    iss: String,
-}
 
 /// Issues and verifies session tokens.
 ///
@@ -206,7 +199,8 @@ impl Sessions {
     }
 
     /// The openid a token was issued to, if the token is genuine (signed by the current
-    /// key or the one before the last rotation) and unexpired.
+    /// key or the one before the last rotation) and within its lifetime: unexpired, not
+    /// issued in the future, and valid no longer than this deployment issues tokens for.
     pub async fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
         self.read_again_if_stale().await;
         let held = self.keys();
@@ -236,7 +230,7 @@ impl Sessions {
         let mut refused = SessionError::NoKey;
         for key in held {
             match jsonwebtoken::decode::<Claims>(token, key, &self.validation)
-                .and_then(|data| unexpired(data.claims, now))
+                .and_then(|data| within_lifetime(data.claims, now, self.ttl))
             {
                 Ok(claims) => {
                     return OpenId::parse(claims.sub).map_err(|_| SessionError::Subject);
@@ -369,17 +363,6 @@ impl Sessions {
 /// How long before `now` the instant `then` was (zero if after it).
 fn age(then: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
     (now - then).to_std().unwrap_or_default()
-}
-
-/// Lambda clocks are NTP-synchronised; a few seconds absorbs the rest.
-const EXPIRY_LEEWAY_SECONDS: i64 = 5;
-
-/// The claims of a genuine token, unless it expired before `now` (beyond the leeway).
-fn unexpired(claims: Claims, now: DateTime<Utc>) -> Result<Claims, jsonwebtoken::errors::Error> {
-    if claims.exp.saturating_add(EXPIRY_LEEWAY_SECONDS) < now.timestamp() {
-        return Err(jsonwebtoken::errors::ErrorKind::ExpiredSignature.into());
-    }
-    Ok(claims)
 }
 
 #[cfg(test)]

@@ -7,9 +7,14 @@ use onegrant_tests::{ORDER, WATER, spawn_app};
 use serde_json::json;
 
 fn sign(secret: &str, sub: &str, exp_offset_seconds: i64) -> String {
+    sign_at(secret, sub, -60, exp_offset_seconds)
+}
+
+/// A token claiming to be issued `iat_offset` and to expire `exp_offset` seconds from now.
+fn sign_at(secret: &str, sub: &str, iat_offset: i64, exp_offset: i64) -> String {
     let now = onegrant::Clock::real_now().timestamp();
     let claims =
-        json!({"sub": sub, "iat": now - 60, "exp": now + exp_offset_seconds, "iss": "onegrant"});
+        json!({"sub": sub, "iat": now + iat_offset, "exp": now + exp_offset, "iss": "onegrant"});
     let key = EncodingKey::from_secret(secret.as_bytes()).expect("key");
     onegrant::session::jwt_crypto::install();
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).expect("sign")
@@ -33,6 +38,10 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
     let six = json!({"request_id": "wr_6", "results": {"a": "accept", "b": "accept", "c": "accept", "d": "accept", "e": "accept", "f": "accept"}});
     let forged = sign(&"f".repeat(48), &openid, 3600);
     let expired = sign(LOCAL_SESSION_SECRET, &openid, -3600);
+    // Signed with the deployment's own key (a leaked one): a lifetime the deployment
+    // never issues (two hours here), and an issue time in the future.
+    let lasting = sign(LOCAL_SESSION_SECRET, &openid, 10 * 365 * 24 * 3600);
+    let future = sign_at(LOCAL_SESSION_SECRET, &openid, 3600, 4200);
     let none_alg = {
         // An unsigned token ("alg": "none") naming a victim.
         use base64::Engine;
@@ -213,6 +222,20 @@ async fn bad_grant_reports_and_tokens_are_refused_with_their_own_error_and_store
         (
             "an expired token",
             Auth::Raw(format!("Bearer {expired}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a token lasting ten years",
+            Auth::Raw(format!("Bearer {lasting}")),
+            ok_body.clone(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a token issued in an hour",
+            Auth::Raw(format!("Bearer {future}")),
             ok_body.clone(),
             401,
             "unauthorized",

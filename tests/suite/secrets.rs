@@ -157,11 +157,13 @@ async fn a_container_started_before_a_rotation_takes_tokens_signed_after_it_with
     assert_eq!(before.verify(&new_token).await.expect("read again"), openid);
     // From then on it signs with the new key, which a ring of the new key alone takes.
     let resigned = before.issue(&openid, now).await.expect("signed").token;
+    // (With the deployment's session lifetime: a token lasting longer is refused.)
+    let ttl = load(&env).await.expect("secrets read").session.ttl;
     let only_new = Sessions::new(&onegrant::config::SessionConfig {
         secret: Some(onegrant::secrets::Secret::new(new_key.clone())),
         previous: None,
         pending: None,
-        ttl: std::time::Duration::from_secs(600),
+        ttl,
         source: None,
     })
     .expect("keys");
