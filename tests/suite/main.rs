@@ -21,6 +21,7 @@ mod inbox;
 mod inputs;
 mod limits;
 mod logs;
+mod malformed;
 mod operations;
 mod preferences;
 mod priority;
