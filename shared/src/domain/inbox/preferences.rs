@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::inbox::schedule::Priority;
-use crate::domain::reminders::schedule::{ScheduleError, TimeOfDay, Timezone, local_instant};
+use crate::domain::reminders::schedule::{ScheduleError, TimeOfDay, Timezone, local_instant_after};
 
 /// Most notification types a user may mute.
 pub const MAX_MUTED_TYPES: usize = 20;
@@ -148,7 +148,9 @@ impl QuietHours {
         let local = at.with_timezone(&self.timezone.tz()).naive_local();
         let (start, end, time) = (self.start.time(), self.end.time(), local.time());
         let day = local.date();
-        let end_on = |d: chrono::NaiveDate| local_instant(self.timezone, d.and_time(end));
+        // The end still ahead of `at`: in the hour clocks fall back and repeat, the
+        // second pass's end when `at` is in that pass (the first pass's has gone by).
+        let end_on = |d: chrono::NaiveDate| local_instant_after(self.timezone, d.and_time(end), at);
         let until = if start < end {
             (start <= time && time < end).then(|| end_on(day))
         } else if time >= start {
@@ -338,6 +340,54 @@ mod tests {
             gate(&p, Some("t"), Priority::Normal, utc("2026-11-01T03:00:00Z")),
             Gate::Hold(utc("2026-11-01T12:00:00Z")),
             "23:00 EDT is held until 07:00 EST"
+        );
+        // Quiet 22:00-01:30 across the fall-back night: 01:00-02:00 happens twice
+        // (EDT 05:00-06:00Z, then EST 06:00-07:00Z), and so does 01:30. Held in both
+        // passes until the end the wall clock reaches next; out of them, sent.
+        let p = prefs(
+            json!({"quiet_hours": {"start": "22:00", "end": "01:30", "timezone": "America/New_York"},
+                             "muted_types": []}),
+        );
+        for (at, expected, why) in [
+            (
+                "2026-11-01T05:10:00Z",
+                Gate::Hold(utc("2026-11-01T05:30:00Z")),
+                "01:10 EDT",
+            ),
+            ("2026-11-01T05:45:00Z", Gate::Go, "01:45 EDT"),
+            (
+                "2026-11-01T06:10:00Z",
+                Gate::Hold(utc("2026-11-01T06:30:00Z")),
+                "01:10 EST, again",
+            ),
+            (
+                "2026-11-01T06:29:59Z",
+                Gate::Hold(utc("2026-11-01T06:30:00Z")),
+                "01:29:59 EST",
+            ),
+            ("2026-11-01T06:30:00Z", Gate::Go, "01:30 EST"),
+            ("2026-11-01T06:40:00Z", Gate::Go, "01:40 EST"),
+        ] {
+            assert_eq!(
+                gate(&p, Some("t"), Priority::Normal, utc(at)),
+                expected,
+                "{why}"
+            );
+        }
+        // Berlin, 2026-10-25: 02:00-03:00 twice (CEST 00:00-01:00Z, CET 01:00-02:00Z).
+        let p = prefs(
+            json!({"quiet_hours": {"start": "23:00", "end": "02:30", "timezone": "Europe/Berlin"},
+                             "muted_types": []}),
+        );
+        assert_eq!(
+            gate(&p, Some("t"), Priority::Normal, utc("2026-10-25T01:10:00Z")),
+            Gate::Hold(utc("2026-10-25T01:30:00Z")),
+            "02:10 CET, the second pass"
+        );
+        assert_eq!(
+            gate(&p, Some("t"), Priority::Normal, utc("2026-10-25T00:10:00Z")),
+            Gate::Hold(utc("2026-10-25T00:30:00Z")),
+            "02:10 CEST, the first pass"
         );
         assert_eq!(Preferences::default().quiet_hours, None);
         assert_eq!(

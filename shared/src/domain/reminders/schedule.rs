@@ -115,13 +115,41 @@ impl<'de> Deserialize<'de> for TimeOfDay {
 /// The instant a wall-clock time happens in `zone`: the first valid instant after a
 /// DST gap, the earlier of two in an overlap.
 pub fn local_instant(zone: Timezone, local: NaiveDateTime) -> DateTime<Utc> {
+    resolve(zone, local, |early, _| early)
+}
+
+/// The first instant after `after` at which the wall clock in `zone` reads `local`, or
+/// failing that the last before: in an overlap (clocks falling back) the later of the
+/// two once the earlier has passed, so an end read in the repeated hour's second pass
+/// is the one still ahead; past a DST gap as [`local_instant`].
+pub fn local_instant_after(
+    zone: Timezone,
+    local: NaiveDateTime,
+    after: DateTime<Utc>,
+) -> DateTime<Utc> {
+    resolve(
+        zone,
+        local,
+        |early, late| {
+            if early > after { early } else { late }
+        },
+    )
+}
+
+fn resolve(
+    zone: Timezone,
+    local: NaiveDateTime,
+    overlap: impl Fn(DateTime<Utc>, DateTime<Utc>) -> DateTime<Utc>,
+) -> DateTime<Utc> {
     let tz = zone.tz();
     let mut probe = local;
     // Gaps are at most a few hours; walk forward a minute at a time.
     for _ in 0..(4 * 60) {
         match tz.from_local_datetime(&probe) {
             LocalResult::Single(t) => return t.with_timezone(&Utc),
-            LocalResult::Ambiguous(early, _) => return early.with_timezone(&Utc),
+            LocalResult::Ambiguous(early, late) => {
+                return overlap(early.with_timezone(&Utc), late.with_timezone(&Utc));
+            }
             LocalResult::None => probe += Duration::minutes(1),
         }
     }
