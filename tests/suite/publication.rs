@@ -456,3 +456,63 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
     );
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// A scheduled notification without a push, its publication meeting each fault once:
+/// listed and counted after the one tick, once (a conflict or a throttle is contention
+/// and tried again, not taken for "published already"), and nothing left to publish.
+#[tokio::test]
+async fn a_publication_meeting_each_fault_once_is_listed_after_its_tick_once() {
+    use onegrant_tests::faults::ONCE;
+    for fault in ONCE {
+        let case = format!("publish × {fault:?}");
+        // (A WeChat timeout that leaves a 20 s tick time to read its due index.)
+        let (app, proxy) = onegrant_tests::spawn_faulty_app(&[
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("WECHAT_TIMEOUT_MS", "1500"),
+        ])
+        .await;
+        let user = app.user("published").await;
+        let send_at = app.now() + Duration::seconds(2);
+        let mut detail = scheduled(&user, "note", json!({"send_at": at(send_at)}));
+        detail.as_object_mut().map(|d| d.remove("wechat"));
+        let answer = app.notify(detail).await;
+        assert_eq!(answer["status"], "created", "{case}: {answer}");
+        app.move_to(send_at + Duration::milliseconds(100));
+        // The publication is the one transaction that deletes the scheduled item.
+        proxy.inject("TransactWriteItems", Some("SCHEDULED#"), fault, 1);
+        let mut summary = app.tick(20).await;
+        // On a loaded machine a tick may skip a shard the emulator did not answer in
+        // time (nothing written): the next tick takes it.
+        for _ in 0..4 {
+            if proxy.injected().iter().any(|(_, f)| *f == fault) {
+                break;
+            }
+            summary = app.tick(20).await;
+        }
+        let met = proxy.injected().iter().filter(|(_, f)| *f == fault).count();
+        assert_eq!(met, 1, "{case}: the fault was met: {summary:?}");
+        // Listed and counted now, not at a later tick.
+        let unread = app
+            .get("/v1/notifications/unread-count", Some(&user.token))
+            .await;
+        assert_eq!(unread.body["unread"], 1, "{case}: {summary:?}");
+        let page = app.get("/v1/notifications", Some(&user.token)).await;
+        assert_eq!(
+            page.body["items"].as_array().map(Vec::len),
+            Some(1),
+            "{case}: {}",
+            page.body
+        );
+        // (Its answer lost, the publication is still counted by the dispatcher that
+        // made it: the resend of its transaction, with its token, says so.)
+        assert_eq!(
+            (summary.published, summary.lost),
+            (1, 0),
+            "{case}: {summary:?}"
+        );
+        assert!(app.items_of(&user, "scheduled").await.is_empty(), "{case}");
+        assert_eq!(app.items_of(&user, "note").await.len(), 1, "{case}");
+        let again = app.tick(10).await;
+        assert_eq!((again.published, again.lost), (0, 0), "{case}: {again:?}");
+    }
+}

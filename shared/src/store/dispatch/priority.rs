@@ -16,7 +16,7 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
-use crate::store::tx::TxOutcome;
+use crate::store::tx::{TxOutcome, any_condition_failed};
 use crate::store::{Store, StoreError};
 
 /// A waiting push's outbox key, from its member.
@@ -216,10 +216,11 @@ impl Store {
             {
                 TxOutcome::Committed => woken += 1,
                 // Its push no longer waits: off the list, the next one in its place.
-                TxOutcome::Cancelled(_) => {
+                TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
                     self.drop_waiting(pk, template, &member).await?;
                 }
-                TxOutcome::Contended => {}
+                // Contention says nothing of the push: it stays on the list.
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
             }
         }
         Ok(usize::try_from(woken).unwrap_or(usize::MAX))

@@ -23,7 +23,7 @@ use crate::store::inbox::{NoteItem, UnreadItem};
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, scheduled_sk, unread_sk};
-use crate::store::tx::{SentTx, TxOutcome, is_condition_failed};
+use crate::store::tx::{SentTx, TxOutcome, any_condition_failed, condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// What a notification's push sends, kept until it is due.
@@ -232,16 +232,14 @@ impl Store {
                 TxOutcome::Committed => Attempt::Done(done),
                 // Published by another, or its push cancelled or replaced meanwhile:
                 // read it again.
-                TxOutcome::Cancelled(reasons)
-                    if reasons
-                        .first()
-                        .is_some_and(|(code, _)| is_condition_failed(code)) =>
-                {
-                    Attempt::Retry
-                }
+                TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => Attempt::Retry,
                 // A notification already where this one goes: published by a try whose
                 // answer was lost (the scheduled item's delete went with it).
-                TxOutcome::Cancelled(_) => Attempt::Done(Published::Gone),
+                TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
+                    Attempt::Done(Published::Gone)
+                }
+                // Contention (a conflict, a throttle): nothing was decided, try again.
+                TxOutcome::Cancelled(_) => Attempt::Retry,
                 TxOutcome::Contended => {
                     unanswered
                         .lock()
