@@ -77,6 +77,9 @@ pub mod name {
     /// Pushes cancelled at their claim: the cancel came while an earlier attempt was in
     /// flight, and that attempt did not go out.
     pub const CANCELLED: &str = "CancelledAtClaim";
+    /// Pushes replaced at their claim: a newer notification of their `collapse_key` came
+    /// while an earlier attempt was in flight, and that attempt did not go out.
+    pub const REPLACED: &str = "ReplacedAtClaim";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -106,7 +109,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 38] = [
+pub const ALL: [&str; 39] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -135,6 +138,7 @@ pub const ALL: [&str; 38] = [
     name::REFILLS,
     name::REFILLS_WITHOUT_GRANT,
     name::CANCELLED,
+    name::REPLACED,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

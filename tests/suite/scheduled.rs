@@ -477,22 +477,6 @@ async fn cancels_without_their_essentials_are_refused_and_change_nothing() {
     );
 }
 
-/// The push statuses of `user`'s outbox items, by their order number.
-async fn outbox_states(app: &TestApp, user: &User) -> std::collections::BTreeMap<String, String> {
-    app.items_of(user, "outbox")
-        .await
-        .iter()
-        .filter_map(|o| {
-            let key = o
-                .get("data")
-                .and_then(|d| d.as_m().ok())
-                .and_then(|d| d.get("character_string1"))
-                .and_then(|v| v.as_s().ok())?;
-            Some((key.clone(), attr_s(o, "state")?.to_string()))
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_newer_notification_with_the_same_collapse_key_replaces_a_push_that_has_not_gone_out() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
@@ -509,7 +493,7 @@ async fn a_newer_notification_with_the_same_collapse_key_replaces_a_push_that_ha
     app.notify(scheduled(&user, "delivered", key.clone())).await;
     let summary = app.tick(30).await;
     assert_eq!(summary.sent, 1, "{summary:?}");
-    let states = outbox_states(&app, &user).await;
+    let states = app.outbox_states(&user).await;
     assert_eq!(
         states,
         [
@@ -541,7 +525,7 @@ async fn a_newer_notification_with_the_same_collapse_key_replaces_a_push_that_ha
     )
     .await;
     app.notify(scheduled(&user, "ours", key)).await;
-    let states = outbox_states(&app, &user).await;
+    let states = app.outbox_states(&user).await;
     assert_eq!(
         (states["theirs"].as_str(), states["ours"].as_str()),
         ("pending", "pending")
@@ -581,7 +565,7 @@ async fn a_scheduled_push_is_replaced_before_its_send_at_and_ten_at_once_leave_e
         answers.iter().all(|a| a["status"] == "created"),
         "{answers:?}"
     );
-    let states = outbox_states(&app, &user).await;
+    let states = app.outbox_states(&user).await;
     let burst: Vec<&String> = states
         .iter()
         .filter(|(k, _)| k.starts_with("burst-"))
@@ -827,18 +811,8 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
         app.control("POST", "latency", Some(json!({"ms": 1500})))
             .await;
         let cancel_in_flight = async {
-            for _ in 0..200 {
-                if outbox_states(&app, &user)
-                    .await
-                    .get(key)
-                    .map(String::as_str)
-                    == Some("sending")
-                {
-                    return app.cancel(&user, key).await;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            panic!("the push never went in flight");
+            app.until_in_flight(&user, key).await;
+            app.cancel(&user, key).await
         };
         let (summary, answer) = tokio::join!(app.tick(30), cancel_in_flight);
         app.control("POST", "latency", Some(json!({"ms": 0}))).await;
@@ -856,10 +830,10 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
                 (1, 0, 0),
                 "{retry:?}"
             );
-            assert_eq!(outbox_states(&app, &user).await[key], "cancelled");
+            assert_eq!(app.outbox_states(&user).await[key], "cancelled");
         } else {
             assert_eq!(summary.sent, 1, "{summary:?}");
-            assert_eq!(outbox_states(&app, &user).await[key], "sent");
+            assert_eq!(app.outbox_states(&user).await[key], "sent");
             let after = app.cancel(&user, key).await;
             assert_eq!(after["status"], "too_late", "{after}");
         }
@@ -877,6 +851,81 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
     assert_ledger_agrees_with_counters(&app).await;
 }
 
+/// A newer notification of the same `collapse_key` arriving while the older push's
+/// attempt is in flight: that attempt is not stopped, but the replacement is recorded
+/// on the older notification; when the attempt ends retryable (45011, -1), the retry's
+/// claim ends the older push `replaced`, nothing sent and its grant kept, and only the
+/// newer one goes out (code that left an in-flight push alone sent both, two grants).
+#[tokio::test]
+async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_attempt_fails() {
+    for errcode in [45011, -1] {
+        let app = spawn_app_with(&[
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+        ])
+        .await;
+        let user = app.user("alice").await;
+        app.accept(&user, ORDER, "wr_1").await;
+        app.accept(&user, ORDER, "wr_2").await;
+        let key = json!({"collapse_key": "order-7"});
+        app.notify(scheduled(&user, "shipped", key.clone())).await;
+        app.control(
+            "POST",
+            "faults",
+            Some(json!({"openid": user.openid, "errcode": errcode, "times": 1})),
+        )
+        .await;
+        // WeChat answers in 1.5 s (under the suite's 2 s client timeout): the newer one
+        // comes meanwhile.
+        app.control("POST", "latency", Some(json!({"ms": 1500})))
+            .await;
+        let replace_in_flight = async {
+            app.until_in_flight(&user, "shipped").await;
+            app.notify(scheduled(&user, "delivered", key.clone())).await
+        };
+        let (first, answer) = tokio::join!(app.tick(30), replace_in_flight);
+        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        assert_eq!(answer["status"], "created", "{errcode}: {answer}");
+        assert_eq!(first.failed, 1, "{errcode}: {first:?}");
+        // The retry is due a second later; the newer push goes out as it comes.
+        app.advance(std::time::Duration::from_millis(1100));
+        let retry = app.tick(30).await;
+        assert_eq!(
+            first.replaced + retry.replaced,
+            1,
+            "{errcode}: {first:?} {retry:?}"
+        );
+        assert_eq!(first.sent + retry.sent, 1, "{errcode}: {first:?} {retry:?}");
+        let states = app.outbox_states(&user).await;
+        assert_eq!(
+            (states["shipped"].as_str(), states["delivered"].as_str()),
+            ("replaced", "sent"),
+            "{errcode}"
+        );
+        let sent: Vec<Value> = app.deliveries().await;
+        let numbers: Vec<&str> = sent
+            .iter()
+            .filter_map(|d| d["data"]["character_string1"]["value"].as_str())
+            .collect();
+        assert_eq!(numbers, ["delivered"], "{errcode}: only the newer went out");
+        let items = page(&app, &user).await;
+        let status = |title_key: &str| {
+            items
+                .iter()
+                .find(|n| n["body"].as_str() == Some(&format!("预约 {title_key}")))
+                .map(|n| n["push"]["status"].clone())
+        };
+        assert_eq!(status("shipped"), Some(json!("replaced")), "{errcode}");
+        assert_eq!(status("delivered"), Some(json!("sent")), "{errcode}");
+        assert_eq!(available(&app, &user).await, 1, "{errcode}: one grant kept");
+        // Nothing comes due again.
+        app.advance(std::time::Duration::from_secs(120));
+        let later = app.tick(30).await;
+        assert_eq!((later.claimed, later.sent), (0, 0), "{errcode}: {later:?}");
+        assert_ledger_agrees_with_counters(&app).await;
+    }
+}
+
 #[tokio::test]
 async fn an_older_notification_removed_by_retention_never_blocks_a_replacement_or_a_cancel() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
@@ -891,7 +940,7 @@ async fn an_older_notification_removed_by_retention_never_blocks_a_replacement_o
     .await;
     let newer = app.notify(scheduled(&user, "newer", key)).await;
     assert_eq!(newer["status"], "created", "{newer}");
-    assert_eq!(outbox_states(&app, &user).await["older"], "replaced");
+    assert_eq!(app.outbox_states(&user).await["older"], "replaced");
     let lone = app.notify(scheduled(&user, "lone", json!({}))).await;
     remove(
         &app,
@@ -901,7 +950,7 @@ async fn an_older_notification_removed_by_retention_never_blocks_a_replacement_o
     .await;
     let cancelled = app.cancel(&user, "lone").await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
-    assert_eq!(outbox_states(&app, &user).await["lone"], "cancelled");
+    assert_eq!(app.outbox_states(&user).await["lone"], "cancelled");
     assert!(
         app.items_of(&user, "note")
             .await

@@ -295,6 +295,35 @@ impl TestApp {
             .collect()
     }
 
+    /// `user`'s pushes by order number (`character_string1`): their outbox state (the
+    /// inbox's push status never says `sending`; the outbox does).
+    pub async fn outbox_states(&self, user: &User) -> std::collections::BTreeMap<String, String> {
+        self.items_of(user, "outbox")
+            .await
+            .iter()
+            .filter_map(|o| {
+                let key = o
+                    .get("data")
+                    .and_then(|d| d.as_m().ok())
+                    .and_then(|d| d.get("character_string1"))
+                    .and_then(|v| v.as_s().ok())?;
+                Some((key.clone(), attr_s(o, "state")?.to_string()))
+            })
+            .collect()
+    }
+
+    /// Waits until `user`'s push `key` (its order number) is in flight: a test acting
+    /// during a send (a late stand-in) polls the stored state, in real time.
+    pub async fn until_in_flight(&self, user: &User, key: &str) {
+        for _ in 0..1000 {
+            if self.outbox_states(user).await.get(key).map(String::as_str) == Some("sending") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the push {key} never went in flight");
+    }
+
     /// Has the stand-in push one event now (see its control API); the callback's
     /// answers.
     pub async fn push_event(&self, event: Value) -> Value {

@@ -193,6 +193,7 @@ impl Lane<'_> {
             Ok(Dispatched::Capped { waits: true }) => s.cap_waits += 1,
             Ok(Dispatched::Capped { waits: false }) => s.capped += 1,
             Ok(Dispatched::Cancelled) => s.cancelled += 1,
+            Ok(Dispatched::Replaced) => s.replaced += 1,
             Ok(Dispatched::Unreadable) => s.skipped += 1,
             Ok(Dispatched::Released(finalized)) => {
                 s.claimed += 1;

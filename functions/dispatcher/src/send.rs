@@ -53,6 +53,9 @@ pub(crate) enum Dispatched {
     },
     /// A push whose cancel came while an earlier attempt was in flight.
     Cancelled,
+    /// A push replaced (a newer notification of its `collapse_key`) while an earlier
+    /// attempt was in flight.
+    Replaced,
     Deferred,
     NoToken,
 }
@@ -181,6 +184,7 @@ pub(crate) async fn dispatch_one(
             });
         }
         ClaimOutcome::Cancelled => return Ok(Dispatched::Cancelled),
+        ClaimOutcome::Replaced => return Ok(Dispatched::Replaced),
         // (Only from a publication, handled above.)
         ClaimOutcome::Republish => return Ok(Dispatched::Lost),
         ClaimOutcome::Unreadable(why) => {

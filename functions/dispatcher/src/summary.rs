@@ -54,6 +54,9 @@ pub struct Summary {
     pub refills_without_grant: u32,
     /// Pushes cancelled at their claim (the cancel came while an attempt was in flight).
     pub cancelled: u32,
+    /// Pushes replaced at their claim (a newer notification of their `collapse_key`
+    /// came while an attempt was in flight).
+    pub replaced: u32,
     pub lost: u32,
     /// Left due for the next tick: no time left, or the user's turn came too late.
     pub deferred: u32,
@@ -102,6 +105,7 @@ impl Summary {
             refills,
             refills_without_grant,
             cancelled,
+            replaced,
             lost,
             deferred,
             no_token,
@@ -137,6 +141,7 @@ impl Summary {
         self.refills += refills;
         self.refills_without_grant += refills_without_grant;
         self.cancelled += cancelled;
+        self.replaced += replaced;
         self.lost += lost;
         self.deferred += deferred;
         self.no_token += no_token;
@@ -173,6 +178,7 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         refills = summary.refills,
         refills_without_grant = summary.refills_without_grant,
         cancelled = summary.cancelled,
+        replaced = summary.replaced,
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
@@ -206,6 +212,7 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::REFILLS, summary.refills);
     count(name::REFILLS_WITHOUT_GRANT, summary.refills_without_grant);
     count(name::CANCELLED, summary.cancelled);
+    count(name::REPLACED, summary.replaced);
     count(name::RESTORED, summary.restored);
     count(name::RECOVERED, summary.recovered);
     count(name::QUARANTINED, summary.quarantined);

@@ -1,7 +1,8 @@
 //! Scarce grants and the daily cap across containers: dispatcher processes (each with
 //! its own DynamoDB and WeChat clients) racing for one user's last grants and last
 //! places under `PUSHES_PER_DAY`, round after round, the invariants read from the
-//! stored items afterwards.
+//! stored items afterwards; and a push replaced while a process's attempt of it is
+//! in flight.
 
 use std::collections::BTreeMap;
 
@@ -173,6 +174,86 @@ async fn dispatcher_processes_racing_for_a_users_cap_and_last_grants_send_exactl
     assert!(
         concurrent_sends > ROUNDS,
         "more than one process sent in some round: they raced"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A push replaced while a dispatcher process's attempt of it is in flight (WeChat
+/// answering 45011 after 1.5 s, under the suite's 2 s client timeout): round after round, with two
+/// processes racing and a third for the retry, the older push ends `replaced` and
+/// spends nothing; only the newer goes out, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_push_replaced_during_a_processs_attempt_never_goes_out_when_that_attempt_fails() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let env = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+        ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+    ];
+    let notify = |user: &User, key: &str| {
+        json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+        "title": key, "collapse_key": "order-7", "wechat": {"template_id": ORDER,
+        "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
+    };
+    const ROUNDS: usize = 3;
+    for round in 0..ROUNDS {
+        let user = app.user(&format!("replaced-{round}")).await;
+        app.accept_n(&user, ORDER, 2).await;
+        let (older, newer) = (format!("older-{round}"), format!("newer-{round}"));
+        app.notify(notify(&user, &older)).await;
+        app.control(
+            "POST",
+            "faults",
+            Some(json!({"openid": user.openid, "errcode": 45011, "times": 1})),
+        )
+        .await;
+        app.control("POST", "latency", Some(json!({"ms": 1500})))
+            .await;
+        let racing: Vec<_> = (0..2)
+            .map(|_| {
+                app.dispatcher_process(BIN, &env)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("dispatch-once starts")
+            })
+            .collect();
+        app.until_in_flight(&user, &older).await;
+        let answer = app.notify(notify(&user, &newer)).await;
+        assert_eq!(answer["status"], "created", "{answer}");
+        for (status, _) in futures::future::join_all(racing.into_iter().map(wait_for_exit)).await {
+            assert!(status.success(), "{status}");
+        }
+        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        // The retry (due a second after the 45011, on the processes' real clock) by
+        // another container, if the racing ones ended before it was due.
+        if app.outbox_states(&user).await[&older] == "pending" {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            let retry = app
+                .dispatcher_process(BIN, &env)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("dispatch-once starts");
+            let (status, _) = wait_for_exit(retry).await;
+            assert!(status.success(), "{status}");
+        }
+        let states = app.outbox_states(&user).await;
+        assert_eq!(
+            (states[&older].as_str(), states[&newer].as_str()),
+            ("replaced", "sent"),
+            "round {round}"
+        );
+        let (_, _, available) = counted_and_waiting(&app, &user).await;
+        assert_eq!(
+            available, 1,
+            "round {round}: the replaced push spent nothing"
+        );
+    }
+    let deliveries = app.deliveries().await;
+    let delivered = order_numbers(&deliveries);
+    assert_eq!(deliveries.len(), ROUNDS, "one delivery a round");
+    assert!(
+        (0..ROUNDS).all(|r| delivered.contains(&format!("newer-{r}"))),
+        "{delivered:?}"
     );
     assert_ledger_agrees_with_counters(&app).await;
 }

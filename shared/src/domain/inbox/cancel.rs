@@ -114,13 +114,26 @@ pub fn decide(found: PushFound) -> CancelDecision {
     }
 }
 
-/// What becomes of a push at its claim, in this order: a cancel recorded while an
-/// earlier attempt was in flight, its `expires_at`, the standing choice of the user's
-/// settings for its template, the user's preferences.
+/// What was recorded on a notification while an attempt of its push was in flight,
+/// for the push's next claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requested {
+    /// A cancel.
+    Cancel,
+    /// A newer notification of its `collapse_key`.
+    Replace,
+}
+
+/// What becomes of a push at its claim, in this order: a cancel (then a replacement)
+/// recorded while an earlier attempt was in flight, its `expires_at`, the standing
+/// choice of the user's settings for its template, the user's preferences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtClaim {
     Go,
     Cancelled,
+    /// A newer notification of its `collapse_key` came while an attempt was in flight:
+    /// ended `replaced`, nothing sent or spent.
+    Replaced,
     Expired,
     /// The user's settings keep the template refused (a kept reject, a ban, the main
     /// switch off): never sent, no grant spent (`skipped`, `turned_off`). A refusal
@@ -133,14 +146,16 @@ pub enum AtClaim {
 
 /// The claim's decision for a push (see [`AtClaim`]).
 pub fn at_claim(
-    cancel_requested: bool,
+    requested: Option<Requested>,
     expires_at: Option<i64>,
     standing: Option<Standing>,
     gate: Gate,
     now: DateTime<Utc>,
 ) -> AtClaim {
-    if cancel_requested {
+    if requested == Some(Requested::Cancel) {
         AtClaim::Cancelled
+    } else if requested == Some(Requested::Replace) {
+        AtClaim::Replaced
     } else if is_expired(expires_at, now) {
         AtClaim::Expired
     } else if standing.is_some_and(Standing::refuses) {
@@ -154,11 +169,30 @@ pub fn at_claim(
     }
 }
 
-/// Whether a newer notification with the same `collapse_key` replaces the push it
-/// found: while that push waits, as a cancel would cancel it (an attempt in flight is
-/// left to end as it does).
-pub fn replaces(found: PushFound) -> bool {
-    decide(found) == CancelDecision::Cancel
+/// What a newer notification with the same `collapse_key` does to the push it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaceDecision {
+    /// It waits: ended `replaced` now, nothing sent, no grant spent.
+    Replace,
+    /// An attempt is in flight (or its outcome unknown): that attempt is not stopped,
+    /// but the replacement is recorded on the older notification, so if the push comes
+    /// due again (the attempt failed and is retried, or its lease ran out) its next
+    /// claim ends it `replaced`, its grant kept.
+    Request,
+    /// It went out or ended otherwise: left as it is.
+    Leave,
+}
+
+/// What a newer notification of the same `collapse_key` does to the push it found:
+/// as a cancel would (see [`decide`]).
+pub fn replace(found: PushFound) -> ReplaceDecision {
+    match decide(found) {
+        CancelDecision::Cancel => ReplaceDecision::Replace,
+        CancelDecision::Request => ReplaceDecision::Request,
+        CancelDecision::Already | CancelDecision::TooLate | CancelDecision::NoPush => {
+            ReplaceDecision::Leave
+        }
+    }
 }
 
 #[cfg(test)]
@@ -188,47 +222,55 @@ mod tests {
         ];
         for (found, expected) in cases {
             assert_eq!(decide(found), expected, "{found:?}");
-            assert_eq!(replaces(found), expected == Cancel, "{found:?}");
+            let replaced = match expected {
+                Cancel => ReplaceDecision::Replace,
+                Request => ReplaceDecision::Request,
+                _ => ReplaceDecision::Leave,
+            };
+            assert_eq!(replace(found), replaced, "{found:?}");
         }
     }
 
     #[test]
-    fn at_a_claim_a_recorded_cancel_comes_first_then_expiry_then_a_standing_refusal_then_preferences()
+    fn at_a_claim_a_recorded_cancel_or_replacement_comes_first_then_expiry_then_a_standing_refusal_then_preferences()
      {
         let now = DateTime::from_timestamp(1_800_000_000, 0).expect("now");
         let past = Some(now.timestamp_millis());
         let later = now + chrono::Duration::hours(1);
         let soon = Some(now.timestamp_millis() + 1);
         let (reject, accept) = (Some(Standing::Reject), Some(Standing::Accept));
+        let (cancel, replace) = (Some(Requested::Cancel), Some(Requested::Replace));
         let cases = [
-            (true, past, reject, Gate::Hold(later), AtClaim::Cancelled),
-            (true, None, None, Gate::Go, AtClaim::Cancelled),
-            (false, past, reject, Gate::Muted, AtClaim::Expired),
-            (false, None, reject, Gate::Muted, AtClaim::TurnedOff),
+            (cancel, past, reject, Gate::Hold(later), AtClaim::Cancelled),
+            (cancel, None, None, Gate::Go, AtClaim::Cancelled),
+            (replace, past, reject, Gate::Hold(later), AtClaim::Replaced),
+            (replace, soon, accept, Gate::Go, AtClaim::Replaced),
+            (None, past, reject, Gate::Muted, AtClaim::Expired),
+            (None, None, reject, Gate::Muted, AtClaim::TurnedOff),
             (
-                false,
+                None,
                 None,
                 Some(Standing::Ban),
                 Gate::Go,
                 AtClaim::TurnedOff,
             ),
             (
-                false,
+                None,
                 soon,
                 Some(Standing::MainSwitchOff),
                 Gate::Go,
                 AtClaim::TurnedOff,
             ),
-            (false, None, accept, Gate::Muted, AtClaim::Muted),
-            (false, None, None, Gate::Hold(later), AtClaim::Held(later)),
-            (false, soon, accept, Gate::Go, AtClaim::Go),
-            (false, soon, None, Gate::Go, AtClaim::Go),
+            (None, None, accept, Gate::Muted, AtClaim::Muted),
+            (None, None, None, Gate::Hold(later), AtClaim::Held(later)),
+            (None, soon, accept, Gate::Go, AtClaim::Go),
+            (None, soon, None, Gate::Go, AtClaim::Go),
         ];
         for (requested, expires, standing, gate, expected) in cases {
             assert_eq!(
                 at_claim(requested, expires, standing, gate, now),
                 expected,
-                "{requested} {expires:?} {standing:?} {gate:?}"
+                "{requested:?} {expires:?} {standing:?} {gate:?}"
             );
         }
     }

@@ -20,7 +20,8 @@ use crate::store::inbox::{
     CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
 };
 use crate::store::items::outbox::{
-    OutboxItem, note_cancel_request, note_push_update, only_note_updates_failed, versioned_put,
+    CANCEL_REQUESTED, OutboxItem, note_push_update, note_request, only_note_updates_failed,
+    versioned_put,
 };
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
@@ -126,14 +127,14 @@ impl Store {
                     return Ok(Attempt::Done(Cancelled::Already { note_id }));
                 }
                 CancelDecision::Request => {
-                    let PushFound::Outbox(state) = found.as_domain() else {
+                    let Found::Outbox(outbox) = &found else {
                         return Err(StoreError::Corrupt(
                             "a cancel request for a push not in the outbox".into(),
                         ));
                     };
-                    let push = PushStatus::of_outbox(state);
+                    let push = PushStatus::of_outbox(outbox.state);
                     if with_note {
-                        writes.push(note_cancel_request(&self.table, pk, &note_id, now)?);
+                        writes.extend(note_request(&self.table, outbox, CANCEL_REQUESTED, now)?);
                         Cancelled::Requested { note_id, push }
                     } else {
                         // Nowhere to record it: this attempt decides.

@@ -3,7 +3,10 @@
 //! `COLLAPSE#<publisher>#<key>` item names the newest notification of the key; ingest
 //! reads it and the push it names, and writes — in the ingest's own transaction, each
 //! conditional on what was read — the item naming the new notification and, when the
-//! older push still waits ([`replaces`]), that push `replaced`. Two events of one key
+//! older push still waits ([`replace`]), that push `replaced`; when an attempt of it
+//! is in flight, the replacement recorded on the older notification, so that the
+//! push, if it comes due again, ends `replaced` at its next claim instead of going
+//! out and spending a second grant. Two events of one key
 //! at once: one write of the item fails, that ingest reads again and replaces the
 //! other's push. A bounded number of reads and writes, whatever the history.
 
@@ -12,7 +15,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::PushStatus;
-use crate::domain::inbox::cancel::replaces;
+use crate::domain::inbox::cancel::{ReplaceDecision, replace};
+use crate::store::inbox::cancel::Found;
+use crate::store::items::outbox::{REPLACE_REQUESTED, note_request};
 use crate::store::items::{n, parse, to_item};
 use crate::store::keys::collapse_sk;
 use crate::store::{Store, StoreError};
@@ -71,15 +76,21 @@ impl Store {
         let mut writes = vec![TransactWriteItem::builder().put(put).build()];
         if let Some(older) = older {
             let found = self.push_of(pk, &older.note_id).await?;
-            if replaces(found.as_domain()) {
-                writes.extend(self.end_push(
+            match (replace(found.as_domain()), &found) {
+                (ReplaceDecision::Replace, _) => writes.extend(self.end_push(
                     pk,
                     &older.note_id,
                     &found,
                     PushStatus::Replaced,
                     with_note,
                     now,
-                )?);
+                )?),
+                // In flight: recorded for its next claim (the notification removed by
+                // its retention, nowhere to record it: that attempt decides).
+                (ReplaceDecision::Request, Found::Outbox(outbox)) if with_note => {
+                    writes.extend(note_request(&self.table, outbox, REPLACE_REQUESTED, now)?);
+                }
+                (ReplaceDecision::Request | ReplaceDecision::Leave, _) => {}
             }
         }
         Ok(writes)

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -134,27 +134,46 @@ pub(crate) fn is_note_update(write: &TransactWriteItem) -> bool {
 /// push was in flight (epoch ms): the push's next claim cancels it.
 pub(crate) const CANCEL_REQUESTED: &str = "cancel_requested_at";
 
-/// Records on a notification a cancel for its push's next claim (part of a
-/// transaction; never recreates a notification its retention removed).
-pub(crate) fn note_cancel_request(
+/// The notification's attribute recording a newer notification of its `collapse_key`
+/// that came while an attempt of its push was in flight (epoch ms): the push's next
+/// claim ends it `replaced`.
+pub(crate) const REPLACE_REQUESTED: &str = "replace_requested_at";
+
+/// Records on a notification, for its push's next claim, a cancel or a replacement
+/// (`attribute`: [`CANCEL_REQUESTED`], [`REPLACE_REQUESTED`]) that came while an attempt
+/// of the push was in flight, and checks that attempt is still where it was read
+/// (`outbox`'s version): a request lands only before the push can be claimed again,
+/// so that claim reads it. Part of a transaction; never recreates a notification its
+/// retention removed.
+pub(crate) fn note_request(
     table: &str,
-    pk: &str,
-    note_id: &str,
+    outbox: &OutboxItem,
+    attribute: &str,
     now: DateTime<Utc>,
-) -> Result<TransactWriteItem, StoreError> {
+) -> Result<[TransactWriteItem; 2], StoreError> {
     let update = Update::builder()
         .table_name(table)
-        .set_key(Some(key(pk, &note_sk(note_id))))
+        .set_key(Some(key(&outbox.pk, &note_sk(&outbox.note_id))))
         .update_expression("SET #requested = :now")
         .condition_expression("attribute_exists(pk)")
-        .expression_attribute_names("#requested", CANCEL_REQUESTED)
+        .expression_attribute_names("#requested", attribute)
         .expression_attribute_values(
             ":now",
             AttributeValue::N(now.timestamp_millis().to_string()),
         )
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().update(update).build())
+    let check = ConditionCheck::builder()
+        .table_name(table)
+        .set_key(Some(key(&outbox.pk, &outbox.sk)))
+        .condition_expression("version = :v")
+        .expression_attribute_values(":v", AttributeValue::N(outbox.version.to_string()))
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok([
+        TransactWriteItem::builder().update(update).build(),
+        TransactWriteItem::builder().condition_check(check).build(),
+    ])
 }
 
 /// Whether the only writes of a cancelled transaction whose conditions failed are

@@ -14,7 +14,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
-use crate::domain::inbox::cancel::{AtClaim, at_claim};
+use crate::domain::inbox::cancel::{AtClaim, Requested, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
 use crate::domain::inbox::refill::takes_last_grant;
 use crate::domain::reminders::ReminderKind;
@@ -57,6 +57,9 @@ pub enum ClaimOutcome {
     /// A push cancelled while an earlier attempt was in flight, now due again:
     /// recorded `cancelled`, nothing sent or spent.
     Cancelled,
+    /// A push replaced (a newer notification of its `collapse_key`) while an earlier
+    /// attempt was in flight, now due again: recorded `replaced`, nothing sent or spent.
+    Replaced,
     /// A push in the user's quiet hours: due again at their end.
     Held(DateTime<Utc>),
     /// Past the user's daily cap: due again at the start of their next day (a plan at
@@ -86,6 +89,9 @@ enum Unsent {
     TurnedOff,
     /// A cancel came while an earlier attempt was in flight.
     Cancelled,
+    /// A newer notification of its `collapse_key` came while an earlier attempt was in
+    /// flight.
+    Replaced,
     /// Quiet hours: due again at their end.
     Held(DateTime<Utc>),
     /// The daily cap reached: due again at the start of the user's next day.
@@ -126,8 +132,8 @@ pub(super) enum Claimable {
         counters: QuotaCounters,
         open: OpenGrants,
         prefs: Preferences,
-        /// A cancel came while an earlier attempt was in flight.
-        cancel_requested: bool,
+        /// A cancel or a replacement came while an earlier attempt was in flight.
+        requested: Option<Requested>,
         /// A push not yet written: the writes that publish its notification, to commit
         /// with the claim.
         publication: Option<Vec<TransactWriteItem>>,
@@ -258,18 +264,20 @@ impl Store {
                 outbox,
                 open,
                 prefs,
-                cancel_requested,
+                requested,
                 publication,
                 ..
             } = &claimable
             {
-                // Cancelled, expired, turned off, muted or in quiet hours: not sent now.
+                // Cancelled, replaced, expired, turned off, muted or in quiet hours: not
+                // sent now.
                 let priority = outbox.priority.unwrap_or_default();
                 let gate = gate(prefs, outbox.note_type.as_deref(), priority, now);
-                let at = at_claim(*cancel_requested, outbox.send_by, open.standing, gate, now);
+                let at = at_claim(*requested, outbox.send_by, open.standing, gate, now);
                 let why = match at {
                     AtClaim::Go => None,
                     AtClaim::Cancelled => Some(Unsent::Cancelled),
+                    AtClaim::Replaced => Some(Unsent::Replaced),
                     AtClaim::Expired => Some(Unsent::Expired),
                     AtClaim::TurnedOff => Some(Unsent::TurnedOff),
                     AtClaim::Muted => Some(Unsent::Muted),
@@ -304,6 +312,7 @@ impl Store {
                             Unsent::Muted => ClaimOutcome::Muted,
                             Unsent::TurnedOff => ClaimOutcome::TurnedOff,
                             Unsent::Cancelled => ClaimOutcome::Cancelled,
+                            Unsent::Replaced => ClaimOutcome::Replaced,
                             Unsent::Expired | Unsent::NoGrant | Unsent::WaitGrant => {
                                 ClaimOutcome::Expired
                             }

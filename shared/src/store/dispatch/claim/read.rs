@@ -10,9 +10,10 @@ use super::{Claimable, Found};
 use crate::domain::QuotaCounters;
 use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::push_is_due_at;
+use crate::domain::inbox::cancel::Requested;
 use crate::domain::inbox::preferences::Preferences;
 use crate::store::dispatch::{DueItem, PlanRead};
-use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication};
+use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication, REPLACE_REQUESTED};
 use crate::store::items::parse;
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::OpenGrants;
@@ -71,13 +72,21 @@ impl Store {
             let (counters, open, prefs, _, note) = self
                 .push_context(&item.pk, &template, Some(&note_key))
                 .await?;
-            let cancel_requested = note.is_some_and(|note| note.contains_key(CANCEL_REQUESTED));
+            let requested = note.and_then(|note| {
+                if note.contains_key(CANCEL_REQUESTED) {
+                    Some(Requested::Cancel)
+                } else if note.contains_key(REPLACE_REQUESTED) {
+                    Some(Requested::Replace)
+                } else {
+                    None
+                }
+            });
             return Ok(Found::Due(Box::new(Claimable::Outbox {
                 outbox,
                 counters,
                 open,
                 prefs,
-                cancel_requested,
+                requested,
                 publication: None,
                 ahead: false,
             })));
@@ -90,7 +99,7 @@ impl Store {
 
     /// A push to publish and claim at once: its template's counters and the user's
     /// preferences, in one round trip (its notification is not written yet, so no
-    /// cancel can be recorded on it: a cancel changes the scheduled item instead).
+    /// cancel or replacement can be recorded on it: a cancel changes the scheduled item instead).
     pub(super) async fn publishable(
         &self,
         item: &DueItem,
@@ -125,7 +134,7 @@ impl Store {
             counters,
             open,
             prefs,
-            cancel_requested: false,
+            requested: None,
             publication: Some(writes),
             ahead: read_ahead,
         })))

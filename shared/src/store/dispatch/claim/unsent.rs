@@ -25,7 +25,7 @@ impl Store {
     /// pauses `needs_grant`; the push is skipped); past the daily cap (due again on the
     /// user's next day, or a push that expires first ends `capped`); a push only: its
     /// `expires_at` passed, its template refused by the user's settings, muted,
-    /// cancelled, held in quiet hours. The notification
+    /// cancelled, replaced, held in quiet hours. The notification
     /// stays whatever the reason.
     pub(super) fn unsent_writes(
         &self,
@@ -47,6 +47,7 @@ impl Store {
                     | Unsent::Muted
                     | Unsent::TurnedOff
                     | Unsent::Cancelled
+                    | Unsent::Replaced
                     | Unsent::Held(_)
                     | Unsent::CappedOut => PlanEvent::GrantMissing,
                 };
@@ -81,6 +82,7 @@ impl Store {
                         return Ok(writes);
                     }
                     Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
+                    Unsent::Replaced => (OutboxState::Replaced, PushStatus::Replaced, None),
                     // Still pending, for a grant: due only at its `expires_at` (to end
                     // `expired`, inbox-only) until a grant wakes it.
                     Unsent::WaitGrant => {
