@@ -859,9 +859,12 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
 #[tokio::test]
 async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_attempt_fails() {
     for errcode in [45011, -1] {
+        // (A client timeout well above the stand-in's 1.5 s, however loaded the machine;
+        // ticks of 60 s, room for its send's window.)
         let app = spawn_app_with(&[
             ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
             ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+            ("WECHAT_TIMEOUT_MS", "5000"),
         ])
         .await;
         let user = app.user("alice").await;
@@ -875,21 +878,20 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
             Some(json!({"openid": user.openid, "errcode": errcode, "times": 1})),
         )
         .await;
-        // WeChat answers in 1.5 s (under the suite's 2 s client timeout): the newer one
-        // comes meanwhile.
+        // WeChat answers in 1.5 s: the newer one comes meanwhile.
         app.control("POST", "latency", Some(json!({"ms": 1500})))
             .await;
         let replace_in_flight = async {
             app.until_in_flight(&user, "shipped").await;
             app.notify(scheduled(&user, "delivered", key.clone())).await
         };
-        let (first, answer) = tokio::join!(app.tick(30), replace_in_flight);
+        let (first, answer) = tokio::join!(app.tick(60), replace_in_flight);
         app.control("POST", "latency", Some(json!({"ms": 0}))).await;
         assert_eq!(answer["status"], "created", "{errcode}: {answer}");
         assert_eq!(first.failed, 1, "{errcode}: {first:?}");
         // The retry is due a second later; the newer push goes out as it comes.
         app.advance(std::time::Duration::from_millis(1100));
-        let retry = app.tick(30).await;
+        let retry = app.tick(60).await;
         assert_eq!(
             first.replaced + retry.replaced,
             1,
@@ -920,7 +922,7 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
         assert_eq!(available(&app, &user).await, 1, "{errcode}: one grant kept");
         // Nothing comes due again.
         app.advance(std::time::Duration::from_secs(120));
-        let later = app.tick(30).await;
+        let later = app.tick(60).await;
         assert_eq!((later.claimed, later.sent), (0, 0), "{errcode}: {later:?}");
         assert_ledger_agrees_with_counters(&app).await;
     }
