@@ -476,6 +476,33 @@ def deploy_params_refuses_what_sam_cli_or_lambda_would_break():
 
 
 @check
+def deploy_params_refuses_to_drop_a_reminder_kind_unless_told():
+    templates = str(ROOT / "config" / "local.templates.json")
+    water = json.loads((ROOT / "config" / "local.reminders.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        both = Path(tmp) / "both.json"
+        both.write_text(json.dumps(water + [dict(water[0], kind="stretch")], ensure_ascii=False))
+        only_water = Path(tmp) / "water.json"
+        only_water.write_text(json.dumps(water, ensure_ascii=False))
+        status, out, err = deploy_params(templates, str(both))
+        assert status == 0, err
+        previous = Path(tmp) / "params.yaml"
+        previous.write_text(out)
+        # Dropping stretch: refused, naming it; said out loud, written.
+        status, out, err = deploy_params("--previous", str(previous), templates, str(only_water))
+        assert status != 0 and "stretch" in err and "--drop-kind" in err and out == "", err
+        status, out, err = deploy_params(
+            "--previous", str(previous), "--drop-kind", "stretch", templates, str(only_water)
+        )
+        assert status == 0 and "Reminders:" in out, err
+        # Keeping every kind (or adding one) needs nothing said.
+        status, _, err = deploy_params("--previous", str(previous), templates, str(both))
+        assert status == 0, err
+        status, _, err = deploy_params("--previous", str(tmp) + "/none.yaml", templates, str(both))
+        assert status != 0 and "not readable" in err, err
+
+
+@check
 def the_session_key_rotates_on_a_schedule_by_its_own_function():
     stack = Stack(PUSH)
     (schedule,) = stack.of_type("AWS::SecretsManager::RotationSchedule").values()

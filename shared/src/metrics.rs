@@ -80,6 +80,9 @@ pub mod name {
     /// Pushes replaced at their claim: a newer notification of their `collapse_key` came
     /// while an earlier attempt was in flight, and that attempt did not go out.
     pub const REPLACED: &str = "ReplacedAtClaim";
+    /// Due entries of plans whose reminder kind the deployment does not configure
+    /// (removed, or a rollback), moved an hour ahead each time a tick meets them.
+    pub const PARKED_NO_KIND: &str = "ParkedNoKind";
     /// Milliseconds from a due instant to WeChat's answer (a distribution).
     pub const SEND_LAG: &str = "SendLag";
     // Per HTTP request.
@@ -109,7 +112,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 40] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -139,6 +142,7 @@ pub const ALL: [&str; 39] = [
     name::REFILLS_WITHOUT_GRANT,
     name::CANCELLED,
     name::REPLACED,
+    name::PARKED_NO_KIND,
     name::SEND_LAG,
     name::REQUESTS,
     name::GRANTS_REPORTED,

@@ -195,6 +195,10 @@ impl Lane<'_> {
             Ok(Dispatched::Cancelled) => s.cancelled += 1,
             Ok(Dispatched::Replaced) => s.replaced += 1,
             Ok(Dispatched::Unreadable) => s.skipped += 1,
+            Ok(Dispatched::Parked(kind)) => {
+                s.parked += 1;
+                *s.parked_kinds.entry(kind).or_default() += 1;
+            }
             Ok(Dispatched::Released(finalized)) => {
                 s.claimed += 1;
                 if finalized.superseded {

@@ -32,6 +32,8 @@ pub(crate) enum Dispatched {
     },
     Released(Finalized),
     Unreadable,
+    /// A plan of a reminder kind not configured, its entry moved out of the way.
+    Parked(String),
     Lost,
     NoGrant,
     /// A push waiting for a grant of its template.
@@ -187,6 +189,11 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Replaced => return Ok(Dispatched::Replaced),
         // (Only from a publication, handled above.)
         ClaimOutcome::Republish => return Ok(Dispatched::Lost),
+        ClaimOutcome::NoKind(kind) => {
+            let until = onegrant::domain::dispatch::claim::parked_until(deps.clock.now());
+            deps.store.park_due(item, until).await?;
+            return Ok(Dispatched::Parked(kind));
+        }
         ClaimOutcome::Unreadable(why) => {
             // It can never be claimed as it is: off the due index, for an operator.
             tracing::error!(why = %why, "unreadable due item taken off the due index");

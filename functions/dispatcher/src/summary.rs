@@ -64,6 +64,11 @@ pub struct Summary {
     pub no_token: u32,
     /// Items that could not be read or written (logged, skipped).
     pub skipped: u32,
+    /// Due entries of reminder kinds this deployment does not configure, moved out of
+    /// the way (`Store::park_due`), and by kind (logged once per kind per tick).
+    pub parked: u32,
+    #[serde(skip)]
+    pub parked_kinds: std::collections::BTreeMap<String, u32>,
     /// Workers this tick invoked for its shards (0: it did them all itself).
     pub workers: u32,
     /// Shard groups whose worker could not be invoked, so this tick did them.
@@ -110,6 +115,8 @@ impl Summary {
             deferred,
             no_token,
             skipped,
+            parked,
+            parked_kinds,
             workers,
             inline,
             latencies_ms,
@@ -146,6 +153,10 @@ impl Summary {
         self.deferred += deferred;
         self.no_token += no_token;
         self.skipped += skipped;
+        self.parked += parked;
+        for (kind, n) in parked_kinds {
+            *self.parked_kinds.entry(kind).or_default() += n;
+        }
         self.workers += workers;
         self.inline += inline;
         self.latencies_ms.extend(latencies_ms);
@@ -182,9 +193,17 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         deferred = summary.deferred,
         no_token = summary.no_token,
         skipped = summary.skipped,
+        parked = summary.parked,
         workers = summary.workers,
         "dispatcher tick"
     );
+    for (kind, entries) in &summary.parked_kinds {
+        tracing::error!(
+            kind = %kind,
+            entries,
+            "due plans of a reminder kind this deployment does not configure, moved an hour ahead (ParkedNoKind)"
+        );
+    }
     emit_metrics(summary, scheduled);
 }
 
@@ -222,5 +241,6 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::DEFERRED, summary.deferred + summary.no_token);
     count(name::LOST, summary.lost);
     count(name::SKIPPED, summary.skipped);
+    count(name::PARKED_NO_KIND, summary.parked);
     distribution(name::SEND_LAG, &summary.latencies_ms);
 }

@@ -2,9 +2,20 @@
 //! and what a cancelled claim's failed conditions mean. (A plan's own rule is
 //! [`Plan::is_due_at`](crate::domain::reminders::plan::Plan::is_due_at).)
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
+
+/// How far a due entry of a reminder kind this deployment does not configure (removed,
+/// or a rollback) is moved ahead when a tick meets it: out of the head of its shard,
+/// where it would be read (and skipped) every tick before anything due behind it. The
+/// plan itself is untouched; when its kind is back, it goes out at most this late.
+pub const NO_KIND_PARKING: Duration = Duration::hours(1);
+
+/// Where a due entry of a kind not configured goes when met at `now`.
+pub fn parked_until(now: DateTime<Utc>) -> DateTime<Utc> {
+    now + NO_KIND_PARKING
+}
 
 /// Whether a push read for a due-index entry at `due` is still the one the entry names:
 /// pending, and due at that very instant (`due_at`, epoch ms, as stored).
@@ -51,6 +62,12 @@ pub fn on_cancelled(conditions: ClaimConditions, listed: bool) -> ClaimRefused {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_of_a_kind_not_configured_is_moved_an_hour_ahead() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("now");
+        assert_eq!(parked_until(now) - now, Duration::hours(1));
+    }
 
     #[test]
     fn a_push_is_due_only_pending_at_the_entrys_instant() {

@@ -1,11 +1,13 @@
 //! The due index: what is due by a horizon, across every shard.
 
+use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
-use crate::store::items::{n, number, s, text};
+use crate::store::items::{key, n, number, s, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
+use crate::store::tx::TxOutcome;
 use crate::store::{Store, StoreError, classify_sdk_error};
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
@@ -131,6 +133,33 @@ impl Store {
         }
         all.sort_by_key(|i| i.due_at);
         Ok(all)
+    }
+
+    /// Moves the due entry of a plan whose reminder kind this deployment does not
+    /// configure to `until` ([`parked_until`](crate::domain::dispatch::claim::parked_until)),
+    /// if it is still where it was read: no longer at the head of its shard, read and
+    /// skipped every tick, it comes due again then — and is moved again while the kind
+    /// is missing, or claimed by the plan's own rule once it is back. Only the entry
+    /// moves (not the plan, nor its version): any write of the plan puts it back at the
+    /// plan's own instant.
+    pub async fn park_due(&self, item: &DueItem, until: DateTime<Utc>) -> Result<(), StoreError> {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &item.sk)))
+            .update_expression("SET due_at = :until")
+            .condition_expression("due_at = :seen")
+            .expression_attribute_values(":seen", n(item.due_at.timestamp_millis()))
+            .expression_attribute_values(":until", n(until.timestamp_millis()))
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        match self
+            .transact(vec![TransactWriteItem::builder().update(update).build()])
+            .await?
+        {
+            // Moved on since it was read (claimed, rewritten, parked by another): fine.
+            TxOutcome::Committed | TxOutcome::Cancelled(_) => Ok(()),
+            TxOutcome::Contended => Err(StoreError::Unavailable("park contended".into())),
+        }
     }
 
     /// Takes a due item that cannot be claimed (it cannot be read) off the due index,

@@ -111,6 +111,15 @@ impl Plan {
         self.status == PlanStatus::Scheduled { due }
     }
 
+    /// Whether the plan is due by a due-index entry at `entry`: scheduled at that
+    /// instant, or earlier — an entry moved ahead while its kind was not configured
+    /// (the dispatcher's parking) brings the plan whose instant passed meanwhile.
+    /// (Every write of the plan writes its entry at its own instant, so no other entry
+    /// is later than its plan.)
+    pub fn is_due_by(&self, entry: DateTime<Utc>) -> bool {
+        matches!(self.status, PlanStatus::Scheduled { due } if due <= entry)
+    }
+
     /// The dispatcher claims the plan for delivery `delivery_id`, leased until
     /// `lease_until`: `sending`, the flags of the send before cleared.
     pub fn claimed(

@@ -71,9 +71,12 @@ pub enum ClaimOutcome {
     /// nothing was written; publish it the ordinary way (`Store::publish`), then
     /// claim its push.
     Republish,
-    /// The item itself cannot be read (or belongs to no configured kind): it can never
-    /// be claimed as it is. Say why.
+    /// The item itself cannot be read: it can never be claimed as it is. Say why.
     Unreadable(String),
+    /// A plan of a reminder kind this deployment does not configure (removed, or a
+    /// rollback), named: its entry is moved out of the way
+    /// ([`Store::park_due`](crate::store::Store::park_due)), for when the kind is back.
+    NoKind(String),
 }
 
 /// Why a due item is not sent (now).
@@ -115,6 +118,8 @@ pub(super) enum Found {
     /// Moved on (claimed, changed, gone): nothing to do.
     Gone,
     Unreadable(String),
+    /// A plan of a reminder kind this deployment does not configure: its name.
+    NoKind(String),
 }
 
 /// A due item as read for its claim.
@@ -259,6 +264,7 @@ impl Store {
                     return Ok(Attempt::Done(ClaimOutcome::Republish));
                 }
                 Found::Unreadable(why) => return Ok(Attempt::Done(ClaimOutcome::Unreadable(why))),
+                Found::NoKind(kind) => return Ok(Attempt::Done(ClaimOutcome::NoKind(kind))),
             };
             if let Claimable::Outbox {
                 outbox,

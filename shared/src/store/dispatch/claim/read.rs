@@ -41,7 +41,7 @@ impl Store {
                 PlanRead::Missing => return Ok(Found::Gone),
                 PlanRead::Unreadable(why) => return Ok(Found::Unreadable(why)),
             };
-            if !plan.is_due_at(item.due_at) {
+            if !plan.is_due_by(item.due_at) {
                 return Ok(Found::Gone);
             }
             return Ok(Found::Due(Box::new(Claimable::Plan {
@@ -92,9 +92,11 @@ impl Store {
             })));
         }
         // A kind missing from the configuration (removed, or a rollback) is not a bad
-        // item: it stays due, logged, for when the kind is back.
-        tracing::error!(sk = %item.sk, "due item of no configured kind left on the index");
-        Ok(Found::Gone)
+        // item: it stays, moved out of the way, for when the kind is back.
+        match named {
+            SortKey::Plan(kind) => Ok(Found::NoKind(kind.to_string())),
+            _ => Ok(Found::Gone),
+        }
     }
 
     /// A push to publish and claim at once: its template's counters and the user's
