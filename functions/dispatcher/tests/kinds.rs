@@ -131,6 +131,20 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
             .count();
         assert_eq!(to_them, 1, "{}: once", user.openid);
     }
+    // The message names the plan's own instant, not the hour it was moved to (Shanghai,
+    // UTC+8 all year, the kind's zone).
+    let shanghai = chrono::FixedOffset::east_opt(8 * 3600).expect("UTC+8");
+    let own = (now - Duration::minutes(10))
+        .with_timezone(&shanghai)
+        .format("%H:%M")
+        .to_string();
+    for d in deliveries
+        .iter()
+        .filter(|d| d["openid"] != drinker.openid.as_str())
+    {
+        let time = d["data"]["time2"]["value"].as_str().unwrap_or_default();
+        assert!(time.ends_with(&own), "{time} names {own}");
+    }
     assert_eq!(back.sent as usize, deliveries.len() - 1, "{back:?}");
     assert_plans_consistent(&app).await;
     assert_ledger_agrees_with_counters(&app).await;

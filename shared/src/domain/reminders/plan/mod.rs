@@ -120,6 +120,14 @@ impl Plan {
         matches!(self.status, PlanStatus::Scheduled { due } if due <= entry)
     }
 
+    /// The instant a scheduled plan is due at (its own, whatever entry brought it).
+    pub fn scheduled_at(&self) -> Option<DateTime<Utc>> {
+        match self.status {
+            PlanStatus::Scheduled { due } => Some(due),
+            _ => None,
+        }
+    }
+
     /// The dispatcher claims the plan for delivery `delivery_id`, leased until
     /// `lease_until`: `sending`, the flags of the send before cleared.
     pub fn claimed(

@@ -424,6 +424,12 @@ impl Store {
             // retry under contention still gets its whole send window.
             let lease_until =
                 self.clock.now().max(now) + Duration::from_std(lease).unwrap_or(Duration::seconds(60));
+            // A plan's own instant, not its entry's (one moved ahead while its kind was
+            // missing): the message says it, and a released claim is due at it again.
+            let due_at = match &claimable {
+                Claimable::Plan { plan, .. } => plan.scheduled_at().unwrap_or(item.due_at),
+                Claimable::Outbox { .. } => item.due_at,
+            };
             let (source_write, source, attempts, publishing) =
                 self.claimed_source(item, claimable, &delivery_id, lease_until, now)?;
             let mut writes = vec![source_write];
@@ -449,7 +455,7 @@ impl Store {
                 claimer: claimer.to_string(),
                 openid: openid.clone(),
                 template_id: template,
-                due_at: item.due_at,
+                due_at,
                 lease_until,
                 claimed_at: now,
                 source,
