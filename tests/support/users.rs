@@ -146,6 +146,24 @@ impl TestApp {
         .await
     }
 
+    /// Records `standing` (`reject`, `ban`, `main_switch_off`) as `user`'s standing
+    /// choice for `template` on the quota item alone, as the consent of a deployment
+    /// that did not configure some of the user's reminder kinds leaves it (their plans
+    /// not paused).
+    pub async fn record_standing(&self, user: &User, template: &str, standing: &str) {
+        self.table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+            .key("sk", AttributeValue::S(format!("QUOTA#{template}")))
+            .update_expression("SET standing = :s")
+            .expression_attribute_values(":s", AttributeValue::S(standing.to_string()))
+            .send()
+            .await
+            .expect("the standing choice recorded");
+    }
+
     /// Moves a scheduled plan's due instant (time passing, without waiting for it).
     pub async fn make_due(&self, user: &User, kind: &str, at: chrono::DateTime<chrono::Utc>) {
         let ms = AttributeValue::N(at.timestamp_millis().to_string());

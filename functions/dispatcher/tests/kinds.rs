@@ -49,6 +49,15 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
             .await;
         stretchers.push(user);
     }
+    // One more stretcher refuses the template (the main switch off) while stretch is
+    // not configured: the deployment that took that setting paused only the plans of
+    // its kinds, so this plan still reads scheduled. (Written as that deployment's
+    // consent leaves the quota item: its standing choice, and no plan of stretch.)
+    let refuser = app.user("refuser").await;
+    app.accept(&refuser, WATER, "wr_refuser").await;
+    app.enable(&refuser, "stretch").await;
+    app.make_due(&refuser, "stretch", now - Duration::minutes(10))
+        .await;
     let drinker = app.scheduled_user("drinker", 1).await;
     app.make_due(&drinker, "water", now).await;
 
@@ -83,10 +92,12 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
             )
         }
     };
+    app.record_standing(&refuser, WATER, "main_switch_off")
+        .await;
     let (first, logged) = run(without).await;
     assert_eq!(
         (first["parked"].as_u64(), first["sent"].as_u64()),
-        (Some(60), Some(1)),
+        (Some(61), Some(1)),
         "{first}"
     );
     assert_eq!(
@@ -121,8 +132,16 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
     app.move_to(app.now() + Duration::minutes(61));
     // (The drinker's next water reminder may come due within that hour too, at the
     // start of their waking hours: counted apart.)
-    let back = app.ticks_until(|s| s.sent >= 60).await;
-    assert_eq!(back.parked, 0, "{back:?}");
+    let back = app.ticks_until(|s| s.sent >= 60 && s.turned_off >= 1).await;
+    assert_eq!((back.parked, back.turned_off), (0, 1), "{back:?}");
+    // The refusal wins: the refuser's plan paused for it, nothing sent, the grant kept.
+    let plan = app.item(&refuser, "PLAN#stretch").await.expect("the plan");
+    assert_eq!(
+        (attr_s(&plan, "state"), attr_s(&plan, "pause_reason")),
+        (Some("paused"), Some("main_switch_off"))
+    );
+    let grants = app.items_of(&refuser, "grant").await;
+    assert_eq!(attr_s(&grants[0], "state"), Some("available"));
     let deliveries = app.deliveries().await;
     for user in &stretchers {
         let to_them = deliveries
@@ -145,6 +164,12 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
         let time = d["data"]["time2"]["value"].as_str().unwrap_or_default();
         assert!(time.ends_with(&own), "{time} names {own}");
     }
+    assert!(
+        !deliveries
+            .iter()
+            .any(|d| d["openid"] == refuser.openid.as_str()),
+        "nothing to the refuser"
+    );
     assert_eq!(back.sent as usize, deliveries.len() - 1, "{back:?}");
     assert_plans_consistent(&app).await;
     assert_ledger_agrees_with_counters(&app).await;

@@ -11,6 +11,7 @@ pub use read::ReadAhead;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Duration, Utc};
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
@@ -329,6 +330,19 @@ impl Store {
                         Attempt::Retry
                     });
                 }
+            }
+            // A plan whose template the user's settings refuse (a choice made while its
+            // kind was not configured) is paused for it, while the refusal stands.
+            if let Claimable::Plan { open, .. } = &claimable
+                && open.standing.is_some_and(Standing::refuses)
+            {
+                let mut writes = self.unsent_writes(item, &claimable, Unsent::TurnedOff, now)?;
+                writes.push(self.standing_check(&item.pk, &claimable.template()?, open.standing)?);
+                return Ok(if self.commit_unsent(writes).await? {
+                    Attempt::Done(ClaimOutcome::TurnedOff)
+                } else {
+                    Attempt::Retry
+                });
             }
             let template = claimable.template()?;
             let (counters, open) = claimable.grants();

@@ -35,6 +35,15 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         match claimable {
+            // Refused by the user's settings (a standing choice the plan missed: made
+            // while its kind was not configured): paused as that refusal pauses it.
+            Claimable::Plan { plan, open, .. } if matches!(why, Unsent::TurnedOff) => {
+                let mut moved = plan.clone();
+                moved
+                    .stand(open.standing)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(vec![self.plan_put(&moved, &item.pk, now)?])
+            }
             Claimable::Plan { plan, .. } => {
                 let event = match why {
                     // Due again at the next day's first waking moment.
