@@ -146,17 +146,26 @@ impl TestApp {
         .await
     }
 
-    /// Records `standing` (`reject`, `ban`, `main_switch_off`) as `user`'s standing
-    /// choice for `template` on the quota item alone, as the consent of a deployment
-    /// that did not configure some of the user's reminder kinds leaves it (their plans
-    /// not paused).
-    pub async fn record_standing(&self, user: &User, template: &str, standing: &str) {
+    /// An update of `user`'s item `sk`, written straight to the table (a test's setup).
+    fn update_of(
+        &self,
+        user: &User,
+        sk: &str,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         self.table
             .client
             .update_item()
             .table_name(&self.table.name)
             .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
-            .key("sk", AttributeValue::S(format!("QUOTA#{template}")))
+            .key("sk", AttributeValue::S(sk.to_string()))
+    }
+
+    /// Records `standing` (`reject`, `ban`, `main_switch_off`) as `user`'s standing
+    /// choice for `template` on the quota item alone, as the consent of a deployment
+    /// that did not configure some of the user's reminder kinds leaves it (their plans
+    /// not paused).
+    pub async fn record_standing(&self, user: &User, template: &str, standing: &str) {
+        self.update_of(user, &format!("QUOTA#{template}"))
             .update_expression("SET standing = :s")
             .expression_attribute_values(":s", AttributeValue::S(standing.to_string()))
             .send()
@@ -167,12 +176,7 @@ impl TestApp {
     /// Moves a scheduled plan's due instant (time passing, without waiting for it).
     pub async fn make_due(&self, user: &User, kind: &str, at: chrono::DateTime<chrono::Utc>) {
         let ms = AttributeValue::N(at.timestamp_millis().to_string());
-        self.table
-            .client
-            .update_item()
-            .table_name(&self.table.name)
-            .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
-            .key("sk", AttributeValue::S(format!("PLAN#{kind}")))
+        self.update_of(user, &format!("PLAN#{kind}"))
             .update_expression("SET next_due_at = :t, due_at = :t")
             .condition_expression("#s = :scheduled")
             .expression_attribute_names("#s", "state")
