@@ -102,6 +102,9 @@ export type GetSetting = (options: {
 export interface SubscriptionsSetting {
   main_switch: boolean;
   item_settings: Record<string, 'accept' | 'reject' | 'ban' | 'filter'>;
+  /** When it was read (the client's clock, RFC 3339): the server applies settings in
+   *  the order they were read, so one read earlier that arrives later changes nothing. */
+  read_at?: string;
 }
 
 export type Standing = 'accept' | 'reject' | 'ban' | 'main_switch_off';

@@ -31,8 +31,12 @@ function toReported(subscriptionsSetting) {
 }
 
 /** Reads the setting through the `wx.getSetting`-shaped `adapter`: resolves the
- *  reported shape, or null (no adapter, a failure, no answer in time). Never rejects. */
-function readSetting(adapter) {
+ *  reported shape stamped with when it was read (`read_at`, from `now()`: the server
+ *  applies settings in the order they were read, so one read earlier that arrives
+ *  later changes nothing), or null (no adapter, a failure, no answer in time). Never
+ *  rejects. */
+function readSetting(adapter, now) {
+  const clock = now || (() => Date.now());
   if (!adapter) return Promise.resolve(null);
   return new Promise((resolve) => {
     const timer = setTimeout(() => resolve(null), SETTING_TIMEOUT_MS);
@@ -40,7 +44,11 @@ function readSetting(adapter) {
     try {
       adapter({
         withSubscriptions: true,
-        success: (res) => done(toReported(res && res.subscriptionsSetting)),
+        success: (res) => {
+          const setting = toReported(res && res.subscriptionsSetting);
+          if (setting) setting.read_at = new Date(clock()).toISOString();
+          done(setting);
+        },
         fail: () => done(null),
       });
     } catch (e) {
@@ -92,7 +100,7 @@ const standingMethods = {
 
   /** Reads the setting again into the cache; resolves it (else the cached one). */
   refreshSetting() {
-    return readSetting(this.settingAdapter).then((setting) => {
+    return readSetting(this.settingAdapter, this.now).then((setting) => {
       if (setting) this.remember((cache) => { cache.setting = setting; });
       return setting || this.subscriptionsSetting();
     });

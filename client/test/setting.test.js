@@ -12,8 +12,16 @@ const { FakeWx, cachePlans } = require('./fake-wx.js');
 const WATER = 'tmpl_water_reminder';
 const ORDER = 'tmpl_order_status';
 
+/** The client's clock in these tests: a setting read is stamped with it. */
+const NOW = Date.parse('2026-12-06T05:00:00.000Z');
+
+/** `setting` as the client reports it: stamped with when it was read. */
+function read(setting, at = NOW) {
+  return Object.assign({}, setting, { read_at: new Date(at).toISOString() });
+}
+
 function client(wx, plan) {
-  const c = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER } });
+  const c = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER }, now: () => NOW });
   cachePlans(wx, c, { water: plan });
   return c;
 }
@@ -31,17 +39,17 @@ async function tapCheckIn(wx, c) {
 test('each itemSettings case: a refusing one skips the popup, and the check-in reports the setting', async () => {
   const cases = [
     // [subscriptionsSetting, asks, standing, reported]
-    [{ mainSwitch: true }, true, null, { main_switch: true, item_settings: {} }],
+    [{ mainSwitch: true }, true, null, read({ main_switch: true, item_settings: {} })],
     [{ mainSwitch: true, itemSettings: { [WATER]: 'accept' } }, true, 'accept',
-      { main_switch: true, item_settings: { [WATER]: 'accept' } }],
+      read({ main_switch: true, item_settings: { [WATER]: 'accept' } })],
     [{ mainSwitch: true, itemSettings: { [WATER]: 'reject', [ORDER]: 'accept' } }, false, 'reject',
-      { main_switch: true, item_settings: { [WATER]: 'reject', [ORDER]: 'accept' } }],
+      read({ main_switch: true, item_settings: { [WATER]: 'reject', [ORDER]: 'accept' } })],
     [{ mainSwitch: true, itemSettings: { [WATER]: 'ban' } }, false, 'ban',
-      { main_switch: true, item_settings: { [WATER]: 'ban' } }],
+      read({ main_switch: true, item_settings: { [WATER]: 'ban' } })],
     [{ mainSwitch: true, itemSettings: { [WATER]: 'filter', [ORDER]: 'reject' } }, true, null,
-      { main_switch: true, item_settings: { [WATER]: 'filter', [ORDER]: 'reject' } }],
+      read({ main_switch: true, item_settings: { [WATER]: 'filter', [ORDER]: 'reject' } })],
     [{ mainSwitch: false, itemSettings: { [WATER]: 'accept' } }, false, 'main_switch_off',
-      { main_switch: false, item_settings: { [WATER]: 'accept' } }],
+      read({ main_switch: false, item_settings: { [WATER]: 'accept' } })],
   ];
   for (const [setting, asks, standing, reported] of cases) {
     const wx = new FakeWx({ subscriptionsSetting: setting });
@@ -66,7 +74,7 @@ test('the setting read again after the popup is the one reported: a choice kept 
   const result = await checkedIn;
   assert.equal(result.result, 'reject');
   const [queued] = wx.getStorageSync(c.keys.queue);
-  assert.deepEqual(queued.body.subscriptions_setting, { main_switch: true, item_settings: { [WATER]: 'reject' } });
+  assert.deepEqual(queued.body.subscriptions_setting, read({ main_switch: true, item_settings: { [WATER]: 'reject' } }));
   assert.equal(queued.body.subscription_status, 'reject');
   assert.equal(c.standingOf(WATER), 'reject');
   // The next tap shows no popup.
@@ -88,7 +96,7 @@ test('a plan paused for a standing choice the settings no longer keep asks, so i
   const held = new FakeWx({ subscriptionsSetting: { mainSwitch: true } });
   const plain = await tapCheckIn(held, client(held, { kind: 'water', template_id: WATER, needs_grant: false }));
   assert.equal(plain.result.asked, false);
-  assert.deepEqual(plain.body.subscriptions_setting, { main_switch: true, item_settings: {} });
+  assert.deepEqual(plain.body.subscriptions_setting, read({ main_switch: true, item_settings: {} }));
 });
 
 test('no setting to read (an old base library, a failure) reports none and the tap still works', async () => {
@@ -110,7 +118,7 @@ test('requestGrants reports the setting read after its popup', async () => {
   assert.deepEqual(queued.body, {
     request_id: result.requestId,
     results: { [ORDER]: 'accept' },
-    subscriptions_setting: { main_switch: true, item_settings: { [ORDER]: 'accept' } },
+    subscriptions_setting: read({ main_switch: true, item_settings: { [ORDER]: 'accept' } }),
   });
 });
 
@@ -139,7 +147,7 @@ test('the tap\'s answer is stored before the setting is read: an app killed mean
   wx.answerSetting();
   await pending;
   const [after] = wx.getStorageSync(c.keys.queue);
-  assert.deepEqual(after.body.subscriptions_setting, { main_switch: true, item_settings: {} });
+  assert.deepEqual(after.body.subscriptions_setting, read({ main_switch: true, item_settings: {} }));
 });
 
 test('a check-in that asks nothing still reports the setting read now, not the cached one', async () => {
@@ -151,7 +159,7 @@ test('a check-in that asks nothing still reports the setting read now, not the c
   const result = await wx.tap(() => c.checkIn('water', { count: 1, goal: 8 }));
   assert.equal(result.asked, false);
   const [queued] = wx.getStorageSync(c.keys.queue);
-  assert.deepEqual(queued.body.subscriptions_setting, { main_switch: false, item_settings: {} });
+  assert.deepEqual(queued.body.subscriptions_setting, read({ main_switch: false, item_settings: {} }));
 });
 
 test('needsGrantOf asks for a template the server holds refused once the settings no longer keep it', async () => {
@@ -166,4 +174,21 @@ test('needsGrantOf asks for a template the server holds refused once the setting
   wx.subscriptionsSetting = { mainSwitch: true, itemSettings: { [ORDER]: 'reject' } };
   await c.refreshSetting();
   assert.equal(c.needsGrantOf(ORDER), false, 'still kept reject');
+});
+
+test('a setting is stamped with when it was read, not when its action is sent', async () => {
+  let now = NOW;
+  const wx = new FakeWx({ subscriptionsSetting: { mainSwitch: false } });
+  const c = createClient({ baseUrl: 'http://127.0.0.1:9', wx, templates: { water: WATER }, now: () => now });
+  cachePlans(wx, c, { water: { kind: 'water', template_id: WATER, needs_grant: false } });
+  await c.refreshSetting();
+  assert.deepEqual(c.subscriptionsSetting(), read({ main_switch: false, item_settings: {} }));
+  // Read again a minute later for a check-in: the newer read is reported, and the
+  // queued action keeps that stamp however late it goes out.
+  now = NOW + 60000;
+  wx.subscriptionsSetting = { mainSwitch: true };
+  await wx.tap(() => c.checkIn('water', { count: 1, goal: 8 }));
+  now = NOW + 3600000;
+  const [queued] = wx.getStorageSync(c.keys.queue);
+  assert.deepEqual(queued.body.subscriptions_setting, read({ main_switch: true, item_settings: {} }, NOW + 60000));
 });

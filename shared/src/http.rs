@@ -363,9 +363,9 @@ impl From<SettingError> for ApiError {
         let message = err.to_string();
         match err {
             SettingError::Shape(m) => Self::InvalidBody(m),
-            SettingError::TooManyItems(_) | SettingError::InvalidItem { .. } => {
-                unprocessable("invalid_subscriptions_setting", message)
-            }
+            SettingError::TooManyItems(_)
+            | SettingError::InvalidItem { .. }
+            | SettingError::ReadAt => unprocessable("invalid_subscriptions_setting", message),
         }
     }
 }

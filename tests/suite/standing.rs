@@ -288,6 +288,21 @@ async fn bad_settings_are_refused_and_store_nothing() {
             422,
             "invalid_subscriptions_setting",
         ),
+        (
+            json!({"main_switch": false, "read_at": "an hour ago"}),
+            422,
+            "invalid_subscriptions_setting",
+        ),
+        (
+            json!({"main_switch": false, "read_at": 1_796_000_000_000_u64}),
+            422,
+            "invalid_subscriptions_setting",
+        ),
+        (
+            json!({"main_switch": false, "read_at": "2026-12-06T05:00:00"}),
+            422,
+            "invalid_subscriptions_setting",
+        ),
     ];
     let before = state(&app).await;
     for (i, (setting, status, code)) in cases.into_iter().enumerate() {
@@ -621,4 +636,119 @@ async fn a_refusal_landing_between_a_claims_read_and_its_write_wins() {
     assert!(app.deliveries().await.is_empty(), "nothing sent");
     assert_eq!(order_available(&app, &user).await, 1, "no grant spent");
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// `subscriptions_setting` as read `seconds_ago` by the client: the main switch and
+/// ORDER's kept choice (`None`: none kept).
+fn read_ago(app: &TestApp, seconds_ago: i64, main_switch: bool, order: Option<&str>) -> Value {
+    let read_at = app.now() - chrono::Duration::seconds(seconds_ago);
+    let items = order.map_or_else(|| json!({}), |o| json!({ORDER: o}));
+    json!({"main_switch": main_switch, "item_settings": items,
+           "read_at": read_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
+}
+
+/// The ORDER quota's standing choice, as `GET /v1/grants` shows it.
+async fn order_standing(app: &TestApp, user: &User) -> Option<String> {
+    let answer = app.get("/v1/grants", Some(&user.token)).await;
+    quota(&answer.body, ORDER)["standing"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// The newest standing choice wins (issue 41 §7): settings apply in the order the
+/// client read them (`read_at`), not as they arrive. A setting read before the one
+/// applied — from a second device, or a queue held offline — changes nothing, so a push
+/// the newer setting allows is sent, not skipped `turned_off`; one read after it
+/// applies; and a newer setting that changes nothing still makes an older one arriving
+/// after it stale.
+#[tokio::test]
+async fn a_setting_read_before_the_one_applied_arrives_late_and_changes_nothing() {
+    let app = onegrant_tests::spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_order").await;
+    let on = read_ago(&app, 10, true, Some("accept"));
+    report(&app, &user, "wr_newer", json!({WATER: "accept"}), on).await;
+    assert_eq!(order_standing(&app, &user).await.as_deref(), Some("accept"));
+    // Read a minute earlier with the main switch off; arrives now.
+    let stale = read_ago(&app, 60, false, None);
+    report(&app, &user, "wr_stale", json!({WATER: "accept"}), stale).await;
+    assert_eq!(
+        order_standing(&app, &user).await.as_deref(),
+        Some("accept"),
+        "the stale setting changed the standing choice"
+    );
+    app.notify(order_push(&user, "shipped", "normal")).await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.sent, summary.turned_off), (1, 0), "{summary:?}");
+    assert_eq!(push_of(&app, &user, "shipped").await.0, "sent");
+
+    // Read after the applied one: it applies.
+    let off = read_ago(&app, 5, false, None);
+    report(&app, &user, "wr_off", json!({WATER: "accept"}), off).await;
+    assert_eq!(
+        order_standing(&app, &user).await.as_deref(),
+        Some("main_switch_off")
+    );
+    // Newer again, the same choice (nothing else changes), then one read between the
+    // two arrives: still off.
+    let again = read_ago(&app, 1, false, None);
+    report(&app, &user, "wr_off_again", json!({WATER: "accept"}), again).await;
+    let between = read_ago(&app, 3, true, Some("accept"));
+    report(&app, &user, "wr_between", json!({WATER: "accept"}), between).await;
+    assert_eq!(
+        order_standing(&app, &user).await.as_deref(),
+        Some("main_switch_off"),
+        "a setting read before the newest one applied changed it"
+    );
+    app.notify(order_push(&user, "held", "high")).await;
+    let summary = app.tick(30).await;
+    assert_eq!((summary.sent, summary.turned_off), (0, 1), "{summary:?}");
+    // A setting that does not say when it was read is taken as read on arrival.
+    let unsaid = json!({"main_switch": true, "item_settings": {ORDER: "accept"}});
+    report(&app, &user, "wr_unsaid", json!({WATER: "accept"}), unsaid).await;
+    assert_eq!(order_standing(&app, &user).await.as_deref(), Some("accept"));
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// Settings racing from many requests at once, each read at its own instant and sent
+/// in shuffled order, leave the standing choice of the one read last, round after
+/// round.
+#[tokio::test]
+async fn of_settings_racing_the_one_read_last_decides() {
+    let app = onegrant_tests::spawn_app_with(&[("REPORTS_PER_MINUTE", "600")]).await;
+    let user = app.user("alice").await;
+    const RACERS: i64 = 6;
+    const CHOICES: [&str; 3] = ["accept", "reject", "ban"];
+    for round in 0..5_i64 {
+        // Racer i read its setting (RACERS - i) seconds ago; the choice alternates and
+        // the order they are sent in is turned each round.
+        let reports = (0..RACERS).map(|i| {
+            let i = (i + round) % RACERS;
+            let choice = CHOICES[usize::try_from((i + round) % 3).unwrap_or(0)];
+            let setting = read_ago(&app, RACERS - i, true, Some(choice));
+            let (app, user) = (&app, &user);
+            async move {
+                let request_id = format!("wr_{round}_{i}");
+                let answer = app
+                    .post(
+                        "/v1/grants",
+                        Some(&user.token),
+                        &json!({"request_id": request_id, "results": {WATER: "accept"},
+                                "subscriptions_setting": setting}),
+                    )
+                    .await;
+                assert_eq!(answer.status, 200, "{}", answer.body);
+            }
+        });
+        join_all(reports).await;
+        let last = CHOICES[usize::try_from((RACERS - 1 + round) % 3).unwrap_or(0)];
+        assert_eq!(
+            order_standing(&app, &user).await.as_deref(),
+            Some(last),
+            "round {round}"
+        );
+        // The next round's settings are all read after this one's.
+        app.advance(std::time::Duration::from_secs(60));
+    }
+    assert_plans_consistent(&app).await;
 }

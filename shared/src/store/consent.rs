@@ -16,6 +16,7 @@ use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::STANDING;
 use crate::store::items::rate::{Counter, rate_key};
+use crate::store::items::setting::{SETTING_SK, decided_at};
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
 use crate::store::tx::{TxOutcome, condition_failed};
 use crate::store::{Attempt, Limit, Store, StoreError, retry_contended};
@@ -125,7 +126,14 @@ impl Store {
     /// reports and no setting needs more places than the limit has: its place and
     /// `reserve` more (the request's own counted write, after it) must fit in the
     /// minute as read, or nothing is written (`Limited`, and a retry in a later minute
-    /// fits). The
+    /// fits).
+    ///
+    /// Settings apply in the order they were read, not as they arrive
+    /// ([`SubscriptionsSetting::supersedes`]): the user's `SETTING` item keeps when the
+    /// newest one applied was read, and a setting read before it changes nothing
+    /// ([`Stood::Stale`]); a newer one is recorded there (with its changes, in their
+    /// last transaction, conditional on the item as read), also when it changes nothing
+    /// else — one small write — so a stale one arriving after it is known stale. The
     /// caller applies a request's setting only on its first application: a replay
     /// changes nothing.
     pub async fn stand(
@@ -134,17 +142,28 @@ impl Store {
         setting: &SubscriptionsSetting,
         reserve: u64,
         now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Stood, StoreError> {
         let pk = &user_pk(openid);
         retry_contended("standing choice", self.limits.write_budget, || async move {
             let mut sks: Vec<String> = setting.standings().map(|(t, _)| quota_sk(t)).collect();
             sks.extend(self.kinds.iter().map(|k| plan_sk(&k.name)));
             let rate = rate_key(now);
             sks.push(rate.clone());
+            sks.push(SETTING_SK.to_string());
             let mut stored = HashMap::new();
             for chunk in sks.chunks(100) {
                 stored.extend(self.read_items(pk, chunk).await?);
             }
+            let decided = decided_at(stored.get(SETTING_SK))?;
+            if !setting.supersedes(decided, now) {
+                tracing::info!(
+                    openid = %crate::telemetry::openid_hash(openid.as_str()),
+                    read_at = %setting.read_at(now),
+                    "a setting read before the one applied changes nothing"
+                );
+                return Ok(Attempt::Done(Stood::Stale));
+            }
+            let mark = self.setting_put(pk, decided, setting.read_at(now), now)?;
             let mut changes = Vec::new();
             for (template, standing) in setting.standings() {
                 let kept = match stored.get(&quota_sk(template)) {
@@ -194,9 +213,22 @@ impl Store {
             // template or for none; split only where the configuration names more
             // templates and plans than one transaction holds, the whole count then
             // riding in the first (a later one is never refused by the minute).
+            // Nothing else changes: the mark alone (the request itself is counted).
+            if changes.is_empty() {
+                return Ok(match self.transact(vec![mark]).await? {
+                    TxOutcome::Committed => Attempt::Done(Stood::Applied),
+                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                });
+            }
             let (rate, retry_after) = self.report_rate_n(pk, n, now)?;
             let mut rate = Some(rate);
-            for mut writes in batched(changes) {
+            let mut batches = batched(changes);
+            // The mark rides with the last batch: a retry after an earlier one
+            // committed still finds the setting newer, and applies the rest.
+            if let Some(last) = batches.last_mut() {
+                last.push(mark);
+            }
+            for mut writes in batches {
                 let rate_at = rate.take().map(|rate| {
                     writes.push(rate);
                     writes.len() - 1
@@ -213,15 +245,24 @@ impl Store {
                     TxOutcome::Cancelled(_) | TxOutcome::Contended => return Ok(Attempt::Retry),
                 }
             }
-            Ok(Attempt::Done(()))
+            Ok(Attempt::Done(Stood::Applied))
         })
         .await
     }
 }
 
-/// Items one transaction holds (100), less the minute's count and the audit trail's
-/// history entry that go with them.
-const TRANSACTION_ROOM: usize = 98;
+/// What became of a standing choice ([`Store::stand`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stood {
+    /// It was the newest read: the user's standing choices are the setting's.
+    Applied,
+    /// A setting read after it was applied already: it changed nothing.
+    Stale,
+}
+
+/// Items one transaction holds (100), less the minute's count, the setting's mark and
+/// the audit trail's history entry that go with them.
+const TRANSACTION_ROOM: usize = 97;
 
 /// Each template's writes packed into as few transactions as hold them (a template's
 /// writes never split).

@@ -47,6 +47,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
 pub use crate::config::{Limits, Retention};
 pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
+pub use crate::store::consent::Stood;
 pub use crate::store::items::outbox::Publication;
 
 /// The single-table store. Cheap to clone.

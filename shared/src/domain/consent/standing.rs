@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::Refusal;
@@ -97,17 +98,21 @@ pub enum SettingError {
         "subscriptions_setting.item_settings.{template} is {value:?}, not one of accept, reject, ban, filter"
     )]
     InvalidItem { template: String, value: String },
+    #[error("subscriptions_setting.read_at must be an RFC 3339 date-time")]
+    ReadAt,
 }
 
 /// `subscriptionsSetting`, as the client reports it with a grant report or a check-in
-/// (`subscriptions_setting: {main_switch, item_settings}`), reduced to onegrant's
-/// configured templates.
+/// (`subscriptions_setting: {main_switch, item_settings, read_at}`), reduced to
+/// onegrant's configured templates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionsSetting {
     main_switch: bool,
     items: BTreeMap<TemplateId, ItemSetting>,
     /// Every configured template, each of which the setting decides.
     templates: Vec<TemplateId>,
+    /// When the client read it (`wx.getSetting`'s answer), if it said.
+    read_at: Option<DateTime<Utc>>,
 }
 
 impl SubscriptionsSetting {
@@ -133,6 +138,15 @@ impl SubscriptionsSetting {
         if raw.len() > MAX_ITEM_SETTINGS {
             return Err(SettingError::TooManyItems(raw.len()));
         }
+        let read_at = match object.get("read_at") {
+            None => None,
+            Some(Value::String(s)) if s.len() <= 64 => Some(
+                DateTime::parse_from_rfc3339(s)
+                    .map_err(|_| SettingError::ReadAt)?
+                    .with_timezone(&Utc),
+            ),
+            Some(_) => return Err(SettingError::ReadAt),
+        };
         let mut items = BTreeMap::new();
         for (template, value) in &raw {
             let invalid = || SettingError::InvalidItem {
@@ -154,7 +168,25 @@ impl SubscriptionsSetting {
             main_switch,
             items,
             templates: templates.iter().map(|t| t.id.clone()).collect(),
+            read_at,
         }))
+    }
+
+    /// When the setting was read, as it decides which of two settings is newer: the
+    /// client's `read_at`, never later than `now` (a clock ahead of the server's cannot
+    /// put a setting above the ones read after it); a setting that does not say is
+    /// taken as read when it arrives.
+    pub fn read_at(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        self.read_at.map_or(now, |at| at.min(now))
+    }
+
+    /// Whether this setting, read at [`Self::read_at`], is newer than the one that
+    /// decided the user's standing choices (read at `decided`, if any setting did): a
+    /// setting read earlier than one already applied, arriving late, changes nothing
+    /// (two read at the same instant apply in the order they arrive, as two that do not
+    /// say when they were read and arrive in one instant do).
+    pub fn supersedes(&self, decided: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+        decided.is_none_or(|decided| self.read_at(now) >= decided)
     }
 
     /// Every configured template with its standing choice under this setting.
@@ -262,6 +294,18 @@ mod tests {
                 json!({"subscriptions_setting": {"main_switch": true, "item_settings": many}}),
                 "at most 50",
             ),
+            (
+                json!({"subscriptions_setting": {"main_switch": true, "read_at": "yesterday"}}),
+                "read_at must be an RFC 3339 date-time",
+            ),
+            (
+                json!({"subscriptions_setting": {"main_switch": true, "read_at": 1764990000000_i64}}),
+                "read_at must be an RFC 3339 date-time",
+            ),
+            (
+                json!({"subscriptions_setting": {"main_switch": true, "read_at": "2026-12-06T05:00:00"}}),
+                "read_at must be an RFC 3339 date-time",
+            ),
         ];
         for (body, expected) in cases {
             let err = SubscriptionsSetting::from_body(&body, &templates())
@@ -269,6 +313,43 @@ mod tests {
                 .to_string();
             assert!(err.contains(expected), "{body}: {err}");
         }
+    }
+
+    #[test]
+    fn a_setting_supersedes_only_what_was_decided_by_one_read_before_it() {
+        let now = crate::domain::at("2026-12-06T05:00:00Z");
+        let read = |at: Option<&str>| {
+            let mut setting = json!({"main_switch": true});
+            if let Some(at) = at {
+                setting["read_at"] = json!(at);
+            }
+            SubscriptionsSetting::from_body(
+                &json!({ "subscriptions_setting": setting }),
+                &templates(),
+            )
+            .expect("valid")
+            .expect("present")
+        };
+        let earlier = read(Some("2026-12-06T04:59:00Z"));
+        let decided = Some(crate::domain::at("2026-12-06T04:59:30Z"));
+        assert!(!earlier.supersedes(decided, now), "read before: stale");
+        assert!(earlier.supersedes(None, now), "nothing decided yet");
+        assert!(
+            read(Some("2026-12-06T04:59:30Z")).supersedes(decided, now),
+            "the same instant: in arrival order"
+        );
+        assert!(!read(Some("2026-12-06T04:59:29.999Z")).supersedes(decided, now));
+        assert!(read(Some("2026-12-06T04:59:31+00:00")).supersedes(decided, now));
+        // A clock ahead counts as now; no `read_at` is read on arrival.
+        let ahead = read(Some("2026-12-07T05:00:00Z"));
+        assert_eq!(ahead.read_at(now), now);
+        assert_eq!(read(None).read_at(now), now);
+        assert!(!ahead.supersedes(Some(now + chrono::Duration::milliseconds(1)), now));
+        // Offsets are instants: 13:00+08:00 is 05:00Z.
+        assert_eq!(
+            read(Some("2026-12-06T12:59:00+08:00")).read_at(now),
+            crate::domain::at("2026-12-06T04:59:00Z")
+        );
     }
 
     #[test]

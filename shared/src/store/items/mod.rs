@@ -19,6 +19,7 @@ pub(crate) mod plan;
 pub(crate) mod preferences;
 pub(crate) mod quota;
 pub(crate) mod rate;
+pub(crate) mod setting;
 
 /// A raw DynamoDB item.
 pub(crate) type Item = HashMap<String, AttributeValue>;

@@ -1,0 +1,59 @@
+//! The user's setting item (`SETTING`): when the newest standing choice applied was
+//! read, so a setting read before it that arrives later changes nothing.
+
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use crate::store::items::{Item, key, s, text};
+use crate::store::{Store, StoreError};
+
+/// Sort key of a user's setting item.
+pub(crate) const SETTING_SK: &str = "SETTING";
+/// When the setting that decided the user's standing choices was read (RFC 3339, to
+/// the precision the client gave).
+const READ_AT: &str = "read_at";
+
+/// When the setting the item records was read; none stored: no setting decided yet.
+pub(crate) fn decided_at(item: Option<&Item>) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let Some(item) = item else {
+        return Ok(None);
+    };
+    text(item, READ_AT)
+        .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+        .map(|at| Some(at.with_timezone(&Utc)))
+        .ok_or_else(|| StoreError::Corrupt("a setting item without its read_at".into()))
+}
+
+impl Store {
+    /// Records the setting read at `read_at` as the one deciding, conditional on the
+    /// item still naming the one read before (`decided`, none: no item), so of two
+    /// settings racing only one is taken as the newer.
+    pub(crate) fn setting_put(
+        &self,
+        pk: &str,
+        decided: Option<DateTime<Utc>>,
+        read_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mut item = key(pk, SETTING_SK);
+        item.insert("kind".into(), s("setting"));
+        item.insert(READ_AT.into(), s(stamp(read_at)));
+        item.insert("updated_at".into(), s(super::rfc3339(now)));
+        let put = Put::builder().table_name(&self.table).set_item(Some(item));
+        let put = match decided {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(decided) => put
+                .condition_expression("#read_at = :decided")
+                .expression_attribute_names("#read_at", READ_AT)
+                .expression_attribute_values(":decided", s(stamp(decided))),
+        };
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+}
+
+/// An instant as the item keeps it (every digit the client gave).
+fn stamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
