@@ -66,26 +66,24 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         templates.get(WATER).expect("water"),
         templates.get(USED_UP).expect("used up"),
     );
-    let last = app
-        .items_of(&user, "grant")
+    let accepted = app
+        .item(&user, &format!("QUOTA#{WATER}"))
         .await
-        .iter()
-        .find_map(|g| {
-            let sk = g.get("sk")?.as_s().ok()?;
-            sk.strip_prefix(&format!("GRANT#{WATER}#"))
-                .map(str::to_string)
-        })
-        .expect("the water grant");
+        .and_then(|q| attr_n(&q, "accepted"))
+        .and_then(|n| u64::try_from(n).ok())
+        .expect("the water quota's accepted count");
     let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
-    let again = notice(water, used_up, openid, &last, app.now()).expect("notice");
-    let replay =
-        Box::pin(
-            app.deps
-                .store
-                .refill(&again, &water.id, &used_up.id, app.now(), app.now()),
-        )
-        .await
-        .expect("refill");
+    let again = notice(water, used_up, openid, accepted, app.now()).expect("notice");
+    let replay = Box::pin(app.deps.store.refill(
+        &again,
+        &water.id,
+        &used_up.id,
+        accepted,
+        app.now(),
+        app.now(),
+    ))
+    .await
+    .expect("refill");
     assert_eq!(replay, Refilled::Already);
     assert_eq!(refill_notes(&app, &user).await.len(), 1);
 
@@ -157,54 +155,65 @@ async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
     assert_ledger_agrees_with_counters(&app).await;
 }
 
+/// A refusal made while the last reminder is in flight wins over the refill notice,
+/// whether the user reports it (a grant report's reject) or WeChat pushes it (a reject
+/// in its popup): no notice, the refill grant kept.
 #[tokio::test]
 async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
-    let app = spawn_app_with(&[
-        ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
-        ("WECHAT_TIMEOUT_MS", "10000"),
-    ])
-    .await;
-    let user = app.scheduled_user("dora", 1).await;
-    app.accept(&user, USED_UP, "wr_refill_d").await;
-    app.make_due(&user, "water", app.now()).await;
-    // WeChat holds the send until the user has refused the template meanwhile.
-    app.control(
-        "POST",
-        "hold",
-        Some(json!({"openid": user.openid, "held": true})),
-    )
-    .await;
-    let tick = app.tick(120);
-    let refuse = async {
-        app.until_sending(&user, "water").await;
-        let refused = app
-            .post(
-                "/v1/grants",
-                Some(&user.token),
-                &json!({"request_id": "wr_reject_d", "results": {WATER: "reject"}}),
-            )
-            .await;
-        assert_eq!(refused.status, 200, "{}", refused.body);
+    for popup in [false, true] {
+        let app =
+            onegrant_tests::spawn_pushing_app_with(1, &[("WECHAT_TIMEOUT_MS", "10000")]).await;
+        let user = app.scheduled_user("dora", 1).await;
+        app.accept(&user, USED_UP, "wr_refill_d").await;
+        app.make_due(&user, "water", app.now()).await;
+        // WeChat holds the send until the user has refused the template meanwhile.
         app.control(
             "POST",
             "hold",
-            Some(json!({"openid": user.openid, "held": false})),
+            Some(json!({"openid": user.openid, "held": true})),
         )
         .await;
-    };
-    let (summary, ()) = tokio::join!(tick, refuse);
-    assert_eq!(
-        (summary.sent, summary.refills, summary.refills_without_grant),
-        (1, 0, 0),
-        "the reminder went out; the refusal made during it wins: {summary:?}"
-    );
-    assert!(refill_notes(&app, &user).await.is_empty());
-    assert_eq!(
-        available(&app, &user, USED_UP).await,
-        1,
-        "the refill grant kept"
-    );
-    assert_ledger_agrees_with_counters(&app).await;
+        let tick = app.tick(120);
+        let refuse = async {
+            app.until_sending(&user, "water").await;
+            if popup {
+                let answer = app
+                    .push_event(json!({"event": "popup", "openid": user.openid,
+                                       "template_id": WATER, "status": "reject",
+                                       "create_time": app.now().timestamp()}))
+                    .await;
+                assert_eq!(answer["answers"], json!([200]), "{answer}");
+            } else {
+                let refused = app
+                    .post(
+                        "/v1/grants",
+                        Some(&user.token),
+                        &json!({"request_id": "wr_reject_d", "results": {WATER: "reject"}}),
+                    )
+                    .await;
+                assert_eq!(refused.status, 200, "{}", refused.body);
+            }
+            app.control(
+                "POST",
+                "hold",
+                Some(json!({"openid": user.openid, "held": false})),
+            )
+            .await;
+        };
+        let (summary, ()) = tokio::join!(tick, refuse);
+        assert_eq!(
+            (summary.sent, summary.refills, summary.refills_without_grant),
+            (1, 0, 0),
+            "popup {popup}: the reminder went out; the refusal made during it wins: {summary:?}"
+        );
+        assert!(refill_notes(&app, &user).await.is_empty());
+        assert_eq!(
+            available(&app, &user, USED_UP).await,
+            1,
+            "the refill grant kept"
+        );
+        assert_ledger_agrees_with_counters(&app).await;
+    }
 }
 
 #[tokio::test]
@@ -238,9 +247,11 @@ async fn no_event_on_the_bus_may_publish_as_onegrant_itself() {
     }));
 }
 
-/// A push that spends the user's last grant while other pushes of its template wait
-/// for one sends the refill notice too (those messages are stopped); a push that
-/// spends it with nothing waiting sends none.
+/// A push that spends the user's last grant while nothing else of its template waits
+/// tells nothing; pushes that then wait for a grant are messages stopped, and the wait
+/// finds the depletion: one notice for the two, sent with the refill grant. A grant
+/// spent with a push still waiting is a new depletion, and with no refill grant left it
+/// is counted, not told.
 #[tokio::test]
 async fn a_push_that_uses_up_the_grants_while_others_wait_sends_the_refill_notice() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
@@ -257,18 +268,25 @@ async fn a_push_that_uses_up_the_grants_while_others_wait_sends_the_refill_notic
     app.notify(water("alone", "normal")).await;
     let alone = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!((alone.sent, alone.refills), (1, 0), "{alone:?}");
-    // Two wait; one grant: the high one spends it while the other waits.
+    assert!(refill_notes(&app, &user).await.is_empty());
+    // Two wait: the grants are used up with messages stopped, one notice.
     app.notify(water("later", "low")).await;
     app.notify(water("first", "high")).await;
-    app.ticks_until(|s| s.grant_waits >= 2).await;
-    app.accept(&user, WATER, "wr_one").await;
-    let spent = app.ticks_until(|s| s.sent >= 1).await;
-    assert_eq!((spent.sent, spent.refills), (1, 1), "{spent:?}");
+    let waits = app.ticks_until(|s| s.grant_waits >= 2).await;
+    assert_eq!((waits.grant_waits, waits.refills), (2, 1), "{waits:?}");
     assert_eq!(refill_notes(&app, &user).await.len(), 1);
     let told = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!(
         told.sent, 1,
         "the notice goes out with the refill grant: {told:?}"
+    );
+    // One grant: the high one spends it while the low one waits; no refill grant left.
+    app.accept(&user, WATER, "wr_one").await;
+    let spent = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(
+        (spent.sent, spent.refills, spent.refills_without_grant),
+        (1, 0, 1),
+        "{spent:?}"
     );
     let deliveries = app.deliveries().await;
     assert_eq!(
@@ -279,6 +297,7 @@ async fn a_push_that_uses_up_the_grants_while_others_wait_sends_the_refill_notic
         1,
         "{deliveries:?}"
     );
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
 }
 
@@ -312,5 +331,91 @@ async fn no_refill_notice_when_the_users_settings_refuse_the_refill_template() {
         1,
         "the refill grant kept"
     );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A water push of `user` keyed and titled `key`.
+fn water_push(user: &User, key: &str) -> Value {
+    json!({"idempotency_key": key, "openid": user.openid, "type": "water", "title": key,
+           "wechat": {"template_id": WATER,
+                      "data": {"thing1": "喝水", "time2": "2026-12-02 10:00", "number3": "1"}}})
+}
+
+/// The refill notice in a burst (issue 41 §5): three grants and five pushes due at
+/// once, WeChat answering late, so the three sends are in flight together and no claim
+/// sees itself taking the last grant with none other out. The last one out finds the
+/// grants used up while two pushes wait: one notice, sent with the refill grant.
+#[tokio::test]
+async fn pushes_that_use_up_the_grants_together_send_the_refill_notice_once() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("burst").await;
+    app.accept(&user, USED_UP, "wr_refill").await;
+    app.accept_n(&user, WATER, 3).await;
+    for i in 0..5 {
+        app.notify(water_push(&user, &format!("burst-{i}"))).await;
+    }
+    app.control("POST", "latency", Some(json!({"ms": 400})))
+        .await;
+    let spent = app.ticks_until(|s| s.sent >= 3).await;
+    app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+    assert_eq!((spent.sent, spent.refills), (3, 1), "{spent:?}");
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
+    let told = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(told.sent, 1, "{told:?}");
+    let deliveries = app.deliveries().await;
+    let notices = deliveries
+        .iter()
+        .filter(|d| d["template_id"] == USED_UP)
+        .count();
+    assert_eq!((deliveries.len(), notices), (4, 1), "{deliveries:?}");
+    assert_eq!(available(&app, &user, USED_UP).await, 0);
+    // Finding the same depletion again publishes nothing.
+    let found = app
+        .deps
+        .store
+        .depletion(
+            &onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid"),
+            &onegrant::domain::TemplateId::parse(WATER).expect("template"),
+            false,
+        )
+        .await
+        .expect("depletion");
+    assert_eq!(found, Some(3), "used up at three accepted, two waiting");
+    assert_eq!(refill_notes(&app, &user).await.len(), 1);
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// Members of the waiting list whose push no longer waits (cancelled while waiting)
+/// are not messages still to send: spending the last grant then tells nothing. (A push
+/// waiting for the user's first grant of a template tells nothing either: nothing was
+/// used up.)
+#[tokio::test]
+async fn pushes_that_no_longer_wait_are_not_counted_as_waiting_for_the_notice() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("stale").await;
+    app.accept(&user, USED_UP, "wr_refill").await;
+    let mut low = water_push(&user, "cancelled");
+    low["priority"] = json!("low");
+    app.notify(low).await;
+    app.notify(water_push(&user, "goes")).await;
+    let waits = app.ticks_until(|s| s.grant_waits >= 2).await;
+    assert_eq!((waits.grant_waits, waits.refills), (2, 0), "{waits:?}");
+    let cancelled = app.cancel(&user, "cancelled").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // One grant wakes the better one, which spends it; the low one's member is stale.
+    app.accept(&user, WATER, "wr_water").await;
+    let spent = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((spent.sent, spent.refills), (1, 0), "{spent:?}");
+    let members = app
+        .item(&user, &format!("QUOTA#{WATER}"))
+        .await
+        .and_then(|q| q.get("waiting").and_then(|w| w.as_ss().ok()).cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        members.len(),
+        1,
+        "the stale member still listed: {members:?}"
+    );
+    assert!(refill_notes(&app, &user).await.is_empty());
     assert_ledger_agrees_with_counters(&app).await;
 }

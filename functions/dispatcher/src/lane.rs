@@ -183,7 +183,10 @@ impl Lane<'_> {
             Ok(Dispatched::NoToken) => s.no_token += 1,
             Ok(Dispatched::Lost) => s.lost += 1,
             Ok(Dispatched::NoGrant) => s.no_grant += 1,
-            Ok(Dispatched::WaitGrant) => s.grant_waits += 1,
+            Ok(Dispatched::WaitGrant { refill }) => {
+                s.grant_waits += 1;
+                count_refill(&mut s, refill);
+            }
             // (Counted with every publication, below.)
             Ok(Dispatched::Published) => {}
             Ok(Dispatched::Expired) => s.expired += 1,
@@ -214,11 +217,7 @@ impl Lane<'_> {
                 refill,
             }) => {
                 s.claimed += 1;
-                match refill {
-                    Refill::Published => s.refills += 1,
-                    Refill::NoRefillGrant => s.refills_without_grant += 1,
-                    Refill::Nothing => {}
-                }
+                count_refill(&mut s, refill);
                 s.latencies_ms.push(latency_ms);
                 if finalized.superseded {
                     // The sweep had settled it; its outcome is counted there.
@@ -260,5 +259,14 @@ impl Lane<'_> {
                 s.skipped += 1;
             }
         }
+    }
+}
+
+/// Counts what a send or a wait left for a refill notice.
+fn count_refill(s: &mut Summary, refill: Refill) {
+    match refill {
+        Refill::Published => s.refills += 1,
+        Refill::NoRefillGrant => s.refills_without_grant += 1,
+        Refill::Nothing => {}
     }
 }

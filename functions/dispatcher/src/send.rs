@@ -36,8 +36,11 @@ pub(crate) enum Dispatched {
     Parked(String),
     Lost,
     NoGrant,
-    /// A push waiting for a grant of its template.
-    WaitGrant,
+    /// A push waiting for a grant of its template, and what that left for a refill
+    /// notice.
+    WaitGrant {
+        refill: Refill,
+    },
     /// A scheduled notification published, with no push to send.
     Published,
     /// A push not sent: its `expires_at` passed.
@@ -175,7 +178,17 @@ pub(crate) async fn dispatch_one(
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
         ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
-        ClaimOutcome::WaitGrant => return Ok(Dispatched::WaitGrant),
+        ClaimOutcome::WaitGrant(template) => {
+            // A message stopped for want of a grant: the refill notice, if the grants
+            // are used up (with the send that used them, whichever sees it first).
+            let room = budget.left().saturating_sub(FINALIZE_MARGIN);
+            let now = deps.clock.now();
+            let refill = Box::pin(crate::refill::tell(
+                deps, &openid, &template, false, now, room,
+            ))
+            .await;
+            return Ok(Dispatched::WaitGrant { refill });
+        }
         ClaimOutcome::Expired => return Ok(Dispatched::Expired),
         ClaimOutcome::Muted => return Ok(Dispatched::Muted),
         ClaimOutcome::TurnedOff => return Ok(Dispatched::TurnedOff),

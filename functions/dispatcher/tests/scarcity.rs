@@ -1,8 +1,8 @@
 //! Scarce grants and the daily cap across containers: dispatcher processes (each with
 //! its own DynamoDB and WeChat clients) racing for one user's last grants and last
 //! places under `PUSHES_PER_DAY`, round after round, the invariants read from the
-//! stored items afterwards; and a push replaced while a process's attempt of it is
-//! in flight.
+//! stored items afterwards; a push replaced while a process's attempt of it is in
+//! flight; and the refill notice when processes use up a user's grants together.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +38,24 @@ async fn pushes(app: &TestApp, user: &User) -> BTreeMap<String, (String, Option<
             )
         })
         .collect()
+}
+
+/// `n` dispatcher processes (`dispatch-once`, with `env`) run at once: how each ended,
+/// and what it printed.
+async fn containers(
+    app: &TestApp,
+    n: usize,
+    env: &[(&str, &str)],
+) -> Vec<(std::process::ExitStatus, String)> {
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            app.dispatcher_process(BIN, env)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("dispatch-once starts")
+        })
+        .collect();
+    futures::future::join_all(children.into_iter().map(wait_for_exit)).await
 }
 
 /// `PUSHES` pushes of the order template to `user`, titled and numbered `<prefix>-<i>`.
@@ -103,15 +121,7 @@ async fn dispatcher_processes_racing_for_a_users_cap_and_last_grants_send_exactl
         let capped_keys = queue(&app, &capped, &format!("c{round}")).await;
         let scarce_keys = queue(&app, &scarce, &format!("s{round}")).await;
 
-        let children: Vec<_> = (0..PROCESSES)
-            .map(|_| {
-                app.dispatcher_process(BIN, &env)
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("dispatch-once starts")
-            })
-            .collect();
-        let outs = futures::future::join_all(children.into_iter().map(wait_for_exit)).await;
+        let outs = containers(&app, PROCESSES, &env).await;
         let summaries: Vec<Value> = outs
             .iter()
             .map(|(status, out)| {
@@ -254,6 +264,81 @@ async fn a_push_replaced_during_a_processs_attempt_never_goes_out_when_that_atte
     assert!(
         (0..ROUNDS).all(|r| delivered.contains(&format!("newer-{r}"))),
         "{delivered:?}"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// The refill notice in a burst across containers (issue 41 §5): per round, two users
+/// each holding three water grants and one refill grant, with six water pushes due at
+/// once; three dispatcher processes race for them, WeChat answering in 300 ms, so sends
+/// of one user finish in any order and in different processes. Afterwards: three sent
+/// for each, three waiting, and exactly one refill notice per user — published by
+/// whichever process saw the grants used up with pushes waiting, never twice, and sent
+/// once with the refill grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dispatcher_processes_using_up_a_users_grants_together_tell_them_once() {
+    const WATER: &str = onegrant_tests::WATER;
+    const USED_UP: &str = "tmpl_grants_used_up";
+    const ROUNDS: usize = 3;
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let env = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+    ];
+    let water = |user: &User, key: &str| {
+        json!({"idempotency_key": key, "openid": user.openid, "type": "water", "title": key,
+               "wechat": {"template_id": WATER,
+                          "data": {"thing1": "喝水", "time2": "2026-12-06 10:00", "number3": "1"}}})
+    };
+    let mut users = Vec::new();
+    let mut published = 0;
+    for round in 0..ROUNDS {
+        let mut these = Vec::new();
+        for name in ["a", "b"] {
+            let user = app.user(&format!("burst-{round}-{name}")).await;
+            app.accept_n(&user, WATER, 3).await;
+            app.accept(&user, USED_UP, &format!("wr_refill_{round}_{name}"))
+                .await;
+            for i in 0..6 {
+                app.notify(water(&user, &format!("w{round}{name}-{i}")))
+                    .await;
+            }
+            these.push(user);
+        }
+        app.control("POST", "latency", Some(json!({"ms": 300})))
+            .await;
+        let racing = containers(&app, PROCESSES, &env).await;
+        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        // A notice published after the others had read their pages goes out with
+        // the next container.
+        for (status, out) in racing.iter().chain(&containers(&app, 1, &env).await) {
+            assert!(status.success(), "{status}");
+            published += summary_of(out)["refills"].as_u64().unwrap_or(0);
+        }
+        users.extend(these);
+    }
+    let deliveries = app.deliveries().await;
+    for user in &users {
+        let mine: Vec<&Value> = deliveries
+            .iter()
+            .filter(|d| d["openid"] == user.openid.as_str())
+            .collect();
+        let notices = mine.iter().filter(|d| d["template_id"] == USED_UP).count();
+        let waters = mine.iter().filter(|d| d["template_id"] == WATER).count();
+        assert_eq!((waters, notices), (3, 1), "{}: {mine:?}", user.openid);
+        let listed = pushes(&app, user).await;
+        let notes = listed.keys().filter(|t| t.contains("已用完")).count();
+        assert_eq!(notes, 1, "one notice in the inbox: {listed:?}");
+        let waiting = listed
+            .values()
+            .filter(|(status, reason)| status == "pending" && reason.as_deref() == Some("no_grant"))
+            .count();
+        assert_eq!(waiting, 3, "{listed:?}");
+    }
+    assert_eq!(
+        published,
+        2 * ROUNDS as u64,
+        "each process counts what it published"
     );
     assert_ledger_agrees_with_counters(&app).await;
 }

@@ -5,7 +5,7 @@
 //!
 //! The notice is an ordinary notification with a push (publisher [`PUBLISHER`], type
 //! [`NOTE_TYPE`]), ingested under an idempotency key naming the depletion (the template
-//! and the last grant spent): never twice for one depletion. The store publishes it
+//! and how many grants of it the user had accepted): never twice for one depletion. The store publishes it
 //! only while the template is still used up and the user holds a refill grant; its push
 //! then goes through the ordinary claim like any other. Pure.
 
@@ -28,27 +28,42 @@ pub const PUBLISHER: &str = "onegrant";
 /// The notification type of a refill notice.
 pub const NOTE_TYPE: &str = "onegrant.refill";
 
-/// Whether a claim takes the user's last grant of its template: the only one available
-/// and none other in flight, as read at the claim.
-pub fn takes_last_grant(counters: &QuotaCounters) -> bool {
-    counters.available == 1 && counters.reserved == 0
+/// Whether the user's grants of a template are used up, as read after a send's
+/// finalize: none available and none in flight. Of several sends that go out together
+/// only the last to finish sees it ("last one out"), whichever claimed the last grant.
+pub fn used_up(counters: &QuotaCounters) -> bool {
+    counters.available == 0 && counters.reserved == 0
 }
 
-/// The idempotency key of the notice for the depletion of `template` by the grant
-/// `last_grant` (its request id): one per depletion.
-pub fn depletion_key(template: &str, last_grant: &str) -> String {
-    format!("refill:{template}:{last_grant}")
+/// The depletion found after a send or a wait, if any: the user had grants of the
+/// template and they are [`used_up`] while it still has messages to send
+/// (`more_to_send`: a reminder plan on, or pushes waiting for a grant) — named by the
+/// grants accepted in all ([`depletion_key`]). A user who never gave one has nothing
+/// used up: a push waiting for their first grant tells them nothing.
+pub fn depletion(counters: &QuotaCounters, more_to_send: bool) -> Option<u64> {
+    (counters.accepted > 0 && used_up(counters) && more_to_send).then_some(counters.accepted)
 }
 
-/// The refill notice for `openid`, whose grants of `stopped` ran out at `now` with the
-/// grant `last_grant`: a notification saying which messages stopped, with a push of the
+/// The idempotency key of the notice for the depletion of `openid`'s grants of
+/// `template` at which they had accepted `accepted` of it in all: one per depletion (a
+/// depletion after it needs a new grant, and so a larger count), the same for every
+/// send that finds it, so two finishing together publish it once. Keys are unique per
+/// publisher across users, so the user is in it (a digest: the key is kept outside
+/// their partition).
+pub fn depletion_key(openid: &OpenId, template: &str, accepted: u64) -> String {
+    let user = hex::encode(&Sha256::digest(openid.as_str().as_bytes())[..8]);
+    format!("refill:{template}:{user}:{accepted}")
+}
+
+/// The refill notice for `openid`, whose grants of `stopped` ran out at `now` after
+/// `depletion` grants accepted in all ([`depletion_key`]): a notification saying which messages stopped, with a push of the
 /// `refill` template (its keywords filled as [`KeywordType::fills_refill`] says, times
 /// in China's zone).
 pub fn notice(
     stopped: &TemplateDef,
     refill: &TemplateDef,
     openid: OpenId,
-    last_grant: &str,
+    depletion: u64,
     now: DateTime<Utc>,
 ) -> Result<NotifyEvent, KeywordError> {
     let local = now.with_timezone(&Timezone::SHANGHAI.tz());
@@ -64,7 +79,7 @@ pub fn notice(
             Ok((k.key.clone(), fit(&k.key, k.kind, &raw)?))
         })
         .collect::<Result<BTreeMap<_, _>, KeywordError>>()?;
-    let idempotency_key = depletion_key(stopped.id.as_str(), last_grant);
+    let idempotency_key = depletion_key(&openid, stopped.id.as_str(), depletion);
     let page = refill.page.clone().or_else(|| stopped.page.clone());
     Ok(NotifyEvent {
         publisher: PUBLISHER.to_string(),
@@ -107,16 +122,25 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_grant_with_nothing_in_flight_is_a_depletion() {
+    fn used_up_means_none_available_and_none_in_flight() {
         let c = |available, reserved| QuotaCounters {
             available,
             reserved,
             ..Default::default()
         };
-        assert!(takes_last_grant(&c(1, 0)));
-        assert!(!takes_last_grant(&c(2, 0)));
-        assert!(!takes_last_grant(&c(1, 1)));
-        assert!(!takes_last_grant(&c(0, 0)));
+        assert!(used_up(&c(0, 0)));
+        assert!(!used_up(&c(1, 0)));
+        assert!(!used_up(&c(0, 1)), "another send of it still out");
+        assert!(!used_up(&c(1, 1)));
+        let spent = QuotaCounters {
+            accepted: 4,
+            consumed: 4,
+            ..Default::default()
+        };
+        assert_eq!(depletion(&spent, true), Some(4));
+        assert_eq!(depletion(&spent, false), None, "nothing stopped: no notice");
+        assert_eq!(depletion(&c(1, 0), true), None);
+        assert_eq!(depletion(&c(0, 0), true), None, "never had one");
     }
 
     #[test]
@@ -130,8 +154,13 @@ mod tests {
         let now = DateTime::parse_from_rfc3339("2026-12-02T04:30:00Z")
             .expect("instant")
             .with_timezone(&Utc);
-        let event = notice(water, used_up, openid.clone(), "wr_9", now).expect("notice");
-        assert_eq!(event.idempotency_key, "refill:tmpl_water:wr_9");
+        let event = notice(water, used_up, openid.clone(), 9, now).expect("notice");
+        assert!(
+            event.idempotency_key.starts_with("refill:tmpl_water:")
+                && event.idempotency_key.ends_with(":9"),
+            "{}",
+            event.idempotency_key
+        );
         assert_eq!(event.publisher, PUBLISHER);
         assert_eq!(event.kind, NOTE_TYPE);
         assert_eq!(event.page.as_deref(), Some("pages/water/index"));
@@ -152,14 +181,20 @@ mod tests {
         let again = notice(
             water,
             used_up,
-            openid,
-            "wr_9",
+            openid.clone(),
+            9,
             now + chrono::Duration::hours(1),
         )
         .expect("notice");
         assert_eq!(
-            (again.idempotency_key, again.fingerprint),
-            (event.idempotency_key, event.fingerprint)
+            (&again.idempotency_key, &again.fingerprint),
+            (&event.idempotency_key, &event.fingerprint)
         );
+        // The next depletion (a grant accepted since), or another user's: another key.
+        let next = notice(water, used_up, openid, 10, now).expect("notice");
+        assert_ne!(next.idempotency_key, event.idempotency_key);
+        let bob = OpenId::parse("o_bob_1234567890".to_string()).expect("openid");
+        let theirs = notice(water, used_up, bob, 9, now).expect("notice");
+        assert_ne!(theirs.idempotency_key, event.idempotency_key);
     }
 }

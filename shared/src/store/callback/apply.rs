@@ -73,7 +73,13 @@ impl Store {
             // every later refusal look out of order.)
             let made = message.create_time.min(now.timestamp());
             if !self
-                .order_choice(&message.openid, template, made, now)
+                .order_choice(
+                    &message.openid,
+                    template,
+                    made,
+                    choice == Choice::Reject,
+                    now,
+                )
                 .await?
             {
                 tracing::warn!(
@@ -161,22 +167,38 @@ impl Store {
     /// one made later was applied already. False when it is out of order — a retried
     /// reject arriving after the user's later accept — and then it changes nothing.
     /// The same time again is in order (a retry of the event itself, or a reject and
-    /// an accept in one second, where the refusal wins).
+    /// an accept in one second, where the refusal wins). A reject (`refused`) is
+    /// remembered as the template's last refusal (`last_refusal_at`), as a report's is:
+    /// a refill notice for a send claimed before it is not sent.
     pub async fn order_choice(
         &self,
         openid: &OpenId,
         template: &TemplateId,
         create_time: i64,
+        refused: bool,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         use aws_sdk_dynamodb::types::AttributeValue;
-        let sent = self
+        let refusal = if refused {
+            ", last_refusal = :r, last_refusal_at = :now"
+        } else {
+            ""
+        };
+        let update = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key_of(&user_pk(openid), &quota_sk(template))))
             // Names the quota item it may create, so it reads as one.
-            .update_expression("SET template_id = :t, kind = :kind, #at = :c, updated_at = :now")
+            .update_expression(format!(
+                "SET template_id = :t, kind = :kind, #at = :c, updated_at = :now{refusal}"
+            ));
+        let update = if refused {
+            update.expression_attribute_values(":r", AttributeValue::S("reject".into()))
+        } else {
+            update
+        };
+        let sent = update
             .condition_expression("attribute_not_exists(#at) OR #at <= :c")
             .expression_attribute_names("#at", crate::store::items::quota::CHOICE_AT)
             .expression_attribute_values(":t", AttributeValue::S(template.to_string()))

@@ -84,21 +84,9 @@ pub struct Claim {
     grant_sk: String,
     /// Under a daily cap, the user's day the send counted on.
     counted_on: Option<chrono::NaiveDate>,
-    /// The claim took the user's last grant of the template (the only one available,
-    /// none other in flight): sent, it used them up (`domain::inbox::refill`).
-    pub last_grant: bool,
-    /// Other pushes of the template waited for a grant at the claim: a push that used
-    /// up the grants leaves messages waiting, which the refill notice tells of.
-    pub others_waiting: bool,
 }
 
 impl Claim {
-    /// The request id of the grant the claim reserved (the last one, for a claim that
-    /// took the last grant: it names the depletion).
-    pub fn grant_request_id(&self) -> Option<crate::domain::RequestId> {
-        crate::store::keys::request_id_of_grant(&self.grant_sk)
-    }
-
     /// When it was claimed.
     pub fn claimed_at(&self) -> DateTime<Utc> {
         self.claimed_at

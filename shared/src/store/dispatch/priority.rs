@@ -6,13 +6,12 @@
 //! handler, a check-in's store operation) or is given back (a finalize or release that
 //! restored it), and after a listed push ended at its claim.
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
+use crate::store::items::outbox::still_waits;
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
@@ -225,13 +224,4 @@ impl Store {
         }
         Ok(usize::try_from(woken).unwrap_or(usize::MAX))
     }
-}
-
-/// Whether a stored outbox item is a push still waiting for a grant.
-fn still_waits(item: &HashMap<String, AttributeValue>) -> bool {
-    item.get("state")
-        .and_then(|v| v.as_s().ok())
-        .map(String::as_str)
-        == Some("pending")
-        && item.get("waiting_grant").and_then(|v| v.as_bool().ok()) == Some(&true)
 }

@@ -6,12 +6,17 @@
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
-use crate::domain::TemplateId;
 use crate::domain::inbox::NotifyEvent;
+use crate::domain::inbox::refill::depletion;
+use crate::domain::reminders::plan::PlanStatus;
+use crate::domain::{OpenId, TemplateId};
 use crate::store::inbox::Ingested;
-use crate::store::items::quota::{STANDING, VOIDED_AT, not_refused};
+use crate::store::items::outbox::still_waits;
+use crate::store::items::parse;
+use crate::store::items::plan::PlanItem;
+use crate::store::items::quota::{OpenGrants, QuotaItemCounters, STANDING, VOIDED_AT, not_refused};
 use crate::store::items::{key, n, rfc3339, s};
-use crate::store::keys::{quota_sk, user_pk};
+use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
 use crate::store::{Store, StoreError};
 
 /// How publishing a refill notice ended.
@@ -30,16 +35,64 @@ pub enum Refilled {
 }
 
 impl Store {
+    /// The depletion a send of `template` finds at its finalize, if any
+    /// ([`depletion`]): the quota item read (strongly), and only when it shows the
+    /// grants used up, whether the template still has messages to send — `plan_sent`
+    /// (the send was a reminder, its plan on), a plan of a kind using it that is on, or
+    /// a push on the waiting list still waiting (members whose push ended otherwise do
+    /// not count). One read, and one more of at most the plans and the listed pushes at
+    /// a depletion.
+    pub async fn depletion(
+        &self,
+        openid: &OpenId,
+        template: &TemplateId,
+        plan_sent: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let pk = user_pk(openid);
+        let Some(quota) = self.get(&pk, &quota_sk(template)).await? else {
+            return Ok(None);
+        };
+        let waiting = OpenGrants::of(&quota).waiting;
+        let counters = parse::<QuotaItemCounters>("quota", quota)?.counters;
+        if depletion(&counters, true).is_none() {
+            return Ok(None);
+        }
+        if plan_sent {
+            return Ok(depletion(&counters, true));
+        }
+        let kinds: Vec<_> = self.kinds.using_template(template).collect();
+        let mut sks: Vec<String> = kinds.iter().map(|k| plan_sk(&k.name)).collect();
+        sks.extend(
+            waiting
+                .iter()
+                .filter_map(|m| crate::domain::dispatch::priority::note_of(m).map(outbox_sk)),
+        );
+        let found = self.read_items(&pk, &sks).await?;
+        let mut more = false;
+        for kind in kinds {
+            if let Some(item) = found.get(&plan_sk(&kind.name)) {
+                let plan = parse::<PlanItem>("plan", item.clone())?.into_plan(kind)?;
+                more |= !matches!(plan.status, PlanStatus::Disabled);
+            }
+        }
+        more |= found.iter().any(|(sk, item)| {
+            sk.starts_with(crate::store::keys::OUTBOX_PREFIX) && still_waits(item)
+        });
+        Ok(depletion(&counters, more))
+    }
+
     /// Publishes `notice` (a refill notice for the user's grants of `stopped`, used up
-    /// by a send claimed at `claimed_at`, sent with `refill`'s grant) if `stopped` is
-    /// still used up — none available, none reserved, no refusal recorded and no grant
-    /// voided on purpose since the claim — and the user holds a grant of `refill`; one
-    /// transaction either way.
+    /// at `depletion` grants accepted by a send claimed at `claimed_at`, sent with
+    /// `refill`'s grant) if `stopped` is still used up at that depletion — none
+    /// available, none reserved, no grant accepted since, no refusal recorded and no
+    /// grant voided on purpose since the claim — and the user holds a grant of
+    /// `refill`; one transaction either way.
     pub async fn refill(
         &self,
         notice: &NotifyEvent,
         stopped: &TemplateId,
         refill: &TemplateId,
+        depletion: u64,
         claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Refilled, StoreError> {
@@ -51,7 +104,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(&pk, &quota_sk(stopped))))
             .condition_expression(format!(
-                "available <= :zero AND reserved <= :zero \
+                "available <= :zero AND reserved <= :zero AND accepted = :accepted \
                  AND (attribute_not_exists(#voided) OR #voided < :claimed) \
                  AND (attribute_not_exists(last_refusal_at) OR last_refusal_at < :claimed_at) \
                  AND {not_refused}"
@@ -63,6 +116,7 @@ impl Store {
         let used_up = used_up
             .expression_attribute_names("#voided", VOIDED_AT)
             .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":accepted", n(depletion))
             .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()))
             .expression_attribute_values(":claimed_at", s(rfc3339(claimed_at)))
             .build()

@@ -206,3 +206,12 @@ pub struct Publication {
     pub(crate) writes: Vec<TransactWriteItem>,
     pub(crate) outbox: OutboxItem,
 }
+
+/// Whether a stored outbox item is a push still waiting for a grant.
+pub(crate) fn still_waits(item: &HashMap<String, AttributeValue>) -> bool {
+    item.get("state")
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+        == Some("pending")
+        && item.get("waiting_grant").and_then(|v| v.as_bool().ok()) == Some(&true)
+}

@@ -17,7 +17,6 @@ use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled
 use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
 use crate::domain::inbox::cancel::{AtClaim, Requested, at_claim};
 use crate::domain::inbox::preferences::{Preferences, gate};
-use crate::domain::inbox::refill::takes_last_grant;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::reminders::schedule::Timezone;
@@ -45,9 +44,10 @@ pub enum ClaimOutcome {
     /// No grant to reserve: the plan was paused `needs_grant` / the push skipped (its
     /// template's waiting list full).
     NoGrant,
-    /// A push that waits for a grant of its template (none available, or a better push
-    /// waits for those there are): `pending`, listed on the quota item, woken by a grant.
-    WaitGrant,
+    /// A push that waits for a grant of its template (named; none available, or a
+    /// better push waits for those there are): `pending`, listed on the quota item,
+    /// woken by a grant.
+    WaitGrant(TemplateId),
     /// A push whose `expires_at` passed: recorded `expired`, nothing sent or spent.
     Expired,
     /// A push of a type the user muted: recorded `muted`, nothing sent or spent.
@@ -414,10 +414,6 @@ impl Store {
                 .into_iter()
                 .filter(|(name, _)| *name != INFLIGHT)
                 .collect();
-            let others_waiting = open
-                .waiting
-                .iter()
-                .any(|m| Some(m.as_str()) != own.as_deref());
             // Listed as waiting: it leaves the list with its claim.
             if let Some(own) = own.filter(|own| open.waiting.contains(own)) {
                 grant.stale.push((WAITING, vec![own]));
@@ -432,7 +428,6 @@ impl Store {
                     waiting: open.waiting.len(),
                 });
             }
-            let last_grant = takes_last_grant(counters);
             let delivery_id = uuid::Uuid::new_v4().simple().to_string();
             // The lease runs from this attempt, not from the first: a claim that had to
             // retry under contention still gets its whole send window.
@@ -475,8 +470,6 @@ impl Store {
                 source,
                 grant_sk: grant.sk.clone(),
                 counted_on: grant.counted.as_ref().map(|c| c.day),
-                last_grant,
-                others_waiting,
             };
             match self.transact(writes).await? {
                 TxOutcome::Committed => {

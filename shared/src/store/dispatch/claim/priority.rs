@@ -72,7 +72,7 @@ impl Store {
         let done = if skip {
             ClaimOutcome::NoGrant
         } else {
-            ClaimOutcome::WaitGrant
+            ClaimOutcome::WaitGrant(template.clone())
         };
         match self.transact(writes.clone()).await? {
             TxOutcome::Committed => return Ok(Attempt::Done(done)),
