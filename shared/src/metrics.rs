@@ -62,6 +62,9 @@ pub mod name {
     /// Pushes that wait for a grant of their template (none available, or a better push
     /// waits for those there are): pending until a grant wakes them (no grant spent).
     pub const GRANT_WAITS: &str = "GrantWaits";
+    /// Waiting pushes woken by their template's wake entry on the due index (a grant
+    /// given beside them, whether or not its writer woke them).
+    pub const PUSHES_WOKEN: &str = "PushesWoken";
     /// Reminders and pushes past the user's daily cap (`PUSHES_PER_DAY`), due again on
     /// their next day (no grant spent).
     pub const CAP_WAITS: &str = "CapWaits";
@@ -112,7 +115,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 40] = [
+pub const ALL: [&str; 41] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -136,6 +139,7 @@ pub const ALL: [&str; 40] = [
     name::TURNED_OFF,
     name::HELD,
     name::GRANT_WAITS,
+    name::PUSHES_WOKEN,
     name::CAP_WAITS,
     name::CAPPED,
     name::REFILLS,

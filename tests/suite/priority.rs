@@ -296,3 +296,157 @@ async fn a_full_waiting_list_of_pushes_that_no_longer_wait_is_pruned() {
     assert_eq!(pushes(&app, &user).await, vec![waiting("new")]);
     assert_eq!(listed(&app, &user).await, 1, "only the new push is listed");
 }
+
+/// A grant given back by the sweep wakes the push waiting beside it (issue 41 §6): a
+/// send WeChat refused for good (47003) whose settlement never landed in its
+/// invocation is settled by the sweep from the answer kept, its grant given back with
+/// no waking by the sweep itself; the settlement made the template's wake entry due,
+/// so the next tick wakes the push that waited and sends it.
+#[tokio::test]
+async fn a_grant_the_sweep_gives_back_wakes_the_push_waiting_beside_it() {
+    use onegrant_tests::faults::Fault;
+    let (app, proxy) = onegrant_tests::spawn_faulty_app(&[
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("WECHAT_TIMEOUT_MS", "1500"),
+    ])
+    .await;
+    let user = app.user("swept").await;
+    app.accept(&user, ORDER, "wr_1").await;
+    app.notify(event(&user, "one", None)).await;
+    app.notify(event(&user, "two", None)).await;
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 47003, "times": 1})),
+    )
+    .await;
+    // WeChat answers while the other push waits; every transaction giving the grant
+    // back is refused for the invocation (the answer kept for the sweep).
+    app.control("POST", "latency", Some(json!({"ms": 300})))
+        .await;
+    proxy.inject(
+        "TransactWriteItems",
+        Some("#open_available"),
+        Fault::Throttle,
+        0,
+    );
+    let summary = app.tick(20).await;
+    proxy.clear();
+    app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+    assert_eq!((summary.sent, summary.grant_waits), (0, 1), "{summary:?}");
+    let states = app.outbox_states(&user).await;
+    let (sending, waiting) = match (states["one"].as_str(), states["two"].as_str()) {
+        ("sending", "pending") => ("one", "two"),
+        ("pending", "sending") => ("two", "one"),
+        other => panic!("one in flight, one waiting: {other:?}"),
+    };
+    app.advance(std::time::Duration::from_secs(600));
+    let swept = app.sweep_at(app.now()).await;
+    assert_eq!(swept.kept, 1, "{swept:?}");
+    let woken = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((woken.sent, woken.woken), (1, 1), "{woken:?}");
+    let states = app.outbox_states(&user).await;
+    assert_eq!(
+        (states[sending].as_str(), states[waiting].as_str()),
+        ("failed", "sent"),
+        "{states:?}"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A grant carried by a check-in whose wake of the waiting push is lost (every read of
+/// the quota item refused while it runs) and whose replay wakes nothing (it stays one
+/// read): the check-in's own commit made the template's wake entry due, so the next
+/// tick wakes the push and sends it (issue 41 §6).
+#[tokio::test]
+async fn a_check_in_grant_whose_wake_was_lost_still_wakes_the_push_at_the_next_tick() {
+    use onegrant_tests::WATER;
+    use onegrant_tests::faults::Fault;
+    let (app, proxy) =
+        onegrant_tests::spawn_faulty_app(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("replayed").await;
+    let water = json!({"idempotency_key": "drink", "openid": user.openid, "type": "water",
+        "title": "drink", "wechat": {"template_id": WATER,
+            "data": {"thing1": "喝水", "time2": "2026-12-06 10:00", "number3": "1"}}});
+    app.notify(water).await;
+    let waits = app.ticks_until(|s| s.grant_waits >= 1).await;
+    assert_eq!(waits.grant_waits, 1, "{waits:?}");
+    // The tap's grant, carried by a check-in (WeChat holds it too).
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+    )
+    .await;
+    let check_in = json!({"action_id": "wc_1", "occurred_at": app.now().to_rfc3339(),
+        "current_count": 1, "daily_goal": 8,
+        "grant_request_id": "wr_tap", "subscription_status": "accept"});
+    proxy.inject("GetItem", Some("QUOTA#"), Fault::Throttle, 0);
+    let first = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &check_in)
+        .await;
+    proxy.clear();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let state = || async {
+        let outbox = app.items_of(&user, "outbox").await;
+        assert_eq!(outbox.len(), 1, "{outbox:?}");
+        attr_s(&outbox[0], "state").map(str::to_string)
+    };
+    assert_eq!(
+        state().await.as_deref(),
+        Some("pending"),
+        "its wake was lost"
+    );
+    let replay = app
+        .post("/v1/reminders/water/checkins", Some(&user.token), &check_in)
+        .await;
+    assert_eq!(replay.status, 200, "{}", replay.body);
+    let woken = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((woken.sent, woken.woken), (1, 1), "{woken:?}");
+    assert_eq!(state().await.as_deref(), Some("sent"));
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A waiting push woken for a grant but refused by the user's settings at its claim
+/// ends `skipped` (`turned_off`) and passes the grant's wake on in the same commit
+/// (its check that the refusal stands becomes the wake entry's write, one item once
+/// in a transaction): the commit lands and nothing is spent.
+#[tokio::test]
+async fn a_woken_push_the_settings_refuse_passes_its_wake_on_in_its_own_commit() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("refusing").await;
+    app.notify(event(&user, "off", None)).await;
+    let waits = app.ticks_until(|s| s.grant_waits >= 1).await;
+    assert_eq!(waits.grant_waits, 1, "{waits:?}");
+    // One tap: the grant, with the setting now keeping a reject for the template.
+    let answer = app
+        .post(
+            "/v1/grants",
+            Some(&user.token),
+            &json!({"request_id": "wr_off", "results": {ORDER: "accept"},
+                    "subscriptions_setting": {"main_switch": true,
+                                              "item_settings": {ORDER: "reject"}}}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let summary = app.ticks_until(|s| s.turned_off >= 1).await;
+    assert_eq!((summary.turned_off, summary.sent), (1, 0), "{summary:?}");
+    let quota = app
+        .item(&user, &format!("QUOTA#{ORDER}"))
+        .await
+        .expect("quota");
+    assert_eq!(
+        onegrant_tests::attr_n(&quota, "available"),
+        Some(1),
+        "nothing spent: {quota:?}"
+    );
+    assert_eq!(
+        pushes(&app, &user).await,
+        vec![(
+            "off".to_string(),
+            "skipped".to_string(),
+            Some("turned_off".to_string())
+        )]
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}

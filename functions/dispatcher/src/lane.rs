@@ -187,6 +187,7 @@ impl Lane<'_> {
                 s.grant_waits += 1;
                 count_refill(&mut s, refill);
             }
+            Ok(Dispatched::Woken(n)) => s.woken += n,
             // (Counted with every publication, below.)
             Ok(Dispatched::Published) => {}
             Ok(Dispatched::Expired) => s.expired += 1,

@@ -41,6 +41,8 @@ pub(crate) enum Dispatched {
     WaitGrant {
         refill: Refill,
     },
+    /// A template's wake entry: this many waiting pushes woken.
+    Woken(u32),
     /// A scheduled notification published, with no push to send.
     Published,
     /// A push not sent: its `expires_at` passed.
@@ -79,6 +81,11 @@ pub(crate) async fn dispatch_one(
         deps.store.quarantine_due(item, deps.clock.now()).await?;
         return Ok(Dispatched::Unreadable);
     };
+    // A grant given while pushes of its template wait: wake them (no send, no turn).
+    if item.is_wake() {
+        let woken = deps.store.wake_due(item, deps.clock.now()).await?;
+        return Ok(Dispatched::Woken(u32::try_from(woken).unwrap_or(u32::MAX)));
+    }
     let wait = (item.due_at - deps.clock.now())
         .to_std()
         .unwrap_or_default();

@@ -43,6 +43,9 @@ pub struct Summary {
     /// Pushes waiting for a grant of their template (none available, or a better push
     /// waits for those there are): pending until a grant wakes them.
     pub grant_waits: u32,
+    /// Pushes woken by their template's wake entry (a grant given while they waited,
+    /// whether or not its writer woke them).
+    pub woken: u32,
     /// Reminders and pushes past the user's daily cap, due again on their next day.
     pub cap_waits: u32,
     /// Pushes past the user's daily cap that expire first: inbox-only (`capped`).
@@ -105,6 +108,7 @@ impl Summary {
             turned_off,
             held,
             grant_waits,
+            woken,
             cap_waits,
             capped,
             refills,
@@ -143,6 +147,7 @@ impl Summary {
         self.turned_off += turned_off;
         self.held += held;
         self.grant_waits += grant_waits;
+        self.woken += woken;
         self.cap_waits += cap_waits;
         self.capped += capped;
         self.refills += refills;
@@ -184,6 +189,7 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         turned_off = summary.turned_off,
         held = summary.held,
         grant_waits = summary.grant_waits,
+        woken = summary.woken,
         cap_waits = summary.cap_waits,
         capped = summary.capped,
         refills = summary.refills,
@@ -226,6 +232,7 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::TURNED_OFF, summary.turned_off);
     count(name::HELD, summary.held);
     count(name::GRANT_WAITS, summary.grant_waits);
+    count(name::PUSHES_WOKEN, summary.woken);
     count(name::CAP_WAITS, summary.cap_waits);
     count(name::CAPPED, summary.capped);
     count(name::REFILLS, summary.refills);

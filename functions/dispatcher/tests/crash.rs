@@ -189,3 +189,83 @@ async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_o
          ({finalize_landed} landed, {finalize_lost} lost)"
     );
 }
+
+/// A dispatcher killed between a settlement that gave a grant back and its wake of the
+/// push waiting for it (issue 41 §6): round after round, two pushes wait for a grant,
+/// one grant wakes the better, WeChat refuses it for good (47003, the grant given back)
+/// and the process dies before waking the other. The grant's wake entry is due in the
+/// settlement's own commit: the next container wakes the other push and sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_killed_before_waking_a_push_beside_a_grant_given_back_leaves_it_due() {
+    use onegrant_tests::ORDER;
+    use serde_json::json;
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let env = |failpoint: &'static str| {
+        let mut env = vec![
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("DISPATCH_ONCE_SECONDS", "30"),
+        ];
+        if !failpoint.is_empty() {
+            env.push(("ONEGRANT_FAILPOINT", failpoint));
+        }
+        env
+    };
+    let push = |user: &User, key: &str, priority: &str| {
+        json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+               "title": key, "priority": priority, "wechat": {"template_id": ORDER,
+               "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
+    };
+    for round in 0..3 {
+        let user = app.user(&format!("woken-{round}")).await;
+        let (refused, asleep) = (format!("refused-{round}"), format!("asleep-{round}"));
+        app.notify(push(&user, &refused, "high")).await;
+        app.notify(push(&user, &asleep, "normal")).await;
+        let waits = app.ticks_until(|s| s.grant_waits >= 2).await;
+        assert_eq!(waits.grant_waits, 2, "{waits:?}");
+        // One grant: its report wakes the better push; WeChat refuses it for good.
+        app.accept(&user, ORDER, &format!("wr_{round}")).await;
+        app.control(
+            "POST",
+            "faults",
+            Some(json!({"openid": user.openid, "errcode": 47003, "times": 1})),
+        )
+        .await;
+        let status = app
+            .dispatcher_process(env!("CARGO_BIN_EXE_dispatch-once"), &env("before_wake"))
+            .status()
+            .expect("dispatch-once runs");
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "killed before the wake ({status})"
+        );
+        app.emulator_quiet().await;
+        let states = app.outbox_states(&user).await;
+        assert_eq!(
+            (states[&refused].as_str(), states[&asleep].as_str()),
+            ("failed", "pending"),
+            "round {round}"
+        );
+        // The next container (or the one after: a woken push is due from the wake on)
+        // sends it with the grant given back.
+        for _ in 0..3 {
+            if app.outbox_states(&user).await[&asleep] == "sent" {
+                break;
+            }
+            let status = app
+                .dispatcher_process(env!("CARGO_BIN_EXE_dispatch-once"), &env(""))
+                .stdout(std::process::Stdio::null())
+                .status()
+                .expect("dispatch-once runs");
+            assert!(status.success(), "{status}");
+        }
+        assert_eq!(
+            app.outbox_states(&user).await[&asleep],
+            "sent",
+            "round {round}: the push beside the grant given back went out"
+        );
+    }
+    let deliveries = app.deliveries().await;
+    assert_eq!(deliveries.len(), 3, "one delivery a round: {deliveries:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}

@@ -36,6 +36,12 @@ impl DueItem {
         matches!(sort_key(&self.sk), SortKey::Scheduled(_))
     }
 
+    /// Whether it is a template's wake entry (a grant given while pushes of it wait),
+    /// for [`Store::wake_due`] rather than a claim.
+    pub fn is_wake(&self) -> bool {
+        self.sk.starts_with(crate::store::keys::QUOTA_PREFIX)
+    }
+
     /// The due entry of a published notification's push: due at the same instant.
     pub fn published_push(&self) -> Option<DueItem> {
         match sort_key(&self.sk) {

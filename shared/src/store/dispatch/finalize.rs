@@ -94,9 +94,11 @@ impl Store {
         Ok(finalized)
     }
 
-    /// A grant given back wakes the best push waiting for one of its template.
+    /// A grant given back wakes the best push waiting for one of its template (at
+    /// once; the wake entry the settlement made due is the backstop).
     async fn after_restore(&self, claim: &Claim, finalized: &Finalized, now: DateTime<Utc>) {
         if finalized.restored {
+            crate::failpoint::hit("before_wake");
             Box::pin(self.wake_waiting_logged(&claim.openid, &claim.template_id, now)).await;
         }
     }

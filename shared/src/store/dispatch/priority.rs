@@ -6,13 +6,16 @@
 //! handler, a check-in's store operation) or is given back (a finalize or release that
 //! restored it), and after a listed push ended at its claim.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
+use crate::store::dispatch::DueItem;
 use crate::store::items::outbox::still_waits;
-use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING};
+use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
 use crate::store::tx::{TxOutcome, any_condition_failed};
@@ -52,11 +55,19 @@ impl Store {
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
+            // On the due index while pushes wait (never due unless a grant made it so:
+            // `WAKE_SET`), so a grant given later is a due item in its own commit.
             .update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now ADD #waiting :member",
+                "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
+                 due_at = if_not_exists(due_at, :never) ADD #waiting :member",
             )
             .condition_expression(format!("{grants}{room}"))
             .expression_attribute_names("#waiting", WAITING)
+            .expression_attribute_values(
+                ":wake_pk",
+                s(due_pk(pk, &quota_sk(template), self.shards)),
+            )
+            .expression_attribute_values(":never", n(WAKE_NEVER_MS))
             .expression_attribute_values(":t", s(template.as_str()))
             .expression_attribute_values(":kind", s("quota"))
             .expression_attribute_values(":now", s(rfc3339(now)))
@@ -80,6 +91,33 @@ impl Store {
         member: &str,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
+        self.wake_update(pk, member, "", now)
+    }
+
+    /// [`Store::wake_write`] only while the push is not due yet (a push woken already
+    /// is left as it is: re-timed, a claim of it under way would lose), the item as it
+    /// was returned when not.
+    fn wake_fresh(
+        &self,
+        pk: &str,
+        member: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        self.wake_update(
+            pk,
+            member,
+            " AND (attribute_not_exists(due_at) OR due_at > :now_ms)",
+            now,
+        )
+    }
+
+    fn wake_update(
+        &self,
+        pk: &str,
+        member: &str,
+        unless: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TransactWriteItem, StoreError> {
         let sk = outbox_of(member)?;
         let update = Update::builder()
             .table_name(&self.table)
@@ -87,7 +125,10 @@ impl Store {
             .update_expression(
                 "SET due_pk = :due_pk, due_at = :now_ms, updated_at = :now ADD version :one",
             )
-            .condition_expression("#state = :pending AND waiting_grant = :yes")
+            .condition_expression(format!(
+                "#state = :pending AND waiting_grant = :yes{unless}"
+            ))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#state", "state")
             .expression_attribute_values(":due_pk", s(due_pk(pk, &sk, self.shards)))
             .expression_attribute_values(":now_ms", n(now.timestamp_millis()))
@@ -193,35 +234,91 @@ impl Store {
         template: &TemplateId,
         now: DateTime<Utc>,
     ) -> Result<usize, StoreError> {
-        let pk = &user_pk(openid);
+        Ok(self.wake_best(&user_pk(openid), template, now).await?.0)
+    }
+
+    /// A template's wake entry come due (`QUOTA#<template>` on the due index: a grant
+    /// was given while pushes waited): wakes the best of them as [`Store::wake_waiting`]
+    /// does, then puts the entry back to never due — or, the list empty, off the index
+    /// — on the condition that it is still as read: a grant given meanwhile left it due,
+    /// for the next tick. How many were woken.
+    pub async fn wake_due(&self, item: &DueItem, now: DateTime<Utc>) -> Result<usize, StoreError> {
+        let template = item
+            .sk
+            .strip_prefix(crate::store::keys::QUOTA_PREFIX)
+            .and_then(|t| TemplateId::parse(t).ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("a wake entry of {:?}", item.sk)))?;
+        let (woken, left) = self.wake_best(&item.pk, &template, now).await?;
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &item.sk)))
+            .expression_attribute_values(":seen", n(item.due_at.timestamp_millis()))
+            .expression_attribute_values(":never", n(WAKE_NEVER_MS));
+        let update = if left == 0 {
+            update
+                .update_expression("SET due_at = :never REMOVE due_pk")
+                .condition_expression("due_at = :seen AND attribute_not_exists(#waiting)")
+                .expression_attribute_names("#waiting", WAITING)
+        } else {
+            update
+                .update_expression("SET due_at = :never")
+                .condition_expression("due_at = :seen")
+        };
+        let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        // Cancelled: a grant came (due again) or a push began waiting: as it is.
+        self.transact(vec![TransactWriteItem::builder().update(update).build()])
+            .await?;
+        Ok(woken)
+    }
+
+    /// [`Store::wake_waiting`] on partition `pk`: how many were woken, and how many
+    /// members the list held once woken and pruned as it went.
+    async fn wake_best(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) -> Result<(usize, usize), StoreError> {
         let Some(quota) = self.get(pk, &quota_sk(template)).await? else {
-            return Ok(0);
+            return Ok((0, 0));
         };
         let waiting = OpenGrants::of(&quota).waiting;
         let available = parse::<QuotaItemCounters>("quota", quota)?
             .counters
             .available;
         if waiting.is_empty() || available == 0 {
-            return Ok(0);
+            return Ok((0, waiting.len()));
         }
+        let mut left = waiting.len();
         let mut woken = 0;
         for member in best(&waiting, MAX_WAITING as u64) {
             if woken >= available {
                 break;
             }
             match self
-                .transact(vec![self.wake_write(pk, &member, now)?])
+                .transact(vec![self.wake_fresh(pk, &member, now)?])
                 .await?
             {
                 TxOutcome::Committed => woken += 1,
+                // Woken already (due, still waiting): on its way, a grant's worth.
+                TxOutcome::Cancelled(reasons)
+                    if reasons
+                        .first()
+                        .and_then(|(_, old)| old.as_ref())
+                        .is_some_and(still_waits) =>
+                {
+                    woken += 1;
+                }
                 // Its push no longer waits: off the list, the next one in its place.
                 TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
-                    self.drop_waiting(pk, template, &member).await?;
+                    if self.drop_waiting(pk, template, &member).await? {
+                        left = left.saturating_sub(1);
+                    }
                 }
                 // Contention says nothing of the push: it stays on the list.
                 TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
             }
         }
-        Ok(usize::try_from(woken).unwrap_or(usize::MAX))
+        Ok((usize::try_from(woken).unwrap_or(usize::MAX), left))
     }
 }

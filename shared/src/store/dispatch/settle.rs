@@ -17,7 +17,7 @@ use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT, sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT, WAKE_SET, sent_on,
 };
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
@@ -340,6 +340,12 @@ impl Store {
                 .expression_attribute_values(":inflight", one(mark));
         }
         let mut expression = "SET updated_at = :now".to_string();
+        // A grant given back: the wake entry due at once (waiting pushes are woken
+        // by the dispatcher even if this writer never wakes them).
+        if grant.is_some_and(|g| g.to == GrantState::Available && g.from != GrantState::Available) {
+            expression.push_str(&format!(", {WAKE_SET}"));
+            update = update.expression_attribute_values(":wake_now", n(now.timestamp_millis()));
+        }
         if !adds.is_empty() {
             expression.push_str(&format!(" ADD {}", adds.join(", ")));
         }

@@ -14,7 +14,7 @@ use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
-use crate::store::items::{key, rfc3339};
+use crate::store::items::{key, n, rfc3339};
 use crate::store::keys::quota_sk;
 use crate::store::{Store, StoreError};
 
@@ -99,6 +99,18 @@ pub(crate) fn not_refused() -> (String, Vec<(String, AttributeValue)>) {
 /// members: `<rank>:<note id>`, best first when sorted).
 pub(crate) const WAITING: &str = "waiting";
 
+/// The quota item's wake entry on the due index (`due_pk`, `due_at`): on the index
+/// while pushes wait for a grant of the template (a wait puts it there, never due —
+/// [`WAKE_NEVER_MS`] — unless due already), and due at once by every write that gives
+/// a grant (recorded, or given back by a settlement): so a grant beside waiting pushes
+/// is a due item in the same commit, and the dispatcher wakes them
+/// (`Store::wake_due`) even when the writer's own wake never ran (a crash, a replay,
+/// the sweep). Off the index is harmless: `due_at` alone indexes nothing.
+pub(crate) const WAKE_SET: &str = "due_at = :wake_now";
+
+/// A wake entry's instant while nothing is to wake: past every horizon (2286).
+pub(crate) const WAKE_NEVER_MS: i64 = 9_999_999_999_999;
+
 /// The quota item's marks of client-reported grants not yet confirmed.
 pub(crate) const TAPS_REPORTED: &str = "taps_reported";
 
@@ -138,18 +150,19 @@ pub(crate) fn quota_update_item(
             // The tap's mark, for a popup accept of it to confirm (store::taps).
             let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
             update
-                .update_expression(
-                    "SET template_id = :t, kind = :kind, updated_at = :now \
-                     ADD accepted :one, available :one, #open :id, #taps :tap",
-                )
+                .update_expression(format!(
+                    "SET template_id = :t, kind = :kind, updated_at = :now, {WAKE_SET} \
+                     ADD accepted :one, available :one, #open :id, #taps :tap"
+                ))
                 .expression_attribute_names("#taps", crate::store::items::quota::TAPS_REPORTED)
                 .expression_attribute_values(":tap", AttributeValue::Ss(vec![tap]))
         } else {
-            update.update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now \
-                 ADD accepted :one, available :one, #open :id",
-            )
+            update.update_expression(format!(
+                "SET template_id = :t, kind = :kind, updated_at = :now, {WAKE_SET} \
+                 ADD accepted :one, available :one, #open :id"
+            ))
         };
+        let update = update.expression_attribute_values(":wake_now", n(now.timestamp_millis()));
         let update = if none_waiting {
             update
                 .condition_expression(

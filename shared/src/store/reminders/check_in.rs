@@ -123,16 +123,18 @@ impl Store {
             Ok(Attempt::Retry)
         })
         .await?;
-        let granted = matches!(outcome, CheckInOutcome::Applied(_))
-            && checkin
-                .grant
-                .as_ref()
-                .is_some_and(|(_, result)| result.grants());
+        let carried = checkin
+            .grant
+            .as_ref()
+            .is_some_and(|(_, result)| result.grants());
+        let granted = matches!(outcome, CheckInOutcome::Applied(_)) && carried;
         // A grant the check-in carried: confirmed by a popup event already recorded?
         if self.limits.push_events && granted {
             self.pair_taps_logged(openid, &kind.template_id, now).await;
         }
-        // …and for the best push of the template waiting for one.
+        // …and for the best push of the template waiting for one, at once. A replay
+        // wakes none and stays one read: its first application's commit made the
+        // template's wake entry due, so a wake cut short then is done by the next tick.
         if granted && waiting.load(std::sync::atomic::Ordering::Relaxed) {
             Box::pin(self.wake_waiting_logged(openid, &kind.template_id, now)).await;
         }

@@ -1,6 +1,7 @@
 //! Claiming a due item: a plan or a push, behind one [`Claimable`]: read it
 //! ([`read`]), decide (the domain's gates and the grant to reserve), commit.
 
+mod claimable;
 mod priority;
 mod read;
 mod source;
@@ -8,23 +9,21 @@ mod unsent;
 
 pub use read::ReadAhead;
 
+use claimable::{Claimable, Found};
+
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Duration, Utc};
 
+use crate::domain::TemplateId;
 use crate::domain::consent::standing::Standing;
-use crate::domain::dispatch::cap::{AtCap, at_cap, day_of, day_zone};
+use crate::domain::dispatch::cap::{AtCap, at_cap, day_of};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
-use crate::domain::dispatch::priority::{AtGrant, at_grant, member};
-use crate::domain::inbox::cancel::{AtClaim, Requested, at_claim};
-use crate::domain::inbox::preferences::{Preferences, gate};
-use crate::domain::reminders::ReminderKind;
-use crate::domain::reminders::plan::Plan;
-use crate::domain::reminders::schedule::Timezone;
-use crate::domain::{QuotaCounters, TemplateId};
+use crate::domain::dispatch::priority::{AtGrant, at_grant};
+use crate::domain::inbox::cancel::{AtClaim, at_claim};
+use crate::domain::inbox::preferences::gate;
 use crate::store::dispatch::reserve::AsRead;
 use crate::store::dispatch::{Claim, ClaimSource, DueItem};
-use crate::store::items::outbox::OutboxItem;
-use crate::store::items::quota::{INFLIGHT, OpenGrants, WAITING};
+use crate::store::items::quota::{INFLIGHT, WAITING};
 use crate::store::keys::delivery_sk;
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
@@ -112,91 +111,6 @@ type Sourced = (
     u32,
     Option<Vec<TransactWriteItem>>,
 );
-
-/// A due entry's item, as found.
-pub(super) enum Found {
-    Due(Box<Claimable>),
-    /// Moved on (claimed, changed, gone): nothing to do.
-    Gone,
-    Unreadable(String),
-    /// A plan of a reminder kind this deployment does not configure: its name.
-    NoKind(String),
-}
-
-/// A due item as read for its claim.
-pub(super) enum Claimable {
-    Plan {
-        kind: ReminderKind,
-        plan: Plan,
-        counters: QuotaCounters,
-        open: OpenGrants,
-        /// The user's preferences, read under a daily cap (they name the user's day).
-        prefs: Option<Preferences>,
-    },
-    Outbox {
-        outbox: OutboxItem,
-        counters: QuotaCounters,
-        open: OpenGrants,
-        prefs: Preferences,
-        /// A cancel or a replacement came while an earlier attempt was in flight.
-        requested: Option<Requested>,
-        /// A push not yet written: the writes that publish its notification, to commit
-        /// with the claim.
-        publication: Option<Vec<TransactWriteItem>>,
-        /// Its counters were read ahead of the instant (`Store::read_ahead`).
-        ahead: bool,
-    },
-}
-
-impl Claimable {
-    fn template(&self) -> Result<TemplateId, StoreError> {
-        match self {
-            Self::Plan { kind, .. } => Ok(kind.template_id.clone()),
-            Self::Outbox { outbox, .. } => TemplateId::parse(outbox.template_id.clone())
-                .map_err(|_| StoreError::Corrupt(format!("outbox {}: template id", outbox.sk))),
-        }
-    }
-
-    /// The zone of the user's day, for the daily cap.
-    fn day_zone(&self) -> Timezone {
-        match self {
-            Self::Plan { prefs, .. } => day_zone(
-                prefs
-                    .as_ref()
-                    .and_then(|p| p.quiet_hours.map(|q| q.timezone)),
-            ),
-            Self::Outbox { prefs, .. } => day_zone(prefs.quiet_hours.map(|q| q.timezone)),
-        }
-    }
-
-    /// A push's member of its template's waiting list (a plan has none: it pauses
-    /// `needs_grant` instead).
-    fn waiting_member(&self) -> Option<String> {
-        match self {
-            Self::Plan { .. } => None,
-            Self::Outbox { outbox, .. } => {
-                Some(member(outbox.priority.unwrap_or_default(), &outbox.note_id))
-            }
-        }
-    }
-
-    /// When a push expires (a plan never does).
-    fn send_by(&self) -> Option<DateTime<Utc>> {
-        match self {
-            Self::Plan { .. } => None,
-            Self::Outbox { outbox, .. } => outbox.send_by.and_then(DateTime::from_timestamp_millis),
-        }
-    }
-
-    /// The template's counters and open grants, as read with the item.
-    fn grants(&self) -> (&QuotaCounters, &OpenGrants) {
-        match self {
-            Self::Plan { counters, open, .. } | Self::Outbox { counters, open, .. } => {
-                (counters, open)
-            }
-        }
-    }
-}
 
 impl Store {
     /// Claims a due item (see the module docs): `claimer` names this dispatcher run,
@@ -300,15 +214,16 @@ impl Store {
                     if matches!(why, Unsent::TurnedOff) {
                         writes.push(self.standing_check(&item.pk, &claimable.template()?, open.standing)?);
                     }
-                    // Else it moved meanwhile: read again.
-                    let committed = self.commit_unsent(writes).await?;
                     // A push that waited for a grant and ends (or is put off) here may
                     // have been woken for one: the next waiting push is woken instead
-                    // (its own member, no longer waiting, is dropped on the way).
-                    let (_, open) = claimable.grants();
-                    let listed = claimable
-                        .waiting_member()
-                        .is_some_and(|own| open.waiting.contains(&own));
+                    // (its own member, no longer waiting, is dropped on the way) — by
+                    // the wake entry this commit makes due, and at once below.
+                    let listed = claimable.listed();
+                    if listed {
+                        self.pass_the_wake(&mut writes, &item.pk, &claimable.template()?, now)?;
+                    }
+                    // Else it moved meanwhile: read again.
+                    let committed = self.commit_unsent(writes).await?;
                     if committed && listed {
                         Box::pin(self.wake_waiting_logged(openid, &claimable.template()?, now))
                             .await;
@@ -365,8 +280,17 @@ impl Store {
                     let mut writes = self.unsent_writes(item, &claimable, why, now)?;
                     let day = day_of(claimable.day_zone(), now);
                     writes.push(self.still_capped(&item.pk, &template, day, cap.unwrap_or(0))?);
+                    // A push woken for a grant passes it on, as one ending unsent does.
+                    let listed = claimable.listed();
+                    if listed {
+                        self.pass_the_wake(&mut writes, &item.pk, &template, now)?;
+                    }
                     // Else a count was given back (or the item moved): read again.
-                    return Ok(if self.commit_unsent(writes).await? {
+                    let committed = self.commit_unsent(writes).await?;
+                    if committed && listed {
+                        Box::pin(self.wake_waiting_logged(openid, &template, now)).await;
+                    }
+                    return Ok(if committed {
                         Attempt::Done(ClaimOutcome::Capped(until))
                     } else {
                         Attempt::Retry

@@ -2,7 +2,7 @@
 //! cancelled, held in quiet hours, past the daily cap), written down with the
 //! conditions that make that decision lose to a grant or a count arriving meanwhile.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use super::{Claimable, Unsent};
@@ -14,7 +14,7 @@ use crate::store::dispatch::DueItem;
 use crate::store::items::outbox::{
     OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
 };
-use crate::store::items::quota::sent_on;
+use crate::store::items::quota::{WAKE_SET, sent_on};
 use crate::store::items::{key, n, to_item};
 use crate::store::keys::quota_sk;
 use crate::store::tx::TxOutcome;
@@ -177,6 +177,50 @@ impl Store {
             }
             TxOutcome::Contended => false,
         })
+    }
+
+    /// For a push listed as waiting that ends (or is put off) unsent at its claim: the
+    /// template's wake entry due now in the same commit (`WAKE_SET`), so a grant it may
+    /// have been woken for passes to the next waiting push even if this dispatcher
+    /// dies before waking it. A condition `writes` already put on the quota item is
+    /// kept (an item is written once per transaction): the check becomes the update.
+    pub(super) fn pass_the_wake(
+        &self,
+        writes: &mut Vec<TransactWriteItem>,
+        pk: &str,
+        template: &TemplateId,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let quota = key(pk, &quota_sk(template));
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(quota.clone()))
+            .update_expression(format!("SET {WAKE_SET}"))
+            .expression_attribute_values(":wake_now", n(now.timestamp_millis()));
+        let checked = writes
+            .iter()
+            .position(|w| w.condition_check().is_some_and(|c| c.key() == &quota));
+        let update = match checked.map(|at| writes.remove(at)) {
+            Some(write) => {
+                let Some(check) = write.condition_check() else {
+                    return Err(StoreError::Corrupt("a quota check that is not one".into()));
+                };
+                let mut update = update
+                    .condition_expression(check.condition_expression())
+                    .set_expression_attribute_names(check.expression_attribute_names().cloned());
+                for (name, value) in check.expression_attribute_values().into_iter().flatten() {
+                    update = update.expression_attribute_values(name, value.clone());
+                }
+                update
+            }
+            None => update.condition_expression("attribute_exists(pk)"),
+        };
+        writes.push(
+            TransactWriteItem::builder()
+                .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+                .build(),
+        );
+        Ok(())
     }
 
     /// A condition that the template still has no available grant: a grant report
