@@ -96,9 +96,12 @@ async fn grants_go_to_the_waiting_pushes_by_priority_then_age() {
     );
     assert_eq!(listed(&app, &user).await, 3);
     let outbox = app.items_of(&user, "outbox").await;
+    let ceiling = (app.now() + chrono::Duration::days(29)).timestamp_millis();
     assert!(
-        outbox.iter().all(|o| !o.contains_key("due_pk")),
-        "off the due index: no expiry, no grant"
+        outbox
+            .iter()
+            .all(|o| onegrant_tests::attr_n(o, "due_at").is_some_and(|at| at > ceiling)),
+        "due only when they have waited 30 days (no expiry, no grant): {outbox:?}"
     );
     // Time passing sends nothing.
     assert_eq!(app.tick(30).await.claimed, 0);
@@ -447,6 +450,49 @@ async fn a_woken_push_the_settings_refuse_passes_its_wake_on_in_its_own_commit()
             "skipped".to_string(),
             Some("turned_off".to_string())
         )]
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// Cancel and replace work for as long as a push can wait (issue 41 §4). A push waits
+/// at most 30 days once published (`MAX_WAIT`): one that never gets a grant ends
+/// `expired`, inbox-only, instead of waiting for ever. And its event's record outlives
+/// it: a scheduled push published 20 days on and waiting since is still cancelled —
+/// not answered `early` with a stray mark — 40 days on, past the 35-day replay window
+/// and its TTL pass.
+#[tokio::test]
+async fn a_push_waits_at_most_thirty_days_and_stays_cancellable_while_it_does() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("patient").await;
+    app.notify(event(&user, "never", None)).await;
+    let mut later = event(&user, "later", None);
+    later["send_at"] = json!((app.now() + chrono::Duration::days(20)).to_rfc3339());
+    app.notify(later).await;
+    let waits = app.ticks_until(|s| s.grant_waits >= 1).await;
+    assert_eq!(waits.grant_waits, 1, "{waits:?}");
+    // Day 20: the scheduled one is published and waits too.
+    app.advance(std::time::Duration::from_secs(20 * 86_400 + 60));
+    let waits = app.ticks_until(|s| s.grant_waits >= 1).await;
+    assert_eq!((waits.published, waits.grant_waits), (1, 1), "{waits:?}");
+    // Day 31: the first has waited its 30 days.
+    app.advance(std::time::Duration::from_secs(11 * 86_400));
+    let ended = app.ticks_until(|s| s.expired >= 1).await;
+    assert_eq!(ended.expired, 1, "{ended:?}");
+    // Day 40: past the replay window; what DynamoDB's TTL removes is gone.
+    app.advance(std::time::Duration::from_secs(9 * 86_400));
+    app.ttl_pass(app.now()).await;
+    let cancelled = app.cancel(&user, "later").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // (Signed in again: 40 days outlive any session.)
+    let user = app.user("patient").await;
+    let listed = pushes(&app, &user).await;
+    assert_eq!(
+        listed,
+        vec![
+            ("later".to_string(), "cancelled".to_string(), None),
+            ("never".to_string(), "expired".to_string(), None),
+        ],
+        "{listed:?}"
     );
     assert_ledger_agrees_with_counters(&app).await;
 }

@@ -151,7 +151,7 @@ async fn dispatcher_processes_racing_for_a_users_cap_and_last_grants_send_exactl
                     assert_eq!(
                         (status.as_str(), reason.as_deref()),
                         ("pending", Some(why)),
-                        "{key}"
+                        "{key}: {summaries:?}"
                     );
                 }
             }

@@ -15,6 +15,14 @@ use crate::domain::inbox::EventError;
 /// How far ahead a notification may be scheduled.
 pub const MAX_AHEAD: Duration = Duration::days(30);
 
+/// The longest a push waits once its notification is published — for a grant, past a
+/// daily cap, through quiet hours — before it ends `expired` (inbox-only): an
+/// `expires_at` later than this counts as this. Bounded, so the event's record (which
+/// cancels and replacements find it by) outlives every push: it is kept until a day
+/// after the push's last moment ([`Timing::send_by`]) when that is later than the
+/// replay window.
+pub const MAX_WAIT: Duration = Duration::days(30);
+
 /// How much a push matters when it competes (quiet hours, scarce grants).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -109,6 +117,13 @@ impl Timing {
         self.send_at.map_or(now, |at| at.max(now))
     }
 
+    /// The push's last moment, published at `publish_at`: its `expires_at`, and never
+    /// later than [`MAX_WAIT`] after the publication.
+    pub fn send_by(&self, publish_at: DateTime<Utc>) -> DateTime<Utc> {
+        let ceiling = publish_at + MAX_WAIT;
+        self.expires_at.map_or(ceiling, |at| at.min(ceiling))
+    }
+
     /// Whether the notification waits to be published (its `send_at` is ahead).
     pub fn is_scheduled(&self, now: DateTime<Utc>) -> bool {
         self.publish_at(now) > now
@@ -150,6 +165,27 @@ mod tests {
 
     fn timing(detail: Value) -> Result<Timing, EventError> {
         Timing::from_json(detail.as_object().expect("object"), now())
+    }
+
+    #[test]
+    fn a_push_waits_at_most_max_wait_after_its_publication() {
+        let now = crate::domain::at("2026-12-06T00:00:00Z");
+        let of = |detail: serde_json::Value| {
+            Timing::from_json(detail.as_object().expect("object"), now).expect("timing")
+        };
+        assert_eq!(of(json!({})).send_by(now), now + MAX_WAIT);
+        let soon = crate::domain::at("2026-12-07T00:00:00Z");
+        assert_eq!(
+            of(json!({"expires_at": "2026-12-07T00:00:00Z"})).send_by(now),
+            soon
+        );
+        assert_eq!(
+            of(json!({"expires_at": "2027-06-01T00:00:00Z"})).send_by(now),
+            now + MAX_WAIT,
+            "a later expires_at counts as the ceiling"
+        );
+        let later = now + Duration::days(20);
+        assert_eq!(of(json!({})).send_by(later), later + MAX_WAIT);
     }
 
     #[test]

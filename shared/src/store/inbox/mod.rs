@@ -275,7 +275,7 @@ impl Store {
         // it appears.
         let publish_at = timing.publish_at(now);
         let note_id = new_notification_id(publish_at);
-        let send_by = timing.expires_at.map(|at| at.timestamp_millis());
+        let send_by = Some(timing.send_by(publish_at).timestamp_millis());
         let (push_status, push_reason) = match &event.push {
             None => (None, None),
             Some(Push::Ready { .. }) if cancelled_first => (Some(PushStatus::Cancelled), None),
@@ -294,7 +294,15 @@ impl Store {
             kind: "event".into(),
             fingerprint: event.fingerprint.clone(),
             note_id: note_id.clone(),
-            expires_at: (now + self.limits.retention.events).timestamp(),
+            // The replay window, and for an event with a push to send never less than
+            // a day past its last moment: a cancel or a replacement finds the push as
+            // long as it can wait.
+            expires_at: match push_status {
+                Some(PushStatus::Pending) => (now + self.limits.retention.events)
+                    .max(timing.send_by(publish_at) + chrono::Duration::days(1)),
+                _ => now + self.limits.retention.events,
+            }
+            .timestamp(),
             cancel: cancelled_first.then(|| CANCEL_DONE.to_string()),
             openid: None,
         };
