@@ -224,9 +224,16 @@ impl Store {
             let mut rate = Some(rate);
             let mut batches = batched(changes);
             // The mark rides with the last batch: a retry after an earlier one
-            // committed still finds the setting newer, and applies the rest.
-            if let Some(last) = batches.last_mut() {
-                last.push(mark);
+            // committed still finds the setting newer, and applies the rest; every
+            // earlier one is conditional on the mark as read, so a setting that turned
+            // stale meanwhile writes nothing more.
+            let last = batches.len().saturating_sub(1);
+            for (i, batch) in batches.iter_mut().enumerate() {
+                batch.push(if i == last {
+                    mark.clone()
+                } else {
+                    self.setting_check(pk, decided)?
+                });
             }
             for mut writes in batches {
                 let rate_at = rate.take().map(|rate| {

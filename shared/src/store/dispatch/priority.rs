@@ -234,7 +234,7 @@ impl Store {
         template: &TemplateId,
         now: DateTime<Utc>,
     ) -> Result<usize, StoreError> {
-        Ok(self.wake_best(&user_pk(openid), template, now).await?.0)
+        Ok(self.wake_best(&user_pk(openid), template, now).await?.woken)
     }
 
     /// A template's wake entry come due (`QUOTA#<template>` on the due index: a grant
@@ -248,7 +248,16 @@ impl Store {
             .strip_prefix(crate::store::keys::QUOTA_PREFIX)
             .and_then(|t| TemplateId::parse(t).ok())
             .ok_or_else(|| StoreError::Corrupt(format!("a wake entry of {:?}", item.sk)))?;
-        let (woken, left) = self.wake_best(&item.pk, &template, now).await?;
+        let Woken {
+            woken,
+            left,
+            unresolved,
+        } = self.wake_best(&item.pk, &template, now).await?;
+        // A wake that met contention neither woke its push nor found it gone: the
+        // entry stays due, for the next tick to try again.
+        if unresolved > 0 {
+            return Ok(woken);
+        }
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(&item.pk, &item.sk)))
@@ -271,26 +280,29 @@ impl Store {
         Ok(woken)
     }
 
-    /// [`Store::wake_waiting`] on partition `pk`: how many were woken, and how many
-    /// members the list held once woken and pruned as it went.
+    /// [`Store::wake_waiting`] on partition `pk` (see [`Woken`]).
     async fn wake_best(
         &self,
         pk: &str,
         template: &TemplateId,
         now: DateTime<Utc>,
-    ) -> Result<(usize, usize), StoreError> {
+    ) -> Result<Woken, StoreError> {
         let Some(quota) = self.get(pk, &quota_sk(template)).await? else {
-            return Ok((0, 0));
+            return Ok(Woken::default());
         };
         let waiting = OpenGrants::of(&quota).waiting;
         let available = parse::<QuotaItemCounters>("quota", quota)?
             .counters
             .available;
         if waiting.is_empty() || available == 0 {
-            return Ok((0, waiting.len()));
+            return Ok(Woken {
+                left: waiting.len(),
+                ..Woken::default()
+            });
         }
         let mut left = waiting.len();
         let mut woken = 0;
+        let mut unresolved = 0;
         for member in best(&waiting, MAX_WAITING as u64) {
             if woken >= available {
                 break;
@@ -316,9 +328,24 @@ impl Store {
                     }
                 }
                 // Contention says nothing of the push: it stays on the list.
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => {}
+                TxOutcome::Cancelled(_) | TxOutcome::Contended => unresolved += 1,
             }
         }
-        Ok((usize::try_from(woken).unwrap_or(usize::MAX), left))
+        Ok(Woken {
+            woken: usize::try_from(woken).unwrap_or(usize::MAX),
+            left,
+            unresolved,
+        })
     }
+}
+
+/// What one pass of waking found.
+#[derive(Debug, Default)]
+struct Woken {
+    /// Pushes woken (or found woken already).
+    woken: usize,
+    /// Members the list held once woken and pruned as it went.
+    left: usize,
+    /// Wakes that met contention: neither woken nor found gone.
+    unresolved: usize,
 }

@@ -23,6 +23,7 @@ use crate::store::items::outbox::{
     CANCEL_REQUESTED, OutboxItem, note_push_update, note_request, only_note_updates_failed,
     versioned_put,
 };
+use crate::store::items::quota::wake_now;
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
 use crate::store::tx::TxOutcome;
@@ -236,6 +237,11 @@ impl Store {
                 )?];
                 if with_note {
                     writes.push(note_push_update(&self.table, pk, note_id, status, None)?);
+                }
+                // A push waiting for a grant may have been woken for one: the next
+                // waiting push is woken through the wake entry instead.
+                if outbox.waiting_grant {
+                    writes.push(wake_now(&self.table, pk, &outbox.template_id, now)?);
                 }
                 writes
             }

@@ -15,7 +15,7 @@ use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
 use crate::store::items::{key, n, rfc3339};
-use crate::store::keys::quota_sk;
+use crate::store::keys::{QUOTA_PREFIX, quota_sk};
 use crate::store::{Store, StoreError};
 
 /// The quota item's set of the request ids of its `available` grants: a claim picks
@@ -110,6 +110,27 @@ pub(crate) const WAKE_SET: &str = "due_at = :wake_now";
 
 /// A wake entry's instant while nothing is to wake: past every horizon (2286).
 pub(crate) const WAKE_NEVER_MS: i64 = 9_999_999_999_999;
+
+/// The template's wake entry due now (`WAKE_SET`), on the quota item as it is: for a
+/// write that ends a push waiting for a grant, which may have been woken for one (a
+/// cancel, a replacement), so the grant passes to the next waiting push.
+pub(crate) fn wake_now(
+    table: &str,
+    pk: &str,
+    template: &str,
+    now: DateTime<Utc>,
+) -> Result<TransactWriteItem, StoreError> {
+    let update = Update::builder()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.to_string()))
+        .key("sk", AttributeValue::S(format!("{QUOTA_PREFIX}{template}")))
+        .update_expression(format!("SET {WAKE_SET}"))
+        .condition_expression("attribute_exists(pk)")
+        .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
+        .build()
+        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    Ok(TransactWriteItem::builder().update(update).build())
+}
 
 /// The quota item's marks of client-reported grants not yet confirmed.
 pub(crate) const TAPS_REPORTED: &str = "taps_reported";

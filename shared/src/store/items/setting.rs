@@ -1,7 +1,7 @@
 //! The user's setting item (`SETTING`): when the newest standing choice applied was
 //! read, so a setting read before it that arrives later changes nothing.
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem};
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::store::items::{Item, key, s, text};
@@ -49,6 +49,32 @@ impl Store {
         };
         Ok(TransactWriteItem::builder()
             .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+            .build())
+    }
+}
+
+impl Store {
+    /// A condition that the setting item still names the setting read before
+    /// (`decided`, none: no item): for every transaction of a setting's changes but the
+    /// last, which writes the item ([`Store::setting_put`]), so a setting that turned
+    /// stale meanwhile writes none of them.
+    pub(crate) fn setting_check(
+        &self,
+        pk: &str,
+        decided: Option<DateTime<Utc>>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, SETTING_SK)));
+        let check = match decided {
+            None => check.condition_expression("attribute_not_exists(pk)"),
+            Some(decided) => check
+                .condition_expression("#read_at = :decided")
+                .expression_attribute_names("#read_at", READ_AT)
+                .expression_attribute_values(":decided", s(stamp(decided))),
+        };
+        Ok(TransactWriteItem::builder()
+            .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
     }
 }
