@@ -496,3 +496,38 @@ async fn a_push_waits_at_most_thirty_days_and_stays_cancellable_while_it_does() 
     );
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// A push waiting for a grant that is cancelled passes its wake on: it may have been
+/// woken for a grant (counted a grant's worth by the wake), so its cancel makes the
+/// template's wake entry due in the same commit, for the next waiting push.
+#[tokio::test]
+async fn cancelling_a_waiting_push_makes_its_templates_wake_entry_due() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("passing").await;
+    app.notify(event(&user, "first", Some("high"))).await;
+    app.notify(event(&user, "second", None)).await;
+    let waits = app.ticks_until(|s| s.grant_waits >= 2).await;
+    assert_eq!(waits.grant_waits, 2, "{waits:?}");
+    let due_at = || async {
+        let quota = app
+            .item(&user, &format!("QUOTA#{ORDER}"))
+            .await
+            .expect("quota");
+        assert!(quota.contains_key("due_pk"), "on the due index: {quota:?}");
+        onegrant_tests::attr_n(&quota, "due_at").unwrap_or(i64::MAX)
+    };
+    assert!(
+        due_at().await > app.now().timestamp_millis(),
+        "never due yet"
+    );
+    let cancelled = app.cancel(&user, "first").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert!(
+        due_at().await <= app.now().timestamp_millis(),
+        "due: the next waiting push is woken if a grant is there"
+    );
+    // No grant is there: the next tick wakes none and puts the entry back.
+    let tick = app.tick(30).await;
+    assert_eq!((tick.woken, tick.sent), (0, 0), "{tick:?}");
+    assert!(due_at().await > app.now().timestamp_millis());
+}
