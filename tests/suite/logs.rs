@@ -57,3 +57,19 @@ async fn a_request_at_trace_level_logs_no_authorization_header_token_or_login_co
         }
     }
 }
+
+/// A tick given less time than one send needs (the WeChat call's timeout and the send
+/// window) reads no page of the due index; it says so instead of doing nothing
+/// silently.
+#[tokio::test]
+async fn a_tick_with_no_time_to_send_one_message_says_so() {
+    let (captured, _guard) = LogCapture::start("warn");
+    let app = spawn_app().await;
+    let summary = app.tick(1).await;
+    assert_eq!(summary.due, 0, "{summary:?}");
+    let logs = captured.text();
+    assert!(
+        logs.contains("no time to send one message"),
+        "the short tick was logged: {logs}"
+    );
+}

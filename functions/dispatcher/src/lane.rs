@@ -45,6 +45,14 @@ pub(crate) async fn dispatch_due(
         after_claim,
         after_turn: deps.wechat.call_timeout() + after_claim,
     };
+    // Too little time to send even one: no page is read this tick (said, not silent).
+    if !shards.is_empty() && budget.after_turn >= budget.left() {
+        tracing::warn!(
+            left_ms = u64::try_from(budget.left().as_millis()).unwrap_or(u64::MAX),
+            needs_ms = u64::try_from(budget.after_turn.as_millis()).unwrap_or(u64::MAX),
+            "no time to send one message: the due index is not read this tick"
+        );
+    }
     let permits = Semaphore::new(config.dispatch.concurrency);
     let summary = Mutex::new(Summary::default());
     let lane = Lane {
