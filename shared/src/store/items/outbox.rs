@@ -39,7 +39,9 @@ pub(crate) struct OutboxItem {
     /// Set once the push is final: TTL removes it after the outbox retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) expires_at: Option<i64>,
-    /// The event's `expires_at` (epoch ms): not gone out by then, never sent.
+    /// The push's last moment (epoch ms; `Timing::send_by`: the event's `expires_at`,
+    /// at most 30 days after publication): not gone out by then, never sent. Absent on
+    /// pushes stored before the ceiling existed: those wait without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) send_by: Option<i64>,
     /// The event's `priority`, when not `normal`.
