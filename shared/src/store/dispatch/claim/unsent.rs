@@ -14,7 +14,7 @@ use crate::store::dispatch::DueItem;
 use crate::store::items::outbox::{
     OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
 };
-use crate::store::items::quota::{WAKE_SET, sent_on};
+use crate::store::items::quota::{WAKE_SET, sent_on, wake_now};
 use crate::store::items::{key, n, to_item};
 use crate::store::keys::quota_sk;
 use crate::store::tx::TxOutcome;
@@ -192,29 +192,26 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let quota = key(pk, &quota_sk(template));
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(quota.clone()))
-            .update_expression(format!("SET {WAKE_SET}"))
-            .expression_attribute_values(":wake_now", n(now.timestamp_millis()));
         let checked = writes
             .iter()
             .position(|w| w.condition_check().is_some_and(|c| c.key() == &quota));
-        let update = match checked.map(|at| writes.remove(at)) {
-            Some(write) => {
-                let Some(check) = write.condition_check() else {
-                    return Err(StoreError::Corrupt("a quota check that is not one".into()));
-                };
-                let mut update = update
-                    .condition_expression(check.condition_expression())
-                    .set_expression_attribute_names(check.expression_attribute_names().cloned());
-                for (name, value) in check.expression_attribute_values().into_iter().flatten() {
-                    update = update.expression_attribute_values(name, value.clone());
-                }
-                update
-            }
-            None => update.condition_expression("attribute_exists(pk)"),
+        let Some(write) = checked.map(|at| writes.remove(at)) else {
+            writes.push(wake_now(&self.table, pk, template.as_str(), now)?);
+            return Ok(());
         };
+        let Some(check) = write.condition_check() else {
+            return Err(StoreError::Corrupt("a quota check that is not one".into()));
+        };
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(quota))
+            .update_expression(format!("SET {WAKE_SET}"))
+            .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
+            .condition_expression(check.condition_expression())
+            .set_expression_attribute_names(check.expression_attribute_names().cloned());
+        for (name, value) in check.expression_attribute_values().into_iter().flatten() {
+            update = update.expression_attribute_values(name, value.clone());
+        }
         writes.push(
             TransactWriteItem::builder()
                 .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
