@@ -342,3 +342,58 @@ async fn dispatcher_processes_using_up_a_users_grants_together_tell_them_once() 
     );
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// One user's burst never delays another user (issue 41 §9): user A holds 20 grants
+/// and has 100 pushes due at once, user B one grant and one push due just after them,
+/// all on one shard, WeChat answering in 500 ms, two dispatcher processes. A's pushes
+/// go out one at a time per process (a user's turn); B's is out among the first
+/// messages, not after A's: the items waiting for A's turn hold none of the shard's
+/// slots, so the lane reads on to B's. Afterwards A has exactly 20 sends, B one, none
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_users_burst_never_delays_another_users_message() {
+    const A_PUSHES: usize = 100;
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("DUE_SHARDS", "1")]).await;
+    let env = [
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+        ("DISPATCH_ONCE_SECONDS", "60"),
+    ];
+    let order = |user: &User, key: &str| {
+        json!({"idempotency_key": key, "openid": user.openid, "type": "order",
+        "title": key, "wechat": {"template_id": ORDER,
+        "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
+    };
+    let a = app.user("burst-a").await;
+    app.accept_n(&a, ORDER, 20).await;
+    let b = app.user("burst-b").await;
+    app.accept(&b, ORDER, "g_b").await;
+    for i in 0..A_PUSHES {
+        app.notify(order(&a, &format!("a-{i}"))).await;
+    }
+    app.notify(order(&b, "b-0")).await;
+    app.control("POST", "latency", Some(json!({"ms": 500})))
+        .await;
+    let outs = containers(&app, 2, &env).await;
+    for (status, _) in &outs {
+        assert!(status.success(), "{status}");
+    }
+    let summaries: Vec<Value> = outs.iter().map(|(_, out)| summary_of(out)).collect();
+    let deliveries = app.deliveries().await;
+    let order_of: Vec<&str> = deliveries
+        .iter()
+        .filter_map(|d| d["data"]["character_string1"]["value"].as_str())
+        .collect();
+    let b_at = order_of.iter().position(|k| *k == "b-0");
+    assert!(
+        b_at.is_some_and(|at| at < 3),
+        "B's message among the first three out, not after A's: {b_at:?} of {order_of:?} {summaries:?}"
+    );
+    let to_a = order_of.iter().filter(|k| k.starts_with("a-")).count();
+    assert_eq!(to_a, 20, "A's grants spent, each once: {order_of:?}");
+    assert_eq!(
+        deliveries.len(),
+        order_numbers(&deliveries).len(),
+        "no push delivered twice"
+    );
+    assert_ledger_agrees_with_counters(&app).await;
+}
