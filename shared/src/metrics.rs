@@ -103,6 +103,9 @@ pub mod name {
     pub const EVENTS: &str = "Events";
     /// Pushes refused before sending (unknown template, data no rule can fit).
     pub const PUSHES_REJECTED: &str = "PushesRejected";
+    /// Pushes refused at ingest because their user had `PUSHES_PENDING_MAX` open pushes
+    /// (also counted in `PushesRejected`).
+    pub const PUSHES_TOO_MANY_PENDING: &str = "PushesTooManyPending";
     // WeChat.
     /// Access token fetches, by label `Outcome` (ok, failed).
     pub const TOKEN_FETCHES: &str = "TokenFetches";
@@ -115,7 +118,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 41] = [
+pub const ALL: [&str; 42] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -154,6 +157,7 @@ pub const ALL: [&str; 41] = [
     name::CONTENDED_RETRIES,
     name::EVENTS,
     name::PUSHES_REJECTED,
+    name::PUSHES_TOO_MANY_PENDING,
     name::TOKEN_FETCHES,
     name::FROM_ELSEWHERE,
     name::SESSION_KEY_READS_FAILED,

@@ -23,6 +23,7 @@ mod limits;
 mod logs;
 mod malformed;
 mod operations;
+mod pending;
 mod preferences;
 mod priority;
 mod publication;

@@ -10,7 +10,7 @@
 use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::domain::inbox::cancel::CancelEvent;
-use onegrant::domain::inbox::{NotifyEvent, Push};
+use onegrant::domain::inbox::{NotifyEvent, Push, PushReason};
 use onegrant::events::EventError;
 use onegrant::store::audit::attributed;
 use onegrant::store::inbox::{Cancelled, Ingested};
@@ -92,9 +92,13 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         Ingested::Created {
             note_id,
             push,
+            reason,
             send_at,
         } => {
-            tracing::info!(%openid, note_id, push = ?push, send_at = ?send_at, "notification stored")
+            if reason.as_deref() == Some(PushReason::TooManyPending.as_str()) {
+                tracing::warn!(%openid, note_id, "the user has too many open pushes: this one rejected, its notification stored");
+            }
+            tracing::info!(%openid, note_id, push = ?push, reason = ?reason, send_at = ?send_at, "notification stored")
         }
         Ingested::Duplicate { note_id } => {
             tracing::info!(%openid, note_id, "duplicate event ignored")
@@ -150,6 +154,9 @@ pub fn invoke(
             count_by(name::EVENTS, "Outcome", outcome, 1);
             if answer["push"] == "rejected" {
                 count(name::PUSHES_REJECTED, 1);
+            }
+            if answer["reason"] == PushReason::TooManyPending.as_str() {
+                count(name::PUSHES_TOO_MANY_PENDING, 1);
             }
         }
         answer

@@ -35,6 +35,10 @@ pub struct Limits {
     /// Most messages of one template one user is sent in one of their days, reminders
     /// and pushes alike (`domain::dispatch::cap`); None: no cap.
     pub pushes_per_day: Option<u32>,
+    /// Most open pushes (pending, waiting for a grant, scheduled or in flight) one user
+    /// has at once: past it an event's push is recorded `rejected`
+    /// (`too_many_pending`), its notification stored all the same.
+    pub pushes_pending_max: u32,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -86,6 +90,7 @@ impl Default for Limits {
             handler_budget: Duration::from_secs(9),
             audit: true,
             pushes_per_day: None,
+            pushes_pending_max: 1000,
         }
     }
 }

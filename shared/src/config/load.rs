@@ -318,6 +318,12 @@ impl Config {
                 0 => None,
                 cap => u32::try_from(cap).ok(),
             },
+            pushes_pending_max: u32::try_from(number(
+                "PUSHES_PENDING_MAX",
+                u64::from(defaults.pushes_pending_max),
+                1..=10_000,
+            )?)
+            .unwrap_or(defaults.pushes_pending_max),
             write_budget: Duration::from_millis(number(
                 "WRITE_BUDGET_MS",
                 u64::try_from(defaults.write_budget.as_millis()).unwrap_or(4000),

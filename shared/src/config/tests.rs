@@ -118,6 +118,7 @@ fn retention_and_guards_are_configurable() {
     e.insert("MAX_OPEN_GRANTS", "5".into());
     e.insert("REPORTS_PER_MINUTE", "2".into());
     e.insert("CHANGES_PER_MINUTE", "7".into());
+    e.insert("PUSHES_PENDING_MAX", "3".into());
     let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
     assert_eq!(c.limits.retention.read_notes, chrono::Duration::days(7));
     assert_eq!(c.limits.retention.outbox, chrono::Duration::days(3));
@@ -125,6 +126,7 @@ fn retention_and_guards_are_configurable() {
     assert_eq!(c.limits.max_open_grants, 5);
     assert_eq!(c.limits.reports_per_minute, 2);
     assert_eq!(c.limits.changes_per_minute, 7);
+    assert_eq!(c.limits.pushes_pending_max, 3);
 }
 
 #[test]
@@ -212,6 +214,7 @@ fn each_bad_variable_is_named() {
         ("MAX_OPEN_GRANTS", Some("1001"), "MAX_OPEN_GRANTS"),
         ("REPORTS_PER_MINUTE", Some("0"), "REPORTS_PER_MINUTE"),
         ("CHANGES_PER_MINUTE", Some("601"), "CHANGES_PER_MINUTE"),
+        ("PUSHES_PENDING_MAX", Some("0"), "PUSHES_PENDING_MAX"),
         (
             "WECHAT_API_BASE",
             Some("http://api.weixin.qq.com"),

@@ -18,6 +18,7 @@ use crate::domain::template::Templates;
 use crate::domain::text::{clean_line, clean_lines};
 
 pub mod cancel;
+pub mod pending;
 pub mod preferences;
 pub mod refill;
 pub mod schedule;
@@ -156,10 +157,12 @@ pub enum PushReason {
     Uncertain,
     /// `pending`: past the user's daily cap; due again on their next day.
     Capped,
+    /// `rejected`: the user had `PUSHES_PENDING_MAX` open pushes already.
+    TooManyPending,
 }
 
 impl PushReason {
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::TemplateMissing,
         Self::TemplateNotConfigured,
         Self::DataInvalid,
@@ -176,6 +179,7 @@ impl PushReason {
         Self::InvalidContent,
         Self::Uncertain,
         Self::Capped,
+        Self::TooManyPending,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -196,6 +200,7 @@ impl PushReason {
             Self::InvalidContent => "invalid_content",
             Self::Uncertain => "uncertain",
             Self::Capped => "capped",
+            Self::TooManyPending => "too_many_pending",
         }
     }
 

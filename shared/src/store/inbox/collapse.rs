@@ -35,6 +35,23 @@ struct CollapseItem {
 }
 
 impl Store {
+    /// Whether a new notification of `key` would replace a push still open (waiting,
+    /// or with an attempt in flight): at the cap on open pushes it is taken, since the
+    /// count does not grow. Two reads at most.
+    pub(super) async fn collapse_replaces(
+        &self,
+        pk: &str,
+        publisher: &str,
+        key: &str,
+    ) -> Result<bool, StoreError> {
+        let Some(item) = self.get(pk, &collapse_sk(publisher, key)).await? else {
+            return Ok(false);
+        };
+        let older = parse::<CollapseItem>("collapse", item)?;
+        let found = self.push_of(pk, &older.note_id).await?;
+        Ok(replace(found.as_domain()) != ReplaceDecision::Leave)
+    }
+
     /// The writes, for an ingest's transaction, that make `note_id` the newest of
     /// `key` and replace the older push if it still waits.
     pub(super) async fn collapse_writes(

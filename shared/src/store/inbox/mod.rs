@@ -34,6 +34,7 @@ use crate::domain::inbox::{
 mod cancel;
 mod collapse;
 mod list;
+mod pending;
 mod preferences;
 mod publish;
 mod read;
@@ -181,6 +182,10 @@ pub enum Ingested {
     Created {
         note_id: String,
         push: Option<PushStatus>,
+        /// Why the push is not (yet) sent, as the notification shows it
+        /// (`too_many_pending`, `keyword_invalid`, …); absent when it is pending.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
         /// When a scheduled notification appears (and its push is due); absent: now.
         #[serde(skip_serializing_if = "Option::is_none")]
         send_at: Option<String>,
@@ -225,11 +230,40 @@ impl Store {
 
     /// Ingests a notify event (see the module docs). One round trip; two when a cancel
     /// of it came first (its push is then `cancelled` from the start).
+    ///
+    /// An event with a push first counts the user's open pushes (one query of at most
+    /// `PUSHES_PENDING_MAX` index keys): past the cap its push is recorded `rejected`
+    /// (`too_many_pending`) and its notification stored all the same.
     pub async fn ingest(
         &self,
         event: &NotifyEvent,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
+        let capped;
+        let event = match &event.push {
+            Some(Push::Ready { .. }) => {
+                let max = self.limits.pushes_pending_max;
+                let open = self.pending_pushes(&event.openid, max).await?;
+                let replaces = match &event.collapse_key {
+                    Some(key) if open >= max => {
+                        self.collapse_replaces(&user_pk(&event.openid), &event.publisher, key)
+                            .await?
+                    }
+                    _ => false,
+                };
+                match crate::domain::inbox::pending::refused(open, max, replaces) {
+                    Some(push) => {
+                        capped = NotifyEvent {
+                            push: Some(push),
+                            ..event.clone()
+                        };
+                        &capped
+                    }
+                    None => event,
+                }
+            }
+            _ => event,
+        };
         match self.ingest_checked(event, &[], now).await? {
             Ok(ingested) => Ok(ingested),
             Err(_) => Err(StoreError::Corrupt("a check no ingest makes failed".into())),
@@ -287,6 +321,7 @@ impl Store {
                 (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
             }
         };
+        let reason = &push_reason.clone();
         let (event_pk, event_sk) = event_key(&event.publisher, &event.idempotency_key);
         let record = EventItem {
             pk: event_pk,
@@ -386,6 +421,7 @@ impl Store {
                     return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
                         note_id: note_id.clone(),
                         push: push_status,
+                        reason: reason.clone(),
                         send_at: scheduled_for.clone(),
                     })));
                 }

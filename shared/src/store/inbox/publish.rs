@@ -61,6 +61,10 @@ pub(crate) struct ScheduledItem {
     /// Moved by each write (a cancel, a replacement): publishing is conditional on it.
     #[serde(default = "first_version")]
     version: u64,
+    /// The user's partition while it waits with its push: counted on the `pending`
+    /// index with the user's open pushes (see `OutboxItem::pending_pk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending_pk: Option<String>,
 }
 
 fn first_version() -> u64 {
@@ -81,6 +85,7 @@ impl ScheduledItem {
             (None, None) => "",
         }
         .to_string();
+        let pending_pk = push.is_some().then(|| note.pk.clone());
         Self {
             due_pk: due_pk(&note.pk, &sk, shards),
             pk: note.pk.clone(),
@@ -91,6 +96,7 @@ impl ScheduledItem {
             push,
             due_at: at.timestamp_millis(),
             version: 1,
+            pending_pk,
         }
     }
 
@@ -110,6 +116,7 @@ impl ScheduledItem {
     pub(crate) fn without_push(&self, status: PushStatus) -> Self {
         let mut next = self.clone();
         next.push = None;
+        next.pending_pk = None;
         next.note.push_status = Some(status.as_str().to_string());
         next.note.push_reason = None;
         next.state = status.as_str().to_string();
@@ -192,6 +199,7 @@ impl Store {
             priority: push.priority,
             note_type: Some(note.note_type.clone()),
             waiting_grant: false,
+            pending_pk: Some(note.pk.clone()),
         }
     }
 

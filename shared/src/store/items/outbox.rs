@@ -55,6 +55,11 @@ pub(crate) struct OutboxItem {
     /// due index only at its `send_by`, until a grant wakes it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) waiting_grant: bool,
+    /// The user's partition while the push is open (`pending` or `sending`): its entry
+    /// on the `pending` index, which counts a user's open pushes at ingest. Derived
+    /// from the state wherever the item is written, so the count never drifts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pending_pk: Option<String>,
 }
 
 impl OutboxItem {
@@ -76,6 +81,7 @@ impl OutboxItem {
         next.due_pk = due.map(|_| due_pk(&self.pk, &self.sk, shards));
         next.delivery_id = None;
         next.waiting_grant = false;
+        next.pending_pk = open.then(|| self.pk.clone());
         next.version = self.version + 1;
         next.updated_at = rfc3339(now);
         next

@@ -1,0 +1,39 @@
+//! The cap on a user's open pushes (`PUSHES_PENDING_MAX`): pending, waiting for a
+//! grant, scheduled or in flight. Decided at ingest, before anything is written: past
+//! the cap the event's notification is stored all the same (record first) and its push
+//! recorded `rejected` with `too_many_pending`. A push that replaces one of the user's
+//! open pushes (the same `collapse_key`) is taken at the cap: the count does not grow.
+
+use crate::domain::inbox::{Push, PushReason};
+
+/// The push an event keeps: `None` when it may be taken as asked, else the rejection
+/// recorded in its place. `open` is the user's open pushes as counted (up to `max`).
+pub fn refused(open: u32, max: u32, replaces_open: bool) -> Option<Push> {
+    (open >= max && !replaces_open).then(|| Push::Rejected {
+        code: PushReason::TooManyPending,
+        detail: format!("the user has {open} open pushes, the most allowed"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_refuses_from_the_maximum_on_unless_an_open_push_is_replaced() {
+        for (open, max, replaces, taken) in [
+            (0, 1, false, true),
+            (2, 3, false, true),
+            (3, 3, false, false),
+            (4, 3, false, false),
+            (3, 3, true, true),
+            (0, 1, true, true),
+        ] {
+            let decided = refused(open, max, replaces);
+            assert_eq!(decided.is_none(), taken, "{open}/{max} {replaces}");
+            if let Some(Push::Rejected { code, .. }) = decided {
+                assert_eq!(code.as_str(), "too_many_pending");
+            }
+        }
+    }
+}

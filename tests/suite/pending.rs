@@ -1,0 +1,151 @@
+//! The cap on a user's open pushes (issue 41 §9, `PUSHES_PENDING_MAX`): past it an
+//! event's push is recorded `rejected` (`too_many_pending`) and its notification stored
+//! all the same; pushes that finished, whatever their number, are not counted; a push
+//! replacing an open one of its `collapse_key` is taken; other users are unaffected.
+
+use chrono::Duration;
+use onegrant_tests::{ORDER, TestApp, User, assert_ledger_agrees_with_counters, spawn_app_with};
+use serde_json::{Value, json};
+
+use crate::scheduled::{at, scheduled};
+
+/// Each of `user`'s notifications, by its event's key (the body names it): the push's
+/// status and reason.
+async fn pushes(
+    app: &TestApp,
+    user: &User,
+) -> std::collections::BTreeMap<String, (String, Option<String>)> {
+    let answer = app
+        .get("/v1/notifications?limit=100", Some(&user.token))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|n| {
+            (
+                n["body"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim_start_matches("预约 ")
+                    .to_string(),
+                (
+                    n["push"]["status"].as_str().unwrap_or_default().to_string(),
+                    n["push"]["reason"].as_str().map(str::to_string),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn refused(answer: &Value) -> bool {
+    answer["status"] == "created"
+        && answer["push"] == "rejected"
+        && answer["reason"] == "too_many_pending"
+}
+
+/// `PUSHES_PENDING_MAX=3`: a user with 12 pushes already sent (a long history, none
+/// counted) and three open — one due now, one scheduled an hour ahead, one due now with
+/// a `collapse_key` — has a fourth refused with a clear answer, its notification
+/// listed; an event with no push, a push replacing the open one of its key, and another
+/// user's push are all taken; once pushes finish (sent, cancelled), new ones are taken
+/// again, up to the cap.
+#[tokio::test]
+async fn a_users_open_pushes_are_capped_at_ingest_and_the_notification_is_still_stored() {
+    let app = spawn_app_with(&[
+        ("PUSHES_PENDING_MAX", "3"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+    ])
+    .await;
+    let user = app.user("busy").await;
+    // A long history: 12 pushes sent, each finished.
+    for i in 0..12 {
+        app.accept(&user, ORDER, &format!("old_{i}")).await;
+        let answer = app
+            .notify(scheduled(&user, &format!("old-{i}"), json!({})))
+            .await;
+        assert_eq!(answer["push"], "pending", "{answer}");
+        if i % 3 == 2 {
+            let summary = app.ticks_until(|s| s.sent >= 3).await;
+            assert_eq!(summary.sent, 3, "{summary:?}");
+        }
+    }
+    app.accept(&user, ORDER, "g_now").await;
+    let later = app.now() + Duration::hours(1);
+    for (key, extra) in [
+        ("now", json!({})),
+        ("later", json!({"send_at": at(later)})),
+        ("keyed", json!({"collapse_key": "order-9"})),
+    ] {
+        let answer = app.notify(scheduled(&user, key, extra)).await;
+        assert_eq!(answer["push"], "pending", "{key}: {answer}");
+        assert!(answer.get("reason").is_none(), "{answer}");
+    }
+
+    // At the cap: refused with a clear answer, the notification stored.
+    let answer = app.notify(scheduled(&user, "over", json!({}))).await;
+    assert!(refused(&answer), "{answer}");
+    let listed = pushes(&app, &user).await;
+    assert_eq!(
+        listed["over"],
+        ("rejected".to_string(), Some("too_many_pending".to_string()))
+    );
+    assert!(
+        app.item(
+            &user,
+            &format!("OUTBOX#{}", answer["note_id"].as_str().unwrap_or_default())
+        )
+        .await
+        .is_none(),
+        "no outbox item for a refused push"
+    );
+    // The same event again: a duplicate, nothing changed.
+    let again = app.notify(scheduled(&user, "over", json!({}))).await;
+    assert_eq!(again["status"], "duplicate", "{again}");
+    // No push asked: nothing to cap.
+    let plain = app
+        .notify(
+            json!({"idempotency_key": "plain", "openid": user.openid, "type": "order",
+                       "title": "t", "body": "预约 plain"}),
+        )
+        .await;
+    assert_eq!(
+        (plain["status"].as_str(), plain["push"].as_str()),
+        (Some("created"), None),
+        "{plain}"
+    );
+    // Replacing the open push of its key: the count does not grow, so it is taken.
+    let replacing = app
+        .notify(scheduled(
+            &user,
+            "keyed-2",
+            json!({"collapse_key": "order-9"}),
+        ))
+        .await;
+    assert_eq!(replacing["push"], "pending", "{replacing}");
+    assert_eq!(pushes(&app, &user).await["keyed"].0, "replaced");
+    // Another user is not affected.
+    let other = app.user("calm").await;
+    let theirs = app.notify(scheduled(&other, "theirs", json!({}))).await;
+    assert_eq!(theirs["push"], "pending", "{theirs}");
+
+    // One sent (the user's one grant), one cancelled: two places free, then full again.
+    let summary = app.ticks_until(|s| s.sent + s.grant_waits >= 2).await;
+    assert!(summary.sent >= 1, "{summary:?}");
+    let cancelled = app.cancel(&user, "later").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let listed = pushes(&app, &user).await;
+    let open = listed
+        .values()
+        .filter(|(status, _)| status == "pending")
+        .count();
+    assert_eq!(open, 1, "one push waits for a grant: {listed:?}");
+    for key in ["next-1", "next-2"] {
+        let answer = app.notify(scheduled(&user, key, json!({}))).await;
+        assert_eq!(answer["push"], "pending", "{key}: {answer}");
+    }
+    let answer = app.notify(scheduled(&user, "next-3", json!({}))).await;
+    assert!(refused(&answer), "{answer}");
+    assert_ledger_agrees_with_counters(&app).await;
+}
