@@ -524,7 +524,7 @@ async fn notify_n(app: &TestApp, user: &User, prefix: &str, n: usize) {
 async fn first_match(app: &TestApp, user: &User, query: &str) -> (usize, Value, u64) {
     let mut cursor: Option<String> = None;
     let mut most_read = 0;
-    for pages in 1..=10 {
+    for pages in 1..=12 {
         let q = match &cursor {
             Some(c) => format!("{query}&cursor={c}"),
             None => query.to_string(),
@@ -542,7 +542,7 @@ async fn first_match(app: &TestApp, user: &User, query: &str) -> (usize, Value, 
                 .to_string(),
         );
     }
-    panic!("no match within 10 pages of {query}");
+    panic!("no match within 12 pages of {query}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -586,10 +586,10 @@ async fn one_unread_notification_behind_500_read_ones_is_found_reading_a_bounded
     assert!(most_read <= 2, "a marker and its note, read {most_read}");
 
     // A type filter walks the notifications, at most LIST_BUDGET per call, each empty
-    // page carrying a cursor: 501 notes take 3 calls.
+    // page carrying a cursor: 501 notes take 11 calls of 50.
     let (pages, found, most_read) = first_match(&app, &user, "?type=system&limit=20").await;
     assert_eq!(found["id"], target.as_str());
-    assert!(pages <= 3, "found within 3 pages, took {pages}");
+    assert!(pages <= 11, "found within 11 pages, took {pages}");
     let budget = onegrant::store::inbox::LIST_BUDGET as u64;
     assert!(
         most_read <= budget,
@@ -767,4 +767,53 @@ async fn a_stray_marker_or_a_broken_note_never_blocks_the_inbox() {
         "the strays' counts went with them"
     );
     assert!(app.items_of(&user, "unread").await.is_empty());
+}
+
+/// One list call reads at most `LIST_BUDGET` items whatever its `limit` (issue 41 §11):
+/// 120 notifications at their largest (a 100-character title, a 2,000-character body),
+/// listed 100 at a time, come in pages of at most 50 with a cursor, each call reading at
+/// most 50 items and about 90 read units, and every notification is listed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_list_call_reads_at_most_its_budget_whatever_the_limit_and_the_sizes() {
+    let app = spawn_app().await;
+    let user = app.user("alice").await;
+    let budget = onegrant::store::inbox::LIST_BUDGET;
+    notify_all(
+        &app,
+        (0..120)
+            .map(|i| {
+                json!({"idempotency_key": format!("big{i}"), "openid": user.openid, "type": "order",
+                       "title": format!("{i:03}{}", "订".repeat(97)), "body": "货".repeat(2000)})
+            })
+            .collect(),
+    )
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cursor = String::new();
+    let mut calls = 0;
+    loop {
+        app.round_trips.take_items_read();
+        app.round_trips.take_read_units();
+        let page = list(&app, &user, &format!("?limit=100&cursor={cursor}")).await;
+        calls += 1;
+        let items = page["items"].as_array().expect("items");
+        let read = app.round_trips.take_items_read();
+        let units = app.round_trips.take_read_units();
+        assert!(items.len() <= budget, "a page of {}", items.len());
+        assert!(read <= budget as u64, "a call read {read} items");
+        assert!(units <= 100.0, "a call read {units} units");
+        for item in items {
+            assert!(
+                seen.insert(item["id"].as_str().expect("id").to_string()),
+                "listed once"
+            );
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => break,
+        }
+        assert!(calls < 10, "pages end");
+    }
+    assert_eq!(seen.len(), 120);
+    assert_eq!(calls, 3, "120 in pages of 50");
 }

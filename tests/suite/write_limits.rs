@@ -1,4 +1,5 @@
-//! Per-user limits on every write route (`CHANGES_PER_MINUTE`, `REPORTS_PER_MINUTE`):
+//! Per-user limits on every write route (`CHANGES_PER_MINUTE`, `REPORTS_PER_MINUTE`)
+//! and on reads (`READS_PER_MINUTE`):
 //! a request past the limit is refused with 429 and `Retry-After` before anything is
 //! written, a request that changes nothing writes nothing, and one user's limit is not
 //! another's. Writes are counted by the round-trip counter: every item a write request
@@ -179,7 +180,7 @@ async fn reading_notifications_costs_one_read_when_nothing_changes_and_is_limite
     let nothing = app.read_all(&bob).await;
     assert_eq!(nothing.status, 200, "{}", nothing.body);
     assert_eq!(nothing.body["updated"], 0);
-    assert!(app.round_trips.take_writes().is_empty());
+    assert!(app.round_trips.take_changes().is_empty());
 }
 
 #[tokio::test]
@@ -214,7 +215,7 @@ async fn preferences_saves_are_limited_and_unchanged_ones_write_nothing() {
     assert_rate_limited(&refused, "a preferences save past the limit");
     let stored = app.get("/v1/preferences", Some(&alice.token)).await;
     assert_eq!(stored.body["muted_types"], json!(["c"]));
-    assert!(app.round_trips.take_writes().is_empty());
+    assert!(app.round_trips.take_changes().is_empty());
 }
 
 #[tokio::test]
@@ -303,4 +304,47 @@ async fn accepted_reports(app: &TestApp, user: &User, ids: &[&str]) {
         let answer = app.post("/v1/grants", Some(&user.token), &body).await;
         assert_eq!(answer.status, 200, "{id}: {}", answer.body);
     }
+}
+
+/// Read calls are limited per user and minute too (issue 41 §11, `READS_PER_MINUTE`):
+/// with a limit of 6, six reads across the read routes are answered, the seventh of
+/// each route is 429 `rate_limited` with `Retry-After` and reads nothing; another user
+/// is unaffected; the next minute reads again.
+#[tokio::test]
+async fn read_calls_are_limited_per_user_and_minute_and_a_refused_one_reads_nothing() {
+    let app = spawn_app_with(&[("READS_PER_MINUTE", "6")]).await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let routes = [
+        "/v1/notifications",
+        "/v1/notifications?type=order&read=true",
+        "/v1/notifications/unread-count",
+        "/v1/preferences",
+        "/v1/grants",
+        "/v1/reminders/water",
+    ];
+    app.freeze_at_a_minute_start();
+    for path in routes {
+        let answer = app.get(path, Some(&alice.token)).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+    }
+    for path in routes {
+        app.round_trips.take_items_read();
+        let refused = app.get(path, Some(&alice.token)).await;
+        assert_rate_limited(&refused, path);
+        assert_eq!(
+            app.round_trips.take_items_read(),
+            0,
+            "{path}: a refused read reads nothing"
+        );
+    }
+    let theirs = app
+        .get("/v1/notifications/unread-count", Some(&bob.token))
+        .await;
+    assert_eq!(theirs.status, 200, "another user's reads are their own");
+    app.advance(std::time::Duration::from_secs(60));
+    let next = app
+        .get("/v1/notifications/unread-count", Some(&alice.token))
+        .await;
+    assert_eq!(next.status, 200, "the next minute: {}", next.body);
 }

@@ -156,6 +156,15 @@ impl RoundTrips {
         std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// [`Self::take_writes`] less the read counters every read call writes first
+    /// (`RATE#<minute>#reads`, `READS_PER_MINUTE`): what the requests changed.
+    pub fn take_changes(&self) -> Vec<ItemWrite> {
+        self.take_writes()
+            .into_iter()
+            .filter(|w| !w.sk.ends_with("#reads"))
+            .collect()
+    }
+
     /// The IAM actions the requests since the last call needed; resets the record.
     pub fn take_actions(&self) -> std::collections::BTreeSet<String> {
         std::mem::take(&mut *self.actions.lock().unwrap_or_else(|p| p.into_inner()))

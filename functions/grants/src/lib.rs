@@ -12,7 +12,9 @@ use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::grants::GrantEntry;
 use onegrant::domain::{GrantReport, Quota};
-use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::http::{
+    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
+};
 use onegrant::store::audit::attributed;
 use onegrant::telemetry::openid_hash;
 use serde::Serialize;
@@ -105,7 +107,7 @@ async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
 }
 
 async fn quotas(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = authenticate_read(req, deps).await?;
     let stored = deps.store.quota_counters(&openid).await?;
     json_response(
         200,

@@ -11,7 +11,9 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::domain::inbox::preferences::Preferences;
 use onegrant::domain::inbox::{decode_cursor, is_notification_id};
-use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::http::{
+    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
+};
 use onegrant::store::inbox::ListFilter;
 use serde_json::json;
 
@@ -47,7 +49,7 @@ fn bad_query(message: &str) -> ApiError {
 }
 
 async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = authenticate_read(req, deps).await?;
     let query = req.query_string_parameters();
     let limit = match query.first("limit") {
         None => DEFAULT_LIMIT,
@@ -82,7 +84,7 @@ async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
 }
 
 async fn unread(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = authenticate_read(req, deps).await?;
     let unread = deps.store.unread(&openid).await?;
     json_response(200, &json!({"unread": unread}))
 }
@@ -110,7 +112,7 @@ async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
 }
 
 async fn preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = authenticate_read(req, deps).await?;
     let prefs = deps.store.preferences(&openid).await?;
     json_response(200, &prefs)
 }

@@ -10,7 +10,9 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::reminders::{CheckIn, ReminderKind, SettingsPatch};
-use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::http::{
+    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
+};
 use onegrant::store::audit::attributed;
 use onegrant::store::reminders::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
@@ -43,7 +45,7 @@ fn kind<'a>(deps: &'a Deps, req: &Request) -> Result<&'a ReminderKind, ApiError>
 }
 
 async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = authenticate_read(req, deps).await?;
     let kind = kind(deps, req)?;
     let snapshot = deps.store.plan(&openid, kind).await?;
     let view = snapshot

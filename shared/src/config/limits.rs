@@ -19,6 +19,10 @@ pub struct Limits {
     /// settings, preferences, marking notifications read): a request that changes
     /// nothing is not counted, and writes nothing.
     pub changes_per_minute: u32,
+    /// Most read calls one user makes in a minute (listing notifications, the unread
+    /// count, preferences, grants, a plan): each is counted by one small write before
+    /// it reads. 0: no limit, and no write.
+    pub reads_per_minute: u32,
     /// Whether WeChat's message push is configured: reported grants are paired with
     /// popup events (the store's tap marks) and settled sends look for sent
     /// events kept pending for them.
@@ -83,6 +87,7 @@ impl Default for Limits {
             reports_per_minute: 30,
             checkins_per_minute: 60,
             changes_per_minute: 60,
+            reads_per_minute: 120,
             push_events: false,
             // The last attempt may start just before the budget ends and take one SDK
             // call (its attempts and backoff): 4 s leaves that room inside 10 s.

@@ -314,6 +314,12 @@ impl Config {
                 1..=600,
             )?)
             .unwrap_or(defaults.changes_per_minute),
+            reads_per_minute: u32::try_from(number(
+                "READS_PER_MINUTE",
+                u64::from(defaults.reads_per_minute),
+                0..=6000,
+            )?)
+            .unwrap_or(defaults.reads_per_minute),
             pushes_per_day: match number("PUSHES_PER_DAY", 0, 0..=1000)? {
                 0 => None,
                 cap => u32::try_from(cap).ok(),

@@ -119,6 +119,7 @@ fn retention_and_guards_are_configurable() {
     e.insert("REPORTS_PER_MINUTE", "2".into());
     e.insert("CHANGES_PER_MINUTE", "7".into());
     e.insert("PUSHES_PENDING_MAX", "3".into());
+    e.insert("READS_PER_MINUTE", "9".into());
     let c = Config::from_lookup(|k| e.get(k).cloned()).expect("valid config");
     assert_eq!(c.limits.retention.read_notes, chrono::Duration::days(7));
     assert_eq!(c.limits.retention.outbox, chrono::Duration::days(3));
@@ -127,6 +128,7 @@ fn retention_and_guards_are_configurable() {
     assert_eq!(c.limits.reports_per_minute, 2);
     assert_eq!(c.limits.changes_per_minute, 7);
     assert_eq!(c.limits.pushes_pending_max, 3);
+    assert_eq!(c.limits.reads_per_minute, 9);
 }
 
 #[test]
@@ -215,6 +217,7 @@ fn each_bad_variable_is_named() {
         ("REPORTS_PER_MINUTE", Some("0"), "REPORTS_PER_MINUTE"),
         ("CHANGES_PER_MINUTE", Some("601"), "CHANGES_PER_MINUTE"),
         ("PUSHES_PENDING_MAX", Some("0"), "PUSHES_PENDING_MAX"),
+        ("READS_PER_MINUTE", Some("6001"), "READS_PER_MINUTE"),
         (
             "WECHAT_API_BASE",
             Some("http://api.weixin.qq.com"),

@@ -96,6 +96,12 @@ pub fn rate_sk(minute: i64) -> String {
     format!("RATE#{minute}")
 }
 
+/// The user's read counter of one minute (apart from the write counters, which
+/// transactions write: a read never contends with the user's own writes).
+pub fn read_rate_sk(minute: i64) -> String {
+    format!("RATE#{minute}#reads")
+}
+
 /// A check-in's action record (the idempotency record of `action_id`).
 pub fn action_sk(action_id: &RequestId) -> String {
     format!("ACTION#{action_id}")

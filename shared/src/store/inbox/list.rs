@@ -15,8 +15,10 @@ use crate::store::items::{Item, key, number, parse, s, text};
 use crate::store::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
 use crate::store::{Store, StoreError, classify_sdk_error};
 
-/// Most items one listing call reads (notifications or unread markers).
-pub const LIST_BUDGET: usize = 200;
+/// Most items one listing call reads (notifications or unread markers), filtered or
+/// not: at most ~90 read units even with every notification at its largest (~7 KB),
+/// a few for ordinary ones. A `limit` above it gets a page of this many and a cursor.
+pub const LIST_BUDGET: usize = 50;
 
 /// What a bounded walk found, and where the next call resumes (a sort key).
 struct Walk {

@@ -4,7 +4,11 @@
 //! makes (`CHANGES_PER_MINUTE`: plan settings, preferences, marking notifications
 //! read).
 //!
-//! Each is checked twice: on the counter as read with the request's other items,
+//! A third counter, `reads` on its own item (`RATE#<minute>#reads`), bounds the read
+//! calls (`READS_PER_MINUTE`): one conditional `ADD 1` before the call reads anything,
+//! refused past the limit with nothing read.
+//!
+//! The write counters are each checked twice: on the counter as read with the request's other items,
 //! before any write, so a refused request costs that read and nothing else; and by
 //! the counter's own `ADD 1`, conditional on being under the limit, in the request's
 //! transaction, so only requests that land count and two racing for the last place
@@ -13,10 +17,11 @@
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
+use crate::domain::OpenId;
 use crate::domain::rate::{admit_n, minute_of, retry_after};
 use crate::store::items::{Item, key, n, s};
-use crate::store::keys::rate_sk;
-use crate::store::{Limit, Store, StoreError};
+use crate::store::keys::{rate_sk, read_rate_sk, user_pk};
+use crate::store::{Limit, Store, StoreError, classify_sdk_error};
 
 /// Which of the minute's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +118,43 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Counts one read call of `openid` in `now`'s minute, or refuses it past
+    /// `READS_PER_MINUTE` (`Limited`, with the seconds until the next minute): one
+    /// small conditional write, before the call reads anything.
+    pub async fn count_read(&self, openid: &OpenId, now: DateTime<Utc>) -> Result<(), StoreError> {
+        if self.limits.reads_per_minute == 0 {
+            return Ok(());
+        }
+        let minute = minute_of(now);
+        let counted = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(&user_pk(openid), &read_rate_sk(minute))))
+            // READS is a reserved word: the name goes through a placeholder.
+            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
+            .condition_expression("attribute_not_exists(#n) OR #n < :max")
+            .expression_attribute_names("#n", "reads")
+            .expression_attribute_values(":kind", s("rate"))
+            .expression_attribute_values(":expires", n((minute + 2) * 60))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":max", n(self.limits.reads_per_minute))
+            .send()
+            .await;
+        match counted {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+            {
+                Err(StoreError::Limited(Limit::Rate {
+                    retry_after: retry_after(now),
+                }))
+            }
+            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        }
     }
 
     /// [`Store::rate_count`] of a grant report, with the seconds until the next
