@@ -483,6 +483,7 @@ pub fn json_body(req: &Request) -> Result<serde_json::Value, ApiError> {
 /// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
 /// The caller of a read route: authenticated, then its read counted against
 /// `READS_PER_MINUTE` (429 with `Retry-After` past it, before anything is read).
+#[cfg(feature = "store")]
 pub async fn authenticate_read(req: &Request, deps: &crate::Deps) -> Result<OpenId, ApiError> {
     let openid = authenticate(req, &deps.sessions).await?;
     deps.store.count_read(&openid, deps.clock.now()).await?;
