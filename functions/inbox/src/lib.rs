@@ -49,7 +49,7 @@ fn bad_query(message: &str) -> ApiError {
 }
 
 async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate_read(req, deps).await?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let query = req.query_string_parameters();
     let limit = match query.first("limit") {
         None => DEFAULT_LIMIT,
@@ -76,6 +76,8 @@ async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         Some(t) if !t.is_empty() && t.chars().count() <= 32 => Some(t.to_string()),
         Some(_) => return Err(bad_query("type must be 1 to 32 characters")),
     };
+    // Counted once the request is known good: a bad one reads and writes nothing.
+    deps.store.count_read(&openid, deps.clock.now()).await?;
     let page = deps
         .store
         .notifications(&openid, limit, after.as_deref(), &ListFilter { read, kind })

@@ -10,9 +10,7 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::reminders::{CheckIn, ReminderKind, SettingsPatch};
-use onegrant::http::{
-    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
-};
+use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
 use onegrant::store::audit::attributed;
 use onegrant::store::reminders::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
@@ -45,8 +43,10 @@ fn kind<'a>(deps: &'a Deps, req: &Request) -> Result<&'a ReminderKind, ApiError>
 }
 
 async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate_read(req, deps).await?;
+    let openid = authenticate(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
+    // Counted once the request is known good: a bad one reads and writes nothing.
+    deps.store.count_read(&openid, deps.clock.now()).await?;
     let snapshot = deps.store.plan(&openid, kind).await?;
     let view = snapshot
         .plan
