@@ -244,7 +244,24 @@ pub async fn create_table(
                             .get("KeySchema")
                             .ok_or_else(|| anyhow::anyhow!("GSI without KeySchema"))?,
                     )?))
-                    .projection(Projection::builder().projection_type(projection).build())
+                    .projection(
+                        Projection::builder()
+                            .projection_type(projection)
+                            .set_non_key_attributes(
+                                index
+                                    .get("Projection")
+                                    .and_then(|p| p.get("NonKeyAttributes"))
+                                    .and_then(Value::as_sequence)
+                                    .map(|names| {
+                                        names
+                                            .iter()
+                                            .filter_map(Value::as_str)
+                                            .map(str::to_string)
+                                            .collect()
+                                    }),
+                            )
+                            .build(),
+                    )
                     .build()?,
             );
         }

@@ -236,7 +236,10 @@ async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
                 "lease".to_string(),
                 vec!["lease_pk".to_string(), "lease_until".to_string()]
             ),
-            ("pending".to_string(), vec!["pending_pk".to_string()]),
+            (
+                "pending".to_string(),
+                vec!["pending_pk".to_string(), "pending_sk".to_string()]
+            ),
         ]
     );
     let ttl = table

@@ -26,6 +26,7 @@ mod operations;
 mod pending;
 mod preferences;
 mod priority;
+mod priority_together;
 mod publication;
 mod refill;
 mod reminders;

@@ -15,7 +15,7 @@ fn push(user: &User, key: &str, kind: &str, priority: &str) -> Value {
                       "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
 }
 
-async fn put(app: &TestApp, user: &User, body: &Value) -> (u16, Value) {
+pub(crate) async fn put(app: &TestApp, user: &User, body: &Value) -> (u16, Value) {
     let answer = app
         .call(
             "PUT",

@@ -23,7 +23,7 @@ fn event(user: &User, key: &str, priority: Option<&str>) -> Value {
 
 /// Each notification's push as the inbox shows it, by idempotency key (the order
 /// number): (status, reason).
-async fn pushes(app: &TestApp, user: &User) -> Vec<(String, String, Option<String>)> {
+pub(crate) async fn pushes(app: &TestApp, user: &User) -> Vec<(String, String, Option<String>)> {
     let page = app.get("/v1/notifications", Some(&user.token)).await;
     assert_eq!(page.status, 200, "{}", page.body);
     let mut all: Vec<_> = page.body["items"]
@@ -48,11 +48,11 @@ async fn pushes(app: &TestApp, user: &User) -> Vec<(String, String, Option<Strin
     all
 }
 
-fn waiting(key: &str) -> (String, String, Option<String>) {
+pub(crate) fn waiting(key: &str) -> (String, String, Option<String>) {
     (key.to_string(), "pending".into(), Some("no_grant".into()))
 }
 
-fn sent(key: &str) -> (String, String, Option<String>) {
+pub(crate) fn sent(key: &str) -> (String, String, Option<String>) {
     (key.to_string(), "sent".into(), None)
 }
 

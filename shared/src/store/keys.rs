@@ -96,6 +96,20 @@ pub fn rate_sk(minute: i64) -> String {
     format!("RATE#{minute}")
 }
 
+/// An open push's sort key on the `pending` index: its template, then its waiting-list
+/// member (rank, then note id), so a claim reads the better open pushes of its
+/// template as one key range (`domain::dispatch::priority::at_grant_due`).
+pub fn pending_sk(
+    template: &str,
+    priority: crate::domain::inbox::schedule::Priority,
+    note_id: &str,
+) -> String {
+    format!(
+        "{template}#{}",
+        crate::domain::dispatch::priority::member(priority, note_id)
+    )
+}
+
 /// The user's read counter of one minute (apart from the write counters, which
 /// transactions write: a read never contends with the user's own writes).
 pub fn read_rate_sk(minute: i64) -> String {

@@ -9,12 +9,22 @@
 //! arriving wakes as many of the best waiting as there are grants available. A waiting
 //! push that reaches its `expires_at` ends `expired`, inbox-only.
 //!
+//! Pushes due together count too: a `normal` or `low` push about to take a grant reads
+//! the user's open pushes of its template of a better class due within [`YIELD_WAIT`]
+//! (not yet listed: the `pending` index) and yields to them as to waiting ones
+//! ([`at_grant_due`]): it waits, listed, with the template's wake entry due at the
+//! end of [`YIELD_WAIT`], so if those do not take the grants after all, a wake gives
+//! them to the best waiting push then. A `high` push never looks: no class is better.
+//!
 //! Members are removed when their push is claimed; one whose push ended otherwise
 //! (expired, cancelled, replaced) is dropped when a wake finds its push no longer
 //! waiting (or a full list is pruned), so a stale member delays a claim by one round
 //! at most, never for good. A grant given back (a failed or released send) wakes the
 //! waiting too.
 
+use chrono::{DateTime, Utc};
+
+use crate::domain::inbox::preferences::{Gate, Preferences, gate};
 use crate::domain::inbox::schedule::Priority;
 
 /// The most pushes of one template that wait for a grant per user: the quota item
@@ -32,11 +42,20 @@ pub fn member(priority: Priority, note_id: &str) -> String {
     format!("{rank}:{note_id}")
 }
 
+/// How far ahead a push's claim looks for better pushes of its template due together,
+/// and when the wake entry of one that yielded to them is due (a dispatcher's tick and
+/// its lookahead).
+pub const YIELD_WAIT: chrono::Duration = chrono::Duration::seconds(60);
+
 /// What a push's claim does about the grants of its template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AtGrant {
     /// Take one: no better push waits for the grants available.
     Take,
+    /// Wait for a grant (listed as its member): better pushes of the template are due
+    /// together for the grants there are. The template's wake entry comes due at the
+    /// end of [`YIELD_WAIT`], in case they do not take them.
+    Yield,
     /// Wait for a grant (listed as its member); wake `wake` (the best waiting push,
     /// which a grant available now is for), if any.
     Wait { wake: Option<String> },
@@ -61,6 +80,67 @@ pub fn at_grant(own: &str, available: u64, waiting: &[String]) -> AtGrant {
         return AtGrant::Skip { wake };
     }
     AtGrant::Wait { wake }
+}
+
+/// One of the user's open pushes of a better class due together with a claimed one, as
+/// the `pending` index shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueTogether {
+    pub member: String,
+    /// Its notification's type (absent on items stored before it was kept).
+    pub note_type: Option<String>,
+    /// Its last moment (`expires_at`).
+    pub send_by: Option<DateTime<Utc>>,
+}
+
+/// The members of `due` that will contend for the grants when their turn comes: not of
+/// a type the user muted, not held by quiet hours, not past their `expires_at`. The
+/// others would never take a grant now, so nothing yields to them.
+pub fn contenders(due: &[DueTogether], prefs: &Preferences, now: DateTime<Utc>) -> Vec<String> {
+    due.iter()
+        .filter(|d| d.send_by.is_none_or(|by| by > now))
+        .filter(|d| {
+            let priority = match d.member.split_once(':').map(|(rank, _)| rank) {
+                Some("0") => Priority::High,
+                Some("1") => Priority::Normal,
+                _ => Priority::Low,
+            };
+            gate(prefs, d.note_type.as_deref(), priority, now) == Gate::Go
+        })
+        .map(|d| d.member.clone())
+        .collect()
+}
+
+/// Whether `own`'s class can be beaten by another (a `high` push never yields to
+/// pushes due together: among pushes of one class, the first claimed goes first).
+pub fn may_yield(own: &str) -> bool {
+    !own.starts_with("0:")
+}
+
+/// [`at_grant`] with the better pushes due together: `due`, the members of the user's
+/// open pushes of the template of a better class due within [`YIELD_WAIT`] (read from
+/// the `pending` index, some perhaps listed too). A push that would take a grant yields
+/// when those and the better waiting ones are as many as the grants available — unless
+/// the waiting list has no room for it, when it takes (as before pushes due together
+/// counted).
+pub fn at_grant_due(own: &str, available: u64, waiting: &[String], due: &[String]) -> AtGrant {
+    let at = at_grant(own, available, waiting);
+    if at != AtGrant::Take {
+        return at;
+    }
+    let better: std::collections::BTreeSet<&str> = waiting
+        .iter()
+        .chain(due)
+        .map(String::as_str)
+        .filter(|m| *m < own)
+        .collect();
+    let listed = waiting.iter().any(|m| m == own);
+    let room = listed || waiting.len() < MAX_WAITING;
+    if room && usize::try_from(available).unwrap_or(usize::MAX) <= better.len() {
+        AtGrant::Yield
+    } else {
+        AtGrant::Take
+    }
 }
 
 /// The best `grants` waiting members (for a grant arriving to wake).
@@ -134,6 +214,91 @@ mod tests {
             "no grant: it waits"
         );
         assert_eq!(best(&waiting, 2), vec![high, normal]);
+    }
+
+    #[test]
+    fn pushes_due_together_go_by_class_whichever_is_claimed_first() {
+        let (low, normal, high) = (
+            m(Priority::Low, 1),
+            m(Priority::Normal, 2),
+            m(Priority::High, 3),
+        );
+        // One grant, all three due, none waiting: low and normal yield, high takes.
+        let due_for = |own: &String| -> Vec<String> {
+            [&low, &normal, &high]
+                .into_iter()
+                .filter(|m| *m < own)
+                .cloned()
+                .collect()
+        };
+        assert_eq!(at_grant_due(&low, 1, &[], &due_for(&low)), AtGrant::Yield);
+        assert_eq!(
+            at_grant_due(&normal, 1, &[], &due_for(&normal)),
+            AtGrant::Yield
+        );
+        assert!(!may_yield(&high));
+        assert_eq!(at_grant_due(&high, 1, &[], &[]), AtGrant::Take);
+        // Two grants: normal takes (only high is better), low yields.
+        assert_eq!(
+            at_grant_due(&normal, 2, &[], &due_for(&normal)),
+            AtGrant::Take
+        );
+        assert_eq!(at_grant_due(&low, 2, &[], &due_for(&low)), AtGrant::Yield);
+        // A better push both listed and due counts once.
+        assert_eq!(
+            at_grant_due(&low, 2, std::slice::from_ref(&normal), &due_for(&low)),
+            AtGrant::Yield
+        );
+        assert_eq!(
+            at_grant_due(&low, 3, std::slice::from_ref(&normal), &due_for(&low)),
+            AtGrant::Take,
+            "three grants for three pushes"
+        );
+        // No grant: it waits as before (nothing to yield).
+        assert_eq!(
+            at_grant_due(&low, 0, &[], &due_for(&low)),
+            AtGrant::Wait { wake: None }
+        );
+        // A full list leaves no room to yield into: it takes.
+        let full: Vec<String> = (0..MAX_WAITING as u64)
+            .map(|i| m(Priority::Low, 100 + i))
+            .collect();
+        assert_eq!(
+            at_grant_due(
+                &m(Priority::Low, 0),
+                1,
+                &full,
+                std::slice::from_ref(&normal)
+            ),
+            AtGrant::Take
+        );
+    }
+
+    #[test]
+    fn only_pushes_that_would_take_a_grant_now_contend() {
+        let now = crate::domain::at("2026-12-06T12:00:00Z");
+        let prefs = Preferences::from_json(&serde_json::json!({
+            "quiet_hours": {"start": "11:00", "end": "13:00", "timezone": "UTC"},
+            "muted_types": ["promo"]
+        }))
+        .expect("prefs");
+        let due = |priority, created, kind: &str, send_by: Option<&str>| DueTogether {
+            member: m(priority, created),
+            note_type: Some(kind.to_string()),
+            send_by: send_by.map(crate::domain::at),
+        };
+        let all = [
+            due(Priority::High, 1, "order", None),
+            due(Priority::High, 2, "promo", None),
+            due(Priority::High, 3, "order", Some("2026-12-06T11:59:00Z")),
+            due(Priority::Normal, 4, "order", None),
+            due(Priority::High, 5, "order", Some("2026-12-06T12:30:00Z")),
+        ];
+        // Muted, expired, and a normal one in quiet hours do not contend.
+        assert_eq!(
+            contenders(&all, &prefs, now),
+            vec![m(Priority::High, 1), m(Priority::High, 5)]
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ impl Store {
     /// condition that the grants available are still `available` (a grant arriving or
     /// taken between the read and the write makes the wait lose: the claim reads
     /// again) and, for a member not `listed` yet, that the list has room.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn waiting_add(
         &self,
         pk: &str,
@@ -40,6 +41,7 @@ impl Store {
         member: &str,
         available: u64,
         listed: bool,
+        wake_at: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let grants = if available == 0 {
@@ -57,17 +59,24 @@ impl Store {
             .set_key(Some(key(pk, &quota_sk(template))))
             // On the due index while pushes wait (never due unless a grant made it so:
             // `WAKE_SET`), so a grant given later is a due item in its own commit.
-            .update_expression(
+            // (`wake_at`: due then, for a push that yielded to pushes due together.)
+            .update_expression(if wake_at.is_some() {
                 "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
-                 due_at = if_not_exists(due_at, :never) ADD #waiting :member",
-            )
+                 due_at = :never ADD #waiting :member"
+            } else {
+                "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
+                 due_at = if_not_exists(due_at, :never) ADD #waiting :member"
+            })
             .condition_expression(format!("{grants}{room}"))
             .expression_attribute_names("#waiting", WAITING)
             .expression_attribute_values(
                 ":wake_pk",
                 s(due_pk(pk, &quota_sk(template), self.shards)),
             )
-            .expression_attribute_values(":never", n(WAKE_NEVER_MS))
+            .expression_attribute_values(
+                ":never",
+                n(wake_at.map_or(WAKE_NEVER_MS, |at| at.timestamp_millis())),
+            )
             .expression_attribute_values(":t", s(template.as_str()))
             .expression_attribute_values(":kind", s("quota"))
             .expression_attribute_values(":now", s(rfc3339(now)))

@@ -5,11 +5,18 @@
 //! the `pending` index (keys only) holds exactly the user's open pushes and the count
 //! cannot drift. A count reads at most the cap's number of index entries, whatever the
 //! user's history; finished pushes are not on the index at all.
+//!
+//! Sorted by `<template>#<member>` and projecting `due_at` and `state`, the index also
+//! gives a push's claim the better pushes of its template due together with it
+//! ([`Store::due_better`], `domain::dispatch::priority::at_grant_due`).
 
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::Select;
+use chrono::{DateTime, Utc};
 
-use crate::domain::OpenId;
-use crate::store::items::s;
+use crate::domain::dispatch::priority::DueTogether;
+use crate::domain::{OpenId, TemplateId};
+use crate::store::items::{n, number, s, text};
 use crate::store::keys::user_pk;
 use crate::store::{Store, StoreError, classify_sdk_error};
 
@@ -25,12 +32,8 @@ impl Store {
         let mut from = None;
         loop {
             let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name("pending")
+                .pending_index(&user_pk(openid))
                 .key_condition_expression("pending_pk = :p")
-                .expression_attribute_values(":p", s(user_pk(openid)))
                 .select(Select::Count)
                 .limit(i32::try_from(up_to.saturating_sub(counted).max(1)).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(from)
@@ -41,6 +44,69 @@ impl Store {
             from = out.last_evaluated_key().cloned();
             if from.is_none() || counted >= up_to {
                 return Ok(counted);
+            }
+        }
+    }
+
+    /// A query of the user `pk`'s entries on the `pending` index (`:p` bound).
+    fn pending_index(&self, pk: &str) -> QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .index_name("pending")
+            .expression_attribute_values(":p", s(pk))
+    }
+
+    /// `pk`'s open pushes of `template` of a better class than `own`
+    /// that are due together with it (pending or scheduled, due within
+    /// [`YIELD_WAIT`](crate::domain::dispatch::priority::YIELD_WAIT)), from the
+    /// `pending` index: one key range of the template's better classes, read whole
+    /// (bounded by `PUSHES_PENDING_MAX`; usually none).
+    pub(crate) async fn due_better(
+        &self,
+        pk: &str,
+        template: &TemplateId,
+        own: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DueTogether>, StoreError> {
+        let prefix = format!("{template}#");
+        let class = own.split_once(':').map_or(own, |(rank, _)| rank);
+        let until = now + crate::domain::dispatch::priority::YIELD_WAIT;
+        let mut better = Vec::new();
+        let mut from = None;
+        loop {
+            let out = self
+                .pending_index(pk)
+                // Every member of a better class sorts between the template's prefix
+                // and `<prefix><own rank>:`.
+                .key_condition_expression("pending_pk = :p AND pending_sk BETWEEN :lo AND :hi")
+                .filter_expression("due_at <= :until AND #state IN (:pending, :scheduled)")
+                .expression_attribute_names("#state", "state")
+                .expression_attribute_values(":lo", s(&prefix))
+                .expression_attribute_values(":hi", s(format!("{prefix}{class}:")))
+                .expression_attribute_values(":until", n(until.timestamp_millis()))
+                .expression_attribute_values(":pending", s("pending"))
+                .expression_attribute_values(":scheduled", s("scheduled"))
+                .set_exclusive_start_key(from)
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            for item in out.items() {
+                let Some(member) = text(item, "pending_sk").and_then(|sk| sk.strip_prefix(&prefix))
+                else {
+                    continue;
+                };
+                if member < own {
+                    better.push(DueTogether {
+                        member: member.to_string(),
+                        note_type: text(item, "note_type").map(str::to_string),
+                        send_by: number(item, "send_by").and_then(DateTime::from_timestamp_millis),
+                    });
+                }
+            }
+            from = out.last_evaluated_key().cloned();
+            if from.is_none() {
+                return Ok(better);
             }
         }
     }

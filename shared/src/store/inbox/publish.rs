@@ -22,7 +22,7 @@ use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::inbox::{NoteItem, UnreadItem};
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
-use crate::store::keys::{due_pk, note_sk, outbox_sk, scheduled_sk, unread_sk};
+use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
 use crate::store::tx::{SentTx, TxOutcome, any_condition_failed, condition_failed};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -65,6 +65,14 @@ pub(crate) struct ScheduledItem {
     /// index with the user's open pushes (see `OutboxItem::pending_pk`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pending_pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending_sk: Option<String>,
+    /// Its notification's type and its push's last moment, beside the nested copies:
+    /// the `pending` index projects them for a claim's look at pushes due together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    send_by: Option<i64>,
 }
 
 fn first_version() -> u64 {
@@ -86,6 +94,13 @@ impl ScheduledItem {
         }
         .to_string();
         let pending_pk = push.is_some().then(|| note.pk.clone());
+        let (note_type, send_by) = match &push {
+            Some(p) => (Some(note.note_type.clone()), p.send_by),
+            None => (None, None),
+        };
+        let pending_sk = push
+            .as_ref()
+            .map(|p| pending_sk(&p.template_id, p.priority.unwrap_or_default(), &note.id));
         Self {
             due_pk: due_pk(&note.pk, &sk, shards),
             pk: note.pk.clone(),
@@ -97,6 +112,9 @@ impl ScheduledItem {
             due_at: at.timestamp_millis(),
             version: 1,
             pending_pk,
+            pending_sk,
+            note_type,
+            send_by,
         }
     }
 
@@ -117,6 +135,9 @@ impl ScheduledItem {
         let mut next = self.clone();
         next.push = None;
         next.pending_pk = None;
+        next.pending_sk = None;
+        next.note_type = None;
+        next.send_by = None;
         next.note.push_status = Some(status.as_str().to_string());
         next.note.push_reason = None;
         next.state = status.as_str().to_string();
@@ -200,7 +221,9 @@ impl Store {
             note_type: Some(note.note_type.clone()),
             waiting_grant: false,
             pending_pk: Some(note.pk.clone()),
+            pending_sk: None,
         }
+        .with_pending_sk()
     }
 
     /// Publishes the scheduled notification `sk` of `pk` whose due entry is at `due`

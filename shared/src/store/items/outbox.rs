@@ -12,7 +12,7 @@ use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::StoreError;
 use crate::store::items::{key, rfc3339, s};
-use crate::store::keys::{due_pk, note_sk};
+use crate::store::keys::{due_pk, note_sk, pending_sk};
 
 /// The outbox item of a push: what to send, and where it stands.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,9 +60,27 @@ pub(crate) struct OutboxItem {
     /// from the state wherever the item is written, so the count never drifts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) pending_pk: Option<String>,
+    /// Its place on the `pending` index while open ([`crate::store::keys::pending_sk`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pending_sk: Option<String>,
 }
 
 impl OutboxItem {
+    /// This item with its sort key on the `pending` index (a new, open push).
+    pub(crate) fn with_pending_sk(mut self) -> Self {
+        self.pending_sk = Some(self.pending_sk());
+        self
+    }
+
+    /// Its sort key on the `pending` index.
+    pub(crate) fn pending_sk(&self) -> String {
+        pending_sk(
+            &self.template_id,
+            self.priority.unwrap_or_default(),
+            &self.note_id,
+        )
+    }
+
     /// This item, pending again at `due` (on the due index) or in `state`; a final
     /// state expires after `retention`.
     pub(crate) fn moved(
@@ -82,6 +100,7 @@ impl OutboxItem {
         next.delivery_id = None;
         next.waiting_grant = false;
         next.pending_pk = open.then(|| self.pk.clone());
+        next.pending_sk = open.then(|| self.pending_sk());
         next.version = self.version + 1;
         next.updated_at = rfc3339(now);
         next

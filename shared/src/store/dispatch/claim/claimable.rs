@@ -81,6 +81,14 @@ impl Claimable {
 
     /// A push's member of its template's waiting list (a plan has none: it pauses
     /// `needs_grant` instead).
+    /// A push's user preferences (a plan has none to gate it by here).
+    pub(super) fn push_prefs(&self) -> Option<&Preferences> {
+        match self {
+            Self::Plan { .. } => None,
+            Self::Outbox { prefs, .. } => Some(prefs),
+        }
+    }
+
     pub(super) fn waiting_member(&self) -> Option<String> {
         match self {
             Self::Plan { .. } => None,

@@ -18,7 +18,7 @@ use crate::domain::TemplateId;
 use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::cap::{AtCap, at_cap, day_of};
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
-use crate::domain::dispatch::priority::{AtGrant, at_grant};
+use crate::domain::dispatch::priority::{AtGrant, at_grant, at_grant_due, contenders, may_yield};
 use crate::domain::inbox::cancel::{AtClaim, at_claim};
 use crate::domain::inbox::preferences::gate;
 use crate::store::dispatch::reserve::AsRead;
@@ -297,10 +297,22 @@ impl Store {
                     });
                 }
             };
-            // A push yields to a better one waiting for the grants there are.
+            // A push yields to a better one waiting for the grants there are, or due
+            // together with it (read only when it would take one, and only for a
+            // class that can be beaten).
             let own = claimable.waiting_member();
             let at = match &own {
-                Some(own) => at_grant(own, counters.available, &open.waiting),
+                Some(own) => match at_grant(own, counters.available, &open.waiting) {
+                    AtGrant::Take if may_yield(own) => {
+                        let due = self.due_better(&item.pk, &template, own, now).await?;
+                        let due = match claimable.push_prefs() {
+                            Some(prefs) => contenders(&due, prefs, now),
+                            None => Vec::new(),
+                        };
+                        at_grant_due(own, counters.available, &open.waiting, &due)
+                    }
+                    at => at,
+                },
                 None => AtGrant::Take,
             };
             let grant = match at {
@@ -314,7 +326,7 @@ impl Store {
                     )
                     .await?
                 }
-                AtGrant::Wait { .. } | AtGrant::Skip { .. } => None,
+                AtGrant::Wait { .. } | AtGrant::Skip { .. } | AtGrant::Yield => None,
             };
             let Some(mut grant) = grant else {
                 if publication.is_some() {

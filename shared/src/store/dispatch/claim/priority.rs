@@ -26,8 +26,10 @@ impl Store {
     ) -> Result<Attempt<ClaimOutcome>, StoreError> {
         let (counters, open) = claimable.grants();
         let available = counters.available;
+        let yielded = at == AtGrant::Yield;
         let (own, wake, skip) = match (own, at) {
             (Some(own), AtGrant::Wait { wake }) => (own, wake, false),
+            (Some(own), AtGrant::Yield) => (own, None, false),
             // The counters showed a grant the lists and ledger did not: wait for one.
             (Some(own), AtGrant::Take) => (own, None, false),
             (Some(own), AtGrant::Skip { wake }) => (own, wake, true),
@@ -62,7 +64,11 @@ impl Store {
             writes
         } else {
             let mut writes = self.unsent_writes(item, claimable, Unsent::WaitGrant, now)?;
-            writes.push(self.waiting_add(&item.pk, template, own, available, listed, now)?);
+            // Yielding to pushes due together: the wake entry comes due when they
+            // have had their chance at the grants (else it stays as it is).
+            let wake_at = yielded.then(|| now + crate::domain::dispatch::priority::YIELD_WAIT);
+            writes
+                .push(self.waiting_add(&item.pk, template, own, available, listed, wake_at, now)?);
             writes
         };
         let woken_at = writes.len();
