@@ -480,7 +480,6 @@ pub fn json_body(req: &Request) -> Result<serde_json::Value, ApiError> {
     serde_json::from_slice(bytes).map_err(|_| ApiError::MalformedJson)
 }
 
-/// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
 /// The caller of a read route: authenticated, then its read counted against
 /// `READS_PER_MINUTE` (429 with `Retry-After` past it, before anything is read).
 #[cfg(feature = "store")]
@@ -490,6 +489,7 @@ pub async fn authenticate_read(req: &Request, deps: &crate::Deps) -> Result<Open
     Ok(openid)
 }
 
+/// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
 pub async fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiError> {
     let header = req
         .headers()

@@ -100,6 +100,20 @@ async fn a_users_open_pushes_are_capped_at_ingest_and_the_notification_is_still_
         .is_none(),
         "no outbox item for a refused push"
     );
+    // A push that would not be pending anyway (expired on arrival) is recorded as
+    // such, not refused.
+    let gone = app
+        .notify(scheduled(
+            &user,
+            "gone",
+            json!({"expires_at": at(app.now() - Duration::minutes(1))}),
+        ))
+        .await;
+    assert_eq!(
+        (gone["push"].as_str(), gone.get("reason")),
+        (Some("expired"), None),
+        "{gone}"
+    );
     // The same event again: a duplicate, nothing changed.
     let again = app.notify(scheduled(&user, "over", json!({}))).await;
     assert_eq!(again["status"], "duplicate", "{again}");

@@ -30,8 +30,9 @@ pub(crate) const DUE_PAGE: usize = 50;
 /// ~200 bytes each). They are not in flight and hold none of the lane's slots, so a
 /// lane reads on past one user's burst: a thousand of one user's pushes due at once
 /// never delay another user's. Past this many the lane reads no further until some
-/// have had their turn. A user's pending pushes are capped at ingest
-/// (`PUSHES_PENDING_MAX`), so one user alone never fills it.
+/// have had their turn. A user's open pushes are capped at ingest
+/// (`PUSHES_PENDING_MAX`, 1,000 by default), so with the default 16 shards one user
+/// alone fills about a sixteenth of it.
 pub(crate) const TURN_QUEUE: usize = 1000;
 
 /// How many times one page of a shard is read before the shard is left for the next

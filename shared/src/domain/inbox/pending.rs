@@ -4,15 +4,13 @@
 //! recorded `rejected` with `too_many_pending`. A push that replaces one of the user's
 //! open pushes (the same `collapse_key`) is taken at the cap: the count does not grow.
 
-use crate::domain::inbox::{Push, PushReason};
+use crate::domain::inbox::PushReason;
 
-/// The push an event keeps: `None` when it may be taken as asked, else the rejection
-/// recorded in its place. `open` is the user's open pushes as counted (up to `max`).
-pub fn refused(open: u32, max: u32, replaces_open: bool) -> Option<Push> {
-    (open >= max && !replaces_open).then(|| Push::Rejected {
-        code: PushReason::TooManyPending,
-        detail: format!("the user has {open} open pushes, the most allowed"),
-    })
+/// Why an event's push, were it to be `pending`, is refused instead (`None`: taken).
+/// `open` is the user's open pushes as counted (up to `max`). A push that is not to be
+/// pending anyway (cancelled first, expired) is recorded as such, not refused.
+pub fn refused(open: u32, max: u32, replaces_open: bool) -> Option<PushReason> {
+    (open >= max && !replaces_open).then_some(PushReason::TooManyPending)
 }
 
 #[cfg(test)]
@@ -31,7 +29,7 @@ mod tests {
         ] {
             let decided = refused(open, max, replaces);
             assert_eq!(decided.is_none(), taken, "{open}/{max} {replaces}");
-            if let Some(Push::Rejected { code, .. }) = decided {
+            if let Some(code) = decided {
                 assert_eq!(code.as_str(), "too_many_pending");
             }
         }

@@ -30,7 +30,9 @@ impl Store {
         // Only the entry as it was seen: one the item got since is left alone.
         let (expression, condition) = match index {
             Index::Due => (
-                "REMOVE due_pk, due_at SET quarantined_at = :now",
+                // (Off the pending index too: an item for an operator is no open push
+                // counted against its user's cap.)
+                "REMOVE due_pk, due_at, pending_pk, pending_sk SET quarantined_at = :now",
                 "due_at = :seen",
             ),
             Index::Lease => (

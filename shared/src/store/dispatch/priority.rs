@@ -28,6 +28,14 @@ fn outbox_of(member: &str) -> Result<String, StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("bad waiting member {member:?}")))
 }
 
+/// The wake of a push that yielded to pushes due together: the template's wake entry
+/// due `at`, in place of its `due_at` as the claim read it (`read`; absent: none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct YieldWake {
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) read: Option<i64>,
+}
+
 impl Store {
     /// Lists `member` on the template's quota item as waiting for a grant, on the
     /// condition that the grants available are still `available` (a grant arriving or
@@ -41,7 +49,7 @@ impl Store {
         member: &str,
         available: u64,
         listed: bool,
-        wake_at: Option<DateTime<Utc>>,
+        wake: Option<YieldWake>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let grants = if available == 0 {
@@ -54,20 +62,27 @@ impl Store {
         } else {
             " AND (attribute_not_exists(#waiting) OR size(#waiting) < :max)"
         };
+        // A yield's wake replaces the entry's instant only as read (never a wake made
+        // due meanwhile: the claim reads again).
+        let as_read = match wake.and_then(|w| w.read) {
+            Some(_) => " AND due_at = :read_due",
+            None if wake.is_some() => " AND attribute_not_exists(due_at)",
+            None => "",
+        };
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
             // On the due index while pushes wait (never due unless a grant made it so:
             // `WAKE_SET`), so a grant given later is a due item in its own commit.
-            // (`wake_at`: due then, for a push that yielded to pushes due together.)
-            .update_expression(if wake_at.is_some() {
+            // (`wake`: due then, for a push that yielded to pushes due together.)
+            .update_expression(if wake.is_some() {
                 "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
                  due_at = :never ADD #waiting :member"
             } else {
                 "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
                  due_at = if_not_exists(due_at, :never) ADD #waiting :member"
             })
-            .condition_expression(format!("{grants}{room}"))
+            .condition_expression(format!("{grants}{room}{as_read}"))
             .expression_attribute_names("#waiting", WAITING)
             .expression_attribute_values(
                 ":wake_pk",
@@ -75,7 +90,7 @@ impl Store {
             )
             .expression_attribute_values(
                 ":never",
-                n(wake_at.map_or(WAKE_NEVER_MS, |at| at.timestamp_millis())),
+                n(wake.map_or(WAKE_NEVER_MS, |w| w.at.timestamp_millis())),
             )
             .expression_attribute_values(":t", s(template.as_str()))
             .expression_attribute_values(":kind", s("quota"))
@@ -86,6 +101,10 @@ impl Store {
             update
         } else {
             update.expression_attribute_values(":max", n(MAX_WAITING))
+        };
+        let update = match wake.and_then(|w| w.read) {
+            Some(read) => update.expression_attribute_values(":read_due", n(read)),
+            None => update,
         };
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)

@@ -239,8 +239,7 @@ impl Store {
         event: &NotifyEvent,
         now: DateTime<Utc>,
     ) -> Result<Ingested, StoreError> {
-        let capped;
-        let event = match &event.push {
+        let capped = match &event.push {
             Some(Push::Ready { .. }) => {
                 let max = self.limits.pushes_pending_max;
                 let open = self.pending_pushes(&event.openid, max).await?;
@@ -251,20 +250,11 @@ impl Store {
                     }
                     _ => false,
                 };
-                match crate::domain::inbox::pending::refused(open, max, replaces) {
-                    Some(push) => {
-                        capped = NotifyEvent {
-                            push: Some(push),
-                            ..event.clone()
-                        };
-                        &capped
-                    }
-                    None => event,
-                }
+                crate::domain::inbox::pending::refused(open, max, replaces)
             }
-            _ => event,
+            _ => None,
         };
-        match self.ingest_checked(event, &[], now).await? {
+        match self.ingest_checked(event, capped, &[], now).await? {
             Ok(ingested) => Ok(ingested),
             Err(_) => Err(StoreError::Corrupt("a check no ingest makes failed".into())),
         }
@@ -275,13 +265,14 @@ impl Store {
     async fn ingest_checked(
         &self,
         event: &NotifyEvent,
+        capped: Option<PushReason>,
         checks: &[TransactWriteItem],
         now: DateTime<Utc>,
     ) -> Result<Result<Ingested, usize>, StoreError> {
         let mut record = Record::New;
         // At most: new, then replacing a mark, then new again if the mark expired.
         for _ in 0..3 {
-            match self.ingest_as(event, now, record, checks).await? {
+            match self.ingest_as(event, capped, now, record, checks).await? {
                 Ingest::Done(ingested) => return Ok(Ok(ingested)),
                 Ingest::Refused(check) => return Ok(Err(check)),
                 Ingest::Marked { cancelled } => record = Record::ReplaceMark { cancelled },
@@ -294,10 +285,11 @@ impl Store {
     }
 
     /// One ingest, writing the event's record as `record` says, with the caller's
-    /// condition `checks`.
+    /// condition `checks`; `capped`: why a push that would be pending is refused.
     async fn ingest_as(
         &self,
         event: &NotifyEvent,
+        capped: Option<PushReason>,
         now: DateTime<Utc>,
         record_as: Record,
         checks: &[TransactWriteItem],
@@ -316,7 +308,10 @@ impl Store {
             Some(Push::Ready { .. }) if is_expired(send_by, publish_at) => {
                 (Some(PushStatus::Expired), None)
             }
-            Some(Push::Ready { .. }) => (Some(PushStatus::Pending), None),
+            Some(Push::Ready { .. }) => match capped {
+                Some(code) => (Some(PushStatus::Rejected), Some(code.as_str().to_string())),
+                None => (Some(PushStatus::Pending), None),
+            },
             Some(Push::Rejected { code, .. }) => {
                 (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
             }

@@ -2,7 +2,7 @@
 //! ([`crate::domain::inbox::pending`]). Every open push — an outbox item `pending` or
 //! `sending`, a scheduled notification with its push — carries `pending_pk` (the
 //! user's partition), set and removed with the state it follows in the same write, so
-//! the `pending` index (keys only) holds exactly the user's open pushes and the count
+//! the sparse `pending` index holds exactly the user's open pushes and the count
 //! cannot drift. A count reads at most the cap's number of index entries, whatever the
 //! user's history; finished pushes are not on the index at all.
 //!
@@ -31,15 +31,24 @@ impl Store {
         let mut counted = 0u32;
         let mut from = None;
         loop {
-            let out = self
+            let sent = self
                 .pending_index(&user_pk(openid))
                 .key_condition_expression("pending_pk = :p")
                 .select(Select::Count)
                 .limit(i32::try_from(up_to.saturating_sub(counted).max(1)).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(from)
                 .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
+                .await;
+            let out = match sent {
+                Ok(out) => out,
+                Err(e) if index_not_ready(&e) => {
+                    tracing::warn!(
+                        "the pending index is not ready (still being built): open pushes not counted"
+                    );
+                    return Ok(0);
+                }
+                Err(e) => return Err(classify_sdk_error(e, |_| false)),
+            };
             counted = counted.saturating_add(u32::try_from(out.count()).unwrap_or(0));
             from = out.last_evaluated_key().cloned();
             if from.is_none() || counted >= up_to {
@@ -49,6 +58,10 @@ impl Store {
     }
 
     /// A query of the user `pk`'s entries on the `pending` index (`:p` bound).
+    ///
+    /// While DynamoDB builds the index (a deploy that adds it to a table with items),
+    /// queries of it are refused ([`index_not_ready`]): the cap then admits and a claim
+    /// yields to nobody, as before the index existed, rather than failing every ingest.
     fn pending_index(&self, pk: &str) -> QueryFluentBuilder {
         self.client
             .query()
@@ -72,25 +85,40 @@ impl Store {
         let prefix = format!("{template}#");
         let class = own.split_once(':').map_or(own, |(rank, _)| rank);
         let until = now + crate::domain::dispatch::priority::YIELD_WAIT;
+        let since = now - crate::domain::dispatch::priority::YIELD_WAIT;
         let mut better = Vec::new();
         let mut from = None;
         loop {
-            let out = self
+            let sent = self
                 .pending_index(pk)
                 // Every member of a better class sorts between the template's prefix
                 // and `<prefix><own rank>:`.
                 .key_condition_expression("pending_pk = :p AND pending_sk BETWEEN :lo AND :hi")
-                .filter_expression("due_at <= :until AND #state IN (:pending, :scheduled)")
+                // Overdue by more than the wait: not coming (a claim failing, a shard
+                // unread), so not waited for again.
+                .filter_expression(
+                    "due_at BETWEEN :since AND :until AND #state IN (:pending, :scheduled)",
+                )
                 .expression_attribute_names("#state", "state")
                 .expression_attribute_values(":lo", s(&prefix))
                 .expression_attribute_values(":hi", s(format!("{prefix}{class}:")))
+                .expression_attribute_values(":since", n(since.timestamp_millis()))
                 .expression_attribute_values(":until", n(until.timestamp_millis()))
                 .expression_attribute_values(":pending", s("pending"))
                 .expression_attribute_values(":scheduled", s("scheduled"))
                 .set_exclusive_start_key(from)
                 .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
+                .await;
+            let out = match sent {
+                Ok(out) => out,
+                Err(e) if index_not_ready(&e) => {
+                    tracing::warn!(
+                        "the pending index is not ready (still being built): no push due together looked for"
+                    );
+                    return Ok(Vec::new());
+                }
+                Err(e) => return Err(classify_sdk_error(e, |_| false)),
+            };
             for item in out.items() {
                 let Some(member) = text(item, "pending_sk").and_then(|sk| sk.strip_prefix(&prefix))
                 else {
@@ -110,4 +138,19 @@ impl Store {
             }
         }
     }
+}
+
+/// Whether DynamoDB refused a query of the index as not there yet: created by the
+/// deploy and still being built ("backfilling"), or not created at all.
+fn index_not_ready<E: aws_sdk_dynamodb::error::ProvideErrorMetadata, R>(
+    e: &aws_sdk_dynamodb::error::SdkError<E, R>,
+) -> bool {
+    e.as_service_error().is_some_and(|s| {
+        matches!(
+            s.code(),
+            Some("ValidationException" | "ResourceNotFoundException")
+        ) && s
+            .message()
+            .is_some_and(|m| m.to_ascii_lowercase().contains("index"))
+    })
 }

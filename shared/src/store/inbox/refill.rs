@@ -131,7 +131,7 @@ impl Store {
             &refusing,
         )?;
         Ok(
-            match Box::pin(self.ingest_checked(notice, &[used_up, held], now)).await? {
+            match Box::pin(self.ingest_checked(notice, None, &[used_up, held], now)).await? {
                 Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
                 Ok(Ingested::Duplicate { .. } | Ingested::Conflict { .. }) => Refilled::Already,
                 Err(0) => Refilled::NotUsedUp,

@@ -233,6 +233,11 @@ pub(crate) struct OpenGrants {
     /// The standing choice of the user's settings for the template (absent, or not
     /// one this version knows: none).
     pub(crate) standing: Option<Standing>,
+    /// The wake entry's `due_at` as read (epoch ms; absent: none), and whether it is
+    /// on the due index (`due_pk` set: pushes wait). Off the index, `due_at` is only
+    /// the last grant's instant and wakes nothing.
+    pub(crate) wake_at: Option<i64>,
+    pub(crate) wake_listed: bool,
 }
 
 impl OpenGrants {
@@ -270,6 +275,11 @@ impl OpenGrants {
                 .get(STANDING)
                 .and_then(|v| v.as_s().ok())
                 .and_then(|v| Standing::parse(v)),
+            wake_at: quota
+                .get("due_at")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse().ok()),
+            wake_listed: quota.contains_key("due_pk"),
         }
     }
 

@@ -9,6 +9,7 @@ use super::{ClaimOutcome, Claimable, Unsent};
 use crate::domain::TemplateId;
 use crate::domain::dispatch::priority::AtGrant;
 use crate::store::dispatch::DueItem;
+use crate::store::dispatch::priority::YieldWake;
 use crate::store::items::outbox::{is_note_update, only_note_updates_failed};
 use crate::store::tx::{TxOutcome, is_condition_failed};
 use crate::store::{Attempt, Store, StoreError};
@@ -65,10 +66,20 @@ impl Store {
         } else {
             let mut writes = self.unsent_writes(item, claimable, Unsent::WaitGrant, now)?;
             // Yielding to pushes due together: the wake entry comes due when they
-            // have had their chance at the grants (else it stays as it is).
-            let wake_at = yielded.then(|| now + crate::domain::dispatch::priority::YIELD_WAIT);
-            writes
-                .push(self.waiting_add(&item.pk, template, own, available, listed, wake_at, now)?);
+            // have had their chance at the grants — unless on the index and due sooner
+            // already (a grant given beside waiting pushes), when it stays as it is.
+            let at = now + crate::domain::dispatch::priority::YIELD_WAIT;
+            let sooner = open.wake_listed
+                && open
+                    .wake_at
+                    .is_some_and(|read| read <= at.timestamp_millis());
+            let yield_wake = (yielded && !sooner).then_some(YieldWake {
+                at,
+                read: open.wake_at,
+            });
+            writes.push(
+                self.waiting_add(&item.pk, template, own, available, listed, yield_wake, now)?,
+            );
             writes
         };
         let woken_at = writes.len();
