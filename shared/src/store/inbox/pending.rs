@@ -39,15 +39,8 @@ impl Store {
                 .set_exclusive_start_key(from)
                 .send()
                 .await;
-            let out = match sent {
-                Ok(out) => out,
-                Err(e) if index_not_ready(&e) => {
-                    tracing::warn!(
-                        "the pending index is not ready (still being built): open pushes not counted"
-                    );
-                    return Ok(0);
-                }
-                Err(e) => return Err(classify_sdk_error(e, |_| false)),
+            let Some(out) = answered(sent, "open pushes not counted")? else {
+                return Ok(0);
             };
             counted = counted.saturating_add(u32::try_from(out.count()).unwrap_or(0));
             from = out.last_evaluated_key().cloned();
@@ -109,15 +102,8 @@ impl Store {
                 .set_exclusive_start_key(from)
                 .send()
                 .await;
-            let out = match sent {
-                Ok(out) => out,
-                Err(e) if index_not_ready(&e) => {
-                    tracing::warn!(
-                        "the pending index is not ready (still being built): no push due together looked for"
-                    );
-                    return Ok(Vec::new());
-                }
-                Err(e) => return Err(classify_sdk_error(e, |_| false)),
+            let Some(out) = answered(sent, "no push due together looked for")? else {
+                return Ok(Vec::new());
             };
             for item in out.items() {
                 let Some(member) = text(item, "pending_sk").and_then(|sk| sk.strip_prefix(&prefix))
@@ -153,4 +139,26 @@ fn index_not_ready<E: aws_sdk_dynamodb::error::ProvideErrorMetadata, R>(
             .message()
             .is_some_and(|m| m.to_ascii_lowercase().contains("index"))
     })
+}
+
+/// A query's answer, or `None` (logged, with what is `skipped` for it) when the index is
+/// not ready yet ([`index_not_ready`]).
+fn answered<O, E>(
+    sent: Result<O, aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>>,
+    skipped: &str,
+) -> Result<Option<O>, StoreError>
+where
+    E: std::error::Error + aws_sdk_dynamodb::error::ProvideErrorMetadata + Send + Sync + 'static,
+{
+    match sent {
+        Ok(out) => Ok(Some(out)),
+        Err(e) if index_not_ready(&e) => {
+            tracing::warn!(
+                skipped,
+                "the pending index is not ready (still being built)"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(classify_sdk_error(e, |_| false)),
+    }
 }
