@@ -163,3 +163,58 @@ async fn a_users_open_pushes_are_capped_at_ingest_and_the_notification_is_still_
     assert!(refused(&answer), "{answer}");
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+/// While the `pending` index is not there (DynamoDB builds it after the deploy that
+/// adds it, and refuses queries of it meanwhile), the cap admits and a claim yields to
+/// no push, as before the index existed — neither fails: every ingest and tick goes
+/// on (before, each query's refusal failed the ingest and the claim).
+#[tokio::test]
+async fn without_the_pending_index_the_cap_admits_and_a_claim_yields_to_none() {
+    use aws_sdk_dynamodb::types::{DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate};
+    let app = spawn_app_with(&[
+        ("PUSHES_PENDING_MAX", "1"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+    ])
+    .await;
+    let drop_index = DeleteGlobalSecondaryIndexAction::builder()
+        .index_name("pending")
+        .build()
+        .expect("an index name");
+    app.table
+        .client
+        .update_table()
+        .table_name(&app.table.name)
+        .global_secondary_index_updates(
+            GlobalSecondaryIndexUpdate::builder()
+                .delete(drop_index)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("the pending index is dropped");
+    let user = app.user("early").await;
+    app.accept(&user, ORDER, "g_one").await;
+    // Past the cap of one, and a low push that would yield to the normal one due with
+    // it: nothing is read off the index, so neither is refused nor waits.
+    for (key, extra) in [("first", json!({"priority": "low"})), ("second", json!({}))] {
+        let answer = app.notify(scheduled(&user, key, extra)).await;
+        assert_eq!(
+            (answer["status"].as_str(), answer["push"].as_str()),
+            (Some("created"), Some("pending")),
+            "{key}: {answer}"
+        );
+    }
+    let summary = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(summary.sent, 1, "the one grant is spent: {summary:?}");
+    let listed = pushes(&app, &user).await;
+    let sent = listed
+        .values()
+        .filter(|(status, _)| status == "sent")
+        .count();
+    let open = listed
+        .values()
+        .filter(|(status, _)| status == "pending")
+        .count();
+    assert_eq!((sent, open), (1, 1), "{listed:?}");
+    assert_ledger_agrees_with_counters(&app).await;
+}

@@ -66,6 +66,21 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
         ],
     )
     .await;
+    // A push that cannot be read, counted on its user's pending index.
+    put_raw(
+        &app,
+        vec![
+            ("pk", S("USER#oGhost".into())),
+            ("sk", S("OUTBOX#bad".into())),
+            ("kind", S("outbox".into())),
+            ("state", S("pending".into())),
+            ("due_pk", S("DUE#0".into())),
+            ("due_at", N(past.clone())),
+            ("pending_pk", S("USER#oGhost".into())),
+            ("pending_sk", S("order#1:bad".into())),
+        ],
+    )
+    .await;
     // A stale delivery that cannot be read.
     put_corrupt_stale_delivery(&app, "DELIVERY#bad", &past).await;
     let summary = app.tick(30).await;
@@ -74,8 +89,8 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
         "every readable due item is sent: {summary:?}"
     );
     assert_eq!(
-        summary.skipped, 3,
-        "three bad items, each counted: {summary:?}"
+        summary.skipped, 4,
+        "four bad items, each counted: {summary:?}"
     );
     for user in &users {
         assert_eq!(
@@ -90,8 +105,16 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
         .await
         .into_iter()
         .filter(|i| i.contains_key("quarantined_at"))
-        .count();
-    assert_eq!(quarantined, 3);
+        .collect::<Vec<_>>();
+    assert_eq!(quarantined.len(), 4, "{quarantined:?}");
+    // The push for an operator is no open push counted against its user's cap: it
+    // left the pending index with the due one.
+    assert!(
+        quarantined
+            .iter()
+            .all(|i| !i.contains_key("pending_pk") && !i.contains_key("due_pk")),
+        "{quarantined:?}"
+    );
     // And the audit trail says where each stopped.
     let recorded = app
         .items()
@@ -100,7 +123,7 @@ async fn one_corrupt_due_entry_or_stale_delivery_is_skipped_and_counted_and_the_
         .filter(|i| attr_s(i, "kind") == Some("history"))
         .filter(|i| format!("{:?}", i.get("changes")).contains("quarantined"))
         .count();
-    assert_eq!(recorded, 3, "one history entry per quarantined item");
+    assert_eq!(recorded, 4, "one history entry per quarantined item");
     let again = app.tick(30).await;
     assert_eq!((again.due, again.skipped), (0, 0), "{again:?}");
 }
