@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::Serialize;
 
-use crate::Clock;
+use crate::clock::Clock;
 use crate::config::{SessionConfig, SessionKeySource};
 use crate::domain::OpenId;
 use crate::secrets::Secret;

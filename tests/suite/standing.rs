@@ -610,10 +610,9 @@ async fn a_refusal_landing_between_a_claims_read_and_its_write_wins() {
             .await;
     });
     proxy.until_held().await;
-    // (Passed through, to count the claims' transactions: only they carry the
-    // condition's placeholders.)
+    // (Passed through, to count the claims' transactions: only they reserve a grant.)
     let pass = Fault::CommitThenDelay(std::time::Duration::ZERO);
-    proxy.inject("TransactWriteItems", Some(":refusing0"), pass, 0);
+    proxy.inject("TransactWriteItems", Some(":reserved"), pass, 0);
     let summary = app.tick(30).await;
     refusal.abort();
     let claims = proxy.injected().iter().filter(|(_, f)| *f == pass).count();

@@ -49,38 +49,10 @@ mod limits;
 mod load;
 
 pub use limits::{Limits, Retention};
-
-/// Which build of the mini-program a message opens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MiniprogramState {
-    Formal,
-    Trial,
-    Developer,
-}
-
-impl MiniprogramState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Formal => "formal",
-            Self::Trial => "trial",
-            Self::Developer => "developer",
-        }
-    }
-}
-
-/// The WeChat client's settings.
-#[derive(Debug, Clone)]
-pub struct WechatConfig {
-    /// Without a trailing slash.
-    pub api_base: String,
-    pub appid: String,
-    /// The AppSecret; `None` in a function that never calls WeChat.
-    pub secret: Option<Secret>,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
-    pub miniprogram_state: MiniprogramState,
-    pub lang: String,
-}
+// The WeChat client's settings and the session key's minimum live with what uses them
+// (both below this module): named here too, as every other setting is.
+pub use crate::secrets::MIN_SESSION_SECRET_BYTES;
+pub use crate::wechat::{MiniprogramState, WechatConfig};
 
 /// Session token settings.
 #[derive(Debug, Clone)]
@@ -237,9 +209,6 @@ const SECRET_VARIABLES: [(&str, &str, &str); 7] = [
         "AWSCURRENT",
     ),
 ];
-
-/// The minimum HS256 key length we accept (RFC 7518 §3.2: at least the hash size).
-pub const MIN_SESSION_SECRET_BYTES: usize = 32;
 
 #[cfg(test)]
 mod tests;

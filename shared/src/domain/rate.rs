@@ -1,7 +1,7 @@
 //! Per-user limits counted by the minute (`REPORTS_PER_MINUTE`, `CHANGES_PER_MINUTE`):
-//! whether one more write is admitted, decided on the count as read, so a refused
-//! request writes nothing. (The write itself is conditional on the count too, so two
-//! racing requests cannot both take the last place.)
+//! the minute, a refusal's wait, and the places a standing choice takes. Whether a
+//! write fits is one rule on the stored count (`store::items::rate::room_for`), checked
+//! on the count as read and carried as the counted write's condition.
 
 use chrono::{DateTime, Utc};
 
@@ -15,21 +15,6 @@ pub fn minute_of(now: DateTime<Utc>) -> i64 {
 pub fn retry_after(now: DateTime<Utc>) -> u64 {
     let next = (minute_of(now) + 1) * 60;
     u64::try_from(next - now.timestamp()).unwrap_or(60).max(1)
-}
-
-/// One more write, when `count` were made in `now`'s minute and `max` may be:
-/// `Err` with the seconds until the next minute once they are used up.
-pub fn admit(count: u64, max: u32, now: DateTime<Utc>) -> Result<(), u64> {
-    admit_n(count, 1, max, now)
-}
-
-/// `n` more writes (a request that writes several counted items): all fit, or none.
-pub fn admit_n(count: u64, n: u64, max: u32, now: DateTime<Utc>) -> Result<(), u64> {
-    if count.saturating_add(n) <= u64::from(max) {
-        Ok(())
-    } else {
-        Err(retry_after(now))
-    }
 }
 
 /// The places a standing choice (`subscriptions_setting`) takes of the user's reports in
@@ -46,18 +31,6 @@ pub fn setting_places(changed: usize, reserve: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::domain::at;
-
-    #[test]
-    fn admits_until_the_minutes_count_is_used_up() {
-        let now = at("2026-12-02T10:00:15Z");
-        assert_eq!(admit(0, 3, now), Ok(()));
-        assert_eq!(admit(2, 3, now), Ok(()));
-        assert_eq!(admit(3, 3, now), Err(45));
-        assert_eq!(admit(9, 3, now), Err(45));
-        assert_eq!(admit_n(1, 2, 3, now), Ok(()));
-        assert_eq!(admit_n(2, 2, 3, now), Err(45), "all fit, or none");
-        assert_eq!(admit_n(3, 0, 3, now), Ok(()), "nothing to count");
-    }
 
     #[test]
     fn a_setting_takes_one_place_whatever_it_changes_or_rides_on_its_requests() {

@@ -19,6 +19,10 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use serde_json::{Value, json};
 
+/// The minimum HS256 session key length we accept (RFC 7518 §3.2: at least the hash
+/// size): a rotation stages no shorter key, and `config` refuses one.
+pub const MIN_SESSION_SECRET_BYTES: usize = 32;
+
 /// A secret string: usable, never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -83,7 +87,7 @@ pub(crate) fn signed_post(
         .name(service)
         // AWS checks a signature against its own clock: the real time, whatever a
         // test's clock reads.
-        .time(SystemTime::from(crate::Clock::real_now()))
+        .time(SystemTime::from(crate::clock::Clock::real_now()))
         .settings(SigningSettings::default())
         .build()?
         .into();

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use super::MIN_SESSION_SECRET_BYTES;
 use super::{SecretsError, SecretsReader};
-use crate::config::MIN_SESSION_SECRET_BYTES;
 
 /// Bytes of randomness in a key (written as hex: 64 characters).
 const KEY_BYTES: usize = 32;

@@ -18,6 +18,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_new;
 use crate::store::keys::{
     DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
 };
@@ -238,7 +240,7 @@ pub fn entry(
         .set_item(Some(
             serde_dynamo::to_item(&entry).map_err(|e| corrupt("history", e))?,
         ))
-        .condition_expression("attribute_not_exists(pk)")
+        .guarded(&is_new(), "g")
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().put(put).build())

@@ -18,7 +18,7 @@ use crate::store::items::quota::STANDING;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::setting::{SETTING_SK, decided_at};
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
-use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::tx::{Outcome, Parts, TxOutcome};
 use crate::store::{Attempt, Limit, Store, StoreError, retry_contended};
 
 impl Store {
@@ -235,27 +235,37 @@ impl Store {
                     self.setting_check(pk, decided)?
                 });
             }
-            for mut writes in batches {
-                let rate_at = rate.take().map(|rate| {
-                    writes.push(rate);
-                    writes.len() - 1
-                });
-                match self.transact(writes).await? {
-                    TxOutcome::Committed => {}
-                    TxOutcome::Cancelled(reasons)
-                        if rate_at.is_some_and(|at| condition_failed(&reasons, at)) =>
-                    {
+            for batch in batches {
+                let mut writes = Parts::new();
+                for write in batch {
+                    writes.add(Setting::Change, write);
+                }
+                if let Some(rate) = rate.take() {
+                    writes.add(Setting::Rate, rate);
+                }
+                match self.transact_parts(&writes).await? {
+                    Outcome::Committed => {}
+                    Outcome::Cancelled(failed) if failed.has(Setting::Rate) => {
                         return Err(StoreError::Limited(Limit::Rate { retry_after }));
                     }
                     // Something moved since the read: read again (templates done
                     // already change nothing the next time).
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Cancelled(_) | Outcome::Contended => return Ok(Attempt::Retry),
                 }
             }
             Ok(Attempt::Done(Stood::Applied))
         })
         .await
     }
+}
+
+/// The parts of a standing choice's transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// A template's standing change, a plan it moves, or the setting's mark.
+    Change,
+    /// The minute's count of reports (with the first transaction).
+    Rate,
 }
 
 /// What became of a standing choice ([`Store::stand`]).

@@ -33,7 +33,7 @@ use crate::store::items::quota::quota_update_item;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::rfc3339;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
-use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{
     Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_contended,
 };
@@ -104,7 +104,8 @@ pub struct StoredQuotas {
     pub waiting: std::collections::BTreeSet<TemplateId>,
 }
 
-/// Where each part of a report's transaction sits, to read its failed conditions.
+/// The parts of a report's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
     Ledger,
     Counters,
@@ -154,8 +155,7 @@ impl Store {
                     let progress = lock()?;
                     (progress.writes(), progress.pending().clone())
                 };
-                let mut items = Vec::with_capacity(writes.len() * 2 + 1);
-                let mut parts = Vec::with_capacity(writes.len() * 2 + 1);
+                let mut parts = Parts::new();
                 for write in &writes {
                     let item = GrantItem::new(
                         &pk,
@@ -165,12 +165,12 @@ impl Store {
                         now,
                         self.limits.retention.grants,
                     );
-                    items.push(
+                    parts.add(
+                        Part::Ledger,
                         self.put_new(
                             serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
                         )?,
                     );
-                    parts.push(Part::Ledger);
                     if let Some(update) = quota_update_item(
                         &self.table,
                         &pk,
@@ -181,51 +181,47 @@ impl Store {
                         // (A report's handler reads the waiting pushes after it lands.)
                         false,
                     )? {
-                        items.push(update);
-                        parts.push(Part::Counters);
+                        parts.add(Part::Counters, update);
                     }
                 }
                 // The plans of the kinds that use a template recorded now move in the
                 // same transaction, conditional on the version read: only a report's
                 // first application moves a plan, never a replay (I3).
                 for plan in self.report_plans(&pk, &pending, now).await? {
-                    items.push(plan);
-                    parts.push(Part::Plan);
+                    parts.add(Part::Plan, plan);
                 }
                 // Last, so a replay's ledger conditions are the ones an emulator reports.
                 let (rate, retry_after) = self.report_rate(&pk, now)?;
-                items.push(rate);
-                parts.push(Part::Rate);
-                let reasons = match self.transact(items).await? {
-                    TxOutcome::Committed => {
+                parts.add(Part::Rate, rate);
+                let failed = match self.transact_parts(&parts).await? {
+                    Outcome::Committed => {
                         lock()?.committed();
                         return Ok(Attempt::Done(()));
                     }
-                    TxOutcome::Contended => return Ok(Attempt::Retry),
-                    TxOutcome::Cancelled(reasons) => reasons,
+                    Outcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Cancelled(failed) => failed,
                 };
-                // The items after the report's own (the audit trail's entry) have no
-                // condition a report can fail: one that did is not a race to retry.
-                if (parts.len()..reasons.len()).any(|index| condition_failed(&reasons, index)) {
+                // The audit trail's entry has no condition a report can fail: one that
+                // did is not a race to retry.
+                if failed.audit() {
                     return Err(StoreError::Corrupt(
                         "a grant report's transaction failed a condition it did not set".into(),
                     ));
                 }
                 let mut failures = Vec::new();
-                for (index, part) in parts.iter().enumerate() {
-                    if !condition_failed(&reasons, index) {
-                        continue;
-                    }
+                for (part, old) in failed.iter() {
                     failures.push(match part {
                         Part::Rate => ReportFailure::Rate,
                         Part::Counters => ReportFailure::OpenGrantCap,
                         Part::Plan => ReportFailure::PlanMoved,
                         Part::Ledger => {
-                            let old = reasons.get(index).and_then(|(_, old)| old.clone());
-                            let old: GrantItem = serde_dynamo::from_item(old.ok_or_else(|| {
-                                StoreError::Corrupt("condition failure without the old item".into())
-                            })?)
-                            .map_err(|e| corrupt("grant", e))?;
+                            let old: GrantItem =
+                                serde_dynamo::from_item(old.cloned().ok_or_else(|| {
+                                    StoreError::Corrupt(
+                                        "condition failure without the old item".into(),
+                                    )
+                                })?)
+                                .map_err(|e| corrupt("grant", e))?;
                             ReportFailure::Recorded {
                                 // Written at this call's own instant: an earlier attempt
                                 // of this call committed with its answer lost.

@@ -41,6 +41,8 @@ use std::time::Duration;
 
 use crate::domain::dispatch::RetryPolicy;
 use crate::domain::reminders::ReminderKinds;
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_there;
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -68,7 +70,7 @@ pub struct Store {
     index_queries: std::sync::Arc<tokio::sync::Semaphore>,
     /// What time it is where the store itself reads it (an audit entry's time, a lease
     /// taken, an answer kept).
-    clock: crate::Clock,
+    clock: crate::clock::Clock,
 }
 
 /// The most index queries one process has in flight at once. A tick queries the due
@@ -202,18 +204,18 @@ impl Store {
             index_queries: std::sync::Arc::new(tokio::sync::Semaphore::new(
                 INDEX_QUERIES_IN_FLIGHT,
             )),
-            clock: crate::Clock::system(),
+            clock: crate::clock::Clock::system(),
         }
     }
 
     /// This store reading `clock` (a test's, which it moves).
-    pub fn with_clock(mut self, clock: crate::Clock) -> Self {
+    pub fn with_clock(mut self, clock: crate::clock::Clock) -> Self {
         self.clock = clock;
         self
     }
 
     /// The store's clock.
-    pub fn clock(&self) -> &crate::Clock {
+    pub fn clock(&self) -> &crate::clock::Clock {
         &self.clock
     }
 
@@ -293,7 +295,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(items::key(pk, sk)))
             .update_expression("ADD #set :member")
-            .condition_expression("attribute_exists(pk)")
+            .guarded(&is_there(), "g")
             .expression_attribute_names("#set", name)
             .expression_attribute_values(
                 ":member",
@@ -318,7 +320,7 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(items::key(pk, sk)))
-            .condition_expression("attribute_exists(pk)");
+            .guarded(&is_there(), "g");
         for (i, (name, members)) in sets.iter().enumerate() {
             if members.is_empty() {
                 continue;

@@ -8,11 +8,16 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::all;
+use crate::store::items::grant::grant_in;
 use crate::store::items::grant::{GrantItem, grant_state_name};
+use crate::store::items::is_new;
+use crate::store::items::quota::count_is;
 use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
-use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::tx::{Outcome, Parts, TxOutcome};
 use crate::store::{Store, StoreError, classify_sdk_error, corrupt};
 
 /// Most grants one transaction invalidates (100 items per transaction, less the plan
@@ -22,6 +27,15 @@ const INVALIDATE_CHUNK: usize = 96;
 /// The most grants one repair transaction checks: with the quota item's update, a
 /// transaction's 100 items.
 pub(crate) const REPAIR_CHUNK: usize = 99;
+
+/// The parts of a void's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Void {
+    /// The grant `i` of the chunk voided, on its state as listed.
+    Grant(usize),
+    /// The caller's first writes, or the quota counters.
+    Other,
+}
 
 impl Store {
     /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
@@ -140,20 +154,17 @@ impl Store {
         let mut stamp = true;
         let chunks: Vec<_> = open.chunks(INVALIDATE_CHUNK).map(<[_]>::to_vec).collect();
         for chunk in chunks.into_iter().chain(std::iter::once(Vec::new())) {
-            let mut items = Vec::with_capacity(chunk.len() + 2);
-            // Which grant (and the state it was listed in) each item moves.
-            let mut moves: Vec<Option<(String, GrantState)>> = Vec::with_capacity(chunk.len() + 2);
+            let mut items = Parts::new();
             if !first.is_empty() {
                 for item in std::mem::take(&mut first) {
-                    items.push(item);
-                    moves.push(None);
+                    items.add(Void::Other, item);
                 }
             } else if chunk.is_empty() && !stamp {
                 break;
             }
             let (mut available, mut reserved) = (0i64, 0i64);
             let (mut available_ids, mut reserved_ids) = (Vec::new(), Vec::new());
-            for (sk, state) in &chunk {
+            for (i, (sk, state)) in chunk.iter().enumerate() {
                 let id = request_id_of_grant(sk).map(|r| r.to_string());
                 match state {
                     GrantState::Available => {
@@ -166,7 +177,6 @@ impl Store {
                     }
                     GrantState::Consumed | GrantState::Invalid => continue,
                 }
-                let from = grant_state_name(*state);
                 let update = Update::builder()
                     .table_name(&self.table)
                     .set_key(Some(key(pk, sk)))
@@ -174,7 +184,7 @@ impl Store {
                         "SET #s = :invalid, updated_at = :now, version = version + :one, \
                          expires_at = :expires",
                     )
-                    .condition_expression("#s = :from")
+                    .guarded(&grant_in(*state), "g")
                     .expression_attribute_names("#s", "state")
                     .expression_attribute_values(
                         ":invalid",
@@ -184,13 +194,14 @@ impl Store {
                         ":expires",
                         n((now + self.limits.retention.grants).timestamp()),
                     )
-                    .expression_attribute_values(":from", s(from))
                     .expression_attribute_values(":now", s(rfc3339(now)))
                     .expression_attribute_values(":one", AttributeValue::N("1".into()))
                     .build()
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-                items.push(TransactWriteItem::builder().update(update).build());
-                moves.push(Some((sk.clone(), *state)));
+                items.add(
+                    Void::Grant(i),
+                    TransactWriteItem::builder().update(update).build(),
+                );
             }
             if available + reserved > 0 || stamp {
                 // The voided grants leave the quota item's open-grant sets too.
@@ -201,21 +212,12 @@ impl Store {
                     .set_key(Some(key(pk, &quota_sk(template))));
                 if stamp && guarded {
                     let c = &read_counters;
-                    let mut conditions = Vec::new();
-                    for (name, value) in [
-                        ("accepted", c.accepted),
-                        ("available", c.available),
-                        ("reserved", c.reserved),
-                    ] {
-                        let placeholder = format!(":was_{name}");
-                        conditions.push(if value == 0 {
-                            format!("(attribute_not_exists({name}) OR {name} = {placeholder})")
-                        } else {
-                            format!("{name} = {placeholder}")
-                        });
-                        update = update.expression_attribute_values(placeholder, n(value));
-                    }
-                    update = update.condition_expression(conditions.join(" AND "));
+                    let as_read = all([
+                        count_is("accepted", c.accepted),
+                        count_is("available", c.available),
+                        count_is("reserved", c.reserved),
+                    ]);
+                    update = update.guarded(&as_read, "g");
                 }
                 if std::mem::take(&mut stamp) {
                     // (Named like every quota item, should this one create it: a user
@@ -255,25 +257,29 @@ impl Store {
                     )
                     .build()
                     .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-                items.push(TransactWriteItem::builder().update(update).build());
-                moves.push(None);
+                items.add(
+                    Void::Other,
+                    TransactWriteItem::builder().update(update).build(),
+                );
             }
-            match self.transact(items).await? {
-                TxOutcome::Committed => {}
-                TxOutcome::Cancelled(reasons) => {
+            match self.transact_parts(&items).await? {
+                Outcome::Committed => {}
+                Outcome::Cancelled(failed) => {
                     if trusted {
-                        let refused: Vec<(String, GrantState)> = reasons
-                            .iter()
-                            .zip(&moves)
-                            .filter_map(|((code, _), moved)| {
-                                moved.clone().filter(|_| is_condition_failed(code))
+                        // The grants (each in the state it was listed in) whose void
+                        // failed.
+                        let refused: Vec<(String, GrantState)> = failed
+                            .roles()
+                            .filter_map(|part| match part {
+                                Void::Grant(i) => chunk.get(i).cloned(),
+                                Void::Other => None,
                             })
                             .collect();
                         self.unlist_if_not(pk, template, refused).await;
                     }
                     return Ok(false);
                 }
-                TxOutcome::Contended => return Ok(false),
+                Outcome::Contended => return Ok(false),
             }
         }
         Ok(true)
@@ -397,13 +403,14 @@ impl Store {
             let check = ConditionCheck::builder()
                 .table_name(&self.table)
                 .set_key(Some(key(pk, &grant_sk(template, &fix.request))))
-                .condition_expression(if fix.add {
-                    "#s = :state"
-                } else {
-                    "attribute_not_exists(pk) OR #s <> :state"
-                })
-                .expression_attribute_names("#s", "state")
-                .expression_attribute_values(":state", s(grant_state_name(fix.state)))
+                .guarded(
+                    &if fix.add {
+                        grant_in(fix.state)
+                    } else {
+                        is_new().or(!grant_in(fix.state))
+                    },
+                    "g",
+                )
                 .build()
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
             writes.push(TransactWriteItem::builder().condition_check(check).build());

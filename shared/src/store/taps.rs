@@ -16,10 +16,13 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::reconcile::{Mark, pair_taps, tap_is_stale};
 use crate::domain::{OpenId, RequestId, TemplateId};
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::{absent, contains};
+use crate::store::items::is_there;
 use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{grant_sk, quota_sk, user_pk};
-use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// The set members of `name` on an item, as marks (members that are not marks are
@@ -29,6 +32,15 @@ fn marks(item: &crate::store::items::Item, name: &str) -> Vec<Mark> {
         .and_then(|v| v.as_ss().ok())
         .map(|members| members.iter().filter_map(|m| Mark::parse(m)).collect())
         .unwrap_or_default()
+}
+
+/// The parts of a pairing's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pair {
+    /// The grant confirmed: gone or confirmed already, its mark has nothing to pair.
+    Grant,
+    /// Both marks taken off the quota item.
+    Marks,
 }
 
 impl Store {
@@ -92,14 +104,19 @@ impl Store {
                         .await?;
                     continue;
                 };
-                let writes = vec![
-                    self.confirm_grant(pk, template, &request, now)?,
-                    self.take_tap_pair(pk, quota_key, &grant, &popup, now)?,
-                ];
-                match self.transact(writes).await? {
-                    TxOutcome::Committed => confirmed += 1,
-                    TxOutcome::Cancelled(reasons) => {
-                        if condition_failed(&reasons, 0) {
+                let writes = Parts::new()
+                    .with(
+                        Pair::Grant,
+                        self.confirm_grant(pk, template, &request, now)?,
+                    )
+                    .with(
+                        Pair::Marks,
+                        self.take_tap_pair(pk, quota_key, &grant, &popup, now)?,
+                    );
+                match self.transact_parts(&writes).await? {
+                    Outcome::Committed => confirmed += 1,
+                    Outcome::Cancelled(failed) => {
+                        if failed.has(Pair::Grant) {
                             // No such grant to confirm (or confirmed already): its mark
                             // has nothing to pair.
                             self.drop_taps(pk, quota_key, vec![grant.encode()], Vec::new())
@@ -108,7 +125,7 @@ impl Store {
                         // Paired by the other side meanwhile: read again.
                         return Ok(Attempt::Retry);
                     }
-                    TxOutcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Contended => return Ok(Attempt::Retry),
                 }
             }
             Ok(Attempt::Done(confirmed))
@@ -140,7 +157,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, &grant_sk(template, request))))
             .update_expression("SET confirmed_at = :now")
-            .condition_expression("attribute_exists(pk) AND attribute_not_exists(confirmed_at)")
+            .guarded(&is_there().and(absent("confirmed_at")), "g")
             .expression_attribute_values(":now", s(rfc3339(now)))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
@@ -161,15 +178,17 @@ impl Store {
             .update_expression(
                 "SET updated_at = :now ADD confirmed :one DELETE #reported :g, #popup :p",
             )
-            .condition_expression("contains(#reported, :gv) AND contains(#popup, :pv)")
+            .guarded(
+                &contains(TAPS_REPORTED, s(grant.encode()))
+                    .and(contains(TAPS_POPUP, s(popup.encode()))),
+                "g",
+            )
             .expression_attribute_names("#reported", TAPS_REPORTED)
             .expression_attribute_names("#popup", TAPS_POPUP)
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":one", n(1))
             .expression_attribute_values(":g", AttributeValue::Ss(vec![grant.encode()]))
             .expression_attribute_values(":p", AttributeValue::Ss(vec![popup.encode()]))
-            .expression_attribute_values(":gv", s(grant.encode()))
-            .expression_attribute_values(":pv", s(popup.encode()))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().update(update).build())

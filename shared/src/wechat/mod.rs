@@ -17,7 +17,10 @@
 //! after a short wait while the caller's deadline allows — it means "not sent", so the
 //! retry cannot send twice.
 
+mod config;
 pub mod push;
+
+pub use config::{MiniprogramState, WechatConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
@@ -26,8 +29,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::Clock;
-use crate::config::WechatConfig;
+use crate::clock::Clock;
 use crate::domain::OpenId;
 use crate::domain::dispatch::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
 use crate::secrets::Secret;

@@ -3,7 +3,7 @@
 use super::*;
 use serde_json::json;
 
-use crate::Clock;
+use crate::clock::Clock;
 
 fn templates() -> Templates {
     Templates::from_json(

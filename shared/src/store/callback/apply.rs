@@ -15,7 +15,10 @@ use crate::store::items::rfc3339;
 use crate::store::keys::{quota_sk, user_pk};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
+use crate::store::items::quota::CHOICE_AT;
 
 impl Store {
     /// The configured templates a popup event accepts (none unless grants are
@@ -199,8 +202,15 @@ impl Store {
             update
         };
         let sent = update
-            .condition_expression("attribute_not_exists(#at) OR #at <= :c")
-            .expression_attribute_names("#at", crate::store::items::quota::CHOICE_AT)
+            .guarded(
+                &absent(CHOICE_AT).or(compare(
+                    CHOICE_AT,
+                    Cmp::Le,
+                    AttributeValue::N(create_time.to_string()),
+                )),
+                "g",
+            )
+            .expression_attribute_names("#at", CHOICE_AT)
             .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
             .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
             .expression_attribute_values(":c", AttributeValue::N(create_time.to_string()))

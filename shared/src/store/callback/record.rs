@@ -14,9 +14,11 @@ use crate::domain::callback::PushMessage;
 use crate::store::items::event::{PushItem, describe};
 use crate::store::items::{rfc3339, text, to_item};
 use crate::store::keys::{lease_pk, user_pk};
-use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_there;
 use crate::store::items::key as key_of;
 
 /// How long a nonce is remembered: past the timestamp window on either side.
@@ -77,6 +79,18 @@ fn nonce_item(
 /// WeChat's own retries (three, 5 s apart), so it does not race them.
 pub const APPLY_GRACE: Duration = Duration::seconds(60);
 
+/// The parts of recording a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// The request's nonce: there already, a replay (or WeChat's retry of this event,
+    /// when it names it).
+    Nonce,
+    /// The event's own record: there already, this event again.
+    Push,
+    /// A popup accept's mark for pairing.
+    Tap,
+}
+
 impl Store {
     /// Remembers a verified request's nonce (a plain-mode URL verification, pushes that
     /// are not subscription events); false if it was seen before (a replay).
@@ -90,12 +104,11 @@ impl Store {
         let put = self.put_new(item)?;
         let put = &put;
         retry_contended("nonce", self.limits.write_budget, || async move {
-            Ok(match self.transact(vec![put.clone()]).await? {
-                TxOutcome::Committed => Attempt::Done(true),
-                TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => {
-                    Attempt::Done(false)
-                }
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+            let nonce = Parts::new().with(Record::Nonce, put.clone());
+            Ok(match self.transact_parts(&nonce).await? {
+                Outcome::Committed => Attempt::Done(true),
+                Outcome::Cancelled(failed) if failed.has(Record::Nonce) => Attempt::Done(false),
+                Outcome::Cancelled(_) | Outcome::Contended => Attempt::Retry,
             })
         })
         .await
@@ -155,29 +168,28 @@ impl Store {
             sk: record.sk.clone(),
         };
         let nonce = nonce_item(timestamp, nonce, Some(&key), now);
-        let mut writes = vec![
-            self.put_new(to_item("nonce", &nonce)?)?,
-            self.put_new(to_item("push", &record)?)?,
-        ];
+        let mut writes = Parts::new()
+            .with(Record::Nonce, self.put_new(to_item("nonce", &nonce)?)?)
+            .with(Record::Push, self.put_new(to_item("push", &record)?)?);
         for template in taps {
-            writes.push(self.popup_tap(&record.pk, template, message.create_time, now)?);
+            writes.add(
+                Record::Tap,
+                self.popup_tap(&record.pk, template, message.create_time, now)?,
+            );
         }
         let (writes, key) = (&writes, &key);
         retry_contended("push record", self.limits.write_budget, || async move {
-            Ok(match self.transact(writes.clone()).await? {
-                TxOutcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
-                TxOutcome::Cancelled(reasons) => {
-                    let same_event = reasons
-                        .first()
-                        .and_then(|(_, old)| old.as_ref())
-                        .is_some_and(|old| {
-                            text(old, "event_pk") == Some(key.pk.as_str())
-                                && text(old, "event_sk") == Some(key.sk.as_str())
-                        });
-                    if condition_failed(&reasons, 0) && !same_event {
+            Ok(match self.transact_parts(writes).await? {
+                Outcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
+                Outcome::Cancelled(failed) => {
+                    let same_event = failed.old(Record::Nonce).is_some_and(|old| {
+                        text(old, "event_pk") == Some(key.pk.as_str())
+                            && text(old, "event_sk") == Some(key.sk.as_str())
+                    });
+                    if failed.has(Record::Nonce) && !same_event {
                         // Another request's nonce: a replay.
                         Attempt::Done(PushRecorded::Replayed)
-                    } else if condition_failed(&reasons, 0) || condition_failed(&reasons, 1) {
+                    } else if failed.has(Record::Nonce) || failed.has(Record::Push) {
                         // This event again (WeChat retrying, with the same nonce or a
                         // new one): applied yet?
                         Attempt::Done(PushRecorded::Duplicate {
@@ -188,7 +200,7 @@ impl Store {
                         Attempt::Retry
                     }
                 }
-                TxOutcome::Contended => Attempt::Retry,
+                Outcome::Contended => Attempt::Retry,
             })
         })
         .await
@@ -219,7 +231,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key_of(&key.pk, &key.sk)))
             .update_expression("SET applied = :true REMOVE lease_pk, lease_until")
-            .condition_expression("attribute_exists(pk)")
+            .guarded(&is_there(), "g")
             .expression_attribute_values(
                 ":true",
                 aws_sdk_dynamodb::types::AttributeValue::Bool(true),

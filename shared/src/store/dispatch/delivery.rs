@@ -4,12 +4,13 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::dispatch::delivery::Delivery;
+use crate::domain::dispatch::delivery::{Delivery, Guard};
 use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
-use crate::store::items::parse;
+use crate::store::items::expr::{Cond, absent, all, eq, exists, is_in};
 use crate::store::items::quota::OpenGrants;
+use crate::store::items::{n, parse, s};
 use crate::store::keys::plan_sk;
 use crate::store::{Store, StoreError};
 
@@ -101,6 +102,34 @@ impl DeliveryItem {
     }
 }
 
+/// What `guard` admits, as a condition on the stored delivery: the one statement of
+/// each guard's rule, which every settlement's delivery update (and a kept answer)
+/// writes and the store can check on a delivery it read. Its test holds it to
+/// [`Guard::admits`], the domain's reading of the same rule, on every shape of item.
+pub(crate) fn admitted_by(guard: Guard<'_>) -> Cond {
+    let live = || {
+        is_in(
+            "state",
+            vec![
+                s(DeliveryState::Claimed.as_str()),
+                s(DeliveryState::Sending.as_str()),
+            ],
+        )
+    };
+    let unknown = || eq("state", s(DeliveryState::Unknown.as_str()));
+    match guard {
+        Guard::Claimer(claimer) => live().and(eq("claimer", s(claimer))),
+        Guard::ExpiredLease(until) => live().and(eq("lease_until", n(until))),
+        Guard::Swept(claimer) => all([
+            unknown(),
+            eq("claimer", s(claimer)),
+            exists("swept_at"),
+            absent("answered_late_at"),
+        ]),
+        Guard::Unknown => unknown(),
+    }
+}
+
 /// A send result in a few words, for the delivery and the notification. Never
 /// WeChat's errmsg (it carries a request id) nor an HTTP client's error text.
 pub(crate) fn describe(result: &SendResult) -> String {
@@ -172,5 +201,71 @@ impl Store {
             ),
             Err(why) => PlanRead::Unreadable(why.to_string()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::items::Item;
+
+    /// Every shape of stored delivery the guards tell apart: the condition each guard
+    /// writes holds exactly where the domain's reading of it admits.
+    #[test]
+    fn each_guards_condition_holds_where_the_domain_admits_it() {
+        use DeliveryState::*;
+        let mut checked = 0;
+        for state in [Claimed, Sending, Sent, Failed, Unknown] {
+            for claimer in ["c1", "c2"] {
+                for lease in [None, Some(5), Some(6)] {
+                    for swept in [false, true] {
+                        for late in [false, true] {
+                            let mut item: Item = [
+                                ("pk", s("USER#o")),
+                                ("sk", s("DELIVERY#d")),
+                                ("kind", s("delivery")),
+                                ("delivery_id", s("d")),
+                                ("state", s(state.as_str())),
+                                ("source", s("PLAN#water")),
+                                ("template_id", s("t")),
+                                ("grant_sk", s("GRANT#t#1")),
+                                ("claimer", s(claimer)),
+                                ("due_at", n(1)),
+                                ("claimed_at", s("2026-12-06T00:00:00.000Z")),
+                            ]
+                            .into_iter()
+                            .map(|(k, v)| (k.to_string(), v))
+                            .collect();
+                            if let Some(until) = lease {
+                                item.insert("lease_until".into(), n(until));
+                            }
+                            if swept {
+                                item.insert("swept_at".into(), s("x"));
+                            }
+                            if late {
+                                item.insert("answered_late_at".into(), s("x"));
+                            }
+                            let delivery = parse::<DeliveryItem>("delivery", item.clone())
+                                .expect("a delivery")
+                                .delivery();
+                            for guard in [
+                                Guard::Claimer("c1"),
+                                Guard::ExpiredLease(5),
+                                Guard::Swept("c1"),
+                                Guard::Unknown,
+                            ] {
+                                assert_eq!(
+                                    admitted_by(guard).holds(&item),
+                                    guard.admits(&delivery),
+                                    "{guard:?} on {item:?}"
+                                );
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 5 * 2 * 3 * 2 * 2 * 4);
     }
 }

@@ -5,6 +5,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
+use crate::store::items::due_as_seen;
+use crate::store::items::expr::Guarded;
 use crate::store::items::{key, n, number, s, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
@@ -153,8 +155,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(&item.pk, &item.sk)))
             .update_expression("SET due_at = :until")
-            .condition_expression("due_at = :seen")
-            .expression_attribute_values(":seen", n(item.due_at.timestamp_millis()))
+            .guarded(&due_as_seen(item.due_at.timestamp_millis()), "g")
             .expression_attribute_values(":until", n(until.timestamp_millis()))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;

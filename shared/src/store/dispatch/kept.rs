@@ -6,8 +6,12 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::{DeliveryState, KeptAnswer, SendResult};
+use crate::domain::dispatch::delivery::Guard;
+use crate::domain::dispatch::{KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
+use crate::store::dispatch::delivery::admitted_by;
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::eq;
 use crate::store::items::key;
 use crate::store::keys::{delivery_sk, user_pk};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
@@ -45,8 +49,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, &delivery_sk(delivery_id))))
             .update_expression("REMOVE void_others, lease_pk, lease_until")
-            .condition_expression("void_others = :void")
-            .expression_attribute_values(":void", AttributeValue::Bool(true))
+            .guarded(&eq("void_others", AttributeValue::Bool(true)), "g")
             .send()
             .await;
         // (Its condition failing means cleared already: a retry of this, or the sweep.)
@@ -78,22 +81,12 @@ impl Store {
             // a sweep that read the delivery before this write fails its guard on the
             // lease it saw, instead of settling `unknown` over the kept answer.
             .update_expression("SET kept_answer = :answer, lease_until = :now")
-            .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
-            .expression_attribute_names("#s", "state")
+            .guarded(&admitted_by(Guard::Claimer(&claim.claimer)), "g")
             .expression_attribute_values(":answer", kept)
             .expression_attribute_values(
                 ":now",
                 AttributeValue::N(self.clock.now().timestamp_millis().to_string()),
             )
-            .expression_attribute_values(
-                ":claimed",
-                AttributeValue::S(DeliveryState::Claimed.as_str().into()),
-            )
-            .expression_attribute_values(
-                ":sending",
-                AttributeValue::S(DeliveryState::Sending.as_str().into()),
-            )
-            .expression_attribute_values(":c", AttributeValue::S(claim.claimer.clone()))
             .send()
             .await;
         Ok(crate::store::applied(sent)?.is_some())

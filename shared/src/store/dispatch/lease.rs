@@ -4,6 +4,8 @@
 use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
+use crate::store::items::expr::Guarded;
+use crate::store::items::{due_as_seen, lease_as_seen};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::tx::TxOutcome;
 use crate::store::{Store, StoreError};
@@ -33,19 +35,18 @@ impl Store {
                 // (Off the pending index too: an item for an operator is no open push
                 // counted against its user's cap.)
                 "REMOVE due_pk, due_at, pending_pk, pending_sk SET quarantined_at = :now",
-                "due_at = :seen",
+                due_as_seen(seen),
             ),
             Index::Lease => (
                 "REMOVE lease_pk, lease_until SET quarantined_at = :now",
-                "lease_until = :seen",
+                lease_as_seen(seen),
             ),
         };
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
             .update_expression(expression)
-            .condition_expression(condition)
-            .expression_attribute_values(":seen", n(seen))
+            .guarded(&condition, "g")
             .expression_attribute_values(":now", s(rfc3339(now)))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
@@ -116,9 +117,8 @@ impl Store {
             } else {
                 "SET lease_until = :later"
             })
-            .condition_expression("lease_until = :seen")
+            .guarded(&lease_as_seen(seen), "g")
             .expression_attribute_values(":later", n(later))
-            .expression_attribute_values(":seen", n(seen))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
         let update = if counts {
             update.expression_attribute_values(":one", n(1))

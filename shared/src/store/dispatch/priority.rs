@@ -14,11 +14,14 @@ use chrono::{DateTime, Utc};
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
-use crate::store::items::outbox::still_waits;
+use crate::store::items::due_as_seen;
+use crate::store::items::expr::{Cmp, Cond, Guarded, absent, all, compare, eq, size};
+use crate::store::items::is_there;
+use crate::store::items::outbox::{still_waits, waits_for_grant};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
-use crate::store::tx::{TxOutcome, any_condition_failed};
+use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
 use crate::store::{Store, StoreError};
 
 /// A waiting push's outbox key, from its member.
@@ -52,23 +55,26 @@ impl Store {
         wake: Option<YieldWake>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let grants = if available == 0 {
-            "(attribute_not_exists(available) OR available = :available)"
+        let grants = eq("available", n(available));
+        let mut rule = vec![if available == 0 {
+            absent("available").or(grants)
         } else {
-            "available = :available"
-        };
-        let room = if listed {
-            ""
-        } else {
-            " AND (attribute_not_exists(#waiting) OR size(#waiting) < :max)"
-        };
+            grants
+        }];
+        if !listed {
+            rule.push(absent(WAITING).or(size(
+                WAITING,
+                Cmp::Lt,
+                i64::try_from(MAX_WAITING).unwrap_or(i64::MAX),
+            )));
+        }
         // A yield's wake replaces the entry's instant only as read (never a wake made
         // due meanwhile: the claim reads again).
-        let as_read = match wake.and_then(|w| w.read) {
-            Some(_) => " AND due_at = :read_due",
-            None if wake.is_some() => " AND attribute_not_exists(due_at)",
-            None => "",
-        };
+        match wake.map(|w| w.read) {
+            Some(Some(read)) => rule.push(eq("due_at", n(read))),
+            Some(None) => rule.push(absent("due_at")),
+            None => {}
+        }
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
@@ -82,7 +88,7 @@ impl Store {
                 "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
                  due_at = if_not_exists(due_at, :never) ADD #waiting :member"
             })
-            .condition_expression(format!("{grants}{room}{as_read}"))
+            .guarded(&all(rule), "g")
             .expression_attribute_names("#waiting", WAITING)
             .expression_attribute_values(
                 ":wake_pk",
@@ -95,17 +101,7 @@ impl Store {
             .expression_attribute_values(":t", s(template.as_str()))
             .expression_attribute_values(":kind", s("quota"))
             .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":available", n(available))
             .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]));
-        let update = if listed {
-            update
-        } else {
-            update.expression_attribute_values(":max", n(MAX_WAITING))
-        };
-        let update = match wake.and_then(|w| w.read) {
-            Some(read) => update.expression_attribute_values(":read_due", n(read)),
-            None => update,
-        };
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
@@ -119,7 +115,7 @@ impl Store {
         member: &str,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        self.wake_update(pk, member, "", now)
+        self.wake_update(pk, member, None, now)
     }
 
     /// [`Store::wake_write`] only while the push is not due yet (a push woken already
@@ -131,19 +127,15 @@ impl Store {
         member: &str,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        self.wake_update(
-            pk,
-            member,
-            " AND (attribute_not_exists(due_at) OR due_at > :now_ms)",
-            now,
-        )
+        let not_due = absent("due_at").or(compare("due_at", Cmp::Gt, n(now.timestamp_millis())));
+        self.wake_update(pk, member, Some(not_due), now)
     }
 
     fn wake_update(
         &self,
         pk: &str,
         member: &str,
-        unless: &str,
+        unless: Option<Cond>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let sk = outbox_of(member)?;
@@ -153,17 +145,15 @@ impl Store {
             .update_expression(
                 "SET due_pk = :due_pk, due_at = :now_ms, updated_at = :now ADD version :one",
             )
-            .condition_expression(format!(
-                "#state = :pending AND waiting_grant = :yes{unless}"
-            ))
+            .guarded(
+                &all([Some(waits_for_grant()), unless].into_iter().flatten()),
+                "g",
+            )
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .expression_attribute_names("#state", "state")
             .expression_attribute_values(":due_pk", s(due_pk(pk, &sk, self.shards)))
             .expression_attribute_values(":now_ms", n(now.timestamp_millis()))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":pending", s("pending"))
-            .expression_attribute_values(":yes", AttributeValue::Bool(true))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().update(update).build())
@@ -181,19 +171,14 @@ impl Store {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &outbox_of(member)?)))
-            .condition_expression(
-                "attribute_not_exists(pk) OR NOT (#state = :pending AND waiting_grant = :yes)",
-            )
-            .expression_attribute_names("#state", "state")
-            .expression_attribute_values(":pending", s("pending"))
-            .expression_attribute_values(":yes", AttributeValue::Bool(true))
+            .guarded(&absent("pk").or(!waits_for_grant()), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
             .update_expression("DELETE #waiting :member")
-            .condition_expression("attribute_exists(pk)")
+            .guarded(&is_there(), "g")
             .expression_attribute_names("#waiting", WAITING)
             .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]))
             .build()
@@ -289,17 +274,16 @@ impl Store {
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(&item.pk, &item.sk)))
-            .expression_attribute_values(":seen", n(item.due_at.timestamp_millis()))
             .expression_attribute_values(":never", n(WAKE_NEVER_MS));
+        let seen = due_as_seen(item.due_at.timestamp_millis());
         let update = if left == 0 {
             update
                 .update_expression("SET due_at = :never REMOVE due_pk")
-                .condition_expression("due_at = :seen AND attribute_not_exists(#waiting)")
-                .expression_attribute_names("#waiting", WAITING)
+                .guarded(&seen.and(absent(WAITING)), "g")
         } else {
             update
                 .update_expression("SET due_at = :never")
-                .condition_expression("due_at = :seen")
+                .guarded(&seen, "g")
         };
         let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
         // Cancelled: a grant came (due again) or a push began waiting: as it is.
@@ -335,28 +319,21 @@ impl Store {
             if woken >= available {
                 break;
             }
-            match self
-                .transact(vec![self.wake_fresh(pk, &member, now)?])
-                .await?
-            {
-                TxOutcome::Committed => woken += 1,
+            let wake = Parts::new().with(Beside::Wake, self.wake_fresh(pk, &member, now)?);
+            match self.transact_parts(&wake).await? {
+                Outcome::Committed => woken += 1,
                 // Woken already (due, still waiting): on its way, a grant's worth.
-                TxOutcome::Cancelled(reasons)
-                    if reasons
-                        .first()
-                        .and_then(|(_, old)| old.as_ref())
-                        .is_some_and(still_waits) =>
-                {
+                Outcome::Cancelled(failed) if failed.old(Beside::Wake).is_some_and(still_waits) => {
                     woken += 1;
                 }
                 // Its push no longer waits: off the list, the next one in its place.
-                TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
+                Outcome::Cancelled(failed) if failed.has(Beside::Wake) => {
                     if self.drop_waiting(pk, template, &member).await? {
                         left = left.saturating_sub(1);
                     }
                 }
                 // Contention says nothing of the push: it stays on the list.
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => unresolved += 1,
+                Outcome::Cancelled(_) | Outcome::Contended => unresolved += 1,
             }
         }
         Ok(Woken {

@@ -15,9 +15,13 @@ use crate::domain::grants::open::{
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::items::expr::{Cmp, Guarded, absent, all, contains, eq, size};
 use crate::store::items::grant::GrantItem;
+use crate::store::items::grant::grant_in;
+use crate::store::items::is_new;
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, STANDING, WAITING, not_refused, sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, WAITING, has_grant, sent_on,
+    under_daily_cap, unrefused,
 };
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
@@ -73,10 +77,9 @@ impl Store {
             .update_expression(
                 "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
             )
-            .condition_expression("#s = :available")
+            .guarded(&grant_in(GrantState::Available), "g")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":reserved", s(grant_state_name(GrantState::Reserved)))
-            .expression_attribute_values(":available", s(grant_state_name(GrantState::Available)))
             .expression_attribute_values(":d", s(delivery_id))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":one", n(1))
@@ -96,15 +99,18 @@ impl Store {
         counters = counters
             .expression_attribute_names("#inflight", INFLIGHT)
             .expression_attribute_values(":flight", AttributeValue::Ss(vec![flight]));
-        // Under a daily cap the send counts on the user's day, on the condition that
-        // the day's count is still under the cap: racing claims never pass it.
-        let (mut remove, mut add, mut cap) = (String::new(), String::new(), String::new());
+        // The grant is there (and listed, when found through the list). Under a daily
+        // cap the send counts on the user's day, on the condition that the day's count
+        // is still under the cap: racing claims never pass it.
+        let mut rule = vec![has_grant()];
+        if grant.listed {
+            rule.push(contains(OPEN_AVAILABLE, s(grant.request.as_str())));
+        }
+        let (mut remove, mut add) = (String::new(), String::new());
         if let Some(counted) = &grant.counted {
             add = ", #day :one".into();
-            cap = " AND (attribute_not_exists(#day) OR #day < :cap)".into();
-            counters = counters
-                .expression_attribute_names("#day", sent_on(counted.day))
-                .expression_attribute_values(":cap", n(i64::from(counted.cap)));
+            rule.push(under_daily_cap(counted.day, counted.cap));
+            counters = counters.expression_attribute_names("#day", sent_on(counted.day));
             let names: Vec<String> = (0..counted.stale.len())
                 .map(|i| format!("#old{i}"))
                 .collect();
@@ -115,57 +121,41 @@ impl Store {
                 remove = format!(" REMOVE {}", names.join(", "));
             }
         }
+        // The counters as read, when the claim decided on them.
         if let Some(read) = grant.as_read {
-            cap.push_str(" AND available = :read_available");
-            counters = counters.expression_attribute_values(":read_available", n(read.available));
+            rule.push(eq("available", n(read.available)));
             // (An empty set is no attribute in DynamoDB.)
-            if read.waiting == 0 {
-                cap.push_str(" AND attribute_not_exists(#waiting)");
+            rule.push(if read.waiting == 0 {
+                absent(WAITING)
             } else {
-                cap.push_str(" AND size(#waiting) = :read_waiting");
-                counters = counters.expression_attribute_values(":read_waiting", n(read.waiting));
-            }
-            counters = counters.expression_attribute_names("#waiting", WAITING);
+                size(
+                    WAITING,
+                    Cmp::Eq,
+                    i64::try_from(read.waiting).unwrap_or(i64::MAX),
+                )
+            });
         }
         if grant.unrefused {
-            let (condition, values) = not_refused();
-            cap.push_str(&format!(" AND {condition}"));
-            counters = counters.expression_attribute_names("#standing", STANDING);
-            for (name, value) in values {
-                counters = counters.expression_attribute_values(name, value);
-            }
+            rule.push(unrefused());
         }
         let expression = format!(
             "SET updated_at = :now{remove} ADD available :minus, reserved :one, #reserved :id, \
              #inflight :flight{add} DELETE #available :id"
         );
-        counters = if grant.listed {
-            counters
-                .update_expression(expression)
-                .condition_expression(format!(
-                    "available > :zero AND contains(#available, :idv){cap}"
-                ))
-                .expression_attribute_names("#available", OPEN_AVAILABLE)
-                .expression_attribute_values(":idv", s(grant.request.as_str()))
-        } else {
-            // Found through the ledger: out of the available set too, should it be there
-            // (deleting an absent member changes nothing).
-            counters
-                .update_expression(expression)
-                .condition_expression(format!("available > :zero{cap}"))
-                .expression_attribute_names("#available", OPEN_AVAILABLE)
-        };
+        counters = counters
+            .update_expression(expression)
+            .guarded(&all(rule), "g")
+            .expression_attribute_names("#available", OPEN_AVAILABLE);
         let counters = drop_marks(counters, &grant.stale)
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":minus", n(-1))
             .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":zero", n(0))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let delivery_put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(to_item("delivery", &delivery)?))
-            .condition_expression("attribute_not_exists(pk)")
+            .guarded(&is_new(), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(vec![

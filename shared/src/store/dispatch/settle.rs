@@ -9,15 +9,18 @@ use chrono::{DateTime, Utc};
 use crate::domain::dispatch::delivery::{GrantSeen, Guard, Marks, Writer, regrant};
 use crate::domain::dispatch::{DeliveryState, OutcomeClass};
 use crate::domain::{GrantState, TemplateId};
-use crate::store::dispatch::delivery::DeliveryItem;
+use crate::store::dispatch::delivery::{DeliveryItem, admitted_by};
+use crate::store::items::expr::Guarded;
 use crate::store::items::grant::{grant_state_name, grant_state_of};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
-use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
 
+use crate::store::items::grant::held_by;
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, VOIDED_AT, WAKE_SET, sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, WAKE_SET, not_voided_since,
+    sent_on,
 };
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
@@ -96,6 +99,19 @@ pub(crate) enum Settled {
     SourceMoved,
 }
 
+/// The parts of a settlement's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// The delivery, on its guard: failed, it moved (its old image says how).
+    Delivery,
+    /// The grant's move, fenced on the delivery.
+    Grant,
+    /// The quota counters and marks (a void undone: on no void since the claim).
+    Quota,
+    /// The claimed item's write `i` (the plan or push, a notification's status).
+    Source(usize),
+}
+
 impl Store {
     pub(crate) fn delivery_update(
         &self,
@@ -152,28 +168,7 @@ impl Store {
                 }
             }
         }
-        update = match tx.guard {
-            Guard::Claimer(claimer) => update
-                .condition_expression("#s IN (:claimed, :sending) AND claimer = :c")
-                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
-                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
-                .expression_attribute_values(":c", s(claimer)),
-            Guard::ExpiredLease(until) => update
-                .condition_expression("#s IN (:claimed, :sending) AND lease_until = :l")
-                .expression_attribute_values(":claimed", s(DeliveryState::Claimed.as_str()))
-                .expression_attribute_values(":sending", s(DeliveryState::Sending.as_str()))
-                .expression_attribute_values(":l", n(until)),
-            Guard::Swept(claimer) => update
-                .condition_expression(
-                    "#s = :unknown AND claimer = :c AND attribute_exists(swept_at) \
-                     AND attribute_not_exists(answered_late_at)",
-                )
-                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str()))
-                .expression_attribute_values(":c", s(claimer)),
-            Guard::Unknown => update
-                .condition_expression("#s = :unknown")
-                .expression_attribute_values(":unknown", s(DeliveryState::Unknown.as_str())),
-        };
+        update = update.guarded(&admitted_by(tx.guard), "g");
         let expression = if w.void_others {
             // Stays on (or, after a sweep took it off, goes back onto) the lease index
             // until the other grants are void, so a sweep finishes that if need be.
@@ -209,21 +204,22 @@ impl Store {
         let mut update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, grant.sk)))
-            // Fenced: only the delivery that reserved the grant moves it.
-            .condition_expression("#s = :from AND delivery_id = :d")
+            // Fenced: only the delivery that reserved the grant moves it; undoing a
+            // void, only the sweep's guess, never the user's disable.
+            .guarded(
+                &held_by(
+                    grant.from,
+                    delivery_id,
+                    (grant.from == GrantState::Invalid && grant.to == GrantState::Available)
+                        .then_some(SWEEP_VOID),
+                ),
+                "g",
+            )
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":to", s(grant_state_name(grant.to)))
-            .expression_attribute_values(":from", s(grant_state_name(grant.from)))
-            .expression_attribute_values(":d", s(delivery_id))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(":one", n(1))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
-            // Undoing a void: only the sweep's guess, never the user's disable.
-            update = update
-                .condition_expression("#s = :from AND delivery_id = :d AND void_reason = :sweep")
-                .expression_attribute_values(":sweep", s(SWEEP_VOID));
-        }
         let expires = || n((now + self.limits.retention.grants).timestamp());
         match grant.to {
             // A restore: free again for any later claim.
@@ -309,10 +305,7 @@ impl Store {
             if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
                 // A void grant comes back only if nothing voided the template's grants
                 // on purpose since the send was claimed.
-                update = update
-                    .condition_expression("attribute_not_exists(#voided) OR #voided < :claimed")
-                    .expression_attribute_names("#voided", VOIDED_AT)
-                    .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()));
+                update = update.guarded(&not_voided_since(claimed_at.timestamp_millis()), "g");
             }
         }
         let one = |member: &String| AttributeValue::Ss(vec![member.clone()]);
@@ -370,45 +363,38 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Settled, StoreError> {
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            let mut items = vec![self.delivery_update(&tx, now)?];
-            let grant_index = items.len();
+            let mut items = Parts::new().with(Settle::Delivery, self.delivery_update(&tx, now)?);
             let grant = tx.grant.filter(|g| g.from != g.to);
             if let Some(grant) = grant {
-                items.push(self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?);
+                items.add(
+                    Settle::Grant,
+                    self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?,
+                );
             }
-            let quota_index = items.len();
-            items.extend(self.quota_update(
-                tx.pk,
-                tx.template,
-                grant,
-                &tx.marks,
-                tx.claimed_at,
-                now,
-            )?);
-            let source_range = items.len()..items.len() + tx.source.len();
-            items.extend(tx.source.iter().cloned());
+            if let Some(quota) =
+                self.quota_update(tx.pk, tx.template, grant, &tx.marks, tx.claimed_at, now)?
+            {
+                items.add(Settle::Quota, quota);
+            }
+            for (i, write) in tx.source.iter().enumerate() {
+                items.add(Settle::Source(i), write.clone());
+            }
             let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
-            let reasons = match self.transact(items).await? {
-                TxOutcome::Committed => {
+            let failed = match self.transact_parts(&items).await? {
+                Outcome::Committed => {
                     return Ok(Settled::Landed {
                         grant: with_grant,
                         source: !tx.source.is_empty(),
                     });
                 }
-                TxOutcome::Contended => {
+                Outcome::Contended => {
                     crate::store::contended_pause("settle", attempt).await;
                     continue;
                 }
-                TxOutcome::Cancelled(reasons) => reasons,
+                Outcome::Cancelled(failed) => failed,
             };
-            let failed = |i: usize| {
-                reasons
-                    .get(i)
-                    .is_some_and(|(code, _)| is_condition_failed(code))
-            };
-            let old = |i: usize| reasons.get(i).and_then(|(_, item)| item.clone());
-            if failed(0) {
-                let now_item = match old(0) {
+            if failed.has(Settle::Delivery) {
+                let now_item = match failed.old(Settle::Delivery).cloned() {
                     Some(item) => Some(Box::new(parse::<DeliveryItem>("delivery", item)?)),
                     None => None,
                 };
@@ -416,37 +402,38 @@ impl Store {
             }
             let mut changed = false;
             if grant.is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
-                && failed(quota_index)
+                && failed.has(Settle::Quota)
             {
                 // The template's grants were voided after this send was claimed (a
                 // disable, a refusal): the grant stays void; the rest still lands.
                 tx.grant = None;
                 changed = true;
             }
-            if with_grant && failed(grant_index) {
-                tx.grant = tx
-                    .grant
-                    .and_then(|g| grant_retry(g, tx.delivery_id, old(grant_index)));
+            if with_grant && failed.has(Settle::Grant) {
+                tx.grant = tx.grant.and_then(|g| {
+                    grant_retry(g, tx.delivery_id, failed.old(Settle::Grant).cloned())
+                });
                 changed = true;
             }
-            if source_range.clone().any(failed) {
-                let start = source_range.start;
-                let gone_notes: Vec<usize> = source_range
-                    .clone()
-                    .filter(|&i| failed(i))
-                    .map(|i| i - start)
-                    .filter(|&i| {
-                        tx.source
-                            .get(i)
-                            .is_some_and(crate::store::items::outbox::is_note_update)
-                    })
-                    .collect();
-                if gone_notes.len() == source_range.clone().filter(|&i| failed(i)).count() {
+            let source_failed: Vec<usize> = failed
+                .roles()
+                .filter_map(|part| match part {
+                    Settle::Source(i) => Some(i),
+                    _ => None,
+                })
+                .collect();
+            if !source_failed.is_empty() {
+                let only_notes = source_failed.iter().all(|&i| {
+                    tx.source
+                        .get(i)
+                        .is_some_and(crate::store::items::outbox::is_note_update)
+                });
+                if only_notes {
                     // Only notifications their retention removed: their status is not
                     // written (never recreated as a stub); the rest lands.
                     let mut index = 0;
                     tx.source.retain(|_| {
-                        let keep = !gone_notes.contains(&index);
+                        let keep = !source_failed.contains(&index);
                         index += 1;
                         keep
                     });

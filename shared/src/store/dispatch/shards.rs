@@ -16,6 +16,9 @@ use futures::StreamExt;
 use crate::store::items::{Item, key, n, number, s};
 use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
 
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::{all, eq};
+use crate::store::items::is_new;
 use crate::store::{
     DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoreError, classify_sdk_error,
 };
@@ -104,12 +107,12 @@ impl Store {
             .expression_attribute_values(":c", n(self.shards))
             .expression_attribute_values(":now", n(now.timestamp_millis()));
         update = match stored {
-            None => update.condition_expression("attribute_not_exists(pk)"),
+            None => update.guarded(&is_new(), "g"),
             Some(None) => update,
-            Some(Some((old_max, old_current, _))) => update
-                .condition_expression("max_shards = :old_max AND #current = :old_current")
-                .expression_attribute_values(":old_max", n(old_max))
-                .expression_attribute_values(":old_current", n(old_current)),
+            Some(Some((old_max, old_current, _))) => update.guarded(
+                &eq("max_shards", n(old_max)).and(eq("current", n(old_current))),
+                "g",
+            ),
         };
         match update.send().await {
             Ok(_) => tracing::warn!(shards = self.shards, span = max, "shard count registered"),
@@ -173,11 +176,15 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
             .update_expression("SET max_shards = :c")
-            .condition_expression("max_shards = :old AND #current = :c AND current_since = :since")
-            .expression_attribute_names("#current", "current")
+            .guarded(
+                &all([
+                    eq("max_shards", n(span.span)),
+                    eq("current", n(span.current)),
+                    eq("current_since", n(span.since.timestamp_millis())),
+                ]),
+                "g",
+            )
             .expression_attribute_values(":c", n(span.current))
-            .expression_attribute_values(":old", n(span.span))
-            .expression_attribute_values(":since", n(span.since.timestamp_millis()))
             .send()
             .await;
         match lowered {

@@ -19,14 +19,15 @@ use crate::store::inbox::publish::ScheduledItem;
 use crate::store::inbox::{
     CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
 };
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_there;
 use crate::store::items::outbox::{
-    CANCEL_REQUESTED, OutboxItem, note_push_update, note_request, only_note_updates_failed,
-    versioned_put,
+    CANCEL_REQUESTED, OutboxItem, note_push_update, note_request, versioned_put,
 };
 use crate::store::items::quota::wake_now;
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
-use crate::store::tx::TxOutcome;
+use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// How a cancel ended.
@@ -174,17 +175,19 @@ impl Store {
             if writes.is_empty() {
                 return Ok(Attempt::Done(answer));
             }
-            Ok(match self.transact(writes.clone()).await? {
-                TxOutcome::Committed => Attempt::Done(answer),
-                TxOutcome::Cancelled(reasons) => {
-                    if only_note_updates_failed(&writes, &reasons) {
-                        no_note.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(
+                match self.transact_parts(&Parts::notes_apart(writes)).await? {
+                    Outcome::Committed => Attempt::Done(answer),
+                    Outcome::Cancelled(failed) => {
+                        if failed.only(|part| part == Beside::Note) {
+                            no_note.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        // Claimed, published or cancelled meanwhile: read again.
+                        Attempt::Retry
                     }
-                    // Claimed, published or cancelled meanwhile: read again.
-                    Attempt::Retry
-                }
-                TxOutcome::Contended => Attempt::Retry,
-            })
+                    Outcome::Contended => Attempt::Retry,
+                },
+            )
         })
         .await
     }
@@ -261,7 +264,7 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
             .update_expression("SET #cancel = :outcome, cancelled_at = :now")
-            .condition_expression("attribute_exists(pk)")
+            .guarded(&is_there(), "g")
             .expression_attribute_names("#cancel", "cancel")
             .expression_attribute_values(":outcome", s(outcome))
             .expression_attribute_values(":now", n(now.timestamp_millis()))

@@ -17,8 +17,11 @@ use serde::{Deserialize, Serialize};
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{ReplaceDecision, replace};
 use crate::store::inbox::cancel::Found;
+use crate::store::items::at_version;
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_new;
 use crate::store::items::outbox::{REPLACE_REQUESTED, note_request};
-use crate::store::items::{n, parse, to_item};
+use crate::store::items::{parse, to_item};
 use crate::store::keys::collapse_sk;
 use crate::store::{Store, StoreError};
 
@@ -83,10 +86,8 @@ impl Store {
             .table_name(&self.table)
             .set_item(Some(to_item("collapse", &next)?));
         let put = match &older {
-            Some(older) => put
-                .condition_expression("version = :v")
-                .expression_attribute_values(":v", n(older.version)),
-            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(older) => put.guarded(&at_version(older.version), "g"),
+            None => put.guarded(&is_new(), "g"),
         }
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;

@@ -16,9 +16,9 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
-use crate::store::items::outbox::only_note_updates_failed;
+use crate::store::items::outbox::is_note_update;
 use crate::store::items::{key, parse, rfc3339, s, to_item};
-use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
@@ -30,6 +30,8 @@ use aws_sdk_dynamodb::types::{
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
 };
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_new;
 
 mod cancel;
 mod collapse;
@@ -46,6 +48,7 @@ pub use publish::Published;
 pub use read::ReadAll;
 pub use refill::Refilled;
 
+use crate::store::items::expr::eq;
 use publish::{PushPayload, ScheduledItem};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -165,14 +168,30 @@ fn replace_cancel_mark(
     let put = aws_sdk_dynamodb::types::Put::builder()
         .table_name(table)
         .set_item(Some(record))
-        .condition_expression("#cancel = :first AND note_id = :none")
-        .expression_attribute_names("#cancel", "cancel")
-        .expression_attribute_values(":first", s(CANCEL_FIRST))
-        .expression_attribute_values(":none", s(""))
+        .guarded(
+            &eq("cancel", s(CANCEL_FIRST)).and(eq("note_id", s(""))),
+            "g",
+        )
         .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// The parts of an ingest's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The event's record (or the cancel mark it replaces): there already, a
+    /// duplicate, a conflict, or a mark.
+    Record,
+    /// The check that no legacy record of the event is there.
+    Legacy,
+    /// The notification, its push, their keys and counts.
+    Write,
+    /// An older notification's push status (gone by its retention: no matter).
+    Note,
+    /// The caller's own check `i` (`Ingest::Refused(i)`).
+    Check(usize),
 }
 
 /// How ingesting an event ended.
@@ -373,24 +392,34 @@ impl Store {
         let legacy = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(&pk, &legacy_event_sk(&event.idempotency_key))))
-            .condition_expression("attribute_not_exists(pk)")
+            .guarded(&is_new(), "g")
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let record = to_item("event", &record)?;
-        let mut items = vec![
-            match record_as {
-                Record::ReplaceMark { .. } => replace_cancel_mark(&self.table, record)?,
-                Record::New => self.put_new(record)?,
-            },
-            TransactWriteItem::builder().condition_check(legacy).build(),
-        ];
+        let mut items = Parts::new()
+            .with(
+                Part::Record,
+                match record_as {
+                    Record::ReplaceMark { .. } => replace_cancel_mark(&self.table, record)?,
+                    Record::New => self.put_new(record)?,
+                },
+            )
+            .with(
+                Part::Legacy,
+                TransactWriteItem::builder().condition_check(legacy).build(),
+            );
         if timing.is_scheduled(now) {
             // Kept aside until `send_at`: the dispatcher publishes it then.
             let scheduled = ScheduledItem::new(note, push, publish_at, self.shards);
-            items.push(self.put_new(to_item("scheduled", &scheduled)?)?);
+            items.add(
+                Part::Write,
+                self.put_new(to_item("scheduled", &scheduled)?)?,
+            );
         } else {
-            items.extend(self.published(note, push, publish_at, now)?);
+            for write in self.published(note, push, publish_at, now)? {
+                items.add(Part::Write, write);
+            }
         }
         let scheduled_for = timing.is_scheduled(now).then(|| rfc3339(publish_at));
         let (items, note_id, scheduled_for) = (&items, &note_id, &scheduled_for);
@@ -404,15 +433,23 @@ impl Store {
                 // Read on each try: a race lost to another event of the key is read
                 // again and its push replaced in turn.
                 let with_note = !no_older_note.load(std::sync::atomic::Ordering::Relaxed);
-                items.extend(
-                    self.collapse_writes(pk, &event.publisher, key, note_id, with_note, now)
-                        .await?,
-                );
+                for write in self
+                    .collapse_writes(pk, &event.publisher, key, note_id, with_note, now)
+                    .await?
+                {
+                    let role = if is_note_update(&write) {
+                        Part::Note
+                    } else {
+                        Part::Write
+                    };
+                    items.add(role, write);
+                }
             }
-            let checked_from = items.len();
-            items.extend(checks.iter().cloned());
-            match self.transact(items.clone()).await? {
-                TxOutcome::Committed => {
+            for (i, check) in checks.iter().enumerate() {
+                items.add(Part::Check(i), check.clone());
+            }
+            match self.transact_parts(&items).await? {
+                Outcome::Committed => {
                     return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
                         note_id: note_id.clone(),
                         push: push_status,
@@ -420,14 +457,12 @@ impl Store {
                         send_at: scheduled_for.clone(),
                     })));
                 }
-                TxOutcome::Cancelled(reasons) => {
-                    // The event's record (index 0) or a legacy one (index 1), whose
-                    // fingerprint is the canonical text itself rather than its hash.
-                    let found = reasons.iter().take(2).find_map(|(code, old)| {
-                        (is_condition_failed(code))
-                            .then_some(old.as_ref())
-                            .flatten()
-                    });
+                Outcome::Cancelled(failed) => {
+                    // The event's record or a legacy one, whose fingerprint is the
+                    // canonical text itself rather than its hash.
+                    let found = [Part::Record, Part::Legacy]
+                        .into_iter()
+                        .find_map(|part| failed.old(part));
                     if let Some(old) = found {
                         let old: EventItem = parse("event", old.clone())?;
                         if old.is_cancel_mark() {
@@ -452,25 +487,21 @@ impl Store {
                             }
                         })));
                     }
-                    if let Some(check) = (checked_from..items.len()).find(|i| {
-                        reasons
-                            .get(*i)
-                            .is_some_and(|(code, _)| is_condition_failed(code))
+                    if let Some(check) = failed.roles().find_map(|part| match part {
+                        Part::Check(i) => Some(i),
+                        _ => None,
                     }) {
-                        return Ok(Attempt::Done(Ingest::Refused(check - checked_from)));
+                        return Ok(Attempt::Done(Ingest::Refused(check)));
                     }
-                    let record_failed = reasons
-                        .first()
-                        .is_some_and(|(code, _)| is_condition_failed(code));
-                    if record_failed && matches!(record_as, Record::ReplaceMark { .. }) {
+                    if failed.has(Part::Record) && matches!(record_as, Record::ReplaceMark { .. }) {
                         // The mark expired meanwhile: an ordinary ingest.
                         return Ok(Attempt::Done(Ingest::MarkGone));
                     }
-                    if only_note_updates_failed(&items, &reasons) {
+                    if failed.only(|part| part == Part::Note) {
                         no_older_note.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
-                TxOutcome::Contended => {}
+                Outcome::Contended => {}
             }
             Ok(Attempt::Retry)
         })

@@ -20,6 +20,9 @@ use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::inbox::{NoteItem, UnreadItem};
+use crate::store::items::at_version;
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::eq;
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
@@ -369,9 +372,10 @@ impl Store {
         let delete = Delete::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
-            .condition_expression("due_at = :due AND version = :v")
-            .expression_attribute_values(":due", n(scheduled.due_at))
-            .expression_attribute_values(":v", n(scheduled.version))
+            .guarded(
+                &eq("due_at", n(scheduled.due_at)).and(at_version(scheduled.version)),
+                "g",
+            )
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let mut writes = vec![TransactWriteItem::builder().delete(delete).build()];

@@ -13,10 +13,13 @@ use chrono::{DateTime, Utc};
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::store::inbox::NoteItem;
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::eq;
+use crate::store::items::is_there;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::tx::{Outcome, Parts, TxOutcome};
 use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 
 /// Most notifications one read-all step flips: two items each (the note and its
@@ -34,6 +37,20 @@ pub struct ReadAll {
     pub updated: u64,
     /// Unread notifications are left (the call stopped at its step limit).
     pub more: bool,
+}
+
+/// The parts of marking notifications read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// The note `i` (of the step's ids) flipped read, on it being unread: failed, it
+    /// was read (or removed) meanwhile — its old image says which.
+    Flip(usize),
+    /// A note's unread marker deleted.
+    Marker,
+    /// The unread count.
+    Unread,
+    /// The minute's count of changes.
+    Rate,
 }
 
 impl Store {
@@ -60,31 +77,28 @@ impl Store {
             }
             // Past the minute's changes: refused on the read, before any write.
             self.rate_admits(Counter::Changes, read.get(&rate), now)?;
-            let items = vec![
-                self.flip(pk, id, now, true)?,
-                self.unmark(pk, id)?,
-                self.unread_change(pk, -1)?,
-                self.rate_count(Counter::Changes, pk, now)?,
-            ];
-            match self.transact(items).await? {
-                TxOutcome::Committed => {
+            let items = Parts::new()
+                .with(Read::Flip(0), self.flip(pk, id, now, true)?)
+                .with(Read::Marker, self.unmark(pk, id)?)
+                .with(Read::Unread, self.unread_change(pk, -1)?)
+                .with(Read::Rate, self.rate_count(Counter::Changes, pk, now)?);
+            match self.transact_parts(&items).await? {
+                Outcome::Committed => {
                     let mut view = stored.view();
                     view.read = true;
                     return Ok(Attempt::Done(Some(view)));
                 }
-                TxOutcome::Cancelled(reasons) => match reasons.first() {
-                    Some((code, old)) if is_condition_failed(code) => {
-                        // Read (or removed) since this call's read.
-                        return old
-                            .clone()
-                            .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
-                            .transpose()
-                            .map(Attempt::Done);
-                    }
-                    // The count's condition alone: the next read refuses.
-                    _ => {}
-                },
-                TxOutcome::Contended => {}
+                Outcome::Cancelled(failed) if failed.has(Read::Flip(0)) => {
+                    // Read (or removed) since this call's read.
+                    return failed
+                        .old(Read::Flip(0))
+                        .cloned()
+                        .map(|i| parse::<NoteItem>("note", i).map(|n| n.view()))
+                        .transpose()
+                        .map(Attempt::Done);
+                }
+                // The count's condition alone: the next read refuses.
+                Outcome::Cancelled(_) | Outcome::Contended => {}
             }
             Ok(Attempt::Retry)
         })
@@ -108,33 +122,31 @@ impl Store {
                 if ids.is_empty() {
                     return Ok(Attempt::Done(0));
                 }
-                let mut items = Vec::with_capacity(ids.len() * 2 + 2);
+                let mut items = Parts::new();
                 if step == 0 {
                     // The call counts once against the minute's changes, with its
                     // first step, and is refused before it when they are used up.
                     let rate = rate_key(now);
                     let read = self.read_items(pk, std::slice::from_ref(&rate)).await?;
                     self.rate_admits(Counter::Changes, read.get(&rate), now)?;
-                    items.push(self.rate_count(Counter::Changes, pk, now)?);
+                    items.add(Read::Rate, self.rate_count(Counter::Changes, pk, now)?);
                 }
-                let counted = items.len();
-                for id in &ids {
-                    items.push(self.flip(pk, id, now, true)?);
-                    items.push(self.unmark(pk, id)?);
+                for (i, id) in ids.iter().enumerate() {
+                    items.add(Read::Flip(i), self.flip(pk, id, now, true)?);
+                    items.add(Read::Marker, self.unmark(pk, id)?);
                 }
                 let count = i64::try_from(ids.len()).unwrap_or(0);
-                items.push(self.unread_change(pk, -count)?);
-                Ok(match self.transact(items).await? {
-                    TxOutcome::Committed => Attempt::Done(ids.len() as u64),
-                    TxOutcome::Cancelled(reasons) => {
+                items.add(Read::Unread, self.unread_change(pk, -count)?);
+                Ok(match self.transact_parts(&items).await? {
+                    Outcome::Committed => Attempt::Done(ids.len() as u64),
+                    Outcome::Cancelled(failed) => {
                         // Some were read meanwhile (their markers are gone, or going
                         // with the read): look again. A marker whose note is missing,
                         // read or unreadable would fail every step: take it out, with
                         // its count.
                         for (i, id) in ids.iter().enumerate() {
-                            if let Some((code, old)) = reasons.get(counted + 2 * i)
-                                && is_condition_failed(code)
-                                && old.as_ref().is_none_or(|n| {
+                            if failed.has(Read::Flip(i))
+                                && failed.old(Read::Flip(i)).is_none_or(|n| {
                                     n.get("read").and_then(|v| v.as_bool().ok()) != Some(&false)
                                 })
                             {
@@ -143,7 +155,7 @@ impl Store {
                         }
                         Attempt::Retry
                     }
-                    TxOutcome::Contended => Attempt::Retry,
+                    Outcome::Contended => Attempt::Retry,
                 })
             })
             .await?;
@@ -165,7 +177,7 @@ impl Store {
         let delete = Delete::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &unread_sk(id))))
-            .condition_expression("attribute_exists(sk)")
+            .guarded(&is_there(), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let items = vec![
@@ -210,10 +222,12 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, &note_sk(id))))
             .update_expression("SET #read = :true, read_at = :now, expires_at = :expires")
-            .condition_expression("attribute_exists(pk) AND #read = :false")
+            .guarded(
+                &is_there().and(eq("read", AttributeValue::Bool(false))),
+                "g",
+            )
             .expression_attribute_names("#read", "read")
             .expression_attribute_values(":true", AttributeValue::Bool(true))
-            .expression_attribute_values(":false", AttributeValue::Bool(false))
             .expression_attribute_values(":now", s(rfc3339(now)))
             .expression_attribute_values(
                 ":expires",

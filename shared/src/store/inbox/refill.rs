@@ -3,7 +3,7 @@
 //! that the stopped template is still used up and that the user holds a grant of the
 //! refill template.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::inbox::NotifyEvent;
@@ -11,10 +11,13 @@ use crate::domain::inbox::refill::depletion;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::inbox::Ingested;
+use crate::store::items::expr::{Cmp, Cond, Guarded, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
-use crate::store::items::quota::{OpenGrants, QuotaItemCounters, STANDING, VOIDED_AT, not_refused};
+use crate::store::items::quota::{
+    OpenGrants, QuotaItemCounters, has_grant, not_voided_since, unrefused,
+};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
 use crate::store::{Store, StoreError};
@@ -99,37 +102,17 @@ impl Store {
         let pk = user_pk(&notice.openid);
         // Neither template refused by the user's settings: a tap cannot bring the
         // stopped one back, and the notice's own push would not go out.
-        let (not_refused, refusing) = not_refused();
-        let mut used_up = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&pk, &quota_sk(stopped))))
-            .condition_expression(format!(
-                "available <= :zero AND reserved <= :zero AND accepted = :accepted \
-                 AND (attribute_not_exists(#voided) OR #voided < :claimed) \
-                 AND (attribute_not_exists(last_refusal_at) OR last_refusal_at < :claimed_at) \
-                 AND {not_refused}"
-            ))
-            .expression_attribute_names("#standing", STANDING);
-        for (name, value) in &refusing {
-            used_up = used_up.expression_attribute_values(name, value.clone());
-        }
-        let used_up = used_up
-            .expression_attribute_names("#voided", VOIDED_AT)
-            .expression_attribute_values(":zero", n(0))
-            .expression_attribute_values(":accepted", n(depletion))
-            .expression_attribute_values(":claimed", n(claimed_at.timestamp_millis()))
-            .expression_attribute_values(":claimed_at", s(rfc3339(claimed_at)))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let used_up = TransactWriteItem::builder()
-            .condition_check(used_up)
-            .build();
-        let held = self.quota_check(
-            &pk,
-            refill,
-            &format!("available > :zero AND {not_refused}"),
-            &refusing,
-        )?;
+        let last_refusal = "last_refusal_at";
+        let used_up = all([
+            compare("available", Cmp::Le, n(0)),
+            compare("reserved", Cmp::Le, n(0)),
+            eq("accepted", n(depletion)),
+            not_voided_since(claimed_at.timestamp_millis()),
+            absent(last_refusal).or(compare(last_refusal, Cmp::Lt, s(rfc3339(claimed_at)))),
+            unrefused(),
+        ]);
+        let used_up = self.quota_check(&pk, stopped, &used_up)?;
+        let held = self.quota_check(&pk, refill, &has_grant().and(unrefused()))?;
         Ok(
             match Box::pin(self.ingest_checked(notice, None, &[used_up, held], now)).await? {
                 Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
@@ -140,25 +123,19 @@ impl Store {
         )
     }
 
-    /// A condition on the user's quota item of `template` (`:zero` and `#standing`
-    /// bound, and `values`).
+    /// `condition` on the user's quota item of `template`.
     fn quota_check(
         &self,
         pk: &str,
         template: &TemplateId,
-        condition: &str,
-        values: &[(String, AttributeValue)],
+        condition: &Cond,
     ) -> Result<TransactWriteItem, StoreError> {
-        let mut check = ConditionCheck::builder()
+        let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression(condition)
-            .expression_attribute_names("#standing", STANDING)
-            .expression_attribute_values(":zero", n(0));
-        for (name, value) in values {
-            check = check.expression_attribute_values(name, value.clone());
-        }
-        let check = check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+            .guarded(condition, "g")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 }

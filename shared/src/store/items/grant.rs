@@ -5,8 +5,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{GrantState, RequestId, SubscribeResult, TemplateId};
 use crate::store::GrantEntry;
-use crate::store::items::rfc3339;
+use crate::store::items::expr::{Cond, all, eq};
+use crate::store::items::{rfc3339, s};
 use crate::store::keys::grant_sk;
+
+/// The grant is in `state`.
+pub(crate) fn grant_in(state: GrantState) -> Cond {
+    eq("state", s(grant_state_name(state)))
+}
+
+/// The grant is in `from` and names `delivery_id` (fenced: only the delivery that
+/// reserved it moves it) — and, with `void_reason`, was voided for that reason.
+pub(crate) fn held_by(from: GrantState, delivery_id: &str, void_reason: Option<&str>) -> Cond {
+    all([
+        Some(grant_in(from)),
+        Some(eq("delivery_id", s(delivery_id))),
+    ]
+    .into_iter()
+    .chain([void_reason.map(|why| eq("void_reason", s(why)))])
+    .flatten())
+}
 
 /// The ledger item: a grant when `result` accepts, a recorded refusal otherwise.
 #[derive(Debug, Serialize, Deserialize)]

@@ -7,12 +7,14 @@ use std::collections::HashMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::store::{Store, StoreError, corrupt};
+use expr::Guarded;
 
 use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 
 pub(crate) mod event;
+pub(crate) mod expr;
 pub(crate) mod grant;
 pub(crate) mod outbox;
 pub(crate) mod plan;
@@ -32,6 +34,31 @@ pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
 /// A number attribute value.
 pub(crate) fn n(value: impl std::fmt::Display) -> AttributeValue {
     AttributeValue::N(value.to_string())
+}
+
+/// The item does not exist yet: a put that never overwrites one.
+pub(crate) fn is_new() -> expr::Cond {
+    expr::absent("pk")
+}
+
+/// The item exists: an update that never recreates one.
+pub(crate) fn is_there() -> expr::Cond {
+    expr::exists("pk")
+}
+
+/// The item is still at `version`, as read.
+pub(crate) fn at_version(version: u64) -> expr::Cond {
+    expr::eq("version", n(version))
+}
+
+/// The item's due-index entry is still at `due_ms` (epoch ms), as seen on the index.
+pub(crate) fn due_as_seen(due_ms: i64) -> expr::Cond {
+    expr::eq("due_at", n(due_ms))
+}
+
+/// The item's lease-index entry is still at `until_ms` (epoch ms), as seen.
+pub(crate) fn lease_as_seen(until_ms: i64) -> expr::Cond {
+    expr::eq("lease_until", n(until_ms))
 }
 
 /// The primary key of an item.
@@ -78,7 +105,7 @@ impl Store {
         let put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(item))
-            .condition_expression("attribute_not_exists(pk)")
+            .guarded(&is_new(), "g")
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;

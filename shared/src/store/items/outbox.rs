@@ -11,6 +11,10 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::StoreError;
+use crate::store::items::at_version;
+use crate::store::items::expr::Guarded;
+use crate::store::items::expr::{Cond, eq};
+use crate::store::items::is_there;
 use crate::store::items::{key, rfc3339, s};
 use crate::store::keys::{due_pk, note_sk, pending_sk};
 
@@ -116,8 +120,7 @@ pub(crate) fn versioned_put(
     let put = Put::builder()
         .table_name(table)
         .set_item(Some(item))
-        .condition_expression("version = :v")
-        .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+        .guarded(&at_version(version), "g")
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().put(put).build())
@@ -137,7 +140,7 @@ pub(crate) fn note_push_update(
         .update_expression("SET push_status = :s, push_reason = :r")
         // Never recreates, as a stub, a notification its retention removed: a caller
         // meeting this condition drops the write (`is_note_update`) and lands the rest.
-        .condition_expression("attribute_exists(pk)")
+        .guarded(&is_there(), "g")
         .expression_attribute_values(":s", s(status.as_str()))
         .expression_attribute_values(
             ":r",
@@ -182,7 +185,7 @@ pub(crate) fn note_request(
         .table_name(table)
         .set_key(Some(key(&outbox.pk, &note_sk(&outbox.note_id))))
         .update_expression("SET #requested = :now")
-        .condition_expression("attribute_exists(pk)")
+        .guarded(&is_there(), "g")
         .expression_attribute_names("#requested", attribute)
         .expression_attribute_values(
             ":now",
@@ -193,33 +196,13 @@ pub(crate) fn note_request(
     let check = ConditionCheck::builder()
         .table_name(table)
         .set_key(Some(key(&outbox.pk, &outbox.sk)))
-        .condition_expression("version = :v")
-        .expression_attribute_values(":v", AttributeValue::N(outbox.version.to_string()))
+        .guarded(&at_version(outbox.version), "g")
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok([
         TransactWriteItem::builder().update(update).build(),
         TransactWriteItem::builder().condition_check(check).build(),
     ])
-}
-
-/// Whether the only writes of a cancelled transaction whose conditions failed are
-/// notification updates (the notification removed by its retention): the rest may
-/// land without them.
-pub(crate) fn only_note_updates_failed(
-    writes: &[TransactWriteItem],
-    reasons: &[(String, Option<HashMap<String, AttributeValue>>)],
-) -> bool {
-    let failed: Vec<usize> = reasons
-        .iter()
-        .enumerate()
-        .filter(|(_, (code, _))| crate::store::tx::is_condition_failed(code))
-        .map(|(i, _)| i)
-        .collect();
-    !failed.is_empty()
-        && failed
-            .iter()
-            .all(|&i| writes.get(i).is_some_and(is_note_update))
 }
 
 /// A scheduled notification ready to publish with its push: the writes that publish
@@ -234,11 +217,13 @@ pub struct Publication {
     pub(crate) outbox: OutboxItem,
 }
 
+/// The stored outbox item is a push still waiting for a grant: a wake's condition, and
+/// (negated) the condition of dropping it from the waiting list.
+pub(crate) fn waits_for_grant() -> Cond {
+    eq("state", s("pending")).and(eq("waiting_grant", AttributeValue::Bool(true)))
+}
+
 /// Whether a stored outbox item is a push still waiting for a grant.
 pub(crate) fn still_waits(item: &HashMap<String, AttributeValue>) -> bool {
-    item.get("state")
-        .and_then(|v| v.as_s().ok())
-        .map(String::as_str)
-        == Some("pending")
-        && item.get("waiting_grant").and_then(|v| v.as_bool().ok()) == Some(&true)
+    waits_for_grant().holds(item)
 }

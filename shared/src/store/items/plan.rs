@@ -2,7 +2,7 @@
 //! in and out, and the plan's conditional Put.
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -11,6 +11,9 @@ use crate::domain::consent::{PauseReason, Refusal};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::reminders::{ReminderKind, Settings};
+use crate::store::items::at_version;
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_new;
 use crate::store::items::{key, rfc3339};
 use crate::store::keys::{due_pk, lease_pk, plan_sk};
 use crate::store::{Store, StoreError, corrupt};
@@ -244,10 +247,9 @@ impl Store {
             .set_item(Some(item))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let put = if plan.version == 0 {
-            put.condition_expression("attribute_not_exists(pk)")
+            put.guarded(&is_new(), "g")
         } else {
-            put.condition_expression("version = :v")
-                .expression_attribute_values(":v", AttributeValue::N(plan.version.to_string()))
+            put.guarded(&at_version(plan.version), "g")
         };
         Ok(TransactWriteItem::builder()
             .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
@@ -263,8 +265,7 @@ impl Store {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &plan_sk(&plan.kind))))
-            .condition_expression("version = :v")
-            .expression_attribute_values(":v", AttributeValue::N(plan.version.to_string()))
+            .guarded(&at_version(plan.version), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())

@@ -1,9 +1,12 @@
 //! The user's preferences item (`PREFS`): quiet hours and muted types, versioned.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::preferences::Preferences;
+use crate::store::items::at_version;
+use crate::store::items::expr::Guarded;
+use crate::store::items::is_new;
 use crate::store::items::{Item, key, parse};
 use crate::store::{Store, StoreError};
 
@@ -46,11 +49,9 @@ impl Store {
             .table_name(&self.table)
             .set_key(Some(key(pk, PREFS_SK)));
         let check = if version == 0 {
-            check.condition_expression("attribute_not_exists(pk)")
+            check.guarded(&is_new(), "g")
         } else {
-            check
-                .condition_expression("version = :v")
-                .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+            check.guarded(&at_version(version), "g")
         };
         let check = check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())

@@ -14,6 +14,9 @@ use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
+use crate::store::items::expr::eq;
+use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare, is_in};
+use crate::store::items::is_there;
 use crate::store::items::{key, n, rfc3339};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
 use crate::store::{Store, StoreError};
@@ -70,29 +73,44 @@ fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
 /// (`domain::consent::standing::Standing`); absent while none is kept.
 pub(crate) const STANDING: &str = "standing";
 
-/// A condition that the template's standing choice does not refuse it (none, or one
-/// that does not: [`Standing::refuses`]), and its placeholders' values; `#standing`
-/// is to be bound to [`STANDING`].
-pub(crate) fn not_refused() -> (String, Vec<(String, AttributeValue)>) {
-    let values: Vec<(String, AttributeValue)> = Standing::ALL
+/// The template's standing choice does not refuse it: none kept, or one that does not
+/// ([`Standing::refuses`]).
+pub(crate) fn unrefused() -> Cond {
+    let refusing = Standing::ALL
         .into_iter()
         .filter(|s| s.refuses())
-        .enumerate()
-        .map(|(i, s)| {
-            (
-                format!(":refusing{i}"),
-                AttributeValue::S(s.as_str().into()),
-            )
-        })
+        .map(|s| AttributeValue::S(s.as_str().into()))
         .collect();
-    let names: Vec<&str> = values.iter().map(|(name, _)| name.as_str()).collect();
-    (
-        format!(
-            "(attribute_not_exists(#standing) OR NOT (#standing IN ({})))",
-            names.join(", ")
-        ),
-        values,
-    )
+    absent(STANDING).or(!is_in(STANDING, refusing))
+}
+
+/// The template has a grant available. Its negation is "still no grant" (a missing
+/// count is none).
+pub(crate) fn has_grant() -> Cond {
+    compare("available", Cmp::Gt, n(0))
+}
+
+/// The user's day `day` counts fewer sends than `cap`. Its negation is "still capped".
+pub(crate) fn under_daily_cap(day: chrono::NaiveDate, cap: u32) -> Cond {
+    let count = sent_on(day);
+    absent(count.clone()).or(compare(count, Cmp::Lt, n(i64::from(cap))))
+}
+
+/// The count `name` is `value` (a zero count may be no attribute at all).
+pub(crate) fn count_is(name: &str, value: u64) -> Cond {
+    let is = eq(name, n(value));
+    if value == 0 { absent(name).or(is) } else { is }
+}
+
+/// The template holds fewer open grants than `max` (`MAX_OPEN_GRANTS`): room for one
+/// more.
+pub(crate) fn room_for_a_grant(max: u32) -> Cond {
+    absent("available").or(compare("available", Cmp::Lt, n(max)))
+}
+
+/// The template's grants were not voided on purpose since `claimed_ms` (epoch ms).
+pub(crate) fn not_voided_since(claimed_ms: i64) -> Cond {
+    absent(VOIDED_AT).or(compare(VOIDED_AT, Cmp::Lt, n(claimed_ms)))
 }
 
 /// The pushes of the template waiting for a grant (`domain::dispatch::priority`'s
@@ -125,11 +143,33 @@ pub(crate) fn wake_now(
         .key("pk", AttributeValue::S(pk.to_string()))
         .key("sk", AttributeValue::S(format!("{QUOTA_PREFIX}{template}")))
         .update_expression(format!("SET {WAKE_SET}"))
-        .condition_expression("attribute_exists(pk)")
+        .guarded(&is_there(), "g")
         .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// [`wake_now`] guarded by `check`'s condition instead (a check of the same quota
+/// item, which one transaction cannot hold beside a write of it).
+pub(crate) fn wake_checked(
+    table: &str,
+    check: &ConditionCheck,
+    now: DateTime<Utc>,
+) -> Result<TransactWriteItem, StoreError> {
+    let mut update = Update::builder()
+        .table_name(table)
+        .set_key(Some(check.key().clone()))
+        .update_expression(format!("SET {WAKE_SET}"))
+        .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
+        .condition_expression(check.condition_expression())
+        .set_expression_attribute_names(check.expression_attribute_names().cloned());
+    for (name, value) in check.expression_attribute_values().into_iter().flatten() {
+        update = update.expression_attribute_values(name, value.clone());
+    }
+    Ok(TransactWriteItem::builder()
+        .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
+        .build())
 }
 
 /// The quota item's marks of client-reported grants not yet confirmed.
@@ -184,22 +224,13 @@ pub(crate) fn quota_update_item(
             ))
         };
         let update = update.expression_attribute_values(":wake_now", n(now.timestamp_millis()));
-        let update = if none_waiting {
-            update
-                .condition_expression(
-                    "(attribute_not_exists(available) OR available < :cap) \
-                     AND attribute_not_exists(#waiting)",
-                )
-                .expression_attribute_names("#waiting", WAITING)
-        } else {
-            update.condition_expression("attribute_not_exists(available) OR available < :cap")
-        };
+        let mut rule = room_for_a_grant(limits.max_open_grants);
+        if none_waiting {
+            rule = rule.and(absent(WAITING));
+        }
         update
+            .guarded(&rule, "g")
             .expression_attribute_names("#open", OPEN_AVAILABLE)
-            .expression_attribute_values(
-                ":cap",
-                AttributeValue::N(limits.max_open_grants.to_string()),
-            )
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
             .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
     } else {
@@ -311,14 +342,11 @@ impl OpenGrants {
     }
 }
 
-/// The condition that the standing choice is `kept` (and its value, if any).
-fn standing_condition(kept: Option<Standing>) -> (&'static str, Option<AttributeValue>) {
+/// The standing choice is still `kept` (none: still none).
+fn standing_is(kept: Option<Standing>) -> Cond {
     match kept {
-        Some(kept) => (
-            "#standing = :kept",
-            Some(AttributeValue::S(kept.as_str().into())),
-        ),
-        None => ("attribute_not_exists(#standing)", None),
+        Some(kept) => eq(STANDING, AttributeValue::S(kept.as_str().into())),
+        None => absent(STANDING),
     }
 }
 
@@ -359,12 +387,7 @@ impl Store {
                 "SET template_id = :t, kind = :kind, updated_at = :now REMOVE #standing",
             ),
         };
-        let (condition, value) = standing_condition(kept);
-        let update = update.condition_expression(condition);
-        let update = match value {
-            Some(value) => update.expression_attribute_values(":kept", value),
-            None => update,
-        };
+        let update = update.guarded(&standing_is(kept), "g");
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
@@ -378,16 +401,10 @@ impl Store {
         template: &crate::domain::TemplateId,
         kept: Option<Standing>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let (condition, value) = standing_condition(kept);
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression(condition)
-            .expression_attribute_names("#standing", STANDING);
-        let check = match value {
-            Some(value) => check.expression_attribute_values(":kept", value),
-            None => check,
-        };
+            .guarded(&standing_is(kept), "g");
         Ok(TransactWriteItem::builder()
             .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
@@ -401,8 +418,7 @@ impl Store {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
-            .condition_expression("available > :zero")
-            .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+            .guarded(&has_grant(), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())

@@ -8,17 +8,18 @@
 //! calls (`READS_PER_MINUTE`): one conditional `ADD 1` before the call reads anything,
 //! refused past the limit with nothing read.
 //!
-//! The write counters are each checked twice: on the counter as read with the request's other items,
+//! The write counters are each checked twice, by one rule ([`room_for`]): on the counter as read with the request's other items,
 //! before any write, so a refused request costs that read and nothing else; and by
 //! the counter's own `ADD 1`, conditional on being under the limit, in the request's
 //! transaction, so only requests that land count and two racing for the last place
 //! cannot both take it (the loser reads again and is refused then).
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
-use crate::domain::rate::{admit_n, minute_of, retry_after};
+use crate::domain::rate::{minute_of, retry_after};
+use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare};
 use crate::store::items::{Item, key, n, s};
 use crate::store::keys::{rate_sk, read_rate_sk, user_pk};
 use crate::store::{Limit, Store, StoreError, classify_sdk_error};
@@ -42,6 +43,21 @@ impl Counter {
 /// The key of the counters of `now`'s minute, to read with a request's other items.
 pub(crate) fn rate_key(now: DateTime<Utc>) -> String {
     rate_sk(minute_of(now))
+}
+
+/// Room in the minute's count `attribute` for `more` writes under `max`: the one
+/// statement of a rate limit, which each counted write carries as its condition and a
+/// read ahead of the write checks on the minute's item as read (absent when nothing
+/// was counted this minute). More than `max` at once never fits.
+pub(crate) fn room_for(attribute: &str, max: u32, more: u64) -> Cond {
+    let room = i64::from(max) - i64::try_from(more).unwrap_or(i64::MAX);
+    let under = compare(attribute, Cmp::Le, n(room));
+    if room < 0 {
+        // A count is never negative: this never holds.
+        under
+    } else {
+        absent(attribute).or(under)
+    }
 }
 
 impl Store {
@@ -71,15 +87,14 @@ impl Store {
         n: u64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let count = item
-            .and_then(|i| i.get(counter.attribute()))
-            .and_then(|v| match v {
-                AttributeValue::N(n) => n.parse::<u64>().ok(),
-                _ => None,
-            })
-            .unwrap_or(0);
-        admit_n(count, n, self.rate_max(counter), now)
-            .map_err(|retry_after| StoreError::Limited(Limit::Rate { retry_after }))
+        let empty = Item::new();
+        if room_for(counter.attribute(), self.rate_max(counter), n).holds(item.unwrap_or(&empty)) {
+            Ok(())
+        } else {
+            Err(StoreError::Limited(Limit::Rate {
+                retry_after: retry_after(now),
+            }))
+        }
     }
 
     /// `ADD 1` on the user's `counter` of this minute, conditional on it being under
@@ -103,18 +118,18 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let minute = minute_of(now);
-        // (More than the limit never fits: `rate_admits_n` refuses it on the read.)
-        let room = u64::from(self.rate_max(counter)).saturating_sub(count);
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &rate_sk(minute))))
             .update_expression("SET kind = :kind, expires_at = :expires ADD #n :count")
-            .condition_expression("attribute_not_exists(#n) OR #n <= :room")
+            .guarded(
+                &room_for(counter.attribute(), self.rate_max(counter), count),
+                "g",
+            )
             .expression_attribute_names("#n", counter.attribute())
             .expression_attribute_values(":kind", s("rate"))
             .expression_attribute_values(":expires", n((minute + 2) * 60))
             .expression_attribute_values(":count", n(count))
-            .expression_attribute_values(":room", n(room))
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().update(update).build())
@@ -135,12 +150,11 @@ impl Store {
             .set_key(Some(key(&user_pk(openid), &read_rate_sk(minute))))
             // READS is a reserved word: the name goes through a placeholder.
             .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
-            .condition_expression("attribute_not_exists(#n) OR #n < :max")
+            .guarded(&room_for("reads", self.limits.reads_per_minute, 1), "g")
             .expression_attribute_names("#n", "reads")
             .expression_attribute_values(":kind", s("rate"))
             .expression_attribute_values(":expires", n((minute + 2) * 60))
             .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":max", n(self.limits.reads_per_minute))
             .send()
             .await;
         match counted {
@@ -178,5 +192,39 @@ impl Store {
             self.rate_count_n(Counter::Reports, pk, count, now)?,
             retry_after(now),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counted(count: Option<i64>) -> Item {
+        count
+            .map(|c| Item::from([("reports".to_string(), n(c))]))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn room_in_the_minute_until_its_count_is_used_up_all_or_none() {
+        for (count, max, more, fits) in [
+            (None, 3, 1, true),
+            (Some(0), 3, 1, true),
+            (Some(2), 3, 1, true),
+            (Some(3), 3, 1, false),
+            (Some(9), 3, 1, false),
+            (Some(1), 3, 2, true),
+            (Some(2), 3, 2, false),
+            (Some(3), 3, 0, true),
+            // More than the limit at once never fits, counted or not.
+            (None, 1, 2, false),
+            (Some(0), 1, 2, false),
+        ] {
+            assert_eq!(
+                room_for("reports", max, more).holds(&counted(count)),
+                fits,
+                "{count:?} of {max}, {more} more"
+            );
+        }
     }
 }

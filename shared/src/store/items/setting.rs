@@ -1,9 +1,10 @@
 //! The user's setting item (`SETTING`): when the newest standing choice applied was
 //! read, so a setting read before it that arrives later changes nothing.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem};
 use chrono::{DateTime, SecondsFormat, Utc};
 
+use crate::store::items::expr::{Cond, Guarded, eq};
 use crate::store::items::{Item, key, s, text};
 use crate::store::{Store, StoreError};
 
@@ -39,17 +40,10 @@ impl Store {
         item.insert("kind".into(), s("setting"));
         item.insert(READ_AT.into(), s(stamp(read_at)));
         item.insert("updated_at".into(), s(super::rfc3339(now)));
-        let (condition, was) = still_decided(decided);
         let put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(item))
-            .condition_expression(condition);
-        let put = match was {
-            None => put,
-            Some(was) => put
-                .expression_attribute_names("#read_at", READ_AT)
-                .expression_attribute_values(":decided", was),
-        };
+            .guarded(&still_decided(decided), "g");
         Ok(TransactWriteItem::builder()
             .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
@@ -66,17 +60,10 @@ impl Store {
         pk: &str,
         decided: Option<DateTime<Utc>>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let (condition, was) = still_decided(decided);
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, SETTING_SK)))
-            .condition_expression(condition);
-        let check = match was {
-            None => check,
-            Some(was) => check
-                .expression_attribute_names("#read_at", READ_AT)
-                .expression_attribute_values(":decided", was),
-        };
+            .guarded(&still_decided(decided), "g");
         Ok(TransactWriteItem::builder()
             .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
             .build())
@@ -84,11 +71,11 @@ impl Store {
 }
 
 /// The guard both writes state, once: the item still names the setting read before
-/// (`decided`; none: no item) — the condition, and the stamp it compares with.
-fn still_decided(decided: Option<DateTime<Utc>>) -> (&'static str, Option<AttributeValue>) {
+/// (`decided`; none: no item).
+fn still_decided(decided: Option<DateTime<Utc>>) -> Cond {
     match decided {
-        None => ("attribute_not_exists(pk)", None),
-        Some(decided) => ("#read_at = :decided", Some(s(stamp(decided)))),
+        None => super::is_new(),
+        Some(decided) => eq(READ_AT, s(stamp(decided))),
     }
 }
 

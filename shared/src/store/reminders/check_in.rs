@@ -14,8 +14,20 @@ use crate::store::items::quota::quota_update_item;
 use crate::store::items::rfc3339;
 use crate::store::keys::{action_sk, plan_sk, user_pk};
 use crate::store::reminders::CheckInOutcome;
-use crate::store::tx::{TxOutcome, condition_failed};
+use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Limit, Store, StoreError, corrupt, retry_contended};
+
+/// The parts of a check-in's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The action item: there already, the check-in is a replay.
+    Action,
+    Plan,
+    /// The grant it carries, recorded.
+    Grant,
+    /// The quota counters the grant moves, or the check that a grant is there.
+    Counters,
+}
 
 impl Store {
     /// `POST /v1/reminders/{kind}/checkins` (see the module docs).
@@ -69,10 +81,14 @@ impl Store {
                 created_at: rfc3339(now),
                 expires_at: (now + self.limits.retention.actions).timestamp(),
             };
-            let mut items = vec![
-                self.put_new(serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?)?,
-                self.plan_put(plan, pk, now)?,
-            ];
+            let mut items = Parts::new()
+                .with(
+                    Part::Action,
+                    self.put_new(
+                        serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?,
+                    )?,
+                )
+                .with(Part::Plan, self.plan_put(plan, pk, now)?);
             if let CarriedGrant::Record(request_id, result) = &decision.grant {
                 let item = GrantItem::new(
                     pk,
@@ -82,7 +98,8 @@ impl Store {
                     now,
                     self.limits.retention.grants,
                 );
-                items.push(
+                items.add(
+                    Part::Grant,
                     self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
                 );
                 if let Some(update) = quota_update_item(
@@ -94,23 +111,20 @@ impl Store {
                     &self.limits,
                     none_waiting,
                 )? {
-                    items.push(update);
+                    items.add(Part::Counters, update);
                 }
             } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                items.push(self.grant_check(pk, kind)?);
+                items.add(Part::Counters, self.grant_check(pk, kind)?);
             }
-            match self.transact(items).await? {
-                TxOutcome::Committed => {
+            match self.transact_parts(&items).await? {
+                Outcome::Committed => {
                     return Ok(Attempt::Done(CheckInOutcome::Applied(response)));
                 }
-                TxOutcome::Cancelled(reasons) => {
-                    if condition_failed(&reasons, 0) {
-                        let old = reasons
-                            .first()
-                            .and_then(|(_, item)| item.clone())
-                            .ok_or_else(|| {
-                                StoreError::Corrupt("action conflict without the old item".into())
-                            })?;
+                Outcome::Cancelled(failed) => {
+                    if failed.has(Part::Action) {
+                        let old = failed.old(Part::Action).cloned().ok_or_else(|| {
+                            StoreError::Corrupt("action conflict without the old item".into())
+                        })?;
                         let old: ActionItem =
                             serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
                         return replay(old, fingerprint).map(Attempt::Done);
@@ -118,7 +132,7 @@ impl Store {
                     // A report of the same grant landed meanwhile: the next read sees
                     // it (a replay, or a conflict refused on its own).
                 }
-                TxOutcome::Contended => {}
+                Outcome::Contended => {}
             }
             Ok(Attempt::Retry)
         })

@@ -10,8 +10,7 @@ use crate::domain::TemplateId;
 use crate::domain::dispatch::priority::AtGrant;
 use crate::store::dispatch::DueItem;
 use crate::store::dispatch::priority::YieldWake;
-use crate::store::items::outbox::{is_note_update, only_note_updates_failed};
-use crate::store::tx::{TxOutcome, is_condition_failed};
+use crate::store::tx::{Beside, Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError};
 
 impl Store {
@@ -56,7 +55,7 @@ impl Store {
             return Ok(Attempt::Retry);
         }
         let listed = open.waiting.iter().any(|m| m == own);
-        let mut writes = if skip {
+        let writes = if skip {
             // Skipped (the list full): losing to a grant arriving meanwhile.
             let mut writes = self.unsent_writes(item, claimable, Unsent::NoGrant, now)?;
             if wake.is_none() {
@@ -82,31 +81,30 @@ impl Store {
             );
             writes
         };
-        let woken_at = writes.len();
+        let mut writes = Parts::notes_apart(writes);
         if let Some(wake) = &wake {
-            writes.push(self.wake_write(&item.pk, wake, now)?);
+            writes.add(Beside::Wake, self.wake_write(&item.pk, wake, now)?);
         }
         let done = if skip {
             ClaimOutcome::NoGrant
         } else {
             ClaimOutcome::WaitGrant(template.clone())
         };
-        match self.transact(writes.clone()).await? {
-            TxOutcome::Committed => return Ok(Attempt::Done(done)),
-            TxOutcome::Cancelled(reasons) => {
-                let failed = |i: usize| reasons.get(i).is_some_and(|(c, _)| is_condition_failed(c));
-                if let Some(stale) = wake.as_deref().filter(|_| failed(woken_at)) {
+        match self.transact_parts(&writes).await? {
+            Outcome::Committed => return Ok(Attempt::Done(done)),
+            Outcome::Cancelled(failed) => {
+                if let Some(stale) = wake.as_deref().filter(|_| failed.has(Beside::Wake)) {
                     // That push no longer waits: off the list, and decide again.
                     self.drop_waiting(&item.pk, template, stale).await?;
-                } else if only_note_updates_failed(&writes, &reasons) {
+                } else if failed.only(|part| part == Beside::Note) {
                     // The notification is gone (its retention): the rest lands alone.
-                    writes.retain(|w| !is_note_update(w));
-                    if matches!(self.transact(writes).await?, TxOutcome::Committed) {
+                    writes.retain(|part| part != Beside::Note);
+                    if matches!(self.transact_parts(&writes).await?, Outcome::Committed) {
                         return Ok(Attempt::Done(done));
                     }
                 }
             }
-            TxOutcome::Contended => {}
+            Outcome::Contended => {}
         }
         // A grant arrived or was taken, the list changed, or the item moved: read again.
         Ok(Attempt::Retry)

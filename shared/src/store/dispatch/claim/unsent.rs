@@ -2,7 +2,7 @@
 //! cancelled, held in quiet hours, past the daily cap), written down with the
 //! conditions that make that decision lose to a grant or a count arriving meanwhile.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use super::{Claimable, Unsent};
@@ -11,13 +11,12 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::plan::PlanEvent;
 use crate::store::dispatch::DueItem;
-use crate::store::items::outbox::{
-    OutboxItem, note_push_update, only_note_updates_failed, versioned_put,
-};
-use crate::store::items::quota::{WAKE_SET, sent_on, wake_now};
-use crate::store::items::{key, n, to_item};
+use crate::store::items::expr::Guarded;
+use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
+use crate::store::items::{key, to_item};
 use crate::store::keys::quota_sk;
-use crate::store::tx::TxOutcome;
+use crate::store::tx::{Beside, Outcome, Parts};
 use crate::store::{Store, StoreError};
 
 impl Store {
@@ -163,19 +162,16 @@ impl Store {
     /// recreating it.
     pub(super) async fn commit_unsent(
         &self,
-        mut writes: Vec<TransactWriteItem>,
+        writes: Vec<TransactWriteItem>,
     ) -> Result<bool, StoreError> {
-        Ok(match self.transact(writes.clone()).await? {
-            TxOutcome::Committed => true,
-            TxOutcome::Cancelled(reasons) => {
-                if only_note_updates_failed(&writes, &reasons) {
-                    writes.retain(|w| !crate::store::items::outbox::is_note_update(w));
-                    matches!(self.transact(writes).await?, TxOutcome::Committed)
-                } else {
-                    false
-                }
+        let mut parts = Parts::notes_apart(writes);
+        Ok(match self.transact_parts(&parts).await? {
+            Outcome::Committed => true,
+            Outcome::Cancelled(failed) if failed.only(|part| part == Beside::Note) => {
+                parts.retain(|part| part != Beside::Note);
+                matches!(self.transact_parts(&parts).await?, Outcome::Committed)
             }
-            TxOutcome::Contended => false,
+            Outcome::Cancelled(_) | Outcome::Contended => false,
         })
     }
 
@@ -202,21 +198,7 @@ impl Store {
         let Some(check) = write.condition_check() else {
             return Err(StoreError::Corrupt("a quota check that is not one".into()));
         };
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(quota))
-            .update_expression(format!("SET {WAKE_SET}"))
-            .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
-            .condition_expression(check.condition_expression())
-            .set_expression_attribute_names(check.expression_attribute_names().cloned());
-        for (name, value) in check.expression_attribute_values().into_iter().flatten() {
-            update = update.expression_attribute_values(name, value.clone());
-        }
-        writes.push(
-            TransactWriteItem::builder()
-                .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-                .build(),
-        );
+        writes.push(wake_checked(&self.table, check, now)?);
         Ok(())
     }
 
@@ -231,8 +213,7 @@ impl Store {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression("attribute_not_exists(available) OR available <= :zero")
-            .expression_attribute_values(":zero", n(0))
+            .guarded(&!has_grant(), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())
@@ -251,9 +232,7 @@ impl Store {
         let check = ConditionCheck::builder()
             .table_name(&self.table)
             .set_key(Some(key(pk, &quota_sk(template))))
-            .condition_expression("#day >= :cap")
-            .expression_attribute_names("#day", sent_on(day))
-            .expression_attribute_values(":cap", n(i64::from(cap)))
+            .guarded(&!under_daily_cap(day, cap), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())

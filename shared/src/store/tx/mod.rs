@@ -9,6 +9,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 use crate::store::{Store, StoreError, classify_sdk_error};
 
+mod parts;
+pub(crate) use parts::{Beside, Outcome, Parts};
+
 impl Store {
     /// Sends a transaction and sorts the answer: committed; cancelled, with each item's
     /// reason and ALL_OLD item (the caller decides: replay, conflict or retry); or
