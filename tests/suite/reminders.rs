@@ -558,10 +558,19 @@ async fn a_user_who_turns_a_reminder_off_before_any_grant_still_reads_their_quot
 }
 
 /// An app behind the fault proxy and a user whose water plan holds 150 grants (more
-/// than one transaction voids).
+/// than one transaction voids). Its write budget is the suite's, not the deployed 4 s:
+/// a transaction of 96 grants costs the emulator about a second of CPU on a loaded
+/// machine, past the proxy's 1-second attempt timeout, so the turn-off's resends (each
+/// answered by its token) can outlast 4 s there. These tests are about what the retry
+/// decides, not about the budget (limits.rs tests that).
 async fn with_many_grants() -> (TestApp, onegrant_tests::faults::FaultProxy, User) {
-    let (app, proxy) =
-        spawn_faulty_app(&[("REPORTS_PER_MINUTE", "600"), ("MAX_OPEN_GRANTS", "200")]).await;
+    let (app, proxy) = spawn_faulty_app(&[
+        ("REPORTS_PER_MINUTE", "600"),
+        ("MAX_OPEN_GRANTS", "200"),
+        ("WRITE_BUDGET_MS", "20000"),
+        ("HANDLER_BUDGET_MS", "30000"),
+    ])
+    .await;
     let user = app.scheduled_user("many", 150).await;
     (app, proxy, user)
 }
