@@ -143,13 +143,20 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
     let grants = app.items_of(&refuser, "grant").await;
     assert_eq!(attr_s(&grants[0], "state"), Some("available"));
     let deliveries = app.deliveries().await;
-    for user in &stretchers {
-        let to_them = deliveries
-            .iter()
-            .filter(|d| d["openid"] == user.openid.as_str())
-            .count();
-        assert_eq!(to_them, 1, "{}: once", user.openid);
-    }
+    let counts: Vec<usize> = stretchers
+        .iter()
+        .map(|user| {
+            deliveries
+                .iter()
+                .filter(|d| d["openid"] == user.openid.as_str())
+                .count()
+        })
+        .collect();
+    assert!(
+        counts.iter().all(|&c| c == 1),
+        "each stretcher once: {counts:?}, {back:?}, {} deliveries",
+        deliveries.len()
+    );
     // The message names the plan's own instant, not the hour it was moved to (Shanghai,
     // UTC+8 all year, the kind's zone).
     let shanghai = chrono::FixedOffset::east_opt(8 * 3600).expect("UTC+8");

@@ -379,10 +379,12 @@ async fn a_token_that_cannot_be_fetched_claims_nothing_and_the_tick_ends_within_
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
 
-    // WeChat recovers: the next tick (past the failure's memory) sends every one.
+    // WeChat recovers: the next ticks (past the failure's memory) send every one. (On a
+    // loaded machine one tick may give a claim back unsent for want of time: the next
+    // takes it.)
     app.control("POST", "token-fault", Some(json!({}))).await;
     app.advance(onegrant::wechat::TOKEN_FAILURE_MEMORY);
-    let summary = app.tick(60).await;
+    let summary = app.ticks_until(|s| s.sent as usize >= PLANS).await;
     assert_eq!(summary.sent as usize, PLANS, "{summary:?}");
     assert_ledger_agrees_with_counters(&app).await;
 }
