@@ -178,18 +178,8 @@ async fn pushes_past_the_daily_cap_wait_for_the_users_next_day_and_spend_no_gran
 async fn a_reminder_counts_against_the_cap_and_a_send_that_did_not_go_out_gives_its_count_back() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("PUSHES_PER_DAY", "1")]).await;
     // Reminders and pushes without quiet hours count in China's day: the test runs at
-    // its midday (04:00 UTC), hours from its midnight whatever the hour here.
-    let now = app.now();
-    let midday = now
-        .with_hour(4)
-        .and_then(|t| t.with_minute(0))
-        .and_then(|t| t.with_second(0))
-        .expect("04:00");
-    app.move_to(if midday > now {
-        midday
-    } else {
-        midday + Duration::days(1)
-    });
+    // its midday, hours from its midnight whatever the hour here.
+    app.move_to_china_midday();
     let user = app.scheduled_user("alice", 3).await;
     let shanghai = Timezone::SHANGHAI.tz();
     let today = app.now().with_timezone(&shanghai).date_naive();

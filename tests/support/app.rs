@@ -310,6 +310,26 @@ impl TestApp {
         }
     }
 
+    /// Moves this app's clock on to the next midday in China (04:00 UTC, 12:00 in
+    /// Shanghai): hours from the local reminders' sleeping hours (22:00–08:00 there)
+    /// and from China's midnight, whatever the hour here. For a test whose reminders
+    /// may be given back unsent and retried — a retry never falls in sleeping hours, so
+    /// at night here it would wait for the morning there — or whose counts are China's
+    /// day's.
+    pub fn move_to_china_midday(&self) {
+        let now = self.now();
+        let midday = now
+            .date_naive()
+            .and_hms_opt(4, 0, 0)
+            .expect("04:00 exists")
+            .and_utc();
+        self.move_to(if midday > now {
+            midday
+        } else {
+            midday + chrono::Duration::days(1)
+        });
+    }
+
     /// Makes `by` pass for this app at once: everything waiting on its clock (a
     /// dispatcher waiting for an instant) looks at the time again.
     pub fn advance(&self, by: std::time::Duration) {

@@ -130,6 +130,9 @@ async fn a_removed_reminder_kinds_plans_are_moved_aside_not_reread_and_go_out_wh
 
     // The kind back (the app's own configuration), past the hour: each goes out once.
     app.move_to(app.now() + Duration::minutes(61));
+    // (And on to midday in Shanghai, the kinds' zone: a claim given back unsent on a
+    // loaded machine is due again at once, not at the next morning there.)
+    app.move_to_china_midday();
     // (The drinker's next water reminder may come due within that hour too, at the
     // start of their waking hours: counted apart.)
     let back = app.ticks_until(|s| s.sent >= 60 && s.turned_off >= 1).await;
