@@ -16,7 +16,6 @@
 //! [`OPEN_AVAILABLE`]: crate::store::items::quota::OPEN_AVAILABLE
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
@@ -35,7 +34,7 @@ use crate::store::items::rfc3339;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
 use crate::store::tx::{Outcome, Parts};
 use crate::store::{
-    Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_contended,
+    Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_carrying,
 };
 
 #[derive(Debug, Deserialize)]
@@ -140,112 +139,108 @@ impl Store {
             self.pair_report_taps(openid, report, now).await;
             return Ok(progress.recorded());
         }
-        // Shared by the attempts below; never held across an await.
-        let progress = Mutex::new(progress);
-        let lock = || {
-            progress
-                .lock()
-                .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))
-        };
-        retry_contended("grant report", self.limits.write_budget, || async {
-            // Replays taken off an attempt let the rest run at once: at most one
-            // round per template.
-            loop {
-                let (writes, pending) = {
-                    let progress = lock()?;
-                    (progress.writes(), progress.pending().clone())
-                };
-                let mut parts = Parts::new();
-                for write in &writes {
-                    let item = GrantItem::new(
-                        &pk,
-                        &write.template,
-                        &report.request_id,
-                        write.result,
-                        now,
-                        self.limits.retention.grants,
-                    );
-                    parts.add(
-                        Part::Ledger,
-                        self.put_new(
-                            serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
-                        )?,
-                    );
-                    if let Some(update) = quota_update_item(
-                        &self.table,
-                        &pk,
-                        write,
-                        &report.request_id,
-                        now,
-                        &self.limits,
-                        // (A report's handler reads the waiting pushes after it lands.)
-                        false,
-                    )? {
-                        parts.add(Part::Counters, update);
-                    }
-                }
-                // The plans of the kinds that use a template recorded now move in the
-                // same transaction, conditional on the version read: only a report's
-                // first application moves a plan, never a replay (I3).
-                for plan in self.report_plans(&pk, &pending, now).await? {
-                    parts.add(Part::Plan, plan);
-                }
-                // Last, so a replay's ledger conditions are the ones an emulator reports.
-                let (rate, retry_after) = self.report_rate(&pk, now)?;
-                parts.add(Part::Rate, rate);
-                let failed = match self.transact_parts(&parts).await? {
-                    Outcome::Committed => {
-                        lock()?.committed();
-                        return Ok(Attempt::Done(()));
-                    }
-                    Outcome::Contended => return Ok(Attempt::Retry),
-                    Outcome::Cancelled(failed) => failed,
-                };
-                // The audit trail's entry has no condition a report can fail: one that
-                // did is not a race to retry.
-                if failed.audit() {
-                    return Err(StoreError::Corrupt(
-                        "a grant report's transaction failed a condition it did not set".into(),
-                    ));
-                }
-                let mut failures = Vec::new();
-                for (part, old) in failed.iter() {
-                    failures.push(match part {
-                        Part::Rate => ReportFailure::Rate,
-                        Part::Counters => ReportFailure::OpenGrantCap,
-                        Part::Plan => ReportFailure::PlanMoved,
-                        Part::Ledger => {
-                            let old: GrantItem =
-                                serde_dynamo::from_item(old.cloned().ok_or_else(|| {
-                                    StoreError::Corrupt(
-                                        "condition failure without the old item".into(),
-                                    )
-                                })?)
-                                .map_err(|e| corrupt("grant", e))?;
-                            ReportFailure::Recorded {
-                                // Written at this call's own instant: an earlier attempt
-                                // of this call committed with its answer lost.
-                                by_this_call: old.created_at == rfc3339(now),
-                                entry: old.entry(),
-                            }
+        let pk = &pk;
+        let (landed, progress) = retry_carrying(
+            "grant report",
+            self.limits.write_budget,
+            progress,
+            |mut progress| async move {
+                let decided = async {
+                    // Replays taken off an attempt let the rest run at once (Again): at most one
+                    // round per template.
+                    let (writes, pending) = (progress.writes(), progress.pending().clone());
+                    let mut parts = Parts::new();
+                    for write in &writes {
+                        let item = GrantItem::new(
+                            pk,
+                            &write.template,
+                            &report.request_id,
+                            write.result,
+                            now,
+                            self.limits.retention.grants,
+                        );
+                        parts.add(
+                            Part::Ledger,
+                            self.put_new(
+                                serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
+                            )?,
+                        );
+                        if let Some(update) = quota_update_item(
+                            &self.table,
+                            pk,
+                            write,
+                            &report.request_id,
+                            now,
+                            &self.limits,
+                            // (A report's handler reads the waiting pushes after it lands.)
+                            false,
+                        )? {
+                            parts.add(Part::Counters, update);
                         }
-                    });
+                    }
+                    // The plans of the kinds that use a template recorded now move in the
+                    // same transaction, conditional on the version read: only a report's
+                    // first application moves a plan, never a replay (I3).
+                    for plan in self.report_plans(pk, &pending, now).await? {
+                        parts.add(Part::Plan, plan);
+                    }
+                    // Last, so a replay's ledger conditions are the ones an emulator reports.
+                    let (rate, retry_after) = self.report_rate(pk, now)?;
+                    parts.add(Part::Rate, rate);
+                    let failed = match self.transact_parts(&parts).await? {
+                        Outcome::Committed => {
+                            progress.committed();
+                            return Ok(Attempt::Done(()));
+                        }
+                        Outcome::Contended => return Ok(Attempt::Retry),
+                        Outcome::Cancelled(failed) => failed,
+                    };
+                    // The audit trail's entry has no condition a report can fail: one that
+                    // did is not a race to retry.
+                    if failed.audit() {
+                        return Err(StoreError::Corrupt(
+                            "a grant report's transaction failed a condition it did not set".into(),
+                        ));
+                    }
+                    let mut failures = Vec::new();
+                    for (part, old) in failed.iter() {
+                        failures.push(match part {
+                            Part::Rate => ReportFailure::Rate,
+                            Part::Counters => ReportFailure::OpenGrantCap,
+                            Part::Plan => ReportFailure::PlanMoved,
+                            Part::Ledger => {
+                                let old: GrantItem =
+                                    serde_dynamo::from_item(old.cloned().ok_or_else(|| {
+                                        StoreError::Corrupt(
+                                            "condition failure without the old item".into(),
+                                        )
+                                    })?)
+                                    .map_err(|e| corrupt("grant", e))?;
+                                ReportFailure::Recorded {
+                                    // Written at this call's own instant: an earlier attempt
+                                    // of this call committed with its answer lost.
+                                    by_this_call: old.created_at == rfc3339(now),
+                                    entry: old.entry(),
+                                }
+                            }
+                        });
+                    }
+                    let after = progress
+                        .cancelled(failures)
+                        .map_err(|refused| refused_error(refused, report, retry_after))?;
+                    Ok(match after {
+                        AfterCancel::Continue if progress.is_done() => Attempt::Done(()),
+                        AfterCancel::Continue => Attempt::Again,
+                        AfterCancel::Retry => Attempt::Retry,
+                    })
                 }
-                let after = lock()?
-                    .cancelled(failures)
-                    .map_err(|refused| refused_error(refused, report, retry_after))?;
-                match after {
-                    AfterCancel::Continue if lock()?.is_done() => return Ok(Attempt::Done(())),
-                    AfterCancel::Continue => continue,
-                    AfterCancel::Retry => return Ok(Attempt::Retry),
-                }
-            }
-        })
-        .await?;
+                .await;
+                (decided, progress)
+            },
+        )
+        .await;
+        landed?;
         self.pair_report_taps(openid, report, now).await;
-        let progress = progress
-            .into_inner()
-            .map_err(|_| StoreError::Corrupt("grant report state poisoned".into()))?;
         Ok(progress.recorded())
     }
 

@@ -33,11 +33,11 @@ mod items;
 pub mod keys;
 mod open_grants;
 pub mod reminders;
+mod retry;
 mod snapshot;
+mod sweep;
 mod taps;
 mod tx;
-
-use std::time::Duration;
 
 use crate::domain::dispatch::RetryPolicy;
 use crate::domain::reminders::ReminderKinds;
@@ -51,6 +51,9 @@ pub use crate::config::{Limits, Retention};
 pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
 pub use crate::store::consent::Stood;
 pub use crate::store::items::outbox::Publication;
+pub(crate) use retry::{
+    Attempt, MAX_WRITE_ATTEMPTS, Tries, backoff, retry_carrying, retry_contended,
+};
 
 /// The single-table store. Cheap to clone.
 #[derive(Clone)]
@@ -113,83 +116,6 @@ pub enum Limit {
     /// The user made [`Limits::reports_per_minute`] reports this minute; the next
     /// minute starts in `retry_after` seconds.
     Rate { retry_after: u64 },
-}
-
-/// How often a write contended by other writers is tried before answering 503. High
-/// enough for a burst of one user's offline queue arriving at once (50 check-ins).
-const MAX_WRITE_ATTEMPTS: u32 = 40;
-
-/// How often a contended API write is tried, at most: a backstop only, since the time
-/// budget ([`Limits::write_budget`](crate::config::Limits)) is what bounds it (a few
-/// dozen attempts fit in the deployed 4 s; the suite's slower emulator gets 20 s).
-const MAX_BUDGETED_ATTEMPTS: u32 = 200;
-
-/// The pause before retry `attempt` (1-based): "full jitter" over an exponentially
-/// growing window (10 ms, 20 ms, … capped at 640 ms), so contending writers spread out
-/// instead of colliding again in lockstep.
-fn backoff(attempt: u32) -> Duration {
-    let window = 10u64 << attempt.saturating_sub(1).min(6);
-    let random = u64::from_le_bytes(
-        uuid::Uuid::new_v4().as_bytes()[..8]
-            .try_into()
-            .unwrap_or([0; 8]),
-    );
-    Duration::from_millis(random % window + 1)
-}
-
-/// The pause before trying again a write that lost a race or met a throttle, counted
-/// ([`crate::metrics::name::CONTENDED_RETRIES`], by `what`): the loops that do not go
-/// through [`retry_contended`] use this.
-pub(crate) async fn contended_pause(what: &'static str, attempt: u32) {
-    crate::metrics::count_by(
-        crate::metrics::name::CONTENDED_RETRIES,
-        "What",
-        what.to_string(),
-        1,
-    );
-    tokio::time::sleep(backoff(attempt)).await;
-}
-
-/// What one try of a contended write decided.
-pub(crate) enum Attempt<T> {
-    /// Finished with this answer.
-    Done(T),
-    /// Lost a race (a condition or a conflicting write): read again and try again.
-    Retry,
-}
-
-/// Runs `attempt` until it is done, pausing [`backoff`] between tries; past `budget`
-/// (or [`MAX_BUDGETED_ATTEMPTS`]) the write is `Unavailable` (503 with `Retry-After`),
-/// naming `what`. The one retry loop of the store: every read-decide-write cycle goes through
-/// it.
-pub(crate) async fn retry_contended<T, F, Fut>(
-    what: &'static str,
-    budget: Duration,
-    mut attempt: F,
-) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
-{
-    let started = tokio::time::Instant::now();
-    for n in 1..=MAX_BUDGETED_ATTEMPTS {
-        if let Attempt::Done(answer) = attempt().await? {
-            return Ok(answer);
-        }
-        if started.elapsed() > budget {
-            break;
-        }
-        crate::metrics::count_by(
-            crate::metrics::name::CONTENDED_RETRIES,
-            "What",
-            what.to_string(),
-            1,
-        );
-        tokio::time::sleep(backoff(n)).await;
-    }
-    Err(StoreError::Unavailable(
-        format!("{what} contended past the retry limit").into(),
-    ))
 }
 
 impl Store {

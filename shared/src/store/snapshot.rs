@@ -16,7 +16,9 @@ use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
 use crate::store::items::rate::rate_key;
 use crate::store::items::{Item, key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
-use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError, classify_sdk_error};
+use crate::store::{
+    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, classify_sdk_error, retry_carrying,
+};
 
 pub(crate) struct Read {
     pub(crate) plan: Option<PlanItem>,
@@ -39,48 +41,59 @@ impl Store {
         pk: &str,
         sks: &[String],
     ) -> Result<HashMap<String, HashMap<String, AttributeValue>>, StoreError> {
-        let mut found = HashMap::new();
-        let mut pending: Vec<HashMap<String, AttributeValue>> =
+        if sks.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let pending: Vec<HashMap<String, AttributeValue>> =
             sks.iter().map(|sk| key(pk, sk)).collect();
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            if pending.is_empty() {
-                break;
-            }
-            let keys = KeysAndAttributes::builder()
-                .set_keys(Some(std::mem::take(&mut pending)))
-                .consistent_read(true)
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            let out = self
-                .client
-                .batch_get_item()
-                .request_items(&self.table, keys)
-                .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
-            for item in out
-                .responses()
-                .and_then(|r| r.get(&self.table))
-                .into_iter()
-                .flatten()
-            {
-                if let Some(AttributeValue::S(sk)) = item.get("sk") {
-                    found.insert(sk.clone(), item.clone());
-                }
-            }
-            if let Some(left) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
-                pending = left.keys().to_vec();
-                crate::store::contended_pause("read", attempt).await;
-            }
-        }
         // Keys left unread are not absent: a caller deciding on absence (a replay, a
-        // plan never stored) must not see them so. Try later.
-        if !pending.is_empty() {
-            return Err(StoreError::Unavailable(
-                "keys left unprocessed by BatchGetItem after every retry".into(),
-            ));
-        }
-        Ok(found)
+        // plan never stored) must not see them so. Past the tries: Unavailable, try later.
+        let tries = Tries::Times(MAX_WRITE_ATTEMPTS);
+        let read = retry_carrying(
+            "read",
+            tries,
+            (pending, HashMap::new()),
+            |(pending, mut found)| async move {
+                let decided = async {
+                    let keys = KeysAndAttributes::builder()
+                        .set_keys(Some(pending))
+                        .consistent_read(true)
+                        .build()
+                        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                    let out = self
+                        .client
+                        .batch_get_item()
+                        .request_items(&self.table, keys)
+                        .send()
+                        .await
+                        .map_err(|e| classify_sdk_error(e, |_| false))?;
+                    for item in out
+                        .responses()
+                        .and_then(|r| r.get(&self.table))
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(AttributeValue::S(sk)) = item.get("sk") {
+                            found.insert(sk.clone(), item.clone());
+                        }
+                    }
+                    Ok(out
+                        .unprocessed_keys()
+                        .and_then(|u| u.get(&self.table))
+                        .map(|left| left.keys().to_vec())
+                        .unwrap_or_default())
+                }
+                .await;
+                match decided {
+                    Ok(left) if left.is_empty() => (Ok(Attempt::Done(())), (left, found)),
+                    Ok(left) => (Ok(Attempt::Retry), (left, found)),
+                    Err(e) => (Err(e), (Vec::new(), found)),
+                }
+            },
+        )
+        .await;
+        read.0?;
+        Ok(read.1.1)
     }
 
     pub(crate) async fn read(

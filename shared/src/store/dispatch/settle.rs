@@ -15,7 +15,7 @@ use crate::store::items::grant::{grant_state_name, grant_state_of};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{MAX_WRITE_ATTEMPTS, Store, StoreError};
+use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 use crate::store::items::grant::held_by;
 use crate::store::items::quota::{
@@ -359,99 +359,105 @@ impl Store {
     /// `available` only if the sweep voided it.
     pub(crate) async fn write_settlement(
         &self,
-        mut tx: SettleTx<'_>,
+        tx: SettleTx<'_>,
         now: DateTime<Utc>,
     ) -> Result<Settled, StoreError> {
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            let mut items = Parts::new().with(Settle::Delivery, self.delivery_update(&tx, now)?);
-            let grant = tx.grant.filter(|g| g.from != g.to);
-            if let Some(grant) = grant {
-                items.add(
-                    Settle::Grant,
-                    self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?,
-                );
-            }
-            if let Some(quota) =
-                self.quota_update(tx.pk, tx.template, grant, &tx.marks, tx.claimed_at, now)?
-            {
-                items.add(Settle::Quota, quota);
-            }
-            for (i, write) in tx.source.iter().enumerate() {
-                items.add(Settle::Source(i), write.clone());
-            }
-            let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
-            let failed = match self.transact_parts(&items).await? {
-                Outcome::Committed => {
-                    return Ok(Settled::Landed {
-                        grant: with_grant,
-                        source: !tx.source.is_empty(),
-                    });
+        let tries = Tries::Times(MAX_WRITE_ATTEMPTS);
+        let carried = retry_carrying("settle", tries, tx, |mut tx| async move {
+            let decided = async {
+                let mut items =
+                    Parts::new().with(Settle::Delivery, self.delivery_update(&tx, now)?);
+                let grant = tx.grant.filter(|g| g.from != g.to);
+                if let Some(grant) = grant {
+                    items.add(
+                        Settle::Grant,
+                        self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?,
+                    );
                 }
-                Outcome::Contended => {
-                    crate::store::contended_pause("settle", attempt).await;
-                    continue;
+                if let Some(quota) =
+                    self.quota_update(tx.pk, tx.template, grant, &tx.marks, tx.claimed_at, now)?
+                {
+                    items.add(Settle::Quota, quota);
                 }
-                Outcome::Cancelled(failed) => failed,
-            };
-            if failed.has(Settle::Delivery) {
-                let now_item = match failed.old(Settle::Delivery).cloned() {
-                    Some(item) => Some(Box::new(parse::<DeliveryItem>("delivery", item)?)),
-                    None => None,
+                for (i, write) in tx.source.iter().enumerate() {
+                    items.add(Settle::Source(i), write.clone());
+                }
+                let with_grant = tx.grant.is_some_and(|g| g.from != g.to);
+                let failed = match self.transact_parts(&items).await? {
+                    Outcome::Committed => {
+                        return Ok(Attempt::Done(Settled::Landed {
+                            grant: with_grant,
+                            source: !tx.source.is_empty(),
+                        }));
+                    }
+                    Outcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Cancelled(failed) => failed,
                 };
-                return Ok(Settled::DeliveryMoved(now_item));
-            }
-            let mut changed = false;
-            if grant.is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
-                && failed.has(Settle::Quota)
-            {
-                // The template's grants were voided after this send was claimed (a
-                // disable, a refusal): the grant stays void; the rest still lands.
-                tx.grant = None;
-                changed = true;
-            }
-            if with_grant && failed.has(Settle::Grant) {
-                tx.grant = tx.grant.and_then(|g| {
-                    grant_retry(g, tx.delivery_id, failed.old(Settle::Grant).cloned())
-                });
-                changed = true;
-            }
-            let source_failed: Vec<usize> = failed
-                .roles()
-                .filter_map(|part| match part {
-                    Settle::Source(i) => Some(i),
-                    _ => None,
-                })
-                .collect();
-            if !source_failed.is_empty() {
-                let only_notes = source_failed.iter().all(|&i| {
-                    tx.source
-                        .get(i)
-                        .is_some_and(crate::store::items::outbox::is_note_update)
-                });
-                if only_notes {
-                    // Only notifications their retention removed: their status is not
-                    // written (never recreated as a stub); the rest lands.
-                    let mut index = 0;
-                    tx.source.retain(|_| {
-                        let keep = !source_failed.contains(&index);
-                        index += 1;
-                        keep
-                    });
-                } else if tx.retry_whole {
-                    return Ok(Settled::SourceMoved);
-                } else {
-                    // The plan or push moved on (the user acted): that stands.
-                    tx.source.clear();
+                if failed.has(Settle::Delivery) {
+                    let now_item = match failed.old(Settle::Delivery).cloned() {
+                        Some(item) => Some(Box::new(parse::<DeliveryItem>("delivery", item)?)),
+                        None => None,
+                    };
+                    return Ok(Attempt::Done(Settled::DeliveryMoved(now_item)));
                 }
-                changed = true;
+                let mut changed = false;
+                if grant
+                    .is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
+                    && failed.has(Settle::Quota)
+                {
+                    // The template's grants were voided after this send was claimed (a
+                    // disable, a refusal): the grant stays void; the rest still lands.
+                    tx.grant = None;
+                    changed = true;
+                }
+                if with_grant && failed.has(Settle::Grant) {
+                    tx.grant = tx.grant.and_then(|g| {
+                        grant_retry(g, tx.delivery_id, failed.old(Settle::Grant).cloned())
+                    });
+                    changed = true;
+                }
+                let source_failed: Vec<usize> = failed
+                    .roles()
+                    .filter_map(|part| match part {
+                        Settle::Source(i) => Some(i),
+                        _ => None,
+                    })
+                    .collect();
+                if !source_failed.is_empty() {
+                    let only_notes = source_failed.iter().all(|&i| {
+                        tx.source
+                            .get(i)
+                            .is_some_and(crate::store::items::outbox::is_note_update)
+                    });
+                    if only_notes {
+                        // Only notifications their retention removed: their status is not
+                        // written (never recreated as a stub); the rest lands.
+                        let mut index = 0;
+                        tx.source.retain(|_| {
+                            let keep = !source_failed.contains(&index);
+                            index += 1;
+                            keep
+                        });
+                    } else if tx.retry_whole {
+                        return Ok(Attempt::Done(Settled::SourceMoved));
+                    } else {
+                        // The plan or push moved on (the user acted): that stands.
+                        tx.source.clear();
+                    }
+                    changed = true;
+                }
+                // A narrowed write is tried again at once; else it lost a race.
+                Ok(if changed {
+                    Attempt::Again
+                } else {
+                    Attempt::Retry
+                })
             }
-            if !changed {
-                crate::store::contended_pause("settle", attempt).await;
-            }
-        }
-        Err(StoreError::Unavailable(
-            "settle contended past the retry limit".into(),
-        ))
+            .await;
+            (decided, tx)
+        })
+        .await;
+        carried.0
     }
 }
 

@@ -5,9 +5,8 @@ use futures::StreamExt;
 
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
-use crate::domain::template::Templates;
 use crate::domain::{GrantState, TemplateId};
-use crate::store::items::{Item, n, number, parse, s, text};
+use crate::store::items::{Item, n, parse, s};
 use crate::store::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
 use crate::store::{Store, StoreError, classify_sdk_error};
 use crate::telemetry::error_chain;
@@ -25,7 +24,7 @@ use crate::domain::dispatch::{DeliveryState, OutboxState, OutcomeClass, settle};
 pub const SWEEP_BATCH_PER_SHARD: i32 = 25;
 
 /// What a sweep step did with its entry.
-enum Step {
+pub(crate) enum Step {
     Acted,
     /// Settled by WeChat's answer that a finalize kept, or a 43101's voiding finished:
     /// the truth recorded, not `unknown`.
@@ -65,14 +64,15 @@ pub struct SweepSummary {
 const SWEEP_QUERIES_IN_FLIGHT: usize = 8;
 
 impl Store {
-    /// Settles what is past its lease (see the module docs of [`dispatch`](super)):
-    /// one query page per shard of the lease index, never a scan.
-    pub async fn sweep(
+    /// The entries past their lease: one query page per shard of the lease index,
+    /// never a scan, a few shards at a time; with the count of shards that could not
+    /// be read (skipped this tick). [`Store::sweep`](crate::store::Store::sweep) settles
+    /// them.
+    pub(crate) async fn past_their_lease(
         &self,
-        templates: &Templates,
         shards: impl IntoIterator<Item = u32>,
         now: DateTime<Utc>,
-    ) -> SweepSummary {
+    ) -> (Vec<Item>, u32) {
         let queries = shards.into_iter().map(|shard| async move {
             let _turn = self.index_turn().await;
             let out = self
@@ -89,7 +89,7 @@ impl Store {
                 .map_err(|e| classify_sdk_error(e, |_| false))?;
             Ok::<_, StoreError>(out.items.unwrap_or_default())
         });
-        let mut summary = SweepSummary::default();
+        let mut skipped = 0;
         let mut stale: Vec<Item> = Vec::new();
         // A few at a time: the tick's due-index reads share the store's index queries
         // (see [`INDEX_QUERIES_IN_FLIGHT`](crate::store::INDEX_QUERIES_IN_FLIGHT)),
@@ -103,72 +103,18 @@ impl Store {
                 Ok(items) => stale.extend(items),
                 Err(e) => {
                     tracing::error!(error = %error_chain(&e), "lease-index shard unreadable; skipped this tick");
-                    summary.skipped += 1;
+                    skipped += 1;
                 }
             }
         }
-        // (pk, sk, lease as seen) of the deliveries, the plans, and anything else.
-        let (mut deliveries, mut plans, mut events, mut others) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for item in &stale {
-            let (Some(pk), Some(sk), Some(seen)) = (
-                text(item, "pk"),
-                text(item, "sk"),
-                number(item, "lease_until"),
-            ) else {
-                continue;
-            };
-            let entry = (pk.to_string(), sk.to_string(), seen);
-            match sort_key(sk) {
-                SortKey::Delivery(_) => deliveries.push(entry),
-                SortKey::Plan(_) => plans.push(entry),
-                SortKey::Event => events.push(entry),
-                SortKey::Outbox(_) | SortKey::Scheduled(_) | SortKey::Other => others.push(entry),
-            }
-        }
-        // Deliveries first: settling one usually moves its plan in the same write.
-        for (pk, sk, seen) in deliveries {
-            let settled = self.sweep_delivery(&pk, &sk, now).await;
-            let kept = matches!(settled, Ok(Step::Kept));
-            let acted = self
-                .tally(settled, (&pk, &sk, seen), now, &mut summary)
-                .await;
-            if kept {
-                summary.kept += acted;
-            } else {
-                summary.recovered += acted;
-            }
-        }
-        for (pk, sk, seen) in plans {
-            let moved = self.sweep_plan(&pk, &sk, now).await;
-            summary.advanced += self.tally(moved, (&pk, &sk, seen), now, &mut summary).await;
-        }
-        for (pk, sk, seen) in events {
-            let applied = self
-                .apply_recorded(&pk, &sk, templates, now)
-                .await
-                .map(|found| match found {
-                    Ok(true) => Step::Acted,
-                    Ok(false) => Step::Idle,
-                    Err(why) => Step::Unreadable(why),
-                });
-            summary.events_applied += self
-                .tally(applied, (&pk, &sk, seen), now, &mut summary)
-                .await;
-        }
-        for (pk, sk, seen) in others {
-            let unknown = Ok(Step::Unreadable(format!("{sk}: no kind of lease holder")));
-            self.tally(unknown, (&pk, &sk, seen), now, &mut summary)
-                .await;
-        }
-        summary
+        (stale, skipped)
     }
 
     /// 1 if a sweep step acted on its entry. An error is logged and counted (the entry
     /// is tried again next tick); an entry that itself cannot be read is taken off the
     /// lease index (kept, marked `quarantined_at`, for an operator), so it cannot hold
     /// up the shard's page tick after tick.
-    async fn tally(
+    pub(crate) async fn tally(
         &self,
         step: Result<Step, StoreError>,
         (pk, sk, seen): (&str, &str, i64),
@@ -240,7 +186,7 @@ impl Store {
     /// A live delivery past its lease: settled by the answer its finalize kept, if it
     /// kept one; else `unknown`, its grant void, its plan paused `uncertain` (or its
     /// push `unknown`). A settled 43101 whose voiding is not done: that finished.
-    async fn sweep_delivery(
+    pub(crate) async fn sweep_delivery(
         &self,
         pk: &str,
         sk: &str,
@@ -441,7 +387,12 @@ impl Store {
     /// A plan still `sending` past its lease. If its delivery is terminal (settled, but
     /// the plan's own write was lost to a crash or a race), the plan moves on by that
     /// delivery's outcome. True if this sweep moved it.
-    async fn sweep_plan(&self, pk: &str, sk: &str, now: DateTime<Utc>) -> Result<Step, StoreError> {
+    pub(crate) async fn sweep_plan(
+        &self,
+        pk: &str,
+        sk: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Step, StoreError> {
         let kinds = &*self.kinds;
         let policy = &self.policy;
         let named = match sort_key(sk) {

@@ -28,7 +28,7 @@ use crate::store::items::quota::wake_now;
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 /// How a cancel ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -79,117 +79,131 @@ impl Store {
         let (event_pk, event_sk, pk) = (&event_pk, &event_sk, &pk);
         // Set once a try found the notification removed by its retention: the push is
         // still ended, without the notification's status.
-        let no_note = &std::sync::atomic::AtomicBool::new(false);
-        retry_contended("cancel", self.limits.write_budget, || async move {
-            let with_note = !no_note.load(std::sync::atomic::Ordering::Relaxed);
-            let Some(record) = self.get(event_pk, event_sk).await? else {
-                // Before its event: the mark, kept as long as an event record.
-                let mark = EventItem {
-                    pk: event_pk.clone(),
-                    sk: event_sk.clone(),
-                    kind: "event".into(),
-                    fingerprint: String::new(),
-                    note_id: String::new(),
-                    expires_at: (now + self.limits.retention.events).timestamp(),
-                    cancel: Some(CANCEL_FIRST.into()),
-                    openid: Some(cancel.openid.to_string()),
-                };
-                return Ok(
-                    match self
-                        .transact(vec![self.put_new(to_item("event", &mark)?)?])
-                        .await?
-                    {
-                        TxOutcome::Committed => Attempt::Done(Cancelled::Early),
-                        // The event (or another cancel) landed meanwhile: read it again.
-                        TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-                    },
-                );
-            };
-            let record: EventItem = parse("event", record)?;
-            if record.is_cancel_mark() {
-                return Ok(Attempt::Done(Cancelled::Early));
-            }
-            let note_id = record.note_id.clone();
-            let found = self.push_of(pk, &note_id).await?;
-            let decision = decide(found.as_domain());
-            let mut writes = Vec::new();
-            let answer = match decision {
-                CancelDecision::Cancel => {
-                    writes.extend(self.end_push(
-                        pk,
-                        &note_id,
-                        &found,
-                        PushStatus::Cancelled,
-                        with_note,
-                        now,
-                    )?);
-                    Cancelled::Cancelled { note_id }
-                }
-                CancelDecision::Already => {
-                    return Ok(Attempt::Done(Cancelled::Already { note_id }));
-                }
-                CancelDecision::Request => {
-                    let Found::Outbox(outbox) = &found else {
-                        return Err(StoreError::Corrupt(
-                            "a cancel request for a push not in the outbox".into(),
-                        ));
+        let carried = retry_carrying(
+            "cancel",
+            self.limits.write_budget,
+            false,
+            |mut no_note: bool| async move {
+                let decided = async {
+                    let with_note = !no_note;
+                    let Some(record) = self.get(event_pk, event_sk).await? else {
+                        // Before its event: the mark, kept as long as an event record.
+                        let mark = EventItem {
+                            pk: event_pk.clone(),
+                            sk: event_sk.clone(),
+                            kind: "event".into(),
+                            fingerprint: String::new(),
+                            note_id: String::new(),
+                            expires_at: (now + self.limits.retention.events).timestamp(),
+                            cancel: Some(CANCEL_FIRST.into()),
+                            openid: Some(cancel.openid.to_string()),
+                        };
+                        return Ok(
+                            match self
+                                .transact(vec![self.put_new(to_item("event", &mark)?)?])
+                                .await?
+                            {
+                                TxOutcome::Committed => Attempt::Done(Cancelled::Early),
+                                // The event (or another cancel) landed meanwhile: read it again.
+                                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+                            },
+                        );
                     };
-                    let push = PushStatus::of_outbox(outbox.state);
-                    if with_note {
-                        writes.extend(note_request(&self.table, outbox, CANCEL_REQUESTED, now)?);
-                        Cancelled::Requested { note_id, push }
-                    } else {
-                        // Nowhere to record it: this attempt decides.
-                        Cancelled::TooLate { note_id, push }
+                    let record: EventItem = parse("event", record)?;
+                    if record.is_cancel_mark() {
+                        return Ok(Attempt::Done(Cancelled::Early));
                     }
-                }
-                CancelDecision::TooLate => match found.as_domain() {
-                    PushFound::Outbox(state) => Cancelled::TooLate {
-                        note_id,
-                        push: PushStatus::of_outbox(state),
-                    },
-                    PushFound::ScheduledEnded(push) => Cancelled::TooLate { note_id, push },
-                    PushFound::Scheduled | PushFound::None => {
-                        return Err(StoreError::Corrupt(
-                            "a cancel too late for a push still waiting".into(),
-                        ));
-                    }
-                },
-                // Its event came after a cancel, or its push ended cancelled and left
-                // nothing behind: a cancel again changes nothing.
-                CancelDecision::NoPush if record.cancel.as_deref() == Some(CANCEL_DONE) => {
-                    return Ok(Attempt::Done(Cancelled::Already { note_id }));
-                }
-                CancelDecision::NoPush => {
-                    return Ok(Attempt::Done(Cancelled::NoPush { note_id }));
-                }
-            };
-            let outcome = match answer {
-                Cancelled::TooLate { .. } => CANCEL_TOO_LATE,
-                Cancelled::Requested { .. } => CANCEL_REQUESTED_MARK,
-                _ => CANCEL_DONE,
-            };
-            if record.cancel.as_deref() != Some(outcome) {
-                writes.push(self.cancel_recorded(event_pk, event_sk, outcome, now)?);
-            }
-            if writes.is_empty() {
-                return Ok(Attempt::Done(answer));
-            }
-            Ok(
-                match self.transact_parts(&Parts::notes_apart(writes)).await? {
-                    Outcome::Committed => Attempt::Done(answer),
-                    Outcome::Cancelled(failed) => {
-                        if failed.only(|part| part == Beside::Note) {
-                            no_note.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let note_id = record.note_id.clone();
+                    let found = self.push_of(pk, &note_id).await?;
+                    let decision = decide(found.as_domain());
+                    let mut writes = Vec::new();
+                    let answer = match decision {
+                        CancelDecision::Cancel => {
+                            writes.extend(self.end_push(
+                                pk,
+                                &note_id,
+                                &found,
+                                PushStatus::Cancelled,
+                                with_note,
+                                now,
+                            )?);
+                            Cancelled::Cancelled { note_id }
                         }
-                        // Claimed, published or cancelled meanwhile: read again.
-                        Attempt::Retry
+                        CancelDecision::Already => {
+                            return Ok(Attempt::Done(Cancelled::Already { note_id }));
+                        }
+                        CancelDecision::Request => {
+                            let Found::Outbox(outbox) = &found else {
+                                return Err(StoreError::Corrupt(
+                                    "a cancel request for a push not in the outbox".into(),
+                                ));
+                            };
+                            let push = PushStatus::of_outbox(outbox.state);
+                            if with_note {
+                                writes.extend(note_request(
+                                    &self.table,
+                                    outbox,
+                                    CANCEL_REQUESTED,
+                                    now,
+                                )?);
+                                Cancelled::Requested { note_id, push }
+                            } else {
+                                // Nowhere to record it: this attempt decides.
+                                Cancelled::TooLate { note_id, push }
+                            }
+                        }
+                        CancelDecision::TooLate => match found.as_domain() {
+                            PushFound::Outbox(state) => Cancelled::TooLate {
+                                note_id,
+                                push: PushStatus::of_outbox(state),
+                            },
+                            PushFound::ScheduledEnded(push) => Cancelled::TooLate { note_id, push },
+                            PushFound::Scheduled | PushFound::None => {
+                                return Err(StoreError::Corrupt(
+                                    "a cancel too late for a push still waiting".into(),
+                                ));
+                            }
+                        },
+                        // Its event came after a cancel, or its push ended cancelled and left
+                        // nothing behind: a cancel again changes nothing.
+                        CancelDecision::NoPush if record.cancel.as_deref() == Some(CANCEL_DONE) => {
+                            return Ok(Attempt::Done(Cancelled::Already { note_id }));
+                        }
+                        CancelDecision::NoPush => {
+                            return Ok(Attempt::Done(Cancelled::NoPush { note_id }));
+                        }
+                    };
+                    let outcome = match answer {
+                        Cancelled::TooLate { .. } => CANCEL_TOO_LATE,
+                        Cancelled::Requested { .. } => CANCEL_REQUESTED_MARK,
+                        _ => CANCEL_DONE,
+                    };
+                    if record.cancel.as_deref() != Some(outcome) {
+                        writes.push(self.cancel_recorded(event_pk, event_sk, outcome, now)?);
                     }
-                    Outcome::Contended => Attempt::Retry,
-                },
-            )
-        })
-        .await
+                    if writes.is_empty() {
+                        return Ok(Attempt::Done(answer));
+                    }
+                    Ok(
+                        match self.transact_parts(&Parts::notes_apart(writes)).await? {
+                            Outcome::Committed => Attempt::Done(answer),
+                            Outcome::Cancelled(failed) => {
+                                if failed.only(|part| part == Beside::Note) {
+                                    no_note = true;
+                                }
+                                // Claimed, published or cancelled meanwhile: read again.
+                                Attempt::Retry
+                            }
+                            Outcome::Contended => Attempt::Retry,
+                        },
+                    )
+                }
+                .await;
+                (decided, no_note)
+            },
+        )
+        .await;
+        carried.0
     }
 
     /// The push of notification `note_id` of `pk`, as stored: with its notification

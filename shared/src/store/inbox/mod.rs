@@ -19,7 +19,7 @@ use crate::domain::text::{clean_line, clean_lines};
 use crate::store::items::outbox::is_note_update;
 use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 
@@ -426,85 +426,96 @@ impl Store {
         let pk = &pk;
         // Set once a try found the older notification of its collapse key removed by its
         // retention: its push is still replaced, without the notification's status.
-        let no_older_note = &std::sync::atomic::AtomicBool::new(false);
-        retry_contended("ingest", self.limits.write_budget, || async move {
-            let mut items = items.clone();
-            if let Some(key) = &event.collapse_key {
-                // Read on each try: a race lost to another event of the key is read
-                // again and its push replaced in turn.
-                let with_note = !no_older_note.load(std::sync::atomic::Ordering::Relaxed);
-                for write in self
-                    .collapse_writes(pk, &event.publisher, key, note_id, with_note, now)
-                    .await?
-                {
-                    let role = if is_note_update(&write) {
-                        Part::Note
-                    } else {
-                        Part::Write
-                    };
-                    items.add(role, write);
-                }
-            }
-            for (i, check) in checks.iter().enumerate() {
-                items.add(Part::Check(i), check.clone());
-            }
-            match self.transact_parts(&items).await? {
-                Outcome::Committed => {
-                    return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
-                        note_id: note_id.clone(),
-                        push: push_status,
-                        reason: reason.clone(),
-                        send_at: scheduled_for.clone(),
-                    })));
-                }
-                Outcome::Cancelled(failed) => {
-                    // The event's record or a legacy one, whose fingerprint is the
-                    // canonical text itself rather than its hash.
-                    let found = [Part::Record, Part::Legacy]
-                        .into_iter()
-                        .find_map(|part| failed.old(part));
-                    if let Some(old) = found {
-                        let old: EventItem = parse("event", old.clone())?;
-                        if old.is_cancel_mark() {
-                            // A mark for another user (a publisher's mistake) gives way
-                            // without cancelling this user's push.
-                            let cancelled = old
-                                .openid
-                                .as_deref()
-                                .is_none_or(|o| o == event.openid.as_str());
-                            return Ok(Attempt::Done(Ingest::Marked { cancelled }));
+        let carried = retry_carrying(
+            "ingest",
+            self.limits.write_budget,
+            false,
+            |mut no_older_note: bool| async move {
+                let decided = async {
+                    let mut items = items.clone();
+                    if let Some(key) = &event.collapse_key {
+                        // Read on each try: a race lost to another event of the key is read
+                        // again and its push replaced in turn.
+                        let with_note = !no_older_note;
+                        for write in self
+                            .collapse_writes(pk, &event.publisher, key, note_id, with_note, now)
+                            .await?
+                        {
+                            let role = if is_note_update(&write) {
+                                Part::Note
+                            } else {
+                                Part::Write
+                            };
+                            items.add(role, write);
                         }
-                        let same = old.fingerprint == event.fingerprint
-                            || hex::encode(Sha256::digest(old.fingerprint.as_bytes()))
-                                == event.fingerprint;
-                        return Ok(Attempt::Done(Ingest::Done(if same {
-                            Ingested::Duplicate {
-                                note_id: old.note_id,
+                    }
+                    for (i, check) in checks.iter().enumerate() {
+                        items.add(Part::Check(i), check.clone());
+                    }
+                    match self.transact_parts(&items).await? {
+                        Outcome::Committed => {
+                            return Ok(Attempt::Done(Ingest::Done(Ingested::Created {
+                                note_id: note_id.clone(),
+                                push: push_status,
+                                reason: reason.clone(),
+                                send_at: scheduled_for.clone(),
+                            })));
+                        }
+                        Outcome::Cancelled(failed) => {
+                            // The event's record or a legacy one, whose fingerprint is the
+                            // canonical text itself rather than its hash.
+                            let found = [Part::Record, Part::Legacy]
+                                .into_iter()
+                                .find_map(|part| failed.old(part));
+                            if let Some(old) = found {
+                                let old: EventItem = parse("event", old.clone())?;
+                                if old.is_cancel_mark() {
+                                    // A mark for another user (a publisher's mistake) gives way
+                                    // without cancelling this user's push.
+                                    let cancelled = old
+                                        .openid
+                                        .as_deref()
+                                        .is_none_or(|o| o == event.openid.as_str());
+                                    return Ok(Attempt::Done(Ingest::Marked { cancelled }));
+                                }
+                                let same = old.fingerprint == event.fingerprint
+                                    || hex::encode(Sha256::digest(old.fingerprint.as_bytes()))
+                                        == event.fingerprint;
+                                return Ok(Attempt::Done(Ingest::Done(if same {
+                                    Ingested::Duplicate {
+                                        note_id: old.note_id,
+                                    }
+                                } else {
+                                    Ingested::Conflict {
+                                        note_id: old.note_id,
+                                    }
+                                })));
                             }
-                        } else {
-                            Ingested::Conflict {
-                                note_id: old.note_id,
+                            if let Some(check) = failed.roles().find_map(|part| match part {
+                                Part::Check(i) => Some(i),
+                                _ => None,
+                            }) {
+                                return Ok(Attempt::Done(Ingest::Refused(check)));
                             }
-                        })));
+                            if failed.has(Part::Record)
+                                && matches!(record_as, Record::ReplaceMark { .. })
+                            {
+                                // The mark expired meanwhile: an ordinary ingest.
+                                return Ok(Attempt::Done(Ingest::MarkGone));
+                            }
+                            if failed.only(|part| part == Part::Note) {
+                                no_older_note = true;
+                            }
+                        }
+                        Outcome::Contended => {}
                     }
-                    if let Some(check) = failed.roles().find_map(|part| match part {
-                        Part::Check(i) => Some(i),
-                        _ => None,
-                    }) {
-                        return Ok(Attempt::Done(Ingest::Refused(check)));
-                    }
-                    if failed.has(Part::Record) && matches!(record_as, Record::ReplaceMark { .. }) {
-                        // The mark expired meanwhile: an ordinary ingest.
-                        return Ok(Attempt::Done(Ingest::MarkGone));
-                    }
-                    if failed.only(|part| part == Part::Note) {
-                        no_older_note.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    Ok(Attempt::Retry)
                 }
-                Outcome::Contended => {}
-            }
-            Ok(Attempt::Retry)
-        })
-        .await
+                .await;
+                (decided, no_older_note)
+            },
+        )
+        .await;
+        carried.0
     }
 }

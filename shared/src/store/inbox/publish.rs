@@ -27,7 +27,7 @@ use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
 use crate::store::tx::{SentTx, TxOutcome, any_condition_failed, condition_failed};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 /// What a notification's push sends, kept until it is due.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -243,55 +243,60 @@ impl Store {
         // that then finds the notification gone asks DynamoDB, by each one's token,
         // whether it was one of them (a publication otherwise counted by no one: seen
         // under load, 10 of 12 counted).
-        let unanswered = &std::sync::Mutex::new(Vec::<(SentTx, Published)>::new());
-        let outcome = retry_contended("publish", self.limits.write_budget, || async move {
-            let (mut items, push, expired) = match self.to_publish(pk, sk, due, now).await? {
-                ToPublish::Ready {
-                    writes,
-                    push,
-                    expired,
-                } => (writes, push, expired),
-                ToPublish::Done(published) => return Ok(Attempt::Done(published)),
-            };
-            let has_push = push.is_some();
-            if let Some(outbox) = push {
-                items.push(self.put_new(to_item("outbox", &outbox)?)?);
-            }
-            let done = Published::Done {
-                push: has_push,
-                expired,
-            };
-            let (outcome, sent) = self.transact_kept(items).await?;
-            Ok(match outcome {
-                TxOutcome::Committed => Attempt::Done(done),
-                // Published by another, or its push cancelled or replaced meanwhile:
-                // read it again.
-                TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => Attempt::Retry,
-                // A notification already where this one goes: published by a try whose
-                // answer was lost (the scheduled item's delete went with it).
-                TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
-                    Attempt::Done(Published::Gone)
+        let carried = retry_carrying(
+            "publish",
+            self.limits.write_budget,
+            Vec::new(),
+            |mut unanswered: Vec<(SentTx, Published)>| async move {
+                let decided = async {
+                    let (mut items, push, expired) = match self.to_publish(pk, sk, due, now).await?
+                    {
+                        ToPublish::Ready {
+                            writes,
+                            push,
+                            expired,
+                        } => (writes, push, expired),
+                        ToPublish::Done(published) => return Ok(Attempt::Done(published)),
+                    };
+                    let has_push = push.is_some();
+                    if let Some(outbox) = push {
+                        items.push(self.put_new(to_item("outbox", &outbox)?)?);
+                    }
+                    let done = Published::Done {
+                        push: has_push,
+                        expired,
+                    };
+                    let (outcome, sent) = self.transact_kept(items).await?;
+                    Ok(match outcome {
+                        TxOutcome::Committed => Attempt::Done(done),
+                        // Published by another, or its push cancelled or replaced meanwhile:
+                        // read it again.
+                        TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => {
+                            Attempt::Retry
+                        }
+                        // A notification already where this one goes: published by a try whose
+                        // answer was lost (the scheduled item's delete went with it).
+                        TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
+                            Attempt::Done(Published::Gone)
+                        }
+                        // Contention (a conflict, a throttle): nothing was decided, try again.
+                        TxOutcome::Cancelled(_) => Attempt::Retry,
+                        TxOutcome::Contended => {
+                            unanswered.push((sent, done));
+                            Attempt::Retry
+                        }
+                    })
                 }
-                // Contention (a conflict, a throttle): nothing was decided, try again.
-                TxOutcome::Cancelled(_) => Attempt::Retry,
-                TxOutcome::Contended => {
-                    unanswered
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push((sent, done));
-                    Attempt::Retry
-                }
-            })
-        })
+                .await;
+                (decided, unanswered)
+            },
+        )
         .await;
-        if !matches!(outcome, Ok(Published::Gone)) {
-            return outcome;
+        let (outcome, unanswered) = carried;
+        let outcome = outcome?;
+        if !matches!(outcome, Published::Gone) {
+            return Ok(outcome);
         }
-        let unanswered = std::mem::take(
-            &mut *unanswered
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
         for (sent, published) in unanswered {
             // Committed: that attempt's (DynamoDB's answer for its token). Cancelled:
             // its conditions no longer hold, so another's work.
@@ -307,7 +312,7 @@ impl Store {
                 ),
             }
         }
-        outcome
+        Ok(outcome)
     }
 
     /// The scheduled notification `sk` of `pk`, ready to publish with its push and

@@ -40,103 +40,105 @@ impl Store {
     ) -> Result<CheckInOutcome, StoreError> {
         let pk = &user_pk(openid);
         let fingerprint = &checkin.fingerprint(&kind.name);
-        // Whether pushes of the template wait for a grant, as last read: a grant the
-        // check-in carries is written only while that still holds, and then wakes them.
-        let waiting = &std::sync::atomic::AtomicBool::new(false);
-        let outcome = retry_contended("check-in", self.limits.write_budget, || async move {
-            let read = self.read(pk, kind, Some(checkin)).await?;
-            let none_waiting = read.open.waiting.is_empty();
-            waiting.store(!none_waiting, std::sync::atomic::Ordering::Relaxed);
-            if let Some(action) = read.action {
-                return replay(action, fingerprint).map(Attempt::Done);
-            }
-            let plan = match read.plan {
-                Some(item) => item.into_plan(kind)?,
-                None => Plan::new(kind),
-            };
-            let limits = CheckInLimits {
-                max_open_grants: self.limits.max_open_grants,
-                checkins_per_minute: self.limits.checkins_per_minute,
-            };
-            let ledger = read.ledger.as_ref().map(|old| old.result);
-            let decision =
-                decide(plan, read.counters, ledger, checkin, limits, now).map_err(|refused| {
-                    match refused {
+        // With the answer, whether pushes of the template wait for a grant, as the last
+        // try read: a grant the check-in carries is written only while that still
+        // holds, and then wakes them.
+        let (outcome, waiting) =
+            retry_contended("check-in", self.limits.write_budget, || async move {
+                let read = self.read(pk, kind, Some(checkin)).await?;
+                let none_waiting = read.open.waiting.is_empty();
+                let done = |outcome| Attempt::Done((outcome, !none_waiting));
+                if let Some(action) = read.action {
+                    return replay(action, fingerprint).map(done);
+                }
+                let plan = match read.plan {
+                    Some(item) => item.into_plan(kind)?,
+                    None => Plan::new(kind),
+                };
+                let limits = CheckInLimits {
+                    max_open_grants: self.limits.max_open_grants,
+                    checkins_per_minute: self.limits.checkins_per_minute,
+                };
+                let ledger = read.ledger.as_ref().map(|old| old.result);
+                let decision = decide(plan, read.counters, ledger, checkin, limits, now).map_err(
+                    |refused| match refused {
                         CheckInRefused::Rate(retry_after) => {
                             StoreError::Limited(Limit::Rate { retry_after })
                         }
                         CheckInRefused::Illegal(e) => StoreError::Corrupt(e.to_string()),
+                    },
+                )?;
+                let response = serde_json::to_value(decision.answer(now))
+                    .map_err(|e| corrupt("plan view", e))?;
+                let plan = &decision.plan;
+                let action = ActionItem {
+                    pk: pk.to_string(),
+                    sk: action_sk(&checkin.action_id),
+                    kind: "action".into(),
+                    reminder: kind.name.to_string(),
+                    fingerprint: fingerprint.to_string(),
+                    response: response.to_string(),
+                    created_at: rfc3339(now),
+                    expires_at: (now + self.limits.retention.actions).timestamp(),
+                };
+                let mut items = Parts::new()
+                    .with(
+                        Part::Action,
+                        self.put_new(
+                            serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?,
+                        )?,
+                    )
+                    .with(Part::Plan, self.plan_put(plan, pk, now)?);
+                if let CarriedGrant::Record(request_id, result) = &decision.grant {
+                    let item = GrantItem::new(
+                        pk,
+                        &kind.template_id,
+                        request_id,
+                        *result,
+                        now,
+                        self.limits.retention.grants,
+                    );
+                    items.add(
+                        Part::Grant,
+                        self.put_new(
+                            serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
+                        )?,
+                    );
+                    if let Some(update) = quota_update_item(
+                        &self.table,
+                        pk,
+                        &TemplateWrite::of(&kind.template_id, *result),
+                        request_id,
+                        now,
+                        &self.limits,
+                        none_waiting,
+                    )? {
+                        items.add(Part::Counters, update);
                     }
-                })?;
-            let response =
-                serde_json::to_value(decision.answer(now)).map_err(|e| corrupt("plan view", e))?;
-            let plan = &decision.plan;
-            let action = ActionItem {
-                pk: pk.to_string(),
-                sk: action_sk(&checkin.action_id),
-                kind: "action".into(),
-                reminder: kind.name.to_string(),
-                fingerprint: fingerprint.to_string(),
-                response: response.to_string(),
-                created_at: rfc3339(now),
-                expires_at: (now + self.limits.retention.actions).timestamp(),
-            };
-            let mut items = Parts::new()
-                .with(
-                    Part::Action,
-                    self.put_new(
-                        serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?,
-                    )?,
-                )
-                .with(Part::Plan, self.plan_put(plan, pk, now)?);
-            if let CarriedGrant::Record(request_id, result) = &decision.grant {
-                let item = GrantItem::new(
-                    pk,
-                    &kind.template_id,
-                    request_id,
-                    *result,
-                    now,
-                    self.limits.retention.grants,
-                );
-                items.add(
-                    Part::Grant,
-                    self.put_new(serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?)?,
-                );
-                if let Some(update) = quota_update_item(
-                    &self.table,
-                    pk,
-                    &TemplateWrite::of(&kind.template_id, *result),
-                    request_id,
-                    now,
-                    &self.limits,
-                    none_waiting,
-                )? {
-                    items.add(Part::Counters, update);
+                } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
+                    items.add(Part::Counters, self.grant_check(pk, kind)?);
                 }
-            } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
-                items.add(Part::Counters, self.grant_check(pk, kind)?);
-            }
-            match self.transact_parts(&items).await? {
-                Outcome::Committed => {
-                    return Ok(Attempt::Done(CheckInOutcome::Applied(response)));
-                }
-                Outcome::Cancelled(failed) => {
-                    if failed.has(Part::Action) {
-                        let old = failed.old(Part::Action).cloned().ok_or_else(|| {
-                            StoreError::Corrupt("action conflict without the old item".into())
-                        })?;
-                        let old: ActionItem =
-                            serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
-                        return replay(old, fingerprint).map(Attempt::Done);
+                match self.transact_parts(&items).await? {
+                    Outcome::Committed => {
+                        return Ok(done(CheckInOutcome::Applied(response)));
                     }
-                    // A report of the same grant landed meanwhile: the next read sees
-                    // it (a replay, or a conflict refused on its own).
+                    Outcome::Cancelled(failed) => {
+                        if failed.has(Part::Action) {
+                            let old = failed.old(Part::Action).cloned().ok_or_else(|| {
+                                StoreError::Corrupt("action conflict without the old item".into())
+                            })?;
+                            let old: ActionItem =
+                                serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
+                            return replay(old, fingerprint).map(done);
+                        }
+                        // A report of the same grant landed meanwhile: the next read sees
+                        // it (a replay, or a conflict refused on its own).
+                    }
+                    Outcome::Contended => {}
                 }
-                Outcome::Contended => {}
-            }
-            Ok(Attempt::Retry)
-        })
-        .await?;
+                Ok(Attempt::Retry)
+            })
+            .await?;
         let carried = checkin
             .grant
             .as_ref()
@@ -149,7 +151,7 @@ impl Store {
         // …and for the best push of the template waiting for one, at once. A replay
         // wakes none and stays one read: its first application's commit made the
         // template's wake entry due, so a wake cut short then is done by the next tick.
-        if granted && waiting.load(std::sync::atomic::Ordering::Relaxed) {
+        if granted && waiting {
             Box::pin(self.wake_waiting_logged(openid, &kind.template_id, now)).await;
         }
         Ok(outcome)
