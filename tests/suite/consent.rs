@@ -238,6 +238,29 @@ async fn a_refusal_older_than_an_accept_already_applied_changes_nothing() {
     invariants(&app).await;
 }
 
+/// WeChat's `CreateTime` ahead of our clock counts as now (I9): an accept stamped a
+/// day ahead (a skewed clock) is applied, and the user's refusal ten seconds later
+/// still applies — it is not taken for older than the accept. (Ordered by the stamp as
+/// sent, every refusal for a day would look out of order and change nothing.)
+#[tokio::test]
+async fn a_choice_stamped_ahead_of_our_clock_counts_as_made_now() {
+    let app = spawn_pushing_app(1).await;
+    let user = app.scheduled_user("gus", 2).await;
+    let ahead = choice_event(&app, &user, "popup", "accept", 86_400).await;
+    assert_eq!(ahead["answers"], json!([200]), "{ahead}");
+    assert_eq!(plan(&app, &user).await.0, "scheduled");
+
+    app.advance(std::time::Duration::from_secs(10));
+    let refusal = choice_event(&app, &user, "popup", "reject", 0).await;
+    assert_eq!(refusal["answers"], json!([200]), "{refusal}");
+    assert_eq!(
+        plan(&app, &user).await,
+        paused("rejected"),
+        "the later refusal applies"
+    );
+    invariants(&app).await;
+}
+
 /// WeChat gives up on a push after three tries; an event recorded but never applied
 /// (every apply failed) is applied by the dispatcher's sweep once the grace has passed
 /// — exactly once: a later sweep or WeChat's retry changes nothing more.

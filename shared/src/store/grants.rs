@@ -28,7 +28,6 @@ use crate::domain::grants::report::{
 };
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
-use crate::store::items::quota::quota_update_item;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::rfc3339;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
@@ -151,30 +150,11 @@ impl Store {
                     let (writes, pending) = (progress.writes(), progress.pending().clone());
                     let mut parts = Parts::new();
                     for write in &writes {
-                        let item = GrantItem::new(
-                            pk,
-                            &write.template,
-                            &report.request_id,
-                            write.result,
-                            now,
-                            self.limits.retention.grants,
-                        );
-                        parts.add(
-                            Part::Ledger,
-                            self.put_new(
-                                serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
-                            )?,
-                        );
-                        if let Some(update) = quota_update_item(
-                            &self.table,
-                            pk,
-                            write,
-                            &report.request_id,
-                            now,
-                            &self.limits,
-                            // (A report's handler reads the waiting pushes after it lands.)
-                            false,
-                        )? {
+                        // (A report's handler reads the waiting pushes after it lands.)
+                        let (ledger, counters) =
+                            self.recorded_answer(pk, write, &report.request_id, now, false)?;
+                        parts.add(Part::Ledger, ledger);
+                        if let Some(update) = counters {
                             parts.add(Part::Counters, update);
                         }
                     }

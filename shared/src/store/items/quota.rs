@@ -357,6 +357,40 @@ pub(crate) struct QuotaItemCounters {
 }
 
 impl Store {
+    /// The writes that record one template's answer, in a report or a check-in: its
+    /// ledger entry (new) and, if they move, the template's counters
+    /// ([`quota_update_item`], with `none_waiting`).
+    pub(crate) fn recorded_answer(
+        &self,
+        pk: &str,
+        write: &TemplateWrite,
+        request_id: &RequestId,
+        now: DateTime<Utc>,
+        none_waiting: bool,
+    ) -> Result<(TransactWriteItem, Option<TransactWriteItem>), StoreError> {
+        let item = crate::store::items::grant::GrantItem::new(
+            pk,
+            &write.template,
+            request_id,
+            write.result,
+            now,
+            self.limits.retention.grants,
+        );
+        let ledger = self.put_new(
+            serde_dynamo::to_item(&item).map_err(|e| crate::store::corrupt("grant", e))?,
+        )?;
+        let counters = quota_update_item(
+            &self.table,
+            pk,
+            write,
+            request_id,
+            now,
+            &self.limits,
+            none_waiting,
+        )?;
+        Ok((ledger, counters))
+    }
+
     /// Writes the template's standing choice (`None` removes it), conditional on the
     /// one read (`kept`), so two settings racing are ordered by the item.
     pub(crate) fn standing_put(

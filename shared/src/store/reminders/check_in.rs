@@ -7,10 +7,8 @@ use crate::domain::grants::report::TemplateWrite;
 use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRefused, decide};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::{CheckIn, ReminderKind};
-use crate::store::items::grant::GrantItem;
 use crate::store::items::parse;
 use crate::store::items::plan::{ActionItem, PlanItem};
-use crate::store::items::quota::quota_update_item;
 use crate::store::items::rfc3339;
 use crate::store::keys::{action_sk, plan_sk, user_pk};
 use crate::store::reminders::CheckInOutcome;
@@ -90,29 +88,11 @@ impl Store {
                     )
                     .with(Part::Plan, self.plan_put(plan, pk, now)?);
                 if let CarriedGrant::Record(request_id, result) = &decision.grant {
-                    let item = GrantItem::new(
-                        pk,
-                        &kind.template_id,
-                        request_id,
-                        *result,
-                        now,
-                        self.limits.retention.grants,
-                    );
-                    items.add(
-                        Part::Grant,
-                        self.put_new(
-                            serde_dynamo::to_item(&item).map_err(|e| corrupt("grant", e))?,
-                        )?,
-                    );
-                    if let Some(update) = quota_update_item(
-                        &self.table,
-                        pk,
-                        &TemplateWrite::of(&kind.template_id, *result),
-                        request_id,
-                        now,
-                        &self.limits,
-                        none_waiting,
-                    )? {
+                    let write = TemplateWrite::of(&kind.template_id, *result);
+                    let (ledger, counters) =
+                        self.recorded_answer(pk, &write, request_id, now, none_waiting)?;
+                    items.add(Part::Grant, ledger);
+                    if let Some(update) = counters {
                         items.add(Part::Counters, update);
                     }
                 } else if matches!(plan.status, PlanStatus::Scheduled { .. }) {
