@@ -111,8 +111,7 @@ where
         Tries::Budget(_) => MAX_BUDGETED_ATTEMPTS,
         Tries::Times(times) => times,
     };
-    let mut pauses = 0;
-    for _ in 1..=most {
+    for n in 1..=most {
         // On the heap: a try's future holds the state and the whole read-decide-write
         // (a claim's is large), and the loop's own stays small inside its caller's —
         // carried inline, debug builds overflowed a worker thread's stack.
@@ -129,8 +128,9 @@ where
         {
             break;
         }
-        pauses += 1;
-        contended_pause(what, pauses).await;
+        // (The window grows with the tries so far, narrowed ones included, as
+        // settle's own loop counted them.)
+        contended_pause(what, n).await;
     }
     let spent = StoreError::Unavailable(format!("{what} contended past the retry limit").into());
     (Err(spent), state)
