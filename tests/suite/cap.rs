@@ -3,6 +3,7 @@
 //! inbox-only, `capped`, if it expires first) and nothing is sent or spent.
 
 use chrono::{DateTime, Duration, NaiveDate, Timelike, Utc};
+use onegrant::domain::dispatch::claim::Unsent;
 use onegrant::domain::reminders::schedule::Timezone;
 use onegrant::store::dispatch::ClaimOutcome;
 use onegrant_tests::{
@@ -277,7 +278,15 @@ async fn racing_claims_never_pass_the_cap() {
             .collect();
         let waits = claims
             .iter()
-            .filter(|c| matches!(c, ClaimOutcome::Capped(Some(_))))
+            .filter(|c| {
+                matches!(
+                    c,
+                    ClaimOutcome::Unsent {
+                        why: Unsent::CapWait(_),
+                        ..
+                    }
+                )
+            })
             .count();
         assert_eq!(
             (claimed.len(), waits),

@@ -214,22 +214,13 @@ fn tally(s: &mut Summary, outcome: Result<Dispatched, StoreError>, item: &DueIte
         Ok(Dispatched::Deferred) => s.deferred += 1,
         Ok(Dispatched::NoToken) => s.no_token += 1,
         Ok(Dispatched::Lost) => s.lost += 1,
-        Ok(Dispatched::NoGrant) => s.no_grant += 1,
-        Ok(Dispatched::WaitGrant { refill }) => {
-            s.grant_waits += 1;
+        Ok(Dispatched::Unsent { tally, refill }) => {
+            s.count_unsent(tally);
             count_refill(s, refill);
         }
         Ok(Dispatched::Woken(n)) => s.woken += n,
         // (Counted with every publication, below.)
         Ok(Dispatched::Published) => {}
-        Ok(Dispatched::Expired) => s.expired += 1,
-        Ok(Dispatched::Muted) => s.muted += 1,
-        Ok(Dispatched::TurnedOff) => s.turned_off += 1,
-        Ok(Dispatched::Held) => s.held += 1,
-        Ok(Dispatched::Capped { waits: true }) => s.cap_waits += 1,
-        Ok(Dispatched::Capped { waits: false }) => s.capped += 1,
-        Ok(Dispatched::Cancelled) => s.cancelled += 1,
-        Ok(Dispatched::Replaced) => s.replaced += 1,
         Ok(Dispatched::Unreadable) => s.skipped += 1,
         Ok(Dispatched::Parked(kind)) => {
             s.parked += 1;

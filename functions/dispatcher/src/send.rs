@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use onegrant::Deps;
 use onegrant::domain::OpenId;
+use onegrant::domain::dispatch::claim::Tally;
 use onegrant::domain::dispatch::{OutcomeClass, SendResult};
 use onegrant::domain::keywords::fit_all;
 use onegrant::domain::reminders::ContentValues;
@@ -35,34 +36,16 @@ pub(crate) enum Dispatched {
     /// A plan of a reminder kind not configured, its entry moved out of the way.
     Parked(String),
     Lost,
-    NoGrant,
-    /// A push waiting for a grant of its template, and what that left for a refill
-    /// notice.
-    WaitGrant {
+    /// Not sent now (`domain::dispatch::claim::Unsent`): what it counts, and what a
+    /// push left waiting for a grant left for a refill notice.
+    Unsent {
+        tally: Tally,
         refill: Refill,
     },
     /// A template's wake entry: this many waiting pushes woken.
     Woken(u32),
     /// A scheduled notification published, with no push to send.
     Published,
-    /// A push not sent: its `expires_at` passed.
-    Expired,
-    /// A push not sent: its type is muted by the user.
-    Muted,
-    /// A push not sent: the user's settings keep its template refused.
-    TurnedOff,
-    /// A push in the user's quiet hours, due again at their end.
-    Held,
-    /// Past the user's daily cap: due again on their next day (`waits`), or a push
-    /// recorded `capped` (inbox-only) because it expires first.
-    Capped {
-        waits: bool,
-    },
-    /// A push whose cancel came while an earlier attempt was in flight.
-    Cancelled,
-    /// A push replaced (a newer notification of its `collapse_key`) while an earlier
-    /// attempt was in flight.
-    Replaced,
     Deferred,
     NoToken,
 }
@@ -184,29 +167,22 @@ pub(crate) async fn dispatch_one(
     let claim = match outcome {
         ClaimOutcome::Claimed(claim) => claim,
         ClaimOutcome::Lost => return Ok(Dispatched::Lost),
-        ClaimOutcome::NoGrant => return Ok(Dispatched::NoGrant),
-        ClaimOutcome::WaitGrant(template) => {
+        ClaimOutcome::Unsent { why, template } => {
             // A message stopped for want of a grant: the refill notice, if the grants
             // are used up (with the send that used them, whichever sees it first).
-            let room = budget.left().saturating_sub(FINALIZE_MARGIN);
-            let now = deps.clock.now();
-            let refill = Box::pin(crate::refill::tell(
-                deps, &openid, &template, false, now, room,
-            ))
-            .await;
-            return Ok(Dispatched::WaitGrant { refill });
+            let refill = if why.waits_for_grant() {
+                let room = budget.left().saturating_sub(FINALIZE_MARGIN);
+                let now = deps.clock.now();
+                Box::pin(crate::refill::tell(
+                    deps, &openid, &template, false, now, room,
+                ))
+                .await
+            } else {
+                Refill::Nothing
+            };
+            let tally = why.tally();
+            return Ok(Dispatched::Unsent { tally, refill });
         }
-        ClaimOutcome::Expired => return Ok(Dispatched::Expired),
-        ClaimOutcome::Muted => return Ok(Dispatched::Muted),
-        ClaimOutcome::TurnedOff => return Ok(Dispatched::TurnedOff),
-        ClaimOutcome::Held(_) => return Ok(Dispatched::Held),
-        ClaimOutcome::Capped(until) => {
-            return Ok(Dispatched::Capped {
-                waits: until.is_some(),
-            });
-        }
-        ClaimOutcome::Cancelled => return Ok(Dispatched::Cancelled),
-        ClaimOutcome::Replaced => return Ok(Dispatched::Replaced),
         // (Only from a publication, handled above.)
         ClaimOutcome::Republish => return Ok(Dispatched::Lost),
         ClaimOutcome::NoKind(kind) => {
@@ -496,7 +472,10 @@ async fn publish(
                 published.store(true, Ordering::Relaxed);
                 match item.published_push() {
                     Some(next) if push => Ok(next),
-                    _ if expired => Err(Dispatched::Expired),
+                    _ if expired => Err(Dispatched::Unsent {
+                        tally: Tally::Expired,
+                        refill: Refill::Nothing,
+                    }),
                     _ => Err(Dispatched::Published),
                 }
             }

@@ -1,5 +1,6 @@
 //! What one tick did: the counts it answers with, logs and writes as metrics.
 
+use onegrant::domain::dispatch::claim::Tally;
 use serde::Serialize;
 
 /// What one tick did. Also logged, and emitted as CloudWatch EMF metrics.
@@ -81,8 +82,24 @@ pub struct Summary {
     pub latencies_ms: Vec<i64>,
 }
 
-/// The time budget of one item: what must be left before each step.
 impl Summary {
+    /// Counts an item not sent (`domain::dispatch::claim::Unsent::tally`).
+    pub fn count_unsent(&mut self, tally: Tally) {
+        let counter = match tally {
+            Tally::NoGrant => &mut self.no_grant,
+            Tally::GrantWaits => &mut self.grant_waits,
+            Tally::Expired => &mut self.expired,
+            Tally::Muted => &mut self.muted,
+            Tally::TurnedOff => &mut self.turned_off,
+            Tally::Held => &mut self.held,
+            Tally::CapWaits => &mut self.cap_waits,
+            Tally::Capped => &mut self.capped,
+            Tally::Cancelled => &mut self.cancelled,
+            Tally::Replaced => &mut self.replaced,
+        };
+        *counter += 1;
+    }
+
     /// Adds `other`'s counts to these (a tick doing a worker's shards itself).
     pub fn absorb(&mut self, other: Summary) {
         let Summary {

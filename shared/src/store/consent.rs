@@ -250,7 +250,9 @@ impl Store {
                     }
                     // Something moved since the read: read again (templates done
                     // already change nothing the next time).
-                    Outcome::Cancelled(_) | Outcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Cancelled(_) | Outcome::Contended | Outcome::Conflict => {
+                        return Ok(Attempt::Retry);
+                    }
                 }
             }
             Ok(Attempt::Done(Stood::Applied))

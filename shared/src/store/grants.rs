@@ -172,7 +172,7 @@ impl Store {
                             progress.committed();
                             return Ok(Attempt::Done(()));
                         }
-                        Outcome::Contended => return Ok(Attempt::Retry),
+                        Outcome::Contended | Outcome::Conflict => return Ok(Attempt::Retry),
                         Outcome::Cancelled(failed) => failed,
                     };
                     // The audit trail's entry has no condition a report can fail: one that

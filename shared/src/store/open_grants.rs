@@ -279,7 +279,7 @@ impl Store {
                     }
                     return Ok(false);
                 }
-                Outcome::Contended => return Ok(false),
+                Outcome::Contended | Outcome::Conflict => return Ok(false),
             }
         }
         Ok(true)

@@ -125,7 +125,7 @@ impl Store {
                         // Paired by the other side meanwhile: read again.
                         return Ok(Attempt::Retry);
                     }
-                    Outcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Contended | Outcome::Conflict => return Ok(Attempt::Retry),
                 }
             }
             Ok(Attempt::Done(confirmed))

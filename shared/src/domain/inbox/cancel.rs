@@ -2,14 +2,10 @@
 //! by its publisher's idempotency key; its push is cancelled if it has not gone out,
 //! and a cancel that arrives before its notification still cancels it.
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::OutboxState;
 use crate::domain::ids::OpenId;
-use crate::domain::inbox::preferences::Gate;
-use crate::domain::inbox::schedule::is_expired;
 use crate::domain::inbox::{EventError, MAX_KEY_CHARS, PushStatus, is_publisher};
 
 /// A validated `onegrant.cancel` event.
@@ -124,51 +120,6 @@ pub enum Requested {
     Replace,
 }
 
-/// What becomes of a push at its claim, in this order: a cancel (then a replacement)
-/// recorded while an earlier attempt was in flight, its `expires_at`, the standing
-/// choice of the user's settings for its template, the user's preferences.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtClaim {
-    Go,
-    Cancelled,
-    /// A newer notification of its `collapse_key` came while an attempt was in flight:
-    /// ended `replaced`, nothing sent or spent.
-    Replaced,
-    Expired,
-    /// The user's settings keep the template refused (a kept reject, a ban, the main
-    /// switch off): never sent, no grant spent (`skipped`, `turned_off`). A refusal
-    /// always wins, even over `high`.
-    TurnedOff,
-    Muted,
-    /// Quiet hours: due again at their end.
-    Held(DateTime<Utc>),
-}
-
-/// The claim's decision for a push (see [`AtClaim`]).
-pub fn at_claim(
-    requested: Option<Requested>,
-    expires_at: Option<i64>,
-    standing: Option<Standing>,
-    gate: Gate,
-    now: DateTime<Utc>,
-) -> AtClaim {
-    if requested == Some(Requested::Cancel) {
-        AtClaim::Cancelled
-    } else if requested == Some(Requested::Replace) {
-        AtClaim::Replaced
-    } else if is_expired(expires_at, now) {
-        AtClaim::Expired
-    } else if standing.is_some_and(Standing::refuses) {
-        AtClaim::TurnedOff
-    } else {
-        match gate {
-            Gate::Go => AtClaim::Go,
-            Gate::Muted => AtClaim::Muted,
-            Gate::Hold(until) => AtClaim::Held(until),
-        }
-    }
-}
-
 /// What a newer notification with the same `collapse_key` does to the push it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplaceDecision {
@@ -228,50 +179,6 @@ mod tests {
                 _ => ReplaceDecision::Leave,
             };
             assert_eq!(replace(found), replaced, "{found:?}");
-        }
-    }
-
-    #[test]
-    fn at_a_claim_a_recorded_cancel_or_replacement_comes_first_then_expiry_then_a_standing_refusal_then_preferences()
-     {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("now");
-        let past = Some(now.timestamp_millis());
-        let later = now + chrono::Duration::hours(1);
-        let soon = Some(now.timestamp_millis() + 1);
-        let (reject, accept) = (Some(Standing::Reject), Some(Standing::Accept));
-        let (cancel, replace) = (Some(Requested::Cancel), Some(Requested::Replace));
-        let cases = [
-            (cancel, past, reject, Gate::Hold(later), AtClaim::Cancelled),
-            (cancel, None, None, Gate::Go, AtClaim::Cancelled),
-            (replace, past, reject, Gate::Hold(later), AtClaim::Replaced),
-            (replace, soon, accept, Gate::Go, AtClaim::Replaced),
-            (None, past, reject, Gate::Muted, AtClaim::Expired),
-            (None, None, reject, Gate::Muted, AtClaim::TurnedOff),
-            (
-                None,
-                None,
-                Some(Standing::Ban),
-                Gate::Go,
-                AtClaim::TurnedOff,
-            ),
-            (
-                None,
-                soon,
-                Some(Standing::MainSwitchOff),
-                Gate::Go,
-                AtClaim::TurnedOff,
-            ),
-            (None, None, accept, Gate::Muted, AtClaim::Muted),
-            (None, None, None, Gate::Hold(later), AtClaim::Held(later)),
-            (None, soon, accept, Gate::Go, AtClaim::Go),
-            (None, soon, None, Gate::Go, AtClaim::Go),
-        ];
-        for (requested, expires, standing, gate, expected) in cases {
-            assert_eq!(
-                at_claim(requested, expires, standing, gate, now),
-                expected,
-                "{requested:?} {expires:?} {standing:?} {gate:?}"
-            );
         }
     }
 

@@ -108,7 +108,7 @@ impl Store {
             Ok(match self.transact_parts(&nonce).await? {
                 Outcome::Committed => Attempt::Done(true),
                 Outcome::Cancelled(failed) if failed.has(Record::Nonce) => Attempt::Done(false),
-                Outcome::Cancelled(_) | Outcome::Contended => Attempt::Retry,
+                Outcome::Cancelled(_) | Outcome::Contended | Outcome::Conflict => Attempt::Retry,
             })
         })
         .await
@@ -200,7 +200,7 @@ impl Store {
                         Attempt::Retry
                     }
                 }
-                Outcome::Contended => Attempt::Retry,
+                Outcome::Contended | Outcome::Conflict => Attempt::Retry,
             })
         })
         .await

@@ -333,7 +333,7 @@ impl Store {
                     }
                 }
                 // Contention says nothing of the push: it stays on the list.
-                Outcome::Cancelled(_) | Outcome::Contended => unresolved += 1,
+                Outcome::Cancelled(_) | Outcome::Contended | Outcome::Conflict => unresolved += 1,
             }
         }
         Ok(Woken {

@@ -43,7 +43,7 @@ impl Store {
         attempts: u32,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+    ) -> Result<Reservation, StoreError> {
         let delivery = DeliveryItem {
             pk: item.pk.clone(),
             sk: delivery_sk(delivery_id),
@@ -158,11 +158,11 @@ impl Store {
             .guarded(&is_new(), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(vec![
-            TransactWriteItem::builder().update(reserve).build(),
-            TransactWriteItem::builder().update(counters).build(),
-            TransactWriteItem::builder().put(delivery_put).build(),
-        ])
+        Ok(Reservation {
+            grant: TransactWriteItem::builder().update(reserve).build(),
+            counters: TransactWriteItem::builder().update(counters).build(),
+            delivery: TransactWriteItem::builder().put(delivery_put).build(),
+        })
     }
 
     /// A grant to reserve, as [`pick`] decides: one the quota item lists as
@@ -293,6 +293,14 @@ impl Store {
 }
 
 /// The grant a claim reserves.
+/// A claim's writes beside its claimed item: the grant reserved, the template's
+/// counters (and the day's count), the delivery created.
+pub(crate) struct Reservation {
+    pub(crate) grant: TransactWriteItem,
+    pub(crate) counters: TransactWriteItem,
+    pub(crate) delivery: TransactWriteItem,
+}
+
 pub(crate) struct Reserve {
     pub(crate) sk: String,
     pub(crate) request: RequestId,

@@ -390,7 +390,7 @@ impl Store {
                             source: !tx.source.is_empty(),
                         }));
                     }
-                    Outcome::Contended => return Ok(Attempt::Retry),
+                    Outcome::Contended | Outcome::Conflict => return Ok(Attempt::Retry),
                     Outcome::Cancelled(failed) => failed,
                 };
                 if failed.has(Settle::Delivery) {

@@ -194,7 +194,7 @@ impl Store {
                                 // Claimed, published or cancelled meanwhile: read again.
                                 Attempt::Retry
                             }
-                            Outcome::Contended => Attempt::Retry,
+                            Outcome::Contended | Outcome::Conflict => Attempt::Retry,
                         },
                     )
                 }

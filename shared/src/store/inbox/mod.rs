@@ -507,7 +507,7 @@ impl Store {
                                 no_older_note = true;
                             }
                         }
-                        Outcome::Contended => {}
+                        Outcome::Contended | Outcome::Conflict => {}
                     }
                     Ok(Attempt::Retry)
                 }

@@ -26,7 +26,7 @@ use crate::store::items::expr::eq;
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
-use crate::store::tx::{SentTx, TxOutcome, any_condition_failed, condition_failed};
+use crate::store::tx::{Outcome, Parts, SentTx, TxOutcome};
 use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 /// What a notification's push sends, kept until it is due.
@@ -249,39 +249,43 @@ impl Store {
             Vec::new(),
             |mut unanswered: Vec<(SentTx, Published)>| async move {
                 let decided = async {
-                    let (mut items, push, expired) = match self.to_publish(pk, sk, due, now).await?
-                    {
-                        ToPublish::Ready {
-                            writes,
-                            push,
-                            expired,
-                        } => (writes, push, expired),
-                        ToPublish::Done(published) => return Ok(Attempt::Done(published)),
-                    };
+                    let (scheduled, writes, push, expired) =
+                        match self.to_publish(pk, sk, due, now).await? {
+                            ToPublish::Ready {
+                                scheduled,
+                                writes,
+                                push,
+                                expired,
+                            } => (scheduled, writes, push, expired),
+                            ToPublish::Done(published) => return Ok(Attempt::Done(published)),
+                        };
+                    let mut parts = Parts::new().with(Part::Scheduled, *scheduled);
+                    for write in writes {
+                        parts.add(Part::Publication, write);
+                    }
                     let has_push = push.is_some();
                     if let Some(outbox) = push {
-                        items.push(self.put_new(to_item("outbox", &outbox)?)?);
+                        parts.add(
+                            Part::Publication,
+                            self.put_new(to_item("outbox", &outbox)?)?,
+                        );
                     }
                     let done = Published::Done {
                         push: has_push,
                         expired,
                     };
-                    let (outcome, sent) = self.transact_kept(items).await?;
+                    let (outcome, sent) = self.transact_parts_kept(&parts).await?;
                     Ok(match outcome {
-                        TxOutcome::Committed => Attempt::Done(done),
+                        Outcome::Committed => Attempt::Done(done),
                         // Published by another, or its push cancelled or replaced meanwhile:
                         // read it again.
-                        TxOutcome::Cancelled(reasons) if condition_failed(&reasons, 0) => {
-                            Attempt::Retry
-                        }
+                        Outcome::Cancelled(failed) if failed.has(Part::Scheduled) => Attempt::Retry,
                         // A notification already where this one goes: published by a try whose
                         // answer was lost (the scheduled item's delete went with it).
-                        TxOutcome::Cancelled(reasons) if any_condition_failed(&reasons) => {
-                            Attempt::Done(Published::Gone)
-                        }
-                        // Contention (a conflict, a throttle): nothing was decided, try again.
-                        TxOutcome::Cancelled(_) => Attempt::Retry,
-                        TxOutcome::Contended => {
+                        Outcome::Cancelled(_) => Attempt::Done(Published::Gone),
+                        // A conflict: nothing was decided, try again.
+                        Outcome::Conflict => Attempt::Retry,
+                        Outcome::Contended => {
                             unanswered.push((sent, done));
                             Attempt::Retry
                         }
@@ -328,11 +332,12 @@ impl Store {
     ) -> Result<Option<Publication>, StoreError> {
         Ok(match self.to_publish(pk, sk, due, now).await? {
             ToPublish::Ready {
+                scheduled,
                 writes,
                 push: Some(outbox),
                 expired: false,
             } => Some(Publication {
-                writes,
+                writes: std::iter::once(*scheduled).chain(writes).collect(),
                 outbox: *outbox,
             }),
             ToPublish::Ready { .. } | ToPublish::Done(_) => None,
@@ -340,9 +345,9 @@ impl Store {
     }
 
     /// Reads the scheduled notification and decides what publishing it writes: the
-    /// scheduled item's conditional delete first (a failed condition there means it
-    /// changed: read it again), then the publication, and the push's outbox item
-    /// (pending), not among the writes.
+    /// scheduled item's conditional delete (a failed condition there means it changed:
+    /// read it again), the publication, and the push's outbox item (pending), not
+    /// among the writes.
     async fn to_publish(
         &self,
         pk: &str,
@@ -383,7 +388,8 @@ impl Store {
             )
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let mut writes = vec![TransactWriteItem::builder().delete(delete).build()];
+        let scheduled = Box::new(TransactWriteItem::builder().delete(delete).build());
+        let mut writes = Vec::new();
         let outbox = push.map(|payload| Box::new(self.outbox_of(&note, payload, due, now)));
         if let Some(payload) = ended {
             let outbox = self.outbox_of(&note, payload, due, now).moved(
@@ -399,6 +405,7 @@ impl Store {
             writes.extend(self.published(note, None, due, now)?);
         }
         Ok(ToPublish::Ready {
+            scheduled,
             writes,
             push: outbox,
             expired,
@@ -406,9 +413,21 @@ impl Store {
     }
 }
 
+/// The parts of a publication's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The scheduled item's delete, at the version and instant read.
+    Scheduled,
+    /// The notification, its list entries and its push.
+    Publication,
+}
+
 /// What publishing a scheduled notification writes, as read.
 enum ToPublish {
     Ready {
+        /// The scheduled item's conditional delete (failed: it changed; read again).
+        scheduled: Box<TransactWriteItem>,
+        /// The publication's writes.
         writes: Vec<TransactWriteItem>,
         /// Its push's outbox item, pending, due at `send_at`.
         push: Option<Box<OutboxItem>>,

@@ -98,7 +98,7 @@ impl Store {
                         .map(Attempt::Done);
                 }
                 // The count's condition alone: the next read refuses.
-                Outcome::Cancelled(_) | Outcome::Contended => {}
+                Outcome::Cancelled(_) | Outcome::Contended | Outcome::Conflict => {}
             }
             Ok(Attempt::Retry)
         })
@@ -155,7 +155,7 @@ impl Store {
                         }
                         Attempt::Retry
                     }
-                    Outcome::Contended => Attempt::Retry,
+                    Outcome::Contended | Outcome::Conflict => Attempt::Retry,
                 })
             })
             .await?;

@@ -114,7 +114,7 @@ impl Store {
                         // A report of the same grant landed meanwhile: the next read sees
                         // it (a replay, or a conflict refused on its own).
                     }
-                    Outcome::Contended => {}
+                    Outcome::Contended | Outcome::Conflict => {}
                 }
                 Ok(Attempt::Retry)
             })

@@ -158,25 +158,6 @@ pub(crate) fn is_condition_failed(code: &str) -> bool {
     code == "ConditionalCheckFailed"
 }
 
-/// Whether any item of a cancelled transaction failed its condition: without one, the
-/// cancellation was contention (a conflict with another transaction, a throttle) and
-/// says nothing about the items, so the write is tried again.
-pub(crate) fn any_condition_failed(
-    reasons: &[(String, Option<HashMap<String, AttributeValue>>)],
-) -> bool {
-    reasons.iter().any(|(code, _)| is_condition_failed(code))
-}
-
-/// Whether item `i` of a cancelled transaction failed its condition.
-pub(crate) fn condition_failed(
-    reasons: &[(String, Option<HashMap<String, AttributeValue>>)],
-    i: usize,
-) -> bool {
-    reasons
-        .get(i)
-        .is_some_and(|(code, _)| is_condition_failed(code))
-}
-
 /// A transaction as it was sent (with what [`Store::transact`] adds) and its token.
 pub(crate) struct SentTx {
     items: Vec<TransactWriteItem>,

@@ -4,7 +4,7 @@
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use super::{TxOutcome, is_condition_failed};
+use super::{SentTx, TxOutcome, is_condition_failed};
 use crate::store::items::Item;
 use crate::store::items::outbox::is_note_update;
 use crate::store::{Store, StoreError};
@@ -131,9 +131,12 @@ pub(crate) enum Outcome<R> {
     Committed,
     /// At least one part failed its condition.
     Cancelled(Failed<R>),
-    /// Throttled, in conflict with another transaction, or cancelled with no failed
-    /// condition (which says nothing about the items): try again.
+    /// Throttled, or its answer lost: it may have committed unseen (a resend with its
+    /// token tells). Try again.
     Contended,
+    /// Cancelled with no failed condition (in conflict with another transaction),
+    /// which says nothing about the items: it did not commit. Try again.
+    Conflict,
 }
 
 /// The outcome of `roles`' transaction from the engine's answer.
@@ -156,7 +159,7 @@ fn by_role<R: Copy>(roles: &[R], outcome: TxOutcome) -> Outcome<R> {
         }
     }
     if failed.is_empty() && !audit {
-        Outcome::Contended
+        Outcome::Conflict
     } else {
         Outcome::Cancelled(Failed { failed, audit })
     }
@@ -171,6 +174,15 @@ impl Store {
     ) -> Result<Outcome<R>, StoreError> {
         let outcome = self.transact(parts.items.clone()).await?;
         Ok(by_role(&parts.roles, outcome))
+    }
+
+    /// [`Store::transact_parts`], keeping what was sent (for [`Store::resend`]).
+    pub(crate) async fn transact_parts_kept<R: Copy>(
+        &self,
+        parts: &Parts<R>,
+    ) -> Result<(Outcome<R>, SentTx), StoreError> {
+        let (outcome, sent) = self.transact_kept(parts.items.clone()).await?;
+        Ok((by_role(&parts.roles, outcome), sent))
     }
 }
 
@@ -224,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn no_failed_condition_is_contention_and_the_audit_entry_is_told_apart() {
+    fn no_failed_condition_is_a_conflict_and_the_audit_entry_is_told_apart() {
         let roles = [Role::Record];
         assert!(matches!(
             by_role(
@@ -234,7 +246,7 @@ mod tests {
                     reason("None", None)
                 ])
             ),
-            Outcome::Contended
+            Outcome::Conflict
         ));
         let Outcome::Cancelled(failed) = by_role(
             &roles,

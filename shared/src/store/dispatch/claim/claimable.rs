@@ -5,6 +5,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::cap::day_zone;
+use crate::domain::dispatch::claim::{ClaimFacts, PushFacts};
 use crate::domain::dispatch::priority::member;
 use crate::domain::inbox::cancel::Requested;
 use crate::domain::inbox::preferences::Preferences;
@@ -81,14 +82,6 @@ impl Claimable {
 
     /// A push's member of its template's waiting list (a plan has none: it pauses
     /// `needs_grant` instead).
-    /// A push's user preferences (a plan has none to gate it by here).
-    pub(super) fn push_prefs(&self) -> Option<&Preferences> {
-        match self {
-            Self::Plan { .. } => None,
-            Self::Outbox { prefs, .. } => Some(prefs),
-        }
-    }
-
     pub(super) fn waiting_member(&self) -> Option<String> {
         match self {
             Self::Plan { .. } => None,
@@ -98,11 +91,34 @@ impl Claimable {
         }
     }
 
-    /// When a push expires (a plan never does).
-    pub(super) fn send_by(&self) -> Option<DateTime<Utc>> {
-        match self {
+    /// What its claim is decided on, under a daily cap of `per_day`, at `now`.
+    pub(super) fn facts(&self, per_day: Option<u32>, now: DateTime<Utc>) -> ClaimFacts<'_> {
+        let (counters, open) = self.grants();
+        let push = match self {
             Self::Plan { .. } => None,
-            Self::Outbox { outbox, .. } => outbox.send_by.and_then(DateTime::from_timestamp_millis),
+            Self::Outbox {
+                outbox,
+                prefs,
+                requested,
+                ..
+            } => Some(PushFacts {
+                requested: *requested,
+                send_by: outbox.send_by,
+                note_type: outbox.note_type.as_deref(),
+                priority: outbox.priority.unwrap_or_default(),
+                note_id: &outbox.note_id,
+                prefs,
+            }),
+        };
+        ClaimFacts {
+            push,
+            standing: open.standing,
+            per_day,
+            sent: &open.sent_days,
+            zone: self.day_zone(),
+            available: counters.available,
+            waiting: &open.waiting,
+            now,
         }
     }
 

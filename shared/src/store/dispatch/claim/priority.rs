@@ -5,45 +5,44 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{ClaimOutcome, Claimable, Unsent};
+use super::{ClaimOutcome, Claimable};
 use crate::domain::TemplateId;
-use crate::domain::dispatch::priority::AtGrant;
+use crate::domain::dispatch::claim::Unsent;
 use crate::store::dispatch::DueItem;
 use crate::store::dispatch::priority::YieldWake;
 use crate::store::tx::{Beside, Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError};
 
 impl Store {
-    /// Commits a claim that takes no grant (`at`, for a push whose member is `own`).
+    /// Commits a claim that takes no grant (`why`: waiting for one, or none).
     pub(super) async fn not_granted(
         &self,
         item: &DueItem,
         claimable: &Claimable,
-        template: &TemplateId,
-        at: AtGrant,
-        own: Option<&str>,
+        template: TemplateId,
+        why: Unsent,
         now: DateTime<Utc>,
     ) -> Result<Attempt<ClaimOutcome>, StoreError> {
         let (counters, open) = claimable.grants();
         let available = counters.available;
-        let yielded = at == AtGrant::Yield;
-        let (own, wake, skip) = match (own, at) {
-            (Some(own), AtGrant::Wait { wake }) => (own, wake, false),
-            (Some(own), AtGrant::Yield) => (own, None, false),
-            // The counters showed a grant the lists and ledger did not: wait for one.
-            (Some(own), AtGrant::Take) => (own, None, false),
-            (Some(own), AtGrant::Skip { wake }) => (own, wake, true),
-            (None, _) => {
-                // A plan pauses `needs_grant`, losing to a grant arriving meanwhile.
-                let mut writes = self.unsent_writes(item, claimable, Unsent::NoGrant, now)?;
-                writes.push(self.still_no_grant(&item.pk, template)?);
-                return Ok(if self.commit_unsent(writes).await? {
-                    Attempt::Done(ClaimOutcome::NoGrant)
-                } else {
-                    Attempt::Retry
-                });
-            }
+        let template = &template;
+        let Some(own) = claimable.waiting_member() else {
+            // A plan pauses `needs_grant`, losing to a grant arriving meanwhile.
+            let mut writes = self.unsent_writes(item, claimable, &why, now)?;
+            writes.push(self.still_no_grant(&item.pk, template)?);
+            return Ok(if self.commit_unsent(writes).await? {
+                Attempt::Done(ClaimOutcome::Unsent {
+                    why,
+                    template: template.clone(),
+                })
+            } else {
+                Attempt::Retry
+            });
         };
+        let own = own.as_str();
+        let skip = !why.waits_for_grant();
+        let yielded = matches!(why, Unsent::WaitGrant { yielded: true, .. });
+        let wake = why.wakes().map(str::to_string);
         // A full list may hold pushes that no longer wait: pruned, the push decides
         // again.
         if skip
@@ -55,15 +54,13 @@ impl Store {
             return Ok(Attempt::Retry);
         }
         let listed = open.waiting.iter().any(|m| m == own);
-        let writes = if skip {
+        let mut writes = self.unsent_writes(item, claimable, &why, now)?;
+        if skip {
             // Skipped (the list full): losing to a grant arriving meanwhile.
-            let mut writes = self.unsent_writes(item, claimable, Unsent::NoGrant, now)?;
             if wake.is_none() {
                 writes.push(self.still_no_grant(&item.pk, template)?);
             }
-            writes
         } else {
-            let mut writes = self.unsent_writes(item, claimable, Unsent::WaitGrant, now)?;
             // Yielding to pushes due together: the wake entry comes due when they
             // have had their chance at the grants — unless on the index and due sooner
             // already (a grant given beside waiting pushes), when it stays as it is.
@@ -79,16 +76,14 @@ impl Store {
             writes.push(
                 self.waiting_add(&item.pk, template, own, available, listed, yield_wake, now)?,
             );
-            writes
-        };
+        }
         let mut writes = Parts::notes_apart(writes);
         if let Some(wake) = &wake {
             writes.add(Beside::Wake, self.wake_write(&item.pk, wake, now)?);
         }
-        let done = if skip {
-            ClaimOutcome::NoGrant
-        } else {
-            ClaimOutcome::WaitGrant(template.clone())
+        let done = ClaimOutcome::Unsent {
+            why,
+            template: template.clone(),
         };
         match self.transact_parts(&writes).await? {
             Outcome::Committed => return Ok(Attempt::Done(done)),
@@ -104,7 +99,7 @@ impl Store {
                     }
                 }
             }
-            Outcome::Contended => {}
+            Outcome::Contended | Outcome::Conflict => {}
         }
         // A grant arrived or was taken, the list changed, or the item moved: read again.
         Ok(Attempt::Retry)

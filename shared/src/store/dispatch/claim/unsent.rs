@@ -5,32 +5,82 @@
 use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
-use super::{Claimable, Unsent};
-use crate::domain::TemplateId;
-use crate::domain::dispatch::OutboxState;
-use crate::domain::inbox::{PushReason, PushStatus};
+use super::{ClaimOutcome, Claimable};
+use crate::domain::dispatch::cap::day_of;
+use crate::domain::dispatch::claim::Unsent;
 use crate::domain::reminders::plan::PlanEvent;
+use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
 use crate::store::items::expr::Guarded;
-use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::outbox::{note_push_update, versioned_put};
 use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
 use crate::store::items::{key, to_item};
 use crate::store::keys::quota_sk;
 use crate::store::tx::{Beside, Outcome, Parts};
-use crate::store::{Store, StoreError};
+use crate::store::{Attempt, Store, StoreError};
 
 impl Store {
-    /// The writes of a due item not sent (`why`): no grant when it came due (the plan
-    /// pauses `needs_grant`; the push is skipped); past the daily cap (due again on the
-    /// user's next day, or a push that expires first ends `capped`); a push only: its
-    /// `expires_at` passed, its template refused by the user's settings, muted,
-    /// cancelled, replaced, held in quiet hours. The notification
-    /// stays whatever the reason.
+    /// Leaves a due item unsent (`why`, as `domain::dispatch::claim::decide` decided),
+    /// written down with the conditions that make that decision lose to what would
+    /// change it meanwhile. A push listed as waiting for a grant passes the grant it
+    /// may have been woken for on.
+    pub(super) async fn leave_unsent(
+        &self,
+        item: &DueItem,
+        openid: &OpenId,
+        claimable: &Claimable,
+        template: TemplateId,
+        why: Unsent,
+        now: DateTime<Utc>,
+    ) -> Result<Attempt<ClaimOutcome>, StoreError> {
+        if matches!(why, Unsent::WaitGrant { .. } | Unsent::NoGrant { .. }) {
+            return self.not_granted(item, claimable, template, why, now).await;
+        }
+        let mut writes = self.unsent_writes(item, claimable, &why, now)?;
+        let (_, open) = claimable.grants();
+        match why {
+            // Skipped only while the refusal still stands as read: a setting that
+            // accepts again meanwhile makes the skip lose (read again).
+            Unsent::TurnedOff => {
+                writes.push(self.standing_check(&item.pk, &template, open.standing)?);
+            }
+            // Only while the day's count stands: one given back meanwhile makes the
+            // wait lose.
+            Unsent::CapWait(_) | Unsent::Capped => {
+                let day = day_of(claimable.day_zone(), now);
+                let cap = self.limits.pushes_per_day.unwrap_or(0);
+                writes.push(self.still_capped(&item.pk, &template, day, cap)?);
+            }
+            _ => {}
+        }
+        // A push that waited for a grant and ends (or is put off) here may have been
+        // woken for one: the next waiting push is woken instead (its own member, no
+        // longer waiting, is dropped on the way) — by the wake entry this commit makes
+        // due, and at once below.
+        let listed = claimable.listed();
+        if listed {
+            self.pass_the_wake(&mut writes, &item.pk, &template, now)?;
+        }
+        // Else it moved meanwhile: read again.
+        if !self.commit_unsent(writes).await? {
+            return Ok(Attempt::Retry);
+        }
+        if listed {
+            Box::pin(self.wake_waiting_logged(openid, &template, now)).await;
+        }
+        Ok(Attempt::Done(ClaimOutcome::Unsent { why, template }))
+    }
+
+    /// The writes of a due item not sent (`why`). A plan pauses `needs_grant`, or, past
+    /// the daily cap, is due again at the next day's first waking moment, or, refused
+    /// by the user's settings, pauses as that refusal pauses it; a push moves to the
+    /// state `why` names, pending again when it is due again, its notification told
+    /// (the notification stays whatever the reason).
     pub(super) fn unsent_writes(
         &self,
         item: &DueItem,
         claimable: &Claimable,
-        why: Unsent,
+        why: &Unsent,
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         match claimable {
@@ -46,18 +96,10 @@ impl Store {
             Claimable::Plan { plan, .. } => {
                 let event = match why {
                     // Due again at the next day's first waking moment.
-                    Unsent::Capped(until) => PlanEvent::Capped {
-                        due: plan.settings.schedule.first_awake_from(until),
+                    Unsent::CapWait(until) => PlanEvent::Capped {
+                        due: plan.settings.schedule.first_awake_from(*until),
                     },
-                    Unsent::NoGrant
-                    | Unsent::WaitGrant
-                    | Unsent::Expired
-                    | Unsent::Muted
-                    | Unsent::TurnedOff
-                    | Unsent::Cancelled
-                    | Unsent::Replaced
-                    | Unsent::Held(_)
-                    | Unsent::CappedOut => PlanEvent::GrantMissing,
+                    _ => PlanEvent::GrantMissing,
                 };
                 let mut moved = plan.clone();
                 moved.status = plan
@@ -67,94 +109,32 @@ impl Store {
                 Ok(vec![self.plan_put(&moved, &item.pk, now)?])
             }
             Claimable::Outbox { outbox, .. } => {
-                let (state, status, reason) = match why {
-                    Unsent::NoGrant => (
-                        OutboxState::Skipped,
-                        PushStatus::Skipped,
-                        Some(PushReason::NoGrant),
-                    ),
-                    Unsent::Expired => (OutboxState::Expired, PushStatus::Expired, None),
-                    Unsent::Muted => (OutboxState::Muted, PushStatus::Muted, None),
-                    // Skipped, its grants kept: a refusal of the template, not of them.
-                    Unsent::TurnedOff => (
-                        OutboxState::Skipped,
-                        PushStatus::Skipped,
-                        Some(PushReason::TurnedOff),
-                    ),
-                    Unsent::CappedOut => (OutboxState::Capped, PushStatus::Capped, None),
-                    // Still pending, due again on the user's next day; the
-                    // notification says why it waits.
-                    Unsent::Capped(until) => {
-                        let writes =
-                            self.pending_again(item, outbox, Some(until), PushReason::Capped, now)?;
-                        return Ok(writes);
-                    }
-                    Unsent::Cancelled => (OutboxState::Cancelled, PushStatus::Cancelled, None),
-                    Unsent::Replaced => (OutboxState::Replaced, PushStatus::Replaced, None),
-                    // Still pending, for a grant: due only at its `expires_at` (to end
-                    // `expired`, inbox-only) until a grant wakes it.
-                    Unsent::WaitGrant => {
-                        let due = outbox.send_by.and_then(DateTime::from_timestamp_millis);
-                        let writes =
-                            self.pending_again(item, outbox, due, PushReason::NoGrant, now)?;
-                        return Ok(writes);
-                    }
-                    Unsent::Held(until) => {
-                        // Still pending, due again when the quiet hours end; the
-                        // notification's push status stays `pending`.
-                        let held = outbox.moved(
-                            OutboxState::Pending,
-                            Some(until),
-                            self.shards,
-                            now,
-                            self.limits.retention.outbox,
-                        );
-                        return Ok(vec![versioned_put(
-                            &self.table,
-                            to_item("outbox", &held)?,
-                            outbox.version,
-                        )?]);
-                    }
-                };
-                let moved =
-                    outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
-                Ok(vec![
-                    versioned_put(&self.table, to_item("outbox", &moved)?, outbox.version)?,
-                    note_push_update(&self.table, &item.pk, &outbox.note_id, status, reason)?,
-                ])
+                let send_by = outbox.send_by.and_then(DateTime::from_timestamp_millis);
+                let mut moved = outbox.moved(
+                    why.outbox_state(),
+                    why.due_again(send_by),
+                    self.shards,
+                    now,
+                    self.limits.retention.outbox,
+                );
+                moved.waiting_grant = why.waits_for_grant();
+                let mut writes = vec![versioned_put(
+                    &self.table,
+                    to_item("outbox", &moved)?,
+                    outbox.version,
+                )?];
+                if let Some((status, reason)) = why.push_status() {
+                    writes.push(note_push_update(
+                        &self.table,
+                        &item.pk,
+                        &outbox.note_id,
+                        status,
+                        reason,
+                    )?);
+                }
+                Ok(writes)
             }
         }
-    }
-
-    /// A push still pending, due again at `due` (or off the due index), its
-    /// notification saying why it waits (`reason`); waiting for a grant when `reason`
-    /// says so (`OutboxItem::waiting_grant`).
-    fn pending_again(
-        &self,
-        item: &DueItem,
-        outbox: &OutboxItem,
-        due: Option<DateTime<Utc>>,
-        reason: PushReason,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<TransactWriteItem>, StoreError> {
-        let mut waiting = outbox.moved(
-            OutboxState::Pending,
-            due,
-            self.shards,
-            now,
-            self.limits.retention.outbox,
-        );
-        waiting.waiting_grant = reason == PushReason::NoGrant;
-        Ok(vec![
-            versioned_put(&self.table, to_item("outbox", &waiting)?, outbox.version)?,
-            note_push_update(
-                &self.table,
-                &item.pk,
-                &outbox.note_id,
-                PushStatus::Pending,
-                Some(reason),
-            )?,
-        ])
     }
 
     /// Commits an unsent item's writes; false if it moved (read it again). Only the
@@ -171,7 +151,7 @@ impl Store {
                 parts.retain(|part| part != Beside::Note);
                 matches!(self.transact_parts(&parts).await?, Outcome::Committed)
             }
-            Outcome::Cancelled(_) | Outcome::Contended => false,
+            Outcome::Cancelled(_) | Outcome::Contended | Outcome::Conflict => false,
         })
     }
 

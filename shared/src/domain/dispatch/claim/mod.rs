@@ -1,10 +1,17 @@
-//! Claiming a due entry: whether the push behind it is still the one the entry names,
-//! and what a cancelled claim's failed conditions mean. (A plan's own rule is
+//! Claiming a due entry: what it comes to ([`decide`]: sent, or [`Unsent`] and why),
+//! whether the push behind it is still the one the entry names, and what a cancelled
+//! claim's failed conditions mean. (A plan's own rule is
 //! [`Plan::is_due_at`](crate::domain::reminders::plan::Plan::is_due_at).)
 
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::dispatch::OutboxState;
+
+mod decide;
+mod unsent;
+
+pub use decide::{ClaimDecision, ClaimFacts, Decide, PushFacts, Yielding, decide};
+pub use unsent::{Tally, Unsent};
 
 /// How far a due entry of a reminder kind this deployment does not configure (removed,
 /// or a rollback) is moved ahead when a tick meets it: out of the head of its shard,
