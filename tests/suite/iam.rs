@@ -167,7 +167,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     assert_granted("notify", &notify);
 
     // dispatcher: the push sent, then a push refused with 43101 (its other grants
-    // voided), then an idle tick.
+    // voided), an idle tick, and a scheduled notification published.
     app.control(
         "POST",
         "quota",
@@ -184,6 +184,15 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     app.push(&alice, "order-2").await;
     app.tick(30).await;
     app.tick(30).await;
+    // The notification scheduled an hour ahead, published at its instant (its
+    // scheduled item deleted in the publication's transaction).
+    app.advance(std::time::Duration::from_secs(3600));
+    app.tick(30).await;
+    assert_eq!(
+        app.items_of(&alice, "scheduled").await.len(),
+        0,
+        "the scheduled notification was published"
+    );
     let dispatcher = actions();
     assert_granted("dispatcher", &dispatcher);
 
