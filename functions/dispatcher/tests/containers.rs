@@ -296,7 +296,10 @@ async fn two_processes_sending_to_one_user(round: usize) -> u64 {
     }
     app.make_due(&user, "water", onegrant::Clock::real_now())
         .await;
-    app.control("POST", "latency", Some(json!({"ms": 200})))
+    // Each send long enough that the other process's claim (its reads and writes
+    // queued behind the emulator's, slow on a loaded machine) falls inside it: seen
+    // beside the suite, 200 ms let four rounds in a row go without an overlap.
+    app.control("POST", "latency", Some(json!({"ms": 600})))
         .await;
     let env = [
         ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
