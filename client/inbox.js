@@ -42,6 +42,17 @@ const inbox = {
   setPreferences(preferences) {
     return this.call('PUT', '/v1/preferences', preferences);
   },
+
+  /** Forgets the user (`DELETE /v1/me`): the server's erasure begins and resolves with
+   *  its state, `'pending'` (or `'done'` once over); this device then drops what it
+   *  keeps of them — the session, the queue of unsent actions, the cache. The next call
+   *  signs in afresh: an empty account. */
+  erase() {
+    return this.call('DELETE', '/v1/me').then((answer) => {
+      for (const key of [this.keys.queue, this.keys.cache, this.keys.session]) this.write(key, '');
+      return answer.erasure;
+    });
+  },
 };
 
 module.exports = { inbox };

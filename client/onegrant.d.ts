@@ -254,6 +254,9 @@ export class Client {
   markAllRead(): Promise<number>;
   getPreferences(): Promise<Preferences>;
   setPreferences(preferences: Preferences): Promise<Preferences>;
+  /** Forgets the user on the server (`DELETE /v1/me`) and drops what this device keeps
+   *  of them: resolves with the erasure's state. */
+  erase(): Promise<'pending' | 'done'>;
 }
 
 export interface Preferences {

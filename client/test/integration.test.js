@@ -369,3 +369,15 @@ test('push preferences: saved and read back, refused with a code', async () => {
     (e) => e.status === 422 && e.code === 'invalid_quiet_hours',
   );
 });
+
+test('erase: the user is forgotten, the device drops its copy, the next call starts an empty account', async () => {
+  const { page } = phone('hal');
+  const { client } = page();
+  await client.prefetch();
+  await client.setPreferences({ quiet_hours: null, muted_types: ['marketing'] });
+  assert.equal(await client.erase(), 'pending');
+  assert.deepEqual(client.cache().plans, {}, 'the cache dropped');
+  // While the erasure runs nothing is stored for the user: a new session too is
+  // refused until it is done (the server's dispatcher finishes it).
+  await assert.rejects(client.getPreferences(), (e) => e.status === 401);
+});

@@ -142,6 +142,7 @@ impl Deps {
             .with_shards(core.config.due_shards)
             .with_limits(core.config.limits)
             .with_reminders(core.config.reminders.clone())
+            .with_openid_salt(core.config.openid_salt.clone())
             .with_retry_policy(core.config.dispatch.retry_policy());
         let dispatch = &core.config.dispatch;
         let invoker = match &dispatch.function {

@@ -83,6 +83,12 @@ pub mod name {
     /// Pushes replaced at their claim: a newer notification of their `collapse_key` came
     /// while an earlier attempt was in flight, and that attempt did not go out.
     pub const REPLACED: &str = "ReplacedAtClaim";
+    /// Steps of users' erasures the dispatcher took (each bounded: a long history takes
+    /// several), and the erasures they finished.
+    pub const ERASURE_STEPS: &str = "ErasureSteps";
+    pub const ERASURES_DONE: &str = "ErasuresDone";
+    /// Steps of erasures still pending an hour after they began (alarmed).
+    pub const ERASURES_STALLED: &str = "ErasuresStalled";
     /// Due entries of plans whose reminder kind the deployment does not configure
     /// (removed, or a rollback), moved an hour ahead each time a tick meets them.
     pub const PARKED_NO_KIND: &str = "ParkedNoKind";
@@ -99,7 +105,7 @@ pub mod name {
     /// Writes tried again after losing a race or a throttle (label `What`).
     pub const CONTENDED_RETRIES: &str = "ContendedRetries";
     // Per notify event.
-    /// Events, by label `Outcome`: created, duplicate, conflict, invalid, refused.
+    /// Events, by label `Outcome`: created, duplicate, conflict, invalid, refused, erased.
     pub const EVENTS: &str = "Events";
     /// Pushes refused before sending (unknown template, data no rule can fit).
     pub const PUSHES_REJECTED: &str = "PushesRejected";
@@ -118,7 +124,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 45] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -149,6 +155,9 @@ pub const ALL: [&str; 42] = [
     name::REFILLS_WITHOUT_GRANT,
     name::CANCELLED,
     name::REPLACED,
+    name::ERASURE_STEPS,
+    name::ERASURES_DONE,
+    name::ERASURES_STALLED,
     name::PARKED_NO_KIND,
     name::SEND_LAG,
     name::REQUESTS,

@@ -202,6 +202,12 @@ impl Sessions {
     /// key or the one before the last rotation) and within its lifetime: unexpired, not
     /// issued in the future, and valid no longer than this deployment issues tokens for.
     pub async fn verify(&self, token: &str) -> Result<OpenId, SessionError> {
+        Ok(self.verify_issued(token).await?.0)
+    }
+
+    /// [`Sessions::verify`], with when the token was issued (its `iat`, epoch
+    /// seconds): a token older than the user's erasure is refused by the caller.
+    pub async fn verify_issued(&self, token: &str) -> Result<(OpenId, i64), SessionError> {
         self.read_again_if_stale().await;
         let held = self.keys();
         match self.verify_with(&held, token) {
@@ -215,7 +221,7 @@ impl Sessions {
         }
     }
 
-    fn verify_with(&self, keys: &Keys, token: &str) -> Result<OpenId, SessionError> {
+    fn verify_with(&self, keys: &Keys, token: &str) -> Result<(OpenId, i64), SessionError> {
         // Keys not read for too long (Secrets Manager unreachable past KEY_STALE_LIMIT):
         // the current key alone, so a key taken off AWSPREVIOUS (a leak) is not
         // accepted for as long as the container lives.
@@ -233,7 +239,8 @@ impl Sessions {
                 .and_then(|data| within_lifetime(data.claims, now, self.ttl))
             {
                 Ok(claims) => {
-                    return OpenId::parse(claims.sub).map_err(|_| SessionError::Subject);
+                    let openid = OpenId::parse(claims.sub).map_err(|_| SessionError::Subject)?;
+                    return Ok((openid, claims.iat));
                 }
                 Err(e) => {
                     let signature =

@@ -256,8 +256,8 @@ async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_p
     );
     assert_eq!(
         app.round_trips.take(),
-        vec!["BatchGetItem", "TransactWriteItems", "Query"],
-        "first report: its ledger items and the minute's counters read (none there), \
+        vec!["GetItem", "BatchGetItem", "TransactWriteItems", "Query"],
+        "first report: the caller admitted (no erasure), its ledger items and the minute's counters read (none there), \
          written, and the quotas answered"
     );
     assert_eq!(
@@ -266,7 +266,7 @@ async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_p
     );
     assert_eq!(
         app.round_trips.take(),
-        vec!["BatchGetItem", "Query"],
+        vec!["GetItem", "BatchGetItem", "Query"],
         "a replay is answered from the ledger items read first: no transaction"
     );
     // The water template backs a reminder kind: its plan is read too and moves in the
@@ -280,6 +280,7 @@ async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_p
     assert_eq!(
         app.round_trips.take(),
         vec![
+            "GetItem",
             "BatchGetItem",
             "BatchGetItem",
             "TransactWriteItems",
@@ -291,7 +292,10 @@ async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_p
         app.post("/v1/grants", Some(&token), &water).await.status,
         200
     );
-    assert_eq!(app.round_trips.take(), vec!["BatchGetItem", "Query"]);
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["GetItem", "BatchGetItem", "Query"]
+    );
     assert!(
         app.round_trips.take_writes().is_empty(),
         "a replay writes nothing"
@@ -299,8 +303,8 @@ async fn a_grant_report_costs_three_round_trips_a_replay_two_and_one_more_read_p
     assert_eq!(app.get("/v1/grants", Some(&token)).await.status, 200);
     assert_eq!(
         app.round_trips.take(),
-        // The read counted (READS_PER_MINUTE), then one query.
-        vec!["UpdateItem", "Query"],
+        // The caller admitted, the read counted (READS_PER_MINUTE), then one query.
+        vec!["GetItem", "UpdateItem", "Query"],
         "quotas never scan grants"
     );
 }

@@ -90,6 +90,10 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     // session: no table at all.
     actions();
     let alice = app.user("alice").await;
+    // Two users who will be forgotten: yan by asking (inbox), zed by WeChat's word
+    // (wechat-callback, then the dispatcher's steps).
+    let yan = app.user("yan").await;
+    let zed = app.user("zed").await;
     let needed = actions();
     assert!(needed.is_empty(), "session touched the table: {needed:?}");
     assert_granted("session", &needed);
@@ -163,8 +167,44 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
                "send_at": (app.now() + chrono::Duration::hours(1)).to_rfc3339()}),
     )
     .await;
+    for (key, user) in [("k5", &yan), ("k6", &zed)] {
+        let created = app
+            .notify(
+                json!({"idempotency_key": key, "openid": user.openid, "type": "system",
+                           "title": "t", "body": "b"}),
+            )
+            .await;
+        assert_eq!(created["status"], "created", "{created}");
+    }
     let notify = actions();
     assert_granted("notify", &notify);
+
+    // WeChat says zed closed their account: the erasure begun, its steps the
+    // dispatcher's (below).
+    let crypto = onegrant::wechat::push::PushCrypto::new(
+        onegrant::secrets::Secret::new("AAAAA"),
+        &key,
+        onegrant_local::stack::LOCAL_APPID,
+    )
+    .expect("key");
+    let ts = app.now().timestamp().to_string();
+    let closed = json!({"ToUserName": "gh_123456789abc", "FromUserName": "o_wechat",
+                        "CreateTime": ts.clone(), "MsgType": "event",
+                        "Event": "user_authorization_cancellation", "OpenID": zed.openid});
+    let encrypt = crypto.encrypt(&closed.to_string(), &[4; 16]);
+    let answer = app
+        .http
+        .post(format!(
+            "{}/wechat/callback?timestamp={ts}&nonce=z0&msg_signature={}",
+            app.base_url,
+            crypto.msg_signature(&ts, "z0", &encrypt)
+        ))
+        .body(json!({"ToUserName": "gh_123456789abc", "Encrypt": encrypt}).to_string())
+        .send()
+        .await
+        .expect("callback answers");
+    assert_eq!(answer.status().as_u16(), 200, "account closed");
+    let callback_erasure = actions();
 
     // dispatcher: the push sent, then a push refused with 43101 (its other grants
     // voided), an idle tick, and a scheduled notification published.
@@ -192,6 +232,13 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         app.items_of(&alice, "scheduled").await.len(),
         0,
         "the scheduled notification was published"
+    );
+    assert!(
+        app.items()
+            .await
+            .iter()
+            .all(|i| onegrant_tests::attr_s(i, "pk") != Some(&format!("USER#{}", zed.openid))),
+        "zed's erasure was stepped by the dispatcher"
     );
     let dispatcher = actions();
     assert_granted("dispatcher", &dispatcher);
@@ -227,6 +274,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         None,
     )
     .await;
+    call(&app, "DELETE", "/v1/me", &yan.token, None).await;
     call(&app, "GET", "/v1/preferences", &alice.token, None).await;
     call(
         &app,
@@ -240,12 +288,6 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     assert_granted("inbox", &inbox);
 
     // wechat-callback: the user turns the template off in WeChat's settings.
-    let crypto = onegrant::wechat::push::PushCrypto::new(
-        onegrant::secrets::Secret::new("AAAAA"),
-        &key,
-        onegrant_local::stack::LOCAL_APPID,
-    )
-    .expect("key");
     // Grants recorded before the open-grant lists, voided by a change event through
     // the ledger (a Query). And a sent event, which reads the template's marks and may
     // settle a send.
@@ -287,7 +329,8 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
             .expect("callback answers");
         assert_eq!(answer.status().as_u16(), 200, "{name}");
     }
-    let callback = actions();
+    let mut callback = actions();
+    callback.extend(callback_erasure);
     assert_granted("wechat-callback", &callback);
 
     // Disabling voids the open grants (reminders again), those recorded before the

@@ -12,6 +12,7 @@ mod contract;
 mod dispatcher;
 mod edge;
 mod emulator;
+mod erasure;
 mod expiry;
 mod faults;
 mod grants;

@@ -516,17 +516,21 @@ async fn a_check_in_costs_one_read_and_one_transaction() {
     assert_eq!(app.post(CHECKINS, Some(&token), &body).await.status, 200);
     assert_eq!(
         app.round_trips.take(),
-        vec!["BatchGetItem", "TransactWriteItems"]
+        // The caller admitted (no erasure), then the check-in's own read and write.
+        vec!["GetItem", "BatchGetItem", "TransactWriteItems"]
     );
     assert_eq!(app.post(CHECKINS, Some(&token), &body).await.status, 200);
     assert_eq!(
         app.round_trips.take(),
-        vec!["BatchGetItem"],
-        "a replay is one read"
+        vec!["GetItem", "BatchGetItem"],
+        "a replay is one read past the admission"
     );
     assert_eq!(app.get(PLAN, Some(&token)).await.status, 200);
-    // The read counted (READS_PER_MINUTE), then one batch.
-    assert_eq!(app.round_trips.take(), vec!["UpdateItem", "BatchGetItem"]);
+    // The caller admitted, the read counted (READS_PER_MINUTE), then one batch.
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["GetItem", "UpdateItem", "BatchGetItem"]
+    );
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! through the due index and the ordinary claim; a push not gone out by its
 //! `expires_at` is never sent and spends no grant.
 
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app,
@@ -662,25 +662,10 @@ async fn a_user_with_1000_scheduled_pushes_costs_an_idle_tick_nothing_and_a_canc
                 "due_at".into(),
                 AttributeValue::N((start.timestamp_millis() + 10_000 + i).to_string()),
             );
-            WriteRequest::builder()
-                .put_request(
-                    PutRequest::builder()
-                        .set_item(Some(item))
-                        .build()
-                        .expect("put"),
-                )
-                .build()
+            item
         })
         .collect();
-    for chunk in copies.chunks(25) {
-        app.table
-            .client
-            .batch_write_item()
-            .request_items(&app.table.name, chunk.to_vec())
-            .send()
-            .await
-            .expect("batch write");
-    }
+    app.put_items(copies).await;
     assert_eq!(app.items_of(&user, "scheduled").await.len(), 1003);
     app.round_trips.take();
     app.round_trips.take_items_read();

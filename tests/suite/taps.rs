@@ -235,14 +235,15 @@ async fn pairing_costs_a_report_one_read_per_accepted_template_and_a_pair_one_tr
     assert_eq!(
         app.round_trips.take(),
         vec![
+            "GetItem",
             "BatchGetItem",
             "BatchGetItem",
             "TransactWriteItems",
             "GetItem",
             "Query"
         ],
-        "its admission read (ledger and the minute's counters), its plan read, the \
-         report, the pairing read, the answer's quotas"
+        "the caller admitted (no erasure), its admission read (ledger and the minute's \
+         counters), its plan read, the report, the pairing read, the answer's quotas"
     );
     popup(&app, &user, Duration::zero()).await;
     let ops = app.round_trips.take();

@@ -138,7 +138,11 @@ async fn reading_notifications_costs_one_read_when_nothing_changes_and_is_limite
         )
         .await;
     assert_eq!(answer.status, 404, "{}", answer.body);
-    assert_eq!(app.round_trips.take(), vec!["BatchGetItem".to_string()]);
+    // (The caller admitted: no erasure.)
+    assert_eq!(
+        app.round_trips.take(),
+        vec!["GetItem".to_string(), "BatchGetItem".to_string()]
+    );
     assert!(app.round_trips.take_writes().is_empty());
 
     app.freeze_at_a_minute_start();
@@ -238,8 +242,8 @@ async fn a_report_past_the_limit_is_refused_before_any_transaction() {
     let ops = app.round_trips.take();
     assert_eq!(
         ops,
-        vec!["BatchGetItem".to_string()],
-        "one read, no transaction"
+        vec!["GetItem".to_string(), "BatchGetItem".to_string()],
+        "the caller admitted, one read, no transaction"
     );
     assert!(app.round_trips.take_writes().is_empty());
     // A replay of an admitted report is never limited, and writes nothing.

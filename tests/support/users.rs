@@ -306,6 +306,29 @@ impl TestApp {
             .await?;
         attr_s(&grant, "state").map(str::to_string)
     }
+    /// Writes `items` straight to the table (25 to a batch): a long history set up
+    /// without the API.
+    pub async fn put_items(&self, items: Vec<HashMap<String, AttributeValue>>) {
+        use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+        let requests: Vec<WriteRequest> = items
+            .into_iter()
+            .map(|item| {
+                let put = PutRequest::builder().set_item(Some(item)).build();
+                WriteRequest::builder()
+                    .put_request(put.expect("a put of an item"))
+                    .build()
+            })
+            .collect();
+        for chunk in requests.chunks(25) {
+            self.table
+                .client
+                .batch_write_item()
+                .request_items(&self.table.name, chunk.to_vec())
+                .send()
+                .await
+                .expect("batch write");
+        }
+    }
 
     /// Every stored item of `user` whose kind attribute is `kind`.
     pub async fn items_of(&self, user: &User, kind: &str) -> Vec<HashMap<String, AttributeValue>> {

@@ -219,6 +219,11 @@ fn tally(s: &mut Summary, outcome: Result<Dispatched, StoreError>, item: &DueIte
             count_refill(s, refill);
         }
         Ok(Dispatched::Woken(n)) => s.woken += n,
+        Ok(Dispatched::Erasure { done, stalled }) => {
+            s.erasure_steps += 1;
+            s.erasures_done += u32::from(done);
+            s.erasures_stalled += u32::from(stalled);
+        }
         // (Counted with every publication, below.)
         Ok(Dispatched::Published) => {}
         Ok(Dispatched::Unreadable) => s.skipped += 1,

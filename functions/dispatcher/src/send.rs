@@ -44,6 +44,11 @@ pub(crate) enum Dispatched {
     },
     /// A template's wake entry: this many waiting pushes woken.
     Woken(u32),
+    /// A step of a user's erasure: whether it finished it, or found it stalled.
+    Erasure {
+        done: bool,
+        stalled: bool,
+    },
     /// A scheduled notification published, with no push to send.
     Published,
     Deferred,
@@ -59,6 +64,14 @@ pub(crate) async fn dispatch_one(
     published: &AtomicBool,
 ) -> Result<Dispatched, StoreError> {
     let config = &deps.config;
+    // A user's erasure carried on (no send, no turn).
+    if item.is_erasure() {
+        let erasure = deps.store.erase_due(item, deps.clock.now()).await?;
+        return Ok(Dispatched::Erasure {
+            done: erasure.state == onegrant::domain::erasure::ErasureState::Done,
+            stalled: erasure.stalled,
+        });
+    }
     let Some(openid) = item.openid() else {
         tracing::error!("due item outside any user partition taken off the due index");
         deps.store.quarantine_due(item, deps.clock.now()).await?;

@@ -56,6 +56,11 @@ pub struct Summary {
     pub refills: u32,
     /// Such depletions with no refill grant held: nothing could tell the user.
     pub refills_without_grant: u32,
+    /// Steps of users' erasures (`Store::erase_due`), and the erasures they finished.
+    pub erasure_steps: u32,
+    pub erasures_done: u32,
+    /// Steps of erasures still pending an hour after they began.
+    pub erasures_stalled: u32,
     /// Pushes cancelled at their claim (the cancel came while an attempt was in flight).
     pub cancelled: u32,
     /// Pushes replaced at their claim (a newer notification of their `collapse_key`
@@ -130,6 +135,9 @@ impl Summary {
             capped,
             refills,
             refills_without_grant,
+            erasure_steps,
+            erasures_done,
+            erasures_stalled,
             cancelled,
             replaced,
             lost,
@@ -169,6 +177,9 @@ impl Summary {
         self.capped += capped;
         self.refills += refills;
         self.refills_without_grant += refills_without_grant;
+        self.erasure_steps += erasure_steps;
+        self.erasures_done += erasures_done;
+        self.erasures_stalled += erasures_stalled;
         self.cancelled += cancelled;
         self.replaced += replaced;
         self.lost += lost;
@@ -211,6 +222,9 @@ pub(crate) fn report(summary: &Summary, scheduled: bool) {
         capped = summary.capped,
         refills = summary.refills,
         refills_without_grant = summary.refills_without_grant,
+        erasure_steps = summary.erasure_steps,
+        erasures_done = summary.erasures_done,
+        erasures_stalled = summary.erasures_stalled,
         cancelled = summary.cancelled,
         replaced = summary.replaced,
         deferred = summary.deferred,
@@ -254,6 +268,9 @@ pub(crate) fn emit_metrics(summary: &Summary, scheduled: bool) {
     count(name::CAPPED, summary.capped);
     count(name::REFILLS, summary.refills);
     count(name::REFILLS_WITHOUT_GRANT, summary.refills_without_grant);
+    count(name::ERASURE_STEPS, summary.erasure_steps);
+    count(name::ERASURES_DONE, summary.erasures_done);
+    count(name::ERASURES_STALLED, summary.erasures_stalled);
     count(name::CANCELLED, summary.cancelled);
     count(name::REPLACED, summary.replaced);
     count(name::RESTORED, summary.restored);

@@ -12,9 +12,7 @@ use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::grants::GrantEntry;
 use onegrant::domain::{GrantReport, Quota};
-use onegrant::http::{
-    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
-};
+use onegrant::http::{ApiError, authenticate_read, caller, json_body, json_response, respond};
 use onegrant::store::audit::attributed;
 use onegrant::telemetry::openid_hash;
 use serde::Serialize;
@@ -49,10 +47,11 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
 }
 
 async fn report(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let body = json_body(req)?;
     let report = GrantReport::from_json(&body, &deps.config.templates)?;
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
+    let openid = caller.admitted(deps).await?;
     let now = deps.clock.now();
     let cause = format!("report {}", report.request_id);
     // A new report past the minute's limit is refused here, before any write.

@@ -1,6 +1,7 @@
 //! The inbox API: `GET /v1/notifications`, `GET /v1/notifications/unread-count`,
 //! `POST /v1/notifications/{id}/read`, `POST /v1/notifications/read-all`, and the
-//! user's push preferences, `GET`/`PUT /v1/preferences`.
+//! user's push preferences, `GET`/`PUT /v1/preferences`, and forgetting the user,
+//! `DELETE /v1/me`.
 //!
 //! Every query runs in the caller's own partition: a cursor holds only a position, and
 //! an id that is not the caller's answers 404 (I8).
@@ -9,10 +10,11 @@ use futures::future::BoxFuture;
 use lambda_http::http::Method;
 use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
+use onegrant::domain::erasure::ErasureCause;
 use onegrant::domain::inbox::preferences::Preferences;
 use onegrant::domain::inbox::{decode_cursor, is_notification_id};
 use onegrant::http::{
-    ApiError, authenticate, authenticate_read, json_body, json_response, respond,
+    ApiError, authenticate_read, bearer, caller, json_body, json_response, respond,
 };
 use onegrant::store::inbox::ListFilter;
 use serde_json::json;
@@ -38,6 +40,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         (Method::POST, p) if p.ends_with("/read") => read_one(deps, &req).await,
         (Method::GET, "/v1/preferences") => preferences(deps, &req).await,
         (Method::PUT, "/v1/preferences") => save_preferences(deps, &req).await,
+        (Method::DELETE, "/v1/me") => erase_me(deps, &req).await,
         // API Gateway routes only the declared routes here.
         _ => Err(ApiError::NotFound),
     };
@@ -49,7 +52,7 @@ fn bad_query(message: &str) -> ApiError {
 }
 
 async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let query = req.query_string_parameters();
     let limit = match query.first("limit") {
         None => DEFAULT_LIMIT,
@@ -77,6 +80,7 @@ async fn list(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         Some(_) => return Err(bad_query("type must be 1 to 32 characters")),
     };
     // Counted once the request is known good: a bad one reads and writes nothing.
+    let openid = caller.admitted(deps).await?;
     deps.store.count_read(&openid, deps.clock.now()).await?;
     let page = deps
         .store
@@ -92,13 +96,14 @@ async fn unread(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> 
 }
 
 async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let id = req
         .path_parameters()
         .first("id")
         .filter(|id| is_notification_id(id))
         .map(str::to_string)
         .ok_or(ApiError::NotFound)?;
+    let openid = caller.admitted(deps).await?;
     let note = deps
         .store
         .mark_read(&openid, &id, deps.clock.now())
@@ -108,7 +113,7 @@ async fn read_one(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
 }
 
 async fn read_all(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let openid = caller(req, &deps.sessions).await?.admitted(deps).await?;
     let done = deps.store.read_all(&openid, deps.clock.now()).await?;
     json_response(200, &json!({"updated": done.updated, "more": done.more}))
 }
@@ -120,12 +125,39 @@ async fn preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
 }
 
 async fn save_preferences(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     // Checked whole before anything is read.
     let wanted = Preferences::from_json(&json_body(req)?)?;
+    let openid = caller.admitted(deps).await?;
     let saved = deps
         .store
         .save_preferences(&openid, &wanted, deps.clock.now())
         .await?;
     json_response(200, &saved)
+}
+
+/// Forgets the caller (`domain::erasure`): the erasure begun and a first bounded step
+/// taken at once, the rest by the dispatcher's ticks. Asked again, or with a token
+/// the erasure refuses (one issued before it), it only answers the erasure's state: an
+/// old token never begins another erasure of a user who came back. Answers 202.
+async fn erase_me(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let (openid, issued_at) = bearer(req, &deps.sessions).await?;
+    let now = deps.clock.now();
+    if let Some(tombstone) = deps.store.tombstone(&openid).await? {
+        if !tombstone.admits_token(issued_at) {
+            return json_response(202, &json!({"erasure": tombstone.state.as_str()}));
+        }
+        // A user who came back after an erasure asks for another.
+        if tombstone.reopened_by(issued_at) {
+            deps.store.reopen(&openid, &tombstone).await?;
+        }
+    }
+    let mut erasure = deps
+        .store
+        .start_erasure(&openid, ErasureCause::Request, now)
+        .await?;
+    if erasure.begun {
+        erasure = deps.store.erase_step(&openid, now).await?;
+    }
+    json_response(202, &json!({"erasure": erasure.state.as_str()}))
 }

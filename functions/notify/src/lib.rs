@@ -103,6 +103,9 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         Ingested::Duplicate { note_id } => {
             tracing::info!(%openid, note_id, "duplicate event ignored")
         }
+        Ingested::Erased => {
+            tracing::info!(%openid, "an event for an erased user: nothing stored")
+        }
         Ingested::Conflict { note_id } => tracing::error!(
             %openid,
             note_id,

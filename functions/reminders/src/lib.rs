@@ -10,7 +10,7 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
 use onegrant::domain::reminders::{CheckIn, ReminderKind, SettingsPatch};
-use onegrant::http::{ApiError, authenticate, json_body, json_response, respond};
+use onegrant::http::{ApiError, caller, json_body, json_response, respond};
 use onegrant::store::audit::attributed;
 use onegrant::store::reminders::CheckInOutcome;
 use onegrant::telemetry::openid_hash;
@@ -43,9 +43,10 @@ fn kind<'a>(deps: &'a Deps, req: &Request) -> Result<&'a ReminderKind, ApiError>
 }
 
 async fn get(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     // Counted once the request is known good: a bad one reads and writes nothing.
+    let openid = caller.admitted(deps).await?;
     deps.store.count_read(&openid, deps.clock.now()).await?;
     let snapshot = deps.store.plan(&openid, kind).await?;
     let view = snapshot
@@ -82,12 +83,13 @@ fn with_refill<'a, T: serde::Serialize>(
 }
 
 async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = deps.clock.now();
     // Every field is checked before the plan is read; only the merged whole needs it.
     let patch = SettingsPatch::from_json(&body)?;
+    let openid = caller.admitted(deps).await?;
     let current = deps.store.plan(&openid, kind).await?;
     let update = patch.apply(&current.plan.settings)?;
     let saved = attributed(
@@ -106,12 +108,13 @@ async fn put(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
 }
 
 async fn check_in(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
+    let caller = caller(req, &deps.sessions).await?;
     let kind = kind(deps, req)?;
     let body = json_body(req)?;
     let now = deps.clock.now();
     let checkin = CheckIn::from_json(&body)?;
     let setting = SubscriptionsSetting::from_body(&body, &deps.config.templates)?;
+    let openid = caller.admitted(deps).await?;
     // The standing choice first, and only on the check-in's first application: a
     // replay changes nothing.
     if let Some(setting) = &setting

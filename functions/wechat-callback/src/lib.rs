@@ -207,6 +207,36 @@ async fn receive(
         return another_account();
     }
     let now = deps.clock.now();
+    // WeChat asks that the user be forgotten: the erasure begun (once, however often
+    // the push comes), its steps carried on by the dispatcher. Not on a plain-mode
+    // push, whose signature covers no body: anyone holding one signed query could
+    // erase any user.
+    if let PushEvent::Erasure(cause) = &message.event {
+        if push.mode == PushMode::Plain {
+            tracing::warn!(
+                cause = cause.as_str(),
+                "WeChat asked that a user be forgotten in plain mode, whose body no signature covers: not acted on (use safe mode)"
+            );
+            return text(200, "success");
+        }
+        let fresh = deps.store.record_nonce(&timestamp, &nonce, now).await?;
+        // A retry with the nonce spent (an attempt that recorded it and then failed)
+        // still begins the erasure if none is there; it never begins a second.
+        if fresh || deps.store.tombstone(&message.openid).await?.is_none() {
+            let erasure = deps
+                .store
+                .start_erasure(&message.openid, *cause, now)
+                .await?;
+            tracing::info!(
+                cause = cause.as_str(),
+                state = erasure.state.as_str(),
+                "WeChat asked that a user be forgotten"
+            );
+        } else {
+            tracing::warn!("a push request was replayed; nothing changed");
+        }
+        return text(200, "success");
+    }
     let taps = deps.store.popup_accepts(&message, &deps.config.templates);
     let recorded = deps
         .store
@@ -225,7 +255,9 @@ async fn receive(
             key,
             applied: false,
         } => Some(key),
-        PushRecorded::Duplicate { applied: true, .. } | PushRecorded::Ignored => None,
+        PushRecorded::Duplicate { applied: true, .. }
+        | PushRecorded::Ignored
+        | PushRecorded::Erased => None,
         PushRecorded::Replayed => {
             tracing::warn!("a push request was replayed; nothing changed");
             None
@@ -236,7 +268,7 @@ async fn receive(
             PushEvent::Change(_) => "WeChat change event",
             PushEvent::Popup(_) => "WeChat popup event",
             PushEvent::Sent(_) => "WeChat sent event",
-            PushEvent::Other { .. } => "WeChat event",
+            PushEvent::Erasure(_) | PushEvent::Other { .. } => "WeChat event",
         };
         let applying = deps.store.apply_push(&message, &deps.config.templates, now);
         onegrant::store::audit::attributed(cause, applying).await?;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 pub struct Started {
     pub child: Child,
     pub api: u16,
+    #[allow(dead_code)]
     pub invoke: u16,
     pub standin: u16,
     /// Its summary: the lines printed until it said it was up (not every test reads it).

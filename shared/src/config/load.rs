@@ -174,6 +174,16 @@ impl Config {
         let session_previous = session_key("SESSION_SECRET_PREVIOUS")?;
         let session_pending = session_key("SESSION_SECRET_PENDING")?;
         let origin = session_key("ORIGIN_SECRET")?;
+        let openid_salt = match lookup("OPENID_SALT").filter(|v| !v.trim().is_empty()) {
+            None => DEFAULT_OPENID_SALT.to_string(),
+            Some(salt) if salt.trim().len() >= 16 => salt,
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "OPENID_SALT",
+                    reason: "at least 16 characters".into(),
+                });
+            }
+        };
         let origin_enforced = match lookup("ORIGIN_CHECK").as_deref() {
             None | Some("" | "enforce") => true,
             Some("count") => false,
@@ -478,6 +488,7 @@ impl Config {
             notify_sources,
             origin,
             origin_enforced,
+            openid_salt,
         })
     }
 }

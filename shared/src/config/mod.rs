@@ -104,7 +104,14 @@ pub struct Config {
     /// `ORIGIN_CHECK`: `enforce` (the default) refuses a request without the origin
     /// secret; `count` only counts it (while clients move to the edge's address).
     pub origin_enforced: bool,
+    /// `OPENID_SALT`: this deployment's salt for openids' tags (an erasure's
+    /// tombstone), at least 16 characters; [`DEFAULT_OPENID_SALT`] when unset (the
+    /// local stack; the deployed stack always sets one).
+    pub openid_salt: String,
 }
+
+/// The salt of openids' tags where none is configured (the local stack and tests).
+pub const DEFAULT_OPENID_SALT: &str = "onegrant-local-openid-salt";
 
 /// How WeChat's message push is set up in the MP console (消息推送配置).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use quick_xml::events::Event;
 
+use crate::domain::erasure::ErasureCause;
 use crate::domain::{OpenId, TemplateId};
 
 /// How a push's body is written (the push configuration's data format).
@@ -71,6 +72,11 @@ pub enum PushEvent {
     Change(Vec<ChangeItem>),
     /// `subscribe_msg_sent_event`: the final result of a send.
     Sent(Vec<SentItem>),
+    /// `user_authorization_revoke` (the user withdrew the mini-program's
+    /// authorisation) or `user_authorization_cancellation` (the user closed their
+    /// WeChat account): WeChat asks that the user's data be deleted. The message's
+    /// `openid` is the user's (the event's `OpenID`; its `FromUserName` is WeChat's).
+    Erasure(ErasureCause),
     /// Anything else (other events, messages): acknowledged, not acted on.
     Other { msg_type: String, event: String },
 }
@@ -120,13 +126,31 @@ pub fn parse(body: &str, format: Format) -> Result<PushMessage, PushParseError> 
             .filter(|v| !v.is_empty())
             .ok_or(PushParseError::Field(name))
     };
-    let openid =
-        OpenId::parse(field("FromUserName")?).map_err(|_| PushParseError::Field("FromUserName"))?;
+    let msg_type = field("MsgType")?.to_string();
+    let event_name = flat.fields.get("Event").map(|e| e.trim().to_string());
+    let erasure = match (msg_type.as_str(), event_name.as_deref()) {
+        ("event", Some("user_authorization_revoke")) => Some(ErasureCause::Revoked),
+        ("event", Some("user_authorization_cancellation")) => Some(ErasureCause::AccountClosed),
+        _ => None,
+    };
+    let openid = match erasure {
+        // The user is the event's `OpenID` (a key WeChat's own JSON sample writes with a
+        // space before it).
+        Some(_) => {
+            let named = flat
+                .fields
+                .iter()
+                .find(|(name, _)| name.trim() == "OpenID")
+                .map(|(_, v)| v.trim().to_string())
+                .ok_or(PushParseError::Field("OpenID"))?;
+            OpenId::parse(named).map_err(|_| PushParseError::Field("OpenID"))?
+        }
+        None => OpenId::parse(field("FromUserName")?)
+            .map_err(|_| PushParseError::Field("FromUserName"))?,
+    };
     let create_time = field("CreateTime")?
         .parse::<i64>()
         .map_err(|_| PushParseError::Field("CreateTime"))?;
-    let msg_type = field("MsgType")?.to_string();
-    let event_name = flat.fields.get("Event").map(|e| e.trim().to_string());
     let template = |item: &BTreeMap<String, String>| {
         item.get("TemplateId")
             .and_then(|t| TemplateId::parse(t.trim()).ok())
@@ -182,9 +206,12 @@ pub fn parse(body: &str, format: Format) -> Result<PushMessage, PushParseError> 
                 })
                 .collect::<Result<_, _>>()?,
         ),
-        _ => PushEvent::Other {
-            msg_type,
-            event: event_name.unwrap_or_default(),
+        _ => match erasure {
+            Some(cause) => PushEvent::Erasure(cause),
+            None => PushEvent::Other {
+                msg_type,
+                event: event_name.unwrap_or_default(),
+            },
         },
     };
     if matches!(&event, PushEvent::Popup(v) if v.is_empty())

@@ -6,6 +6,7 @@
 pub mod callback;
 pub mod consent;
 pub mod dispatch;
+pub mod erasure;
 pub mod grants;
 pub mod ids;
 pub mod inbox;

@@ -27,6 +27,7 @@ pub mod audit;
 pub mod callback;
 mod consent;
 pub mod dispatch;
+pub mod erasure;
 pub mod grants;
 pub mod inbox;
 mod items;
@@ -74,6 +75,8 @@ pub struct Store {
     /// What time it is where the store itself reads it (an audit entry's time, a lease
     /// taken, an answer kept).
     clock: crate::clock::Clock,
+    /// This deployment's salt for openids' tags (an erasure's tombstone).
+    openid_salt: std::sync::Arc<str>,
 }
 
 /// The most index queries one process has in flight at once. A tick queries the due
@@ -131,6 +134,7 @@ impl Store {
                 INDEX_QUERIES_IN_FLIGHT,
             )),
             clock: crate::clock::Clock::system(),
+            openid_salt: std::sync::Arc::from(crate::config::DEFAULT_OPENID_SALT),
         }
     }
 

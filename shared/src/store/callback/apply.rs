@@ -37,7 +37,10 @@ impl Store {
                 .filter(|i| i.choice == Choice::Accept && templates.contains(&i.template_id))
                 .map(|i| &i.template_id)
                 .collect(),
-            PushEvent::Change(_) | PushEvent::Sent(_) | PushEvent::Other { .. } => Vec::new(),
+            PushEvent::Change(_)
+            | PushEvent::Sent(_)
+            | PushEvent::Erasure(_)
+            | PushEvent::Other { .. } => Vec::new(),
         }
     }
 
@@ -65,7 +68,9 @@ impl Store {
                 items.iter().map(|i| (&i.template_id, i.choice)).collect(),
                 false,
             ),
-            PushEvent::Sent(_) | PushEvent::Other { .. } => (Vec::new(), false),
+            PushEvent::Sent(_) | PushEvent::Erasure(_) | PushEvent::Other { .. } => {
+                (Vec::new(), false)
+            }
         };
         let mut refused = Vec::new();
         for (template, choice) in choices {

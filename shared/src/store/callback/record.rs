@@ -36,6 +36,8 @@ pub enum PushRecorded {
     Replayed,
     /// Not a subscription event: nothing to record or apply.
     Ignored,
+    /// An event of a user who was erased: nothing recorded or applied.
+    Erased,
 }
 
 /// Where a recorded push is.
@@ -52,17 +54,16 @@ struct NonceItem {
     kind: String,
     expires_at: i64,
     /// The event the request carried, so WeChat retrying with the same nonce is told
-    /// from a replay.
+    /// from a replay: its key's salted tag (the key names the user, and a nonce lives
+    /// outside the user's partition, where an erasure does not look).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    event_pk: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    event_sk: Option<String>,
+    event: Option<String>,
 }
 
 fn nonce_item(
     timestamp: &str,
     nonce: &str,
-    event: Option<&PushKey>,
+    event: Option<String>,
     now: DateTime<Utc>,
 ) -> NonceItem {
     NonceItem {
@@ -70,8 +71,7 @@ fn nonce_item(
         sk: "NONCE".into(),
         kind: "nonce".into(),
         expires_at: (now + NONCE_MEMORY).timestamp(),
-        event_pk: event.map(|k| k.pk.clone()),
-        event_sk: event.map(|k| k.sk.clone()),
+        event,
     }
 }
 
@@ -89,6 +89,8 @@ enum Record {
     Push,
     /// A popup accept's mark for pairing.
     Tap,
+    /// The user is not erased.
+    Alive,
 }
 
 impl Store {
@@ -167,8 +169,10 @@ impl Store {
             pk: record.pk.clone(),
             sk: record.sk.clone(),
         };
-        let nonce = nonce_item(timestamp, nonce, Some(&key), now);
+        let event_tag = self.tag(&format!("{}\n{}", key.pk, key.sk));
+        let nonce = nonce_item(timestamp, nonce, Some(event_tag.clone()), now);
         let mut writes = Parts::new()
+            .with(Record::Alive, self.not_erased_check(&message.openid)?)
             .with(Record::Nonce, self.put_new(to_item("nonce", &nonce)?)?)
             .with(Record::Push, self.put_new(to_item("push", &record)?)?);
         for template in taps {
@@ -177,14 +181,19 @@ impl Store {
                 self.popup_tap(&record.pk, template, message.create_time, now)?,
             );
         }
-        let (writes, key) = (&writes, &key);
+        let (writes, key, event_tag) = (&writes, &key, &event_tag);
         retry_contended("push record", self.limits.write_budget, || async move {
             Ok(match self.transact_parts(writes).await? {
                 Outcome::Committed => Attempt::Done(PushRecorded::Recorded(key.clone())),
+                Outcome::Cancelled(failed) if failed.has(Record::Alive) => {
+                    Attempt::Done(PushRecorded::Erased)
+                }
                 Outcome::Cancelled(failed) => {
+                    // (A nonce written before tags named the event's key itself.)
                     let same_event = failed.old(Record::Nonce).is_some_and(|old| {
-                        text(old, "event_pk") == Some(key.pk.as_str())
-                            && text(old, "event_sk") == Some(key.sk.as_str())
+                        text(old, "event") == Some(event_tag.as_str())
+                            || (text(old, "event_pk") == Some(key.pk.as_str())
+                                && text(old, "event_sk") == Some(key.sk.as_str()))
                     });
                     if failed.has(Record::Nonce) && !same_event {
                         // Another request's nonce: a replay.

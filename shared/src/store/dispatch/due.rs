@@ -38,6 +38,12 @@ impl DueItem {
         matches!(sort_key(&self.sk), SortKey::Scheduled(_))
     }
 
+    /// Whether it is a pending erasure's tombstone, for [`Store::erase_due`] (no user
+    /// partition, no claim).
+    pub fn is_erasure(&self) -> bool {
+        self.sk == crate::store::items::tombstone::TOMBSTONE_SK && self.pk.starts_with("ERASED#")
+    }
+
     /// Whether it is a template's wake entry (a grant given while pushes of it wait),
     /// for [`Store::wake_due`] rather than a claim.
     pub fn is_wake(&self) -> bool {

@@ -96,7 +96,7 @@ impl Store {
                             note_id: String::new(),
                             expires_at: (now + self.limits.retention.events).timestamp(),
                             cancel: Some(CANCEL_FIRST.into()),
-                            openid: Some(cancel.openid.to_string()),
+                            openid: Some(self.subject(&cancel.openid)),
                         };
                         return Ok(
                             match self

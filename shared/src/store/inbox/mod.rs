@@ -116,7 +116,8 @@ pub(crate) struct EventItem {
     /// only this mark), [`CANCEL_DONE`] or [`CANCEL_TOO_LATE`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cancel: Option<String>,
-    /// A cancel's mark only: the user the cancel named.
+    /// A cancel's mark only: the salted tag of the user the cancel named (kept outside
+    /// the user's partition, it never names them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     openid: Option<String>,
 }
@@ -213,6 +214,8 @@ pub enum Ingested {
     Duplicate { note_id: String },
     /// The same idempotency key with a different payload: nothing changed.
     Conflict { note_id: String },
+    /// The user was erased (`domain::erasure`): nothing stored.
+    Erased,
 }
 
 /// One page of the inbox.
@@ -273,9 +276,12 @@ impl Store {
             }
             _ => None,
         };
-        match self.ingest_checked(event, capped, &[], now).await? {
+        // Only while the user is not erased: a tombstone written meanwhile makes the
+        // ingest lose.
+        let alive = self.not_erased_check(&event.openid)?;
+        match self.ingest_checked(event, capped, &[alive], now).await? {
             Ok(ingested) => Ok(ingested),
-            Err(_) => Err(StoreError::Corrupt("a check no ingest makes failed".into())),
+            Err(_) => Ok(Ingested::Erased),
         }
     }
 
@@ -472,10 +478,12 @@ impl Store {
                                 if old.is_cancel_mark() {
                                     // A mark for another user (a publisher's mistake) gives way
                                     // without cancelling this user's push.
-                                    let cancelled = old
-                                        .openid
-                                        .as_deref()
-                                        .is_none_or(|o| o == event.openid.as_str());
+                                    // (Its user's tag; a mark written before tags, the
+                                    // openid itself.)
+                                    let tag = self.subject(&event.openid);
+                                    let cancelled = old.openid.as_deref().is_none_or(|o| {
+                                        o == tag.as_str() || o == event.openid.as_str()
+                                    });
                                     return Ok(Attempt::Done(Ingest::Marked { cancelled }));
                                 }
                                 let same = old.fingerprint == event.fingerprint

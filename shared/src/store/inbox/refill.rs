@@ -113,12 +113,18 @@ impl Store {
         ]);
         let used_up = self.quota_check(&pk, stopped, &used_up)?;
         let held = self.quota_check(&pk, refill, &has_grant().and(unrefused()))?;
+        // (Nothing for a user being erased.)
+        let alive = self.not_erased_check(&notice.openid)?;
+        let checks = [used_up, held, alive];
         Ok(
-            match Box::pin(self.ingest_checked(notice, None, &[used_up, held], now)).await? {
+            match Box::pin(self.ingest_checked(notice, None, &checks, now)).await? {
                 Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
-                Ok(Ingested::Duplicate { .. } | Ingested::Conflict { .. }) => Refilled::Already,
+                Ok(Ingested::Duplicate { .. } | Ingested::Conflict { .. } | Ingested::Erased) => {
+                    Refilled::Already
+                }
                 Err(0) => Refilled::NotUsedUp,
-                Err(_) => Refilled::NoRefillGrant,
+                Err(1) => Refilled::NoRefillGrant,
+                Err(_) => Refilled::Already,
             },
         )
     }

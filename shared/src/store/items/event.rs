@@ -120,6 +120,6 @@ pub(crate) fn describe(event: &PushEvent) -> Option<(&'static str, Vec<String>)>
                 .map(|i| format!("{}:{}:{}", i.template_id, i.msgid, i.error_code))
                 .collect(),
         )),
-        PushEvent::Other { .. } => None,
+        PushEvent::Erasure(_) | PushEvent::Other { .. } => None,
     }
 }

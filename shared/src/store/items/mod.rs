@@ -22,6 +22,7 @@ pub(crate) mod preferences;
 pub(crate) mod quota;
 pub(crate) mod rate;
 pub(crate) mod setting;
+pub(crate) mod tombstone;
 
 /// A raw DynamoDB item.
 pub(crate) type Item = HashMap<String, AttributeValue>;

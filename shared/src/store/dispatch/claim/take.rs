@@ -49,6 +49,9 @@ enum Part {
     Delivery,
     /// A scheduled notification's publication, committed with its push's claim.
     Publication,
+    /// The user is not being erased: an erasure begun before the claim commits makes
+    /// it lose, so nothing of theirs is sent once it has begun.
+    Alive,
 }
 
 impl Store {
@@ -122,7 +125,8 @@ impl Store {
             .with(Part::Source, source_write)
             .with(Part::Grant, reservation.grant)
             .with(Part::Counters, reservation.counters)
-            .with(Part::Delivery, reservation.delivery);
+            .with(Part::Delivery, reservation.delivery)
+            .with(Part::Alive, self.not_erased_check(openid)?);
         // The publication's writes, its scheduled item's delete first of them.
         let publishing = publishing.is_some_and(|writes| {
             for write in writes {
@@ -145,6 +149,11 @@ impl Store {
         match self.transact_parts(&parts).await? {
             Outcome::Committed => {
                 return Ok(Attempt::Done(ClaimOutcome::Claimed(Box::new(claim))));
+            }
+            // The user is being erased: nothing is sent, the erasure deletes the item.
+            Outcome::Cancelled(failed) if failed.has(Part::Alive) => {
+                tracing::info!("a claim lost to the user's erasure");
+                return Ok(Attempt::Done(ClaimOutcome::Lost));
             }
             Outcome::Cancelled(failed) => {
                 // The notification changed (cancelled, replaced, published by another),

@@ -6,17 +6,21 @@
 
 use std::convert::Infallible;
 
+mod caller;
+
+#[cfg(feature = "store")]
+pub use caller::authenticate_read;
+pub use caller::{Caller, authenticate, bearer, caller};
+
 use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};
 use serde::Serialize;
 
-use crate::domain::OpenId;
 use crate::domain::consent::standing::SettingError;
 use crate::domain::grants::ReportError;
 use crate::domain::inbox::preferences::PreferencesError;
 use crate::domain::reminders::schedule::ScheduleError;
 use crate::domain::reminders::{CheckInError, SettingsError};
-use crate::session::Sessions;
 
 #[cfg(feature = "store")]
 use crate::store::{Limit, StoreError};
@@ -478,35 +482,6 @@ pub fn json_body(req: &Request) -> Result<serde_json::Value, ApiError> {
         return Err(ApiError::PayloadTooLarge);
     }
     serde_json::from_slice(bytes).map_err(|_| ApiError::MalformedJson)
-}
-
-/// The caller of a read route: authenticated, then its read counted against
-/// `READS_PER_MINUTE` (429 with `Retry-After` past it, before anything is read).
-#[cfg(feature = "store")]
-pub async fn authenticate_read(req: &Request, deps: &crate::Deps) -> Result<OpenId, ApiError> {
-    let openid = authenticate(req, &deps.sessions).await?;
-    deps.store.count_read(&openid, deps.clock.now()).await?;
-    Ok(openid)
-}
-
-/// The caller's openid, from a verified `Authorization: Bearer` token (invariant I8).
-pub async fn authenticate(req: &Request, sessions: &Sessions) -> Result<OpenId, ApiError> {
-    let header = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or(ApiError::Unauthorized)?;
-    let (scheme, token) = header
-        .trim()
-        .split_once(' ')
-        .ok_or(ApiError::Unauthorized)?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(ApiError::Unauthorized);
-    }
-    sessions.verify(token.trim()).await.map_err(|err| {
-        tracing::info!(reason = %err, "session token refused");
-        ApiError::Unauthorized
-    })
 }
 
 #[cfg(test)]

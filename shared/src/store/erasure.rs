@@ -1,0 +1,377 @@
+//! Forgetting a user (`domain::erasure`): the tombstone first, then bounded steps that
+//! delete the user's partition — what the dispatcher could act on first, everything
+//! else once no send is in flight — carried on by the dispatcher's ticks (the
+//! tombstone sits on the due index while pending) until the partition is empty.
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, DeleteRequest, TransactWriteItem, WriteRequest,
+};
+use chrono::{DateTime, Duration, Utc};
+
+use crate::domain::OpenId;
+use crate::domain::erasure::{
+    DUE_PREFIXES, Disposition, ErasureCause, ErasureState, Next, Pass, Progress, Tombstone,
+    disposition, next, progress, subject,
+};
+use crate::store::dispatch::DueItem;
+use crate::store::items::expr::Guarded;
+use crate::store::items::tombstone::{
+    TOMBSTONE_SK, TombstoneItem, finished, not_erased, reopened, stepped, tombstone_pk,
+};
+use crate::store::items::{Item, key, text};
+use crate::store::keys::user_pk;
+use crate::store::tx::TxOutcome;
+use crate::store::{
+    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, classify_sdk_error, retry_carrying,
+};
+
+/// Items one step reads per page, and the most it deletes: a step's reads and writes
+/// are bounded whatever the user's history (docs/design.md §6).
+const PAGE: i32 = 100;
+const STEP_ITEMS: usize = 500;
+
+/// DynamoDB's most requests in one `BatchWriteItem`.
+const BATCH: usize = 25;
+
+/// How long a tombstone is kept: past the longest a publisher's event or WeChat's may
+/// be replayed (an event record's retention, and a scheduled one's month ahead).
+fn keep(store: &Store) -> Duration {
+    store.limits.retention.events + Duration::days(31)
+}
+
+/// What an erasure's start or step left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Erasure {
+    pub state: ErasureState,
+    /// Items deleted so far.
+    pub deleted: u64,
+    /// Still pending `domain::erasure::STALL_AFTER` after it began.
+    pub stalled: bool,
+    /// Begun by this call (not one begun before).
+    pub begun: bool,
+}
+
+impl Store {
+    /// This store tagging openids with `salt` (`domain::erasure::subject`).
+    pub fn with_openid_salt(mut self, salt: impl Into<String>) -> Self {
+        self.openid_salt = std::sync::Arc::from(salt.into());
+        self
+    }
+
+    /// `openid`'s tag in this deployment.
+    pub fn subject(&self, openid: &OpenId) -> String {
+        subject(&self.openid_salt, openid)
+    }
+
+    /// The salted tag of `text` naming a user.
+    pub(crate) fn tag(&self, text: &str) -> String {
+        crate::domain::erasure::tag(&self.openid_salt, text)
+    }
+
+    /// A condition that `openid` is not erased (no tombstone, or the user came back),
+    /// for a write storing something new for them.
+    pub(crate) fn not_erased_check(
+        &self,
+        openid: &OpenId,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(
+                &tombstone_pk(&self.subject(openid)),
+                TOMBSTONE_SK,
+            )))
+            .guarded(&not_erased(), "g")
+            .build()
+            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// `openid`'s tombstone, if an erasure ever began.
+    pub async fn tombstone(&self, openid: &OpenId) -> Result<Option<Tombstone>, StoreError> {
+        match self.tombstone_item(openid).await? {
+            Some(item) => Ok(Some(item.tombstone()?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn tombstone_item(&self, openid: &OpenId) -> Result<Option<TombstoneItem>, StoreError> {
+        let pk = tombstone_pk(&self.subject(openid));
+        match self.get(&pk, TOMBSTONE_SK).await? {
+            Some(item) => Ok(Some(TombstoneItem::read(item)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Begins erasing `openid` (`cause`), or answers the erasure already begun:
+    /// idempotent. From the tombstone on, nothing new is stored for the user.
+    pub async fn start_erasure(
+        &self,
+        openid: &OpenId,
+        cause: ErasureCause,
+        now: DateTime<Utc>,
+    ) -> Result<Erasure, StoreError> {
+        let subject = self.subject(openid);
+        let fresh = TombstoneItem::new(&subject, openid, cause, now, keep(self), self.shards);
+        let outcome = self.transact(vec![fresh.put(&self.table)?]).await?;
+        if matches!(outcome, TxOutcome::Committed) {
+            tracing::info!(cause = cause.as_str(), "an erasure began");
+            return Ok(Erasure {
+                state: ErasureState::Pending,
+                deleted: 0,
+                stalled: false,
+                begun: true,
+            });
+        }
+        // One there already (or the answer lost): it is the one to answer.
+        let Some(there) = self.tombstone_item(openid).await? else {
+            return Err(StoreError::Unavailable(
+                "an erasure's tombstone could not be written".into(),
+            ));
+        };
+        Ok(Erasure {
+            state: there.tombstone()?.state,
+            deleted: there.deleted,
+            stalled: false,
+            begun: false,
+        })
+    }
+
+    /// A request with a token issued at `issued_at` after `openid`'s erasure was done:
+    /// the user came back, and their data is stored again.
+    pub async fn reopen(&self, openid: &OpenId, tombstone: &Tombstone) -> Result<(), StoreError> {
+        let pk = tombstone_pk(&self.subject(openid));
+        let update = reopened(&self.table, &pk, tombstone.erased_at.timestamp_millis())?;
+        // Lost to another request reopening it: the same.
+        self.transact(vec![TransactWriteItem::builder().update(update).build()])
+            .await?;
+        Ok(())
+    }
+
+    /// One bounded step of `openid`'s pending erasure (see the module docs).
+    pub async fn erase_step(
+        &self,
+        openid: &OpenId,
+        now: DateTime<Utc>,
+    ) -> Result<Erasure, StoreError> {
+        let Some(item) = self.tombstone_item(openid).await? else {
+            return Err(StoreError::Corrupt(
+                "an erasure step with no tombstone".into(),
+            ));
+        };
+        self.step(item, openid, now).await
+    }
+
+    /// A pending erasure's due entry, from the dispatcher's tick.
+    pub async fn erase_due(
+        &self,
+        due: &DueItem,
+        now: DateTime<Utc>,
+    ) -> Result<Erasure, StoreError> {
+        let Some(item) = self.get(&due.pk, &due.sk).await? else {
+            return Ok(Erasure {
+                state: ErasureState::Done,
+                deleted: 0,
+                stalled: false,
+                begun: false,
+            });
+        };
+        let item = TombstoneItem::read(item)?;
+        let Some(openid) = item.openid.clone() else {
+            return Ok(Erasure {
+                state: ErasureState::Done,
+                deleted: item.deleted,
+                stalled: false,
+                begun: false,
+            });
+        };
+        let openid = OpenId::parse(openid)
+            .map_err(|_| StoreError::Corrupt(format!("tombstone {}: openid", item.pk)))?;
+        self.step(item, &openid, now).await
+    }
+
+    async fn step(
+        &self,
+        item: TombstoneItem,
+        openid: &OpenId,
+        now: DateTime<Utc>,
+    ) -> Result<Erasure, StoreError> {
+        let tombstone = item.tombstone()?;
+        if tombstone.state == ErasureState::Done {
+            return Ok(Erasure {
+                state: ErasureState::Done,
+                deleted: item.deleted,
+                stalled: false,
+                begun: false,
+            });
+        }
+        let pk = user_pk(openid);
+        let started = tombstone.erased_at;
+        let mut pass = item.pass();
+        let mut deleted = 0u64;
+        let outcome = loop {
+            let prefixes: Vec<Option<&str>> = match pass {
+                Pass::Due => DUE_PREFIXES.iter().map(|p| Some(*p)).collect(),
+                Pass::Rest => vec![None],
+            };
+            let (mut in_flight, mut more) = (0, false);
+            for prefix in prefixes {
+                let room = STEP_ITEMS.saturating_sub(usize::try_from(deleted).unwrap_or(0));
+                let (keys, kept, left) = self.page(&pk, prefix, room, started, now).await?;
+                in_flight += kept;
+                more |= left;
+                deleted += u64::try_from(keys.len()).unwrap_or(0);
+                self.delete_keys(keys).await?;
+            }
+            let (next, answer) = progress(pass, in_flight, more, now);
+            pass = next;
+            let spent = usize::try_from(deleted).unwrap_or(usize::MAX) >= STEP_ITEMS;
+            match answer {
+                // The due pass done: the rest at once, if this step has room.
+                Progress::More if !spent && !more => continue,
+                answer => break answer,
+            }
+        };
+        let erased_at = started.timestamp_millis();
+        let empty_since = item.empty_since.and_then(DateTime::from_timestamp_millis);
+        let (state, update) = match next(outcome, deleted, empty_since, now) {
+            Next::Done => (
+                ErasureState::Done,
+                finished(&self.table, &item.pk, erased_at, deleted, now)?,
+            ),
+            Next::Step { due, empty_since } => (
+                ErasureState::Pending,
+                stepped(
+                    &self.table,
+                    &item.pk,
+                    erased_at,
+                    pass,
+                    deleted,
+                    due,
+                    empty_since,
+                )?,
+            ),
+        };
+        // Lost to a racing step: its record stands, and this step's deletes are done.
+        self.transact(vec![TransactWriteItem::builder().update(update).build()])
+            .await?;
+        if state == ErasureState::Done {
+            tracing::info!(deleted = item.deleted + deleted, "an erasure is done");
+        }
+        let stalled =
+            state == ErasureState::Pending && crate::domain::erasure::stalled(started, now);
+        if stalled {
+            tracing::error!(
+                deleted = item.deleted + deleted,
+                "an erasure is still pending an hour after it began (ErasuresStalled)"
+            );
+        }
+        Ok(Erasure {
+            state,
+            deleted: item.deleted + deleted,
+            stalled,
+            begun: false,
+        })
+    }
+
+    /// The keys of up to `room` items of the user's partition (those whose sort key
+    /// begins with `prefix`) to delete, how many were kept for a send in flight, and
+    /// whether more may follow.
+    async fn page(
+        &self,
+        pk: &str,
+        prefix: Option<&str>,
+        room: usize,
+        started: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<Item>, usize, bool), StoreError> {
+        let mut keys = Vec::new();
+        let mut kept = 0;
+        let mut from: Option<Item> = None;
+        loop {
+            if keys.len() >= room {
+                return Ok((keys, kept, true));
+            }
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .limit(PAGE)
+                .projection_expression("pk, sk, #state")
+                .expression_attribute_names("#state", "state")
+                .expression_attribute_values(":pk", AttributeValue::S(pk.to_string()))
+                .set_exclusive_start_key(from.take());
+            query = match prefix {
+                Some(prefix) => query
+                    .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                    .expression_attribute_values(":prefix", AttributeValue::S(prefix.into())),
+                None => query.key_condition_expression("pk = :pk"),
+            };
+            let out = query
+                .send()
+                .await
+                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            for found in out.items() {
+                let Some(sk) = text(found, "sk") else {
+                    continue;
+                };
+                match disposition(text(found, "state"), started, now) {
+                    Disposition::InFlight => kept += 1,
+                    Disposition::Delete => keys.push(key(pk, sk)),
+                }
+            }
+            match out.last_evaluated_key() {
+                Some(last) if keys.len() < room => from = Some(last.clone()),
+                Some(_) => return Ok((keys, kept, true)),
+                None => return Ok((keys, kept, false)),
+            }
+        }
+    }
+
+    /// Deletes `keys`, 25 to a batch, retrying what DynamoDB leaves unprocessed.
+    async fn delete_keys(&self, keys: Vec<Item>) -> Result<(), StoreError> {
+        for chunk in keys.chunks(BATCH) {
+            let requests: Vec<WriteRequest> = chunk
+                .iter()
+                .map(|k| {
+                    DeleteRequest::builder()
+                        .set_key(Some(k.clone()))
+                        .build()
+                        .map(|delete| WriteRequest::builder().delete_request(delete).build())
+                        .map_err(|e| StoreError::Sdk(Box::new(e)))
+                })
+                .collect::<Result<_, _>>()?;
+            let (done, _) = retry_carrying(
+                "erase",
+                Tries::Times(MAX_WRITE_ATTEMPTS),
+                requests,
+                |pending: Vec<WriteRequest>| async move {
+                    let sent = self
+                        .client
+                        .batch_write_item()
+                        .request_items(&self.table, pending.clone())
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(out) => {
+                            let left: Vec<WriteRequest> = out
+                                .unprocessed_items()
+                                .and_then(|u| u.get(&self.table))
+                                .cloned()
+                                .unwrap_or_default();
+                            if left.is_empty() {
+                                (Ok(Attempt::Done(())), left)
+                            } else {
+                                (Ok(Attempt::Retry), left)
+                            }
+                        }
+                        Err(e) => (Err(classify_sdk_error(e, |_| false)), pending),
+                    }
+                },
+            )
+            .await;
+            done?;
+        }
+        Ok(())
+    }
+}

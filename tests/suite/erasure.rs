@@ -1,0 +1,381 @@
+//! Forgetting a user (`DELETE /v1/me`, WeChat's authorisation events): once the
+//! erasure is done, no item in the whole table contains the openid, nothing of theirs
+//! goes out, tokens from before it are refused, nothing sent for them is stored, and a
+//! new sign-in starts an empty account.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::Duration;
+use onegrant_tests::{ORDER, TestApp, User, WATER, attr_s, spawn_app};
+use serde_json::{Value, json};
+
+use crate::callback::{crypto, hit, now, sealed};
+use crate::scheduled::{at, scheduled};
+
+/// Whether any attribute of `value`, at any depth, contains `needle`.
+fn contains(value: &AttributeValue, needle: &str) -> bool {
+    match value {
+        AttributeValue::S(s) | AttributeValue::N(s) => s.contains(needle),
+        AttributeValue::Ss(list) | AttributeValue::Ns(list) => {
+            list.iter().any(|s| s.contains(needle))
+        }
+        AttributeValue::L(list) => list.iter().any(|v| contains(v, needle)),
+        AttributeValue::M(map) => map
+            .iter()
+            .any(|(k, v)| k.contains(needle) || contains(v, needle)),
+        AttributeValue::B(bytes) => String::from_utf8_lossy(bytes.as_ref()).contains(needle),
+        _ => false,
+    }
+}
+
+/// Every item of the whole table that contains `openid` anywhere.
+async fn naming(
+    app: &TestApp,
+    openid: &str,
+) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+    app.items()
+        .await
+        .into_iter()
+        .filter(|item| {
+            item.iter()
+                .any(|(k, v)| k.contains(openid) || contains(v, openid))
+        })
+        .collect()
+}
+
+async fn tombstones(app: &TestApp) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+    app.items()
+        .await
+        .into_iter()
+        .filter(|i| attr_s(i, "kind") == Some("tombstone"))
+        .collect()
+}
+
+/// A user with something of every kind: grants of two templates, an enabled plan, a
+/// check-in, notifications (one with a push waiting, one scheduled ahead) and
+/// preferences.
+async fn busy_user(app: &TestApp, name: &str) -> User {
+    let user = app.scheduled_user(name, 2).await;
+    app.accept(&user, ORDER, &format!("wr_{name}_order")).await;
+    app.control(
+        "POST",
+        "quota",
+        Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
+    )
+    .await;
+    let checkin = app
+        .post(
+            "/v1/reminders/water/checkins",
+            Some(&user.token),
+            &json!({"action_id": format!("wc_{name}"), "grant_request_id": format!("wr_{name}_c"),
+                    "subscription_status": "accept", "occurred_at": app.now().to_rfc3339(),
+                    "current_count": 1, "daily_goal": 8}),
+        )
+        .await;
+    assert_eq!(checkin.status, 200, "{}", checkin.body);
+    let now = app
+        .notify(scheduled(&user, &format!("{name}-now"), json!({})))
+        .await;
+    assert_eq!(now["status"], "created", "{now}");
+    let later = app.now() + Duration::hours(1);
+    let ahead = app
+        .notify(scheduled(
+            &user,
+            &format!("{name}-later"),
+            json!({"send_at": at(later)}),
+        ))
+        .await;
+    assert_eq!(ahead["status"], "created", "{ahead}");
+    let prefs = app
+        .call(
+            "PUT",
+            "/v1/preferences",
+            Some(&user.token),
+            Some(br#"{"quiet_hours": null, "muted_types": ["marketing"]}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(prefs.status, 200, "{}", prefs.body);
+    assert!(!naming(app, &user.openid).await.is_empty());
+    user
+}
+
+async fn erase(app: &TestApp, token: &str) -> Value {
+    let answer = app.call("DELETE", "/v1/me", Some(token), None).await;
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    answer.body
+}
+
+#[tokio::test]
+async fn a_user_who_asks_is_forgotten_and_nothing_of_theirs_comes_back() {
+    let app = spawn_app().await;
+    app.move_to_china_midday();
+    let alice = busy_user(&app, "alice").await;
+    let bob = busy_user(&app, "bob").await;
+    let bobs_items = naming(&app, &bob.openid).await.len();
+
+    // Begun: the first step at once; done only once the partition has stayed empty
+    // past any write admitted before it (two minutes).
+    assert_eq!(
+        erase(&app, &alice.token).await,
+        json!({"erasure": "pending"})
+    );
+    // Asked again with the same token: the same erasure.
+    assert_eq!(
+        erase(&app, &alice.token).await,
+        json!({"erasure": "pending"})
+    );
+    assert_eq!(tombstones(&app).await.len(), 1);
+
+    // From now on her old token opens nothing, and changes nothing.
+    for path in [
+        "/v1/notifications",
+        "/v1/grants",
+        "/v1/preferences",
+        "/v1/reminders/water",
+    ] {
+        assert_eq!(
+            app.get(path, Some(&alice.token)).await.status,
+            401,
+            "{path}"
+        );
+    }
+    let replay = app
+        .post(
+            "/v1/grants",
+            Some(&alice.token),
+            &json!({"request_id": "wr_alice_order", "results": {ORDER: "accept"}}),
+        )
+        .await;
+    assert_eq!(replay.status, 401, "{}", replay.body);
+    // A publisher's event for her stores nothing.
+    let event = app
+        .notify(scheduled(&alice, "alice-after", json!({})))
+        .await;
+    assert_eq!(event, json!({"status": "erased"}));
+
+    // The dispatcher carries it on to the end; her scheduled push never goes out.
+    app.tick(30).await;
+    assert!(tombstones(&app).await[0].contains_key("empty_since"));
+    app.advance(std::time::Duration::from_secs(121));
+    let ticks = app.ticks_until(|s| s.erasures_done >= 1).await;
+    assert_eq!(ticks.erasures_done, 1, "{ticks:?}");
+    assert_eq!(erase(&app, &alice.token).await, json!({"erasure": "done"}));
+    let left = naming(&app, &alice.openid).await;
+    assert!(left.is_empty(), "items still naming her: {left:?}");
+    let tombstone = tombstones(&app).await;
+    assert_eq!(attr_s(&tombstone[0], "state"), Some("done"));
+    assert_eq!(attr_s(&tombstone[0], "cause"), Some("request"));
+    // (His push went out meanwhile: a delivery more.)
+    assert!(
+        naming(&app, &bob.openid).await.len() >= bobs_items,
+        "bob untouched"
+    );
+    assert!(app.item(&bob, "PLAN#water").await.is_some());
+    app.advance(std::time::Duration::from_secs(2 * 3600));
+    app.ticks_until(|_| false).await;
+    let to_her = app
+        .deliveries()
+        .await
+        .into_iter()
+        .filter(|d| d.to_string().contains(&alice.openid))
+        .count();
+    assert_eq!(to_her, 0, "nothing reached WeChat for her");
+    assert!(naming(&app, &alice.openid).await.is_empty());
+
+    // Signed in again: an empty account, and her data is stored again.
+    let again = app.user("alice").await;
+    assert_eq!(again.openid, alice.openid);
+    let notes = app.get("/v1/notifications", Some(&again.token)).await;
+    assert_eq!(notes.status, 200, "{}", notes.body);
+    assert_eq!(notes.body["items"], json!([]));
+    let grants = app.get("/v1/grants", Some(&again.token)).await;
+    assert_eq!(grants.status, 200, "{}", grants.body);
+    assert!(
+        !grants.body.to_string().contains("\"accepted\":1"),
+        "no grant of before: {}",
+        grants.body
+    );
+    assert_eq!(
+        app.get("/v1/notifications", Some(&alice.token))
+            .await
+            .status,
+        401
+    );
+    let event = app.notify(scheduled(&alice, "alice-back", json!({}))).await;
+    assert_eq!(event["status"], "created", "{event}");
+}
+
+#[tokio::test]
+async fn wechat_saying_the_user_closed_their_account_forgets_them() {
+    // (On the real clock: WeChat's timestamps are checked against it.)
+    let app = crate::callback::safe_json_app().await;
+    let user = busy_user(&app, "carol").await;
+    let c = crypto();
+    let event = json!({"ToUserName": "gh_123456789abc", "FromUserName": "o_wechat_platform",
+        "CreateTime": now(), "MsgType": "event", "Event": "user_authorization_cancellation",
+        " OpenID": user.openid, "AppID": onegrant_local::stack::LOCAL_APPID, "RevokeInfo": "1"})
+    .to_string();
+    let ts = now();
+    let (query, body) = sealed(&c, &c, &event, &ts, "e1");
+    assert_eq!(
+        hit(&app, "POST", &query, Some(body)).await,
+        (200, "success".into())
+    );
+    // WeChat's retry (a new nonce) begins nothing more.
+    let (retry, retry_body) = sealed(&c, &c, &event, &ts, "e2");
+    assert_eq!(hit(&app, "POST", &retry, Some(retry_body)).await.0, 200);
+    let tombstone = tombstones(&app).await;
+    assert_eq!(tombstone.len(), 1);
+    assert_eq!(attr_s(&tombstone[0], "cause"), Some("account_closed"));
+    assert_eq!(
+        app.get("/v1/notifications", Some(&user.token)).await.status,
+        401
+    );
+
+    // The first tick deletes everything — her push, due now, is claimed by no lane: a
+    // claim loses to the erasure begun — and it is done once it stayed empty for two
+    // minutes.
+    let first = app.tick(30).await;
+    let to_her = app
+        .deliveries()
+        .await
+        .into_iter()
+        .filter(|d| d.to_string().contains(&user.openid))
+        .count();
+    assert_eq!(to_her, 0, "nothing sent once the erasure began: {first:?}");
+    assert_eq!(
+        (first.erasure_steps, first.erasures_done),
+        (1, 0),
+        "{first:?}"
+    );
+    app.advance(std::time::Duration::from_secs(121));
+    let ticks = app.ticks_until(|s| s.erasures_done >= 1).await;
+    assert_eq!(ticks.erasures_done, 1, "{ticks:?}");
+    let left = naming(&app, &user.openid).await;
+    assert!(left.is_empty(), "items still naming her: {left:?}");
+    // Her later events are not recorded.
+    let popup = json!({"ToUserName": "gh_123456789abc", "FromUserName": user.openid,
+        "CreateTime": now(), "MsgType": "event", "Event": "subscribe_msg_popup_event",
+        "List": [{"TemplateId": WATER, "SubscribeStatusString": "accept", "PopupScene": "0"}]})
+    .to_string();
+    let (query, body) = sealed(&c, &c, &popup, &now(), "e3");
+    assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
+    assert!(naming(&app, &user.openid).await.is_empty());
+
+    // She comes back; her old token (still within its lifetime) cannot begin another
+    // erasure of the new account.
+    let again = app.user("carol").await;
+    assert_eq!(
+        app.get("/v1/notifications", Some(&again.token))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(erase(&app, &user.token).await, json!({"erasure": "done"}));
+    let tombstone = tombstones(&app).await;
+    assert_eq!(attr_s(&tombstone[0], "state"), Some("done"));
+    assert_eq!(
+        tombstone[0].get("reopened"),
+        Some(&AttributeValue::Bool(true))
+    );
+    assert_eq!(
+        app.get("/v1/notifications", Some(&again.token))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn an_erasure_without_a_token_or_with_a_bad_one_changes_nothing() {
+    let app = spawn_app().await;
+    let user = app.user("dave").await;
+    let before = app.items().await.len();
+    for token in [None, Some("not-a-token"), Some("Bearer x.y.z")] {
+        let answer = app.call("DELETE", "/v1/me", token, None).await;
+        assert_eq!(answer.status, 401, "{token:?}: {}", answer.body);
+    }
+    assert_eq!(app.items().await.len(), before, "nothing stored");
+    assert!(tombstones(&app).await.is_empty());
+    assert_eq!(
+        app.get("/v1/notifications", Some(&user.token)).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_long_history_is_erased_in_bounded_steps_across_ticks() {
+    const ITEMS: usize = 1_234;
+    const STEP: u64 = 500;
+    let app = spawn_app().await;
+    let user = app.user("hana").await;
+    // A long inbox, written straight to the table.
+    let notes = (0..ITEMS)
+        .map(|i| {
+            std::collections::HashMap::from([
+                (
+                    "pk".to_string(),
+                    AttributeValue::S(format!("USER#{}", user.openid)),
+                ),
+                ("sk".to_string(), AttributeValue::S(format!("NOTE#{i:06}"))),
+                ("kind".to_string(), AttributeValue::S("note".into())),
+                ("title".to_string(), AttributeValue::S("喝水".into())),
+            ])
+        })
+        .collect();
+    app.put_items(notes).await;
+    assert_eq!(naming(&app, &user.openid).await.len(), ITEMS);
+    app.round_trips.take_items_read();
+
+    // The request's own step: at most a step's items read and deleted.
+    assert_eq!(
+        erase(&app, &user.token).await,
+        json!({"erasure": "pending"})
+    );
+    let read = app.round_trips.take_items_read();
+    assert!(read <= STEP + 5, "the first step read {read} items");
+    // (The pending tombstone names the user too, for its steps, until it is done.)
+    let pk = format!("USER#{}", user.openid);
+    let left = naming(&app, &user.openid)
+        .await
+        .iter()
+        .filter(|i| attr_s(i, "pk") == Some(pk.as_str()))
+        .count();
+    assert_eq!(left as u64, ITEMS as u64 - STEP, "one step's worth deleted");
+
+    // The rest, bounded steps, however long the history; then one that finds the
+    // partition stayed empty.
+    app.round_trips.take_items_read();
+    let mut steps = 0;
+    let mut done = 0;
+    for round in 0..12 {
+        if round > 0 && steps > 0 && done == 0 {
+            app.advance(std::time::Duration::from_secs(121));
+        }
+        let tick = app.tick(30).await;
+        let read = app.round_trips.take_items_read();
+        let bound = u64::from(tick.erasure_steps) * (STEP + 5) + 20;
+        assert!(
+            read <= bound,
+            "a tick of {} steps read {read} items",
+            tick.erasure_steps
+        );
+        steps += tick.erasure_steps;
+        done += tick.erasures_done;
+        if done == 1 {
+            break;
+        }
+    }
+    assert_eq!(done, 1);
+    assert_eq!(
+        steps, 3,
+        "two steps that delete 734 items, one that finds it stayed empty"
+    );
+    assert!(naming(&app, &user.openid).await.is_empty());
+    let tombstone = tombstones(&app).await;
+    assert_eq!(attr_s(&tombstone[0], "state"), Some("done"));
+    assert_eq!(
+        onegrant_tests::attr_n(&tombstone[0], "deleted"),
+        Some(ITEMS as i64),
+        "every item counted"
+    );
+}
