@@ -558,7 +558,7 @@ def reads_origin_secret(stack, name):
 def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     header = next(
         line.split('"')[1]
-        for line in (ROOT / "shared" / "src" / "http.rs").read_text().splitlines()
+        for line in (ROOT / "shared" / "src" / "http" / "mod.rs").read_text().splitlines()
         if line.startswith("pub const ORIGIN_HEADER")
     )
     without = Stack(PUSH)
