@@ -43,6 +43,17 @@ const inbox = {
     return this.call('PUT', '/v1/preferences', preferences);
   },
 
+  /** A copy of the user's data (`GET /v1/me/export`), every page followed: the items
+   *  (each with its `kind` and `sk`) in the server's order. Each page is a read call. */
+  exportData() {
+    const items = [];
+    const page = (cursor, left) => this.call('GET', `/v1/me/export${query({ cursor })}`).then((answer) => {
+      items.push(...answer.items);
+      return answer.next_cursor && left > 0 ? page(answer.next_cursor, left - 1) : items;
+    });
+    return page(undefined, 10000);
+  },
+
   /** Forgets the user (`DELETE /v1/me`): the server's erasure begins and resolves with
    *  its state, `'pending'` (or `'done'` once over); this device then drops what it
    *  keeps of them — the session, the queue of unsent actions, the cache. The next call

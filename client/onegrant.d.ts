@@ -257,6 +257,8 @@ export class Client {
   /** Forgets the user on the server (`DELETE /v1/me`) and drops what this device keeps
    *  of them: resolves with the erasure's state. */
   erase(): Promise<'pending' | 'done'>;
+  /** A copy of the user's data (`GET /v1/me/export`), every page followed. */
+  exportData(): Promise<Array<{ kind: string; sk: string; [field: string]: unknown }>>;
 }
 
 export interface Preferences {

@@ -375,6 +375,10 @@ test('erase: the user is forgotten, the device drops its copy, the next call sta
   const { client } = page();
   await client.prefetch();
   await client.setPreferences({ quiet_hours: null, muted_types: ['marketing'] });
+  const copy = await client.exportData();
+  const prefs = copy.find((item) => item.kind === 'preferences');
+  assert.deepEqual(prefs && prefs.muted_types, ['marketing'], JSON.stringify(copy));
+  assert.ok(copy.every((item) => !('pk' in item)), 'no table plumbing');
   assert.equal(await client.erase(), 'pending');
   assert.deepEqual(client.cache().plans, {}, 'the cache dropped');
   // While the erasure runs nothing is stored for the user: a new session too is

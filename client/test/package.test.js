@@ -103,7 +103,7 @@ test('the typings declare exactly the client\'s public methods, and the codes th
     'prefetch', 'needsGrant', 'asks', 'subscriptionsSetting', 'standingOf', 'refreshSetting', 'cachedPlan',
     'cachedQuotas', 'getPlan', 'updatePlan', 'quotas', 'checkIn', 'requestGrants', 'flush', 'pendingCount',
     'droppedCount', 'configurationError', 'notifications', 'unreadCount', 'markRead', 'markAllRead',
-    'getPreferences', 'setPreferences', 'erase',
+    'getPreferences', 'setPreferences', 'erase', 'exportData',
   ];
   assert.deepEqual([...declared].sort(), [...PUBLIC].sort());
   // Every method of the client is either public (declared) or internal (listed here): a

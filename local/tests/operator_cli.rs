@@ -1,6 +1,8 @@
-//! `onegrant-erase`, the operator's way to forget a user, against a running local
-//! stack: the same erasure as `DELETE /v1/me` — the user's old token refused at once,
-//! their partition emptied — and its bad inputs refused with nothing changed.
+//! `onegrant-export` and `onegrant-erase`, the operator's ways to give a user a copy of
+//! their data and to forget them, against a running local stack: the same copy as
+//! `GET /v1/me/export`, the same erasure as `DELETE /v1/me` — the user's old token
+//! refused at once, their partition emptied — and bad inputs refused with nothing
+//! changed.
 
 mod common;
 
@@ -28,7 +30,11 @@ fn dynamodb(printed: &[String]) -> (String, String) {
 }
 
 fn erase(endpoint: &str, table: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_onegrant-erase"))
+    operator(env!("CARGO_BIN_EXE_onegrant-erase"), endpoint, table, args)
+}
+
+fn operator(bin: &str, endpoint: &str, table: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin)
         .args(args)
         .env("TABLE_NAME", table)
         .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
@@ -100,6 +106,29 @@ async fn an_operator_erases_a_user_by_openid() {
         }
     };
     assert!(partition(db.clone()).await > 0, "the user has items");
+
+    // A copy first: her preferences among the lines, no table plumbing.
+    let export = env!("CARGO_BIN_EXE_onegrant-export");
+    let (ok, printed) = operator(export, &endpoint, &table, &[&openid]);
+    assert!(ok, "{printed}");
+    let lines: Vec<Value> = printed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let prefs = lines
+        .iter()
+        .find(|l| l["kind"] == "preferences")
+        .expect("her preferences");
+    assert_eq!(prefs["muted_types"], json!(["marketing"]));
+    assert!(lines.iter().all(|l| l.get("pk").is_none()), "{printed}");
+    for args in [
+        vec![],
+        vec!["not an openid#"],
+        vec![openid.as_str(), "--what"],
+    ] {
+        let (ok, printed) = operator(export, &endpoint, &table, &args);
+        assert!(!ok, "{args:?}: {printed}");
+    }
 
     // Bad inputs: refused, nothing changed.
     for args in [

@@ -309,20 +309,7 @@ async fn a_long_history_is_erased_in_bounded_steps_across_ticks() {
     let app = spawn_app().await;
     let user = app.user("hana").await;
     // A long inbox, written straight to the table.
-    let notes = (0..ITEMS)
-        .map(|i| {
-            std::collections::HashMap::from([
-                (
-                    "pk".to_string(),
-                    AttributeValue::S(format!("USER#{}", user.openid)),
-                ),
-                ("sk".to_string(), AttributeValue::S(format!("NOTE#{i:06}"))),
-                ("kind".to_string(), AttributeValue::S("note".into())),
-                ("title".to_string(), AttributeValue::S("喝水".into())),
-            ])
-        })
-        .collect();
-    app.put_items(notes).await;
+    app.put_notes(&user, ITEMS).await;
     assert_eq!(naming(&app, &user.openid).await.len(), ITEMS);
     app.round_trips.take_items_read();
 
@@ -378,4 +365,98 @@ async fn a_long_history_is_erased_in_bounded_steps_across_ticks() {
         Some(ITEMS as i64),
         "every item counted"
     );
+}
+
+#[tokio::test]
+async fn a_user_gets_a_copy_of_their_data_a_bounded_page_at_a_time() {
+    let app = spawn_app().await;
+    app.move_to_china_midday();
+    let user = busy_user(&app, "ivy").await;
+    let pk = format!("USER#{}", user.openid);
+    app.put_notes(&user, 230).await;
+    let stored: std::collections::BTreeSet<String> = app
+        .items()
+        .await
+        .iter()
+        .filter(|i| attr_s(i, "pk") == Some(pk.as_str()))
+        .filter_map(|i| attr_s(i, "sk").map(str::to_string))
+        .collect();
+
+    let mut copy: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            None => "/v1/me/export".to_string(),
+            Some(c) => format!("/v1/me/export?cursor={c}"),
+        };
+        app.round_trips.take_items_read();
+        let answer = app.get(&path, Some(&user.token)).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let read = app.round_trips.take_items_read();
+        let items = answer.body["items"].as_array().cloned().unwrap_or_default();
+        assert!(
+            items.len() <= 100 && read <= 101,
+            "a page of {} read {read}",
+            items.len()
+        );
+        copy.extend(items);
+        pages += 1;
+        match answer.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+        assert!(pages < 10, "the export ends");
+    }
+    assert!(pages >= 3, "{pages} pages");
+    let exported: std::collections::BTreeSet<String> = copy
+        .iter()
+        .filter_map(|i| i["sk"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        stored.is_subset(&exported),
+        "every item of hers is in the copy"
+    );
+    let kinds: std::collections::BTreeSet<&str> =
+        copy.iter().filter_map(|i| i["kind"].as_str()).collect();
+    for kind in [
+        "quota",
+        "grant",
+        "plan",
+        "action",
+        "note",
+        "outbox",
+        "scheduled",
+        "preferences",
+        "history",
+    ] {
+        assert!(kinds.contains(kind), "{kind} in {kinds:?}");
+    }
+    for item in &copy {
+        for plumbing in ["pk", "due_pk", "lease_pk", "pending_pk", "pending_sk"] {
+            assert!(item.get(plumbing).is_none(), "{plumbing} in {item}");
+        }
+    }
+
+    // Bad cursors: refused, nothing read or counted.
+    for bad in [
+        "abc",
+        "x1.!!",
+        "n1.1700000000000aaaaaaaaaaaa",
+        "x1.",
+        "x1.a",
+    ] {
+        app.round_trips.take();
+        let answer = app
+            .get(&format!("/v1/me/export?cursor={bad}"), Some(&user.token))
+            .await;
+        assert_eq!(
+            (answer.status, answer.body["error"]["code"].as_str()),
+            (400, Some("invalid_query")),
+            "{bad}: {}",
+            answer.body
+        );
+        assert_eq!(app.round_trips.take(), Vec::<String>::new(), "{bad}");
+    }
+    assert_eq!(app.get("/v1/me/export", None).await.status, 401);
 }

@@ -306,6 +306,23 @@ impl TestApp {
             .await?;
         attr_s(&grant, "state").map(str::to_string)
     }
+    /// `n` notifications of `user`'s, bare (a sort key, a kind, a title), written
+    /// straight to the table: a long history.
+    pub async fn put_notes(&self, user: &User, n: usize) {
+        let pk = format!("USER#{}", user.openid);
+        let notes = (0..n)
+            .map(|i| {
+                HashMap::from([
+                    ("pk".to_string(), AttributeValue::S(pk.clone())),
+                    ("sk".to_string(), AttributeValue::S(format!("NOTE#{i:06}"))),
+                    ("kind".to_string(), AttributeValue::S("note".into())),
+                    ("title".to_string(), AttributeValue::S("喝水".into())),
+                ])
+            })
+            .collect();
+        self.put_items(notes).await;
+    }
+
     /// Writes `items` straight to the table (25 to a batch): a long history set up
     /// without the API.
     pub async fn put_items(&self, items: Vec<HashMap<String, AttributeValue>>) {

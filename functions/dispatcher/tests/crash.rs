@@ -1,7 +1,8 @@
 //! Crash injection: a dispatcher process killed (SIGKILL) after the claim, after the
 //! send before the finalize, and during the finalize. After the lease, one sweep leaves
 //! every delivery terminal (`unknown` where the outcome is uncertain), its plan paused,
-//! its grant invalid — and nothing is ever resent.
+//! its grant invalid — and nothing is ever resent. And one killed in the middle of a
+//! user's erasure: the next tick carries it on to the end.
 
 use std::os::unix::process::ExitStatusExt;
 
@@ -268,4 +269,66 @@ async fn a_dispatcher_killed_before_waking_a_push_beside_a_grant_given_back_leav
     let deliveries = app.deliveries().await;
     assert_eq!(deliveries.len(), 3, "one delivery a round: {deliveries:?}");
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// A dispatcher process killed in the middle of an erasure's step (after its first
+/// batch of deletes, before the step is recorded): the erasure stays pending and due,
+/// and the next ticks finish it — no item naming the user is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_killed_in_the_middle_of_an_erasure_leaves_it_for_the_next_tick() {
+    use onegrant::domain::OpenId;
+    use onegrant::domain::erasure::ErasureCause;
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.user("zoe").await;
+    let pk = format!("USER#{}", user.openid);
+    app.put_notes(&user, 300).await;
+    let openid = OpenId::parse(user.openid.clone()).expect("openid");
+    app.deps
+        .store
+        .start_erasure(&openid, ErasureCause::Operator, app.now())
+        .await
+        .expect("begun");
+    let left = || async {
+        app.items()
+            .await
+            .iter()
+            .filter(|i| attr_s(i, "pk") == Some(pk.as_str()))
+            .count()
+    };
+    let status = app
+        .dispatcher_process(
+            env!("CARGO_BIN_EXE_dispatch-once"),
+            &[
+                ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+                ("DISPATCH_ONCE_SECONDS", "30"),
+                ("ONEGRANT_FAILPOINT", "erase_batch"),
+            ],
+        )
+        .status()
+        .expect("dispatch-once runs");
+    assert_eq!(status.signal(), Some(9), "killed mid-step ({status})");
+    app.emulator_quiet().await;
+    assert_eq!(left().await, 300 - 25, "one batch deleted before the kill");
+    let tombstone = app
+        .items()
+        .await
+        .into_iter()
+        .find(|i| attr_s(i, "kind") == Some("tombstone"))
+        .expect("the tombstone");
+    assert_eq!(attr_s(&tombstone, "state"), Some("pending"));
+
+    // Another container's ticks carry it on; done once the partition stayed empty.
+    let first = app.tick(30).await;
+    assert!(first.erasure_steps >= 1, "{first:?}");
+    assert_eq!(left().await, 0);
+    app.advance(std::time::Duration::from_secs(121));
+    let done = app.ticks_until(|s| s.erasures_done >= 1).await;
+    assert_eq!(done.erasures_done, 1, "{done:?}");
+    let naming = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| format!("{i:?}").contains(&user.openid))
+        .count();
+    assert_eq!(naming, 0, "no item names her");
 }

@@ -1,7 +1,7 @@
 //! The inbox API: `GET /v1/notifications`, `GET /v1/notifications/unread-count`,
 //! `POST /v1/notifications/{id}/read`, `POST /v1/notifications/read-all`, and the
-//! user's push preferences, `GET`/`PUT /v1/preferences`, and forgetting the user,
-//! `DELETE /v1/me`.
+//! user's push preferences, `GET`/`PUT /v1/preferences`, forgetting the user,
+//! `DELETE /v1/me`, and a copy of their data, `GET /v1/me/export`.
 //!
 //! Every query runs in the caller's own partition: a cursor holds only a position, and
 //! an id that is not the caller's answers 404 (I8).
@@ -41,6 +41,7 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
         (Method::GET, "/v1/preferences") => preferences(deps, &req).await,
         (Method::PUT, "/v1/preferences") => save_preferences(deps, &req).await,
         (Method::DELETE, "/v1/me") => erase_me(deps, &req).await,
+        (Method::GET, "/v1/me/export") => export(deps, &req).await,
         // API Gateway routes only the declared routes here.
         _ => Err(ApiError::NotFound),
     };
@@ -160,4 +161,26 @@ async fn erase_me(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError
         erasure = deps.store.erase_step(&openid, now).await?;
     }
     json_response(202, &json!({"erasure": erasure.state.as_str()}))
+}
+
+/// A copy of the caller's data (`domain::export`): one page of at most 100 items, and
+/// the cursor of the next (`null` at the end). Counted as a read.
+async fn export(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let caller = caller(req, &deps.sessions).await?;
+    let after = match req.query_string_parameters().first("cursor") {
+        None | Some("") => None,
+        Some(c) => Some(
+            onegrant::domain::export::decode_cursor(c)
+                .ok_or_else(|| bad_query("cursor is not one this API issued"))?,
+        ),
+    };
+    // Counted once the request is known good: a bad one reads and writes nothing.
+    let openid = caller.admitted(deps).await?;
+    deps.store.count_read(&openid, deps.clock.now()).await?;
+    let page = deps.store.export_page(&openid, after.as_deref()).await?;
+    let next = page
+        .next
+        .as_deref()
+        .map(onegrant::domain::export::encode_cursor);
+    json_response(200, &json!({"items": page.items, "next_cursor": next}))
 }

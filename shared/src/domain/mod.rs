@@ -7,6 +7,7 @@ pub mod callback;
 pub mod consent;
 pub mod dispatch;
 pub mod erasure;
+pub mod export;
 pub mod grants;
 pub mod ids;
 pub mod inbox;

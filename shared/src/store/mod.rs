@@ -28,6 +28,7 @@ pub mod callback;
 mod consent;
 pub mod dispatch;
 pub mod erasure;
+pub mod export;
 pub mod grants;
 pub mod inbox;
 mod items;
