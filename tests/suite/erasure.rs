@@ -460,3 +460,50 @@ async fn a_user_gets_a_copy_of_their_data_a_bounded_page_at_a_time() {
     }
     assert_eq!(app.get("/v1/me/export", None).await.status, 401);
 }
+
+#[tokio::test]
+async fn a_user_who_stops_using_the_mini_program_is_forgotten_after_the_configured_days() {
+    let app = onegrant_tests::spawn_app_with(&[("INACTIVE_USER_DAYS", "30")]).await;
+    app.move_to_china_midday();
+    let una = busy_user(&app, "una").await;
+    let bob = busy_user(&app, "bob").await;
+    let activity = app
+        .item(&una, "ACTIVE")
+        .await
+        .expect("her activity is kept");
+    assert!(
+        activity.contains_key("due_pk"),
+        "on the due index: {activity:?}"
+    );
+    // Twenty-nine days on, bob uses the mini-program; she does not. A day later nothing
+    // is due yet: thirty whole days have not passed for her.
+    app.advance(std::time::Duration::from_secs(29 * 86_400));
+    let seen = app.get("/v1/notifications", Some(&bob.token)).await;
+    assert_eq!(
+        seen.status, 401,
+        "his two-hour token has expired: {}",
+        seen.body
+    );
+    let bob = app.user("bob").await;
+    assert_eq!(
+        app.get("/v1/notifications", Some(&bob.token)).await.status,
+        200
+    );
+    app.ticks_until(|_| false).await;
+    assert!(tombstones(&app).await.is_empty(), "nobody forgotten yet");
+
+    // Past thirty whole days for her: her erasure begins, caused `inactive`.
+    app.advance(std::time::Duration::from_secs(2 * 86_400));
+    app.ticks_until(|s| s.erasure_steps >= 1).await;
+    let tombstone = tombstones(&app).await;
+    assert_eq!(tombstone.len(), 1, "only her: {tombstone:?}");
+    assert_eq!(attr_s(&tombstone[0], "cause"), Some("inactive"));
+    app.tick(30).await;
+    app.advance(std::time::Duration::from_secs(121));
+    let done = app.ticks_until(|s| s.erasures_done >= 1).await;
+    assert_eq!(done.erasures_done, 1, "{done:?}");
+    let left = naming(&app, &una.openid).await;
+    assert!(left.is_empty(), "items still naming her: {left:?}");
+    assert!(app.item(&bob, "ACTIVE").await.is_some(), "bob's data stays");
+    assert!(app.item(&bob, "PREFS").await.is_some());
+}

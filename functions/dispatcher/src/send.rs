@@ -72,6 +72,17 @@ pub(crate) async fn dispatch_one(
             stalled: erasure.stalled,
         });
     }
+    // A user inactive for INACTIVE_USER_DAYS: their erasure begun.
+    if item.is_inactivity() {
+        let erasure = deps.store.inactive_due(item, deps.clock.now()).await?;
+        if erasure.begun {
+            tracing::info!("an inactive user's erasure began");
+        }
+        return Ok(Dispatched::Erasure {
+            done: false,
+            stalled: false,
+        });
+    }
     let Some(openid) = item.openid() else {
         tracing::error!("due item outside any user partition taken off the due index");
         deps.store.quarantine_due(item, deps.clock.now()).await?;

@@ -43,6 +43,9 @@ pub struct Limits {
     /// has at once: past it an event's push is recorded `rejected`
     /// (`too_many_pending`), its notification stored all the same.
     pub pushes_pending_max: u32,
+    /// Days without a signed-in request after which a user is forgotten by the same
+    /// erasure as `DELETE /v1/me` (`domain::erasure`); 0: never.
+    pub inactive_user_days: u32,
 }
 
 /// How long each kind of finished item stays before DynamoDB's TTL removes it
@@ -96,6 +99,7 @@ impl Default for Limits {
             audit: true,
             pushes_per_day: None,
             pushes_pending_max: 1000,
+            inactive_user_days: 0,
         }
     }
 }

@@ -340,6 +340,12 @@ impl Config {
                 1..=10_000,
             )?)
             .unwrap_or(defaults.pushes_pending_max),
+            inactive_user_days: u32::try_from(number(
+                "INACTIVE_USER_DAYS",
+                u64::from(defaults.inactive_user_days),
+                0..=3650,
+            )?)
+            .unwrap_or(defaults.inactive_user_days),
             write_budget: Duration::from_millis(number(
                 "WRITE_BUDGET_MS",
                 u64::try_from(defaults.write_budget.as_millis()).unwrap_or(4000),

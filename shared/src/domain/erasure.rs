@@ -237,6 +237,28 @@ pub fn next(
     }
 }
 
+/// A user's activity is kept by the UTC day of their last signed-in request: the day
+/// of `now`.
+pub fn activity_day(now: DateTime<Utc>) -> chrono::NaiveDate {
+    now.date_naive()
+}
+
+/// When a user last active on `day` counts as inactive under `days` days (the start of
+/// the day `days` whole days after it), or None when inactivity never erases.
+pub fn inactive_from(day: chrono::NaiveDate, days: u32) -> Option<DateTime<Utc>> {
+    if days == 0 {
+        return None;
+    }
+    let start = day.checked_add_days(chrono::Days::new(u64::from(days) + 1))?;
+    Some(start.and_time(chrono::NaiveTime::MIN).and_utc())
+}
+
+/// Whether a request on `today` moves the user's activity on (at most once a day: a
+/// write a day per active user).
+pub fn moves_activity(kept: Option<chrono::NaiveDate>, today: chrono::NaiveDate) -> bool {
+    kept.is_none_or(|day| day < today)
+}
+
 /// How long a step waits for sends in flight before looking again.
 pub const FLIGHT_LOOK: Duration = Duration::seconds(60);
 
@@ -399,6 +421,17 @@ mod tests {
                 "{progress:?} {deleted} {empty_since:?}"
             );
         }
+    }
+
+    #[test]
+    fn inactivity_counts_whole_days_and_is_written_once_a_day() {
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 12, 6).expect("day");
+        assert_eq!(inactive_from(day, 0), None, "0: never");
+        assert_eq!(inactive_from(day, 30), Some(at("2027-01-06T00:00:00Z")));
+        assert_eq!(activity_day(at("2026-12-06T23:59:59Z")), day);
+        assert!(moves_activity(None, day));
+        assert!(moves_activity(day.pred_opt(), day));
+        assert!(!moves_activity(Some(day), day));
     }
 
     #[test]

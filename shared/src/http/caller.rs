@@ -36,10 +36,12 @@ impl Caller {
     /// The caller's openid, unless the user's erasure refuses the token: one issued
     /// before it began, or while it runs, is answered 401
     /// (`domain::erasure::Tombstone::admits_token`). The first request with a token
-    /// issued after it was done reopens the account. One strongly consistent read.
+    /// issued after it was done reopens the account. One strongly consistent read (two
+    /// at once, and a write a day, when inactivity erases: `INACTIVE_USER_DAYS`).
     pub async fn admitted(self, deps: &crate::Deps) -> Result<OpenId, ApiError> {
         let Caller { openid, issued_at } = self;
-        if let Some(tombstone) = deps.store.tombstone(&openid).await? {
+        let (tombstone, active) = deps.store.admission(&openid).await?;
+        if let Some(tombstone) = tombstone {
             if !tombstone.admits_token(issued_at) {
                 tracing::info!("a session token the user's erasure refuses");
                 return Err(ApiError::Unauthorized);
@@ -47,6 +49,16 @@ impl Caller {
             if tombstone.reopened_by(issued_at) {
                 deps.store.reopen(&openid, &tombstone).await?;
             }
+        }
+        // Their activity moved on, once a day, when inactivity erases.
+        let now = deps.clock.now();
+        if deps.store.limits().inactive_user_days > 0
+            && crate::domain::erasure::moves_activity(
+                active,
+                crate::domain::erasure::activity_day(now),
+            )
+        {
+            deps.store.touch_activity(&openid, now).await?;
         }
         Ok(openid)
     }

@@ -13,12 +13,14 @@ use crate::domain::erasure::{
     DUE_PREFIXES, Disposition, ErasureCause, ErasureState, Next, Pass, Progress, Tombstone,
     disposition, next, progress, subject,
 };
+use crate::domain::erasure::{activity_day, inactive_from};
 use crate::store::dispatch::DueItem;
+use crate::store::items::activity::{ACTIVITY_SK, off_due, touched};
 use crate::store::items::expr::Guarded;
 use crate::store::items::tombstone::{
     TOMBSTONE_SK, TombstoneItem, finished, not_erased, reopened, stepped, tombstone_pk,
 };
-use crate::store::items::{Item, key, text};
+use crate::store::items::{Item, key, number, text};
 use crate::store::keys::user_pk;
 use crate::store::tx::TxOutcome;
 use crate::store::{
@@ -84,6 +86,72 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// What admitting a request of `openid`'s reads: their tombstone, and — when
+    /// inactivity erases (`INACTIVE_USER_DAYS`) — the day of their last request (both
+    /// at once).
+    pub async fn admission(
+        &self,
+        openid: &OpenId,
+    ) -> Result<(Option<Tombstone>, Option<chrono::NaiveDate>), StoreError> {
+        if self.limits.inactive_user_days == 0 {
+            return Ok((self.tombstone(openid).await?, None));
+        }
+        let pk = user_pk(openid);
+        let (tombstone, activity) =
+            tokio::join!(self.tombstone(openid), self.get(&pk, ACTIVITY_SK));
+        let day = activity?
+            .as_ref()
+            .and_then(|item| text(item, "day"))
+            .and_then(|day| chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").ok());
+        Ok((tombstone?, day))
+    }
+
+    /// Moves `openid`'s activity to `now`'s day, when inactivity erases (lost to a
+    /// request of the same day: the same).
+    pub async fn touch_activity(
+        &self,
+        openid: &OpenId,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let today = activity_day(now);
+        let Some(due) = inactive_from(today, self.limits.inactive_user_days) else {
+            return Ok(());
+        };
+        let update = touched(&self.table, &user_pk(openid), today, due, self.shards)?;
+        self.transact(vec![TransactWriteItem::builder().update(update).build()])
+            .await?;
+        Ok(())
+    }
+
+    /// A user's activity come due (`DueItem::is_inactivity`): no request for
+    /// `INACTIVE_USER_DAYS`, so their erasure begins (caused `inactive`); the entry
+    /// leaves the index. One that moved on meanwhile (a request today) is left as it is.
+    pub async fn inactive_due(
+        &self,
+        due: &DueItem,
+        now: DateTime<Utc>,
+    ) -> Result<Erasure, StoreError> {
+        let still = match self.get(&due.pk, &due.sk).await? {
+            Some(item) => number(&item, "due_at") == Some(due.due_at.timestamp_millis()),
+            None => false,
+        };
+        let Some(openid) = due.openid().filter(|_| still) else {
+            return Ok(Erasure {
+                state: ErasureState::Pending,
+                deleted: 0,
+                stalled: false,
+                begun: false,
+            });
+        };
+        let erasure = self
+            .start_erasure(&openid, ErasureCause::Inactive, now)
+            .await?;
+        let off = off_due(&self.table, &due.pk, due.due_at.timestamp_millis())?;
+        self.transact(vec![TransactWriteItem::builder().update(off).build()])
+            .await?;
+        Ok(erasure)
     }
 
     /// `openid`'s tombstone, if an erasure ever began.

@@ -44,6 +44,12 @@ impl DueItem {
         self.sk == crate::store::items::tombstone::TOMBSTONE_SK && self.pk.starts_with("ERASED#")
     }
 
+    /// Whether it is a user's activity come due (no request for
+    /// `INACTIVE_USER_DAYS`), for [`Store::inactive_due`].
+    pub fn is_inactivity(&self) -> bool {
+        self.sk == crate::store::items::activity::ACTIVITY_SK && self.pk.starts_with("USER#")
+    }
+
     /// Whether it is a template's wake entry (a grant given while pushes of it wait),
     /// for [`Store::wake_due`] rather than a claim.
     pub fn is_wake(&self) -> bool {

@@ -13,6 +13,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 
+pub(crate) mod activity;
 pub(crate) mod event;
 pub(crate) mod expr;
 pub(crate) mod grant;
