@@ -407,7 +407,12 @@ fn seal_raw(mut plain: Vec<u8>) -> String {
 }
 
 /// A safe-mode XML push whose `Encrypt` is `encrypt`, signed by `signer`.
-fn sealed_xml(signer: &PushCrypto, encrypt: &str, ts: &str, nonce: &str) -> (String, String) {
+pub(crate) fn sealed_xml(
+    signer: &PushCrypto,
+    encrypt: &str,
+    ts: &str,
+    nonce: &str,
+) -> (String, String) {
     let signature = signer.msg_signature(ts, nonce, encrypt);
     (
         format!(

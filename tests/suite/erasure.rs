@@ -507,3 +507,82 @@ async fn a_user_who_stops_using_the_mini_program_is_forgotten_after_the_configur
     assert!(app.item(&bob, "ACTIVE").await.is_some(), "bob's data stays");
     assert!(app.item(&bob, "PREFS").await.is_some());
 }
+
+/// WeChat's revoke event as XML, for `openid`.
+fn revoke_xml(openid: &str, at: i64) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[gh_123456789abc]]></ToUserName>\
+         <FromUserName><![CDATA[o_wechat_platform]]></FromUserName>\
+         <CreateTime>{at}</CreateTime><MsgType><![CDATA[event]]></MsgType>\
+         <Event><![CDATA[user_authorization_revoke]]></Event>\
+         <OpenID><![CDATA[{openid}]]></OpenID><AppID><![CDATA[wx0000]]></AppID>\
+         <RevokeInfo><![CDATA[1]]></RevokeInfo></xml>"
+    )
+}
+
+#[tokio::test]
+async fn wechat_saying_the_user_withdrew_forgets_them_in_xml_and_never_on_a_plain_push() {
+    use crate::callback::{TOKEN, key, sealed_xml};
+    use onegrant::secrets::Secret;
+    use onegrant::wechat::push::PushCrypto;
+    // Safe mode, XML: the erasure begins, caused `authorization_revoked`.
+    let safe = onegrant_tests::spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
+        ("WECHAT_PUSH_AES_KEY", &key()),
+        ("WECHAT_PUSH_MODE", "safe"),
+        ("WECHAT_PUSH_FORMAT", "xml"),
+    ])
+    .await;
+    let user = safe.user("vera").await;
+    let c = crypto();
+    let ts = now();
+    let sealed = c.encrypt(&revoke_xml(&user.openid, safe.now().timestamp()), &[5; 16]);
+    let (query, body) = sealed_xml(&c, &sealed, &ts, "r1");
+    assert_eq!(
+        hit(&safe, "POST", &query, Some(body)).await,
+        (200, "success".into())
+    );
+    let tombstone = tombstones(&safe).await;
+    assert_eq!(
+        attr_s(&tombstone[0], "cause"),
+        Some("authorization_revoked")
+    );
+    assert_eq!(
+        safe.get("/v1/notifications", Some(&user.token))
+            .await
+            .status,
+        401
+    );
+
+    // Plain mode: its signature covers no body, so anyone holding one signed query could
+    // forge the event; acknowledged, never acted on.
+    let plain = onegrant_tests::spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
+        ("WECHAT_PUSH_MODE", "plain"),
+        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
+        ("WECHAT_PUSH_FORMAT", "xml"),
+    ])
+    .await;
+    let user = plain.user("walt").await;
+    let signer =
+        PushCrypto::signatures_only(Secret::new(TOKEN), onegrant_local::stack::LOCAL_APPID);
+    let query = format!(
+        "signature={}&timestamp={ts}&nonce=p1",
+        signer.signature(&ts, "p1")
+    );
+    let body = revoke_xml(&user.openid, plain.now().timestamp());
+    assert_eq!(
+        hit(&plain, "POST", &query, Some(body)).await,
+        (200, "success".into())
+    );
+    assert!(tombstones(&plain).await.is_empty(), "nothing begun");
+    assert_eq!(
+        plain
+            .get("/v1/notifications", Some(&user.token))
+            .await
+            .status,
+        200
+    );
+}
