@@ -149,6 +149,24 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     let answer = invoke(&app, "GrantsFunction", &event).await;
     assert_eq!(answer["statusCode"], 200, "{answer}");
 
+    // A copy of the user's data, then the user forgotten (last: the token then opens
+    // nothing).
+    for (sample, status, path) in [
+        ("inbox-export.json", 200, "/v1/me/export"),
+        ("inbox-erase.json", 202, "/v1/me"),
+    ] {
+        let mut event = sample_event(sample);
+        event["headers"]["authorization"] = json!(format!("Bearer {token}"));
+        let answer = invoke(&app, "InboxFunction", &event).await;
+        assert_eq!(answer["statusCode"], status, "{sample}: {answer}");
+        let body: Value =
+            serde_json::from_str(answer["body"].as_str().expect("body")).expect("JSON");
+        let method = event["requestContext"]["http"]["method"]
+            .as_str()
+            .unwrap_or("");
+        onegrant_tests::openapi::assert_conforms(method, path, status, &body);
+    }
+
     let missing = app
         .http
         .post(format!(
