@@ -9,6 +9,12 @@ ids and reminder kinds and the zone database's names filled in), so every reject
 a schema-valid request is a failure. scripts/fuzz_hooks.py leaves out the cases the
 contract refuses in words where a schema cannot say it (each named there).
 
+The publisher API's routes are fuzzed signed: schemathesis talks to a small proxy
+that passes every request through to the stack unchanged, but for a `/publisher/`
+request carrying the scheme's header, whose signature headers it replaces with the
+local publisher's over the exact bytes it forwards (one sent without it stays
+unsigned: schemathesis's own check that it is refused).
+
 One check is left out, on purpose: `unsupported_method` wants 405 for a method a path
 does not declare; API Gateway answers 404 for a route it does not have, and so does
 the local stack (the contract says so).
@@ -16,6 +22,10 @@ the local stack (the contract says so).
 Usage: .venv/bin/python scripts/fuzz.py target/debug/onegrant-local
 """
 
+import hashlib
+import hmac
+import http.client
+import http.server
 import json
 import os
 import re
@@ -23,7 +33,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
 
 MIN_CASES = 2000
@@ -37,6 +49,65 @@ def printed_port(printed, label):
     if match is None:
         raise SystemExit(f"fuzz: the local stack printed no {label} address")
     return int(match.group(1))
+
+
+# The local stack's default publisher (onegrant_local::stack::LOCAL_PUBLISHER).
+PUBLISHER = ("com.example.shop", b"local-publisher-secret")
+# Hop-by-hop headers, and the ones the forwarding connection sets itself.
+NOT_FORWARDED = {"host", "connection", "keep-alive", "transfer-encoding", "content-length"}
+
+
+def signing_proxy(api_port):
+    """A proxy on a free port passing every request to the API on `api_port` as it
+    came, signing `/publisher/` requests as the local publisher: (port, server)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def forward(self):
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length) if length else b""
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in NOT_FORWARDED}
+            path, _, query = self.path.partition("?")
+            # Signed in place of the key schemathesis sends (the `publisher` scheme's
+            # header); a request it sends without one (its auth checks) stays unsigned.
+            sent_a_key = any(k.lower() == "x-onegrant-signature" for k in headers)
+            if path.startswith("/publisher/") and sent_a_key:
+                headers = {k: v for k, v in headers.items() if not k.lower().startswith("x-onegrant-")}
+                timestamp = str(int(time.time()))
+                target = urllib.parse.unquote(path) + ("?" + query if query else "")
+                signed = f"{timestamp}.{self.command}.{target}.".encode() + body
+                digest = hmac.new(PUBLISHER[1], signed, hashlib.sha256).hexdigest()
+                headers["x-onegrant-publisher"] = PUBLISHER[0]
+                headers["x-onegrant-timestamp"] = timestamp
+                headers["x-onegrant-signature"] = "v1=" + digest
+            connection = http.client.HTTPConnection("127.0.0.1", api_port, timeout=60)
+            try:
+                connection.request(self.command, self.path, body=body or None, headers=headers)
+                answer = connection.getresponse()
+                payload = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in NOT_FORWARDED:
+                        self.send_header(name, value)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            finally:
+                connection.close()
+
+        def __getattr__(self, name):
+            # Every method, the odd ones schemathesis tries too (QUERY, …): passed on.
+            if name.startswith("do_"):
+                return self.forward
+            raise AttributeError(name)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1], server
 
 
 def call(method, url, body=None, token=None):
@@ -88,9 +159,10 @@ def main():
             json.dump(call("GET", f"{base}/openapi.json"), f)
             schema_path = f.name
         tool = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+        proxy_port, proxy = signing_proxy(api)
         command = [
             tool, "run", schema_path,
-            "--url", base,
+            "--url", f"http://127.0.0.1:{proxy_port}",
             "-H", f"Authorization: Bearer {token}",
             "--checks", "all",
             "--exclude-checks", "unsupported_method",
@@ -112,6 +184,8 @@ def main():
             raise SystemExit(f"fuzz: only {cases} cases generated, fewer than {MIN_CASES}")
         print(f"fuzz: {cases} cases, no failures")
     finally:
+        if "proxy" in locals():
+            proxy.shutdown()
         stack.send_signal(signal.SIGTERM)
         try:
             stack.wait(timeout=30)

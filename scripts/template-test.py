@@ -119,6 +119,20 @@ class Stack:
                 return str(one) in [str(v) for v in values]
             if key == "Condition":
                 return self.condition(arg)
+            if key in ("Fn::Join", "Fn::Split", "Fn::Select"):
+                resolved = [self.value(x) for x in arg]
+                if not all(isinstance(x, (str, int, list)) for x in resolved):
+                    return node
+                if key == "Fn::Join":
+                    delimiter, items = resolved
+                    # (A CommaDelimitedList parameter's Ref is held as its text.)
+                    items = items.split(",") if isinstance(items, str) else items
+                    return delimiter.join(str(x) for x in items)
+                if key == "Fn::Split":
+                    delimiter, text = resolved
+                    return text.split(delimiter)
+                index, items = resolved
+                return items[int(index)]
         return {
             k: v for k, v in ((k, self.value(v)) for k, v in node.items()) if v is not NO_VALUE
         }
@@ -162,11 +176,13 @@ def failed_rules(template, params):
     return failed
 
 
-def schedule_states(stack):
+def schedule_states(stack, function="DispatcherFunction"):
+    """The states of the schedules that invoke `function`."""
     return [
         rule["Properties"].get("State")
         for rule in stack.of_type("AWS::Events::Rule").values()
         if "ScheduleExpression" in rule["Properties"]
+        and any(function in json.dumps(t) for t in rule["Properties"].get("Targets", []))
     ]
 
 
@@ -184,6 +200,9 @@ def the_dispatcher_switch_turns_the_schedule_off():
     off = Stack({"DispatcherEnabled": "false"})
     assert schedule_states(off) == ["DISABLED"], schedule_states(off)
     assert not off.of_type("AWS::CloudWatch::Alarm").get("MissedTicksAlarm")
+    # The outcomes' own schedule runs either way: a paused dispatcher still tells what
+    # already happened.
+    assert schedule_states(off, "OutcomesFunction") == [None], schedule_states(off, "OutcomesFunction")
 
 
 @check
@@ -296,7 +315,7 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
         groups = stack.of_type("AWS::Logs::LogGroup")
         assert all(g["Properties"]["RetentionInDays"] == "30" for g in groups.values()), groups
         functions = stack.of_type("AWS::Lambda::Function")
-        assert len(functions) == (8 if callback else 7), sorted(functions)
+        assert len(functions) == (10 if callback else 9), sorted(functions)
         for name, fn in functions.items():
             logging_config = fn["Properties"]["LoggingConfig"]
             assert logging_config["LogFormat"] == "JSON", name
@@ -307,11 +326,14 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
         assert access["DestinationArn"] == {"Fn::GetAtt": ["ApiAccessLogGroup", "Arn"]}
         assert "$context.routeKey" in access["Format"] and "$context.status" in access["Format"]
         alarms = stack.of_type("AWS::CloudWatch::Alarm")
-        wanted = {"RateLimitedAlarm", "ApiClientErrorsAlarm", "NotifyRefusedAlarm", "ThrottlesAlarm"}
+        wanted = {
+            "RateLimitedAlarm", "ApiClientErrorsAlarm", "NotifyRefusedAlarm", "ThrottlesAlarm",
+            "PublisherRefusalsAlarm", "NotifyConflictsAlarm", "OutcomesDeadAlarm",
+        }
         assert wanted <= set(alarms), sorted(alarms)
         assert ("CallbackRefusedAlarm" in alarms) == callback
         throttled = alarms["ThrottlesAlarm"]["Properties"]["Metrics"]
-        assert len(throttled) == (8 if callback else 7), throttled
+        assert len(throttled) == (10 if callback else 9), throttled
     table = Stack({}).of_type("AWS::DynamoDB::Table")["Table"]["Properties"]
     assert "OnDemandThroughput" not in table
     capped = Stack({"TableMaxWriteUnits": "500"}).of_type("AWS::DynamoDB::Table")["Table"]
@@ -349,6 +371,57 @@ def readers(policy):
 
 
 @check
+def each_publisher_lane_pairs_a_source_with_its_accounts_only():
+    assert Stack({}).of_type("AWS::Events::EventBusPolicy") == {}
+    lanes = "com.example.shop=111122223333;444455556666,com.example.news=777788889999"
+    stack = Stack({"PublisherLanes": lanes})
+    policies = stack.of_type("AWS::Events::EventBusPolicy")
+    assert sorted(policies) == ["NotifyBusLane0", "NotifyBusLane1"], sorted(policies)
+    granted = []
+    for policy in policies.values():
+        statement = policy["Properties"]["Statement"]
+        assert statement["Effect"] == "Allow" and statement["Action"] == "events:PutEvents"
+        condition = statement["Condition"]["StringEquals"]
+        assert condition["events:detail-type"] == ["onegrant.notification", "onegrant.cancel"]
+        granted.append((condition["events:source"], statement["Principal"]["AWS"]))
+    assert sorted(granted) == [
+        ("com.example.news", ["777788889999"]),
+        ("com.example.shop", ["111122223333", "444455556666"]),
+    ], granted
+    # notify checks each event's account against the same lanes.
+    env = stack.function("NotifyFunction")["Environment"]["Variables"]
+    assert env["PUBLISHER_LANES"] == lanes and env["STACK_ACCOUNT"] == "123456789012", env
+    eight = ",".join(f"s{i}=1111222233{i:02d}" for i in range(8))
+    assert len(Stack({"PublisherLanes": eight}).of_type("AWS::Events::EventBusPolicy")) == 8
+    # The publisher API: three routes to its own function, which reads the keys' secret.
+    routes = stack.routes()
+    for route in [
+        "POST /publisher/v1/notifications",
+        "POST /publisher/v1/cancels",
+        "GET /publisher/v1/notifications/{idempotency_key}",
+    ]:
+        assert route in routes, sorted(routes)
+    env = stack.function("PublisherFunction")["Environment"]["Variables"]
+    assert env["ONEGRANT_PUBLISHERS_ARN"] == {"Ref": "PublishersSecret"}, env
+    # Outcomes go on the stack's bus, as onegrant's outcome events only.
+    outcomes = stack.function("OutcomesFunction")
+    assert outcomes["Environment"]["Variables"]["OUTCOME_BUS"] == {"Ref": "NotifyBus"}
+    assert outcomes["ReservedConcurrentExecutions"] == 1, "one tick at a time"
+    # (SAM turns the function's Policies into its role's inline policies.)
+    role = stack.of_type("AWS::IAM::Role")["OutcomesFunctionRole"]["Properties"]
+    puts = [
+        st for policy in role.get("Policies", [])
+        for st in policy["PolicyDocument"]["Statement"]
+        if st.get("Action") == "events:PutEvents"
+    ]
+    assert len(puts) == 1, role
+    assert puts[0]["Resource"] == {"Fn::GetAtt": ["NotifyBus", "Arn"]}, puts
+    assert puts[0]["Condition"]["StringEquals"] == {
+        "events:source": "onegrant", "events:detail-type": "onegrant.push.outcome"
+    }, puts
+
+
+@check
 def each_secret_is_readable_only_by_the_functions_that_use_it():
     stack = Stack(PUSH)
     policies = stack.of_type("AWS::SecretsManager::ResourcePolicy")
@@ -363,6 +436,7 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
     assert readers(policies["WechatSecretPolicy"]) == ["DispatcherFunctionRole", "SessionFunctionRole"]
     assert readers(policies["PushTokenPolicy"]) == ["WechatCallbackFunctionRole"]
     assert readers(policies["PushAesKeyPolicy"]) == ["WechatCallbackFunctionRole"]
+    assert readers(policies["PublishersSecretPolicy"]) == ["OutcomesFunctionRole", "PublisherFunctionRole"]
     assert policies["WechatSecretPolicy"]["Properties"]["SecretId"] == BASE["WechatSecretArn"]
     # The roles named are the ones SAM gives the functions.
     roles = stack.of_type("AWS::IAM::Role")
@@ -380,10 +454,12 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
         assert issuer not in readers(hosted[other]), other
     assert issuer not in readers(policies["SessionSecretPolicy"])
     unfenced = Stack(dict(PUSH, FenceExternalSecrets="false"))
-    assert sorted(unfenced.of_type("AWS::SecretsManager::ResourcePolicy")) == ["SessionSecretPolicy"]
+    assert sorted(unfenced.of_type("AWS::SecretsManager::ResourcePolicy")) == [
+        "PublishersSecretPolicy", "SessionSecretPolicy"
+    ]
     without_push = Stack({})
     assert sorted(without_push.of_type("AWS::SecretsManager::ResourcePolicy")) == [
-        "SessionSecretPolicy", "WechatSecretPolicy"
+        "PublishersSecretPolicy", "SessionSecretPolicy", "WechatSecretPolicy"
     ]
     # A pending session key is trusted only while a rotation names it.
     env = stack.function("GrantsFunction")["Environment"]["Variables"]
@@ -448,7 +524,7 @@ def the_documented_deploy_parameters_reach_the_functions_intact():
     assert parsed["NotifySources"] == "com.example.shop,com.example.pay"
     stack = Stack(dict(parsed, **PUSH))
     functions = stack.of_type("AWS::Lambda::Function")
-    assert len(functions) == 8, sorted(functions)
+    assert len(functions) == 10, sorted(functions)
     for name, fn in functions.items():
         env = fn["Properties"]["Environment"]["Variables"]
         assert env["ONEGRANT_TEMPLATES"] == parsed["Templates"], name

@@ -19,6 +19,7 @@ pub use support::invariants::{
     attr_n, attr_s, quota,
 };
 pub use support::logs::LogCapture;
+pub use support::publishers::{Received, Receiver, SHOP, Signer, order_detail};
 pub use support::round_trips::{ItemWrite, RoundTrips, item_size};
 pub use support::table::{Leased, TestTable, emulator_endpoint};
 pub use support::users::{User, assert_rate_limited, plan_state};

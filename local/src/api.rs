@@ -35,6 +35,7 @@ pub fn event_handler(binary: &str) -> Option<EventHandler> {
     match binary {
         "dispatcher" => Some(dispatcher::invoke),
         "notify" => Some(notify::invoke),
+        "outcomes" => Some(outcomes::invoke),
         "session-key-rotation" => Some(session_key_rotation::invoke),
         _ => None,
     }
@@ -50,6 +51,7 @@ pub fn http_handler(binary: &str) -> Option<HttpHandler> {
         "grants" => Some(grants::handler),
         "reminders" => Some(reminders::handler),
         "inbox" => Some(inbox::handler),
+        "publisher" => Some(publisher::handler),
         "wechat-callback" => Some(wechat_callback::handler),
         _ => None,
     }

@@ -15,6 +15,15 @@ pub const LOCAL_SECRET: &str = "local-app-secret";
 pub const LOCAL_TEMPLATES: &str = include_str!("../../config/local.templates.json");
 /// The reminder kinds local runs use unless `ONEGRANT_REMINDERS` is set.
 pub const LOCAL_REMINDERS: &str = include_str!("../../config/local.reminders.json");
+/// The publisher the local stack serves unless `ONEGRANT_PUBLISHERS` is set: its
+/// `source` and development-only key.
+pub const LOCAL_PUBLISHER: (&str, &str) = ("com.example.shop", "local-publisher-secret");
+
+/// [`LOCAL_PUBLISHER`] as `ONEGRANT_PUBLISHERS` lists it.
+pub fn local_publishers() -> String {
+    serde_json::json!([{"source": LOCAL_PUBLISHER.0, "key": LOCAL_PUBLISHER.1}]).to_string()
+}
+
 /// A development-only session key; a deployment always sets its own.
 pub const LOCAL_SESSION_SECRET: &str = "local-development-session-secret-not-for-production";
 
@@ -29,6 +38,7 @@ pub fn local_config(overrides: &HashMap<&str, String>) -> anyhow::Result<Config>
         ("ONEGRANT_TEMPLATES", LOCAL_TEMPLATES.to_string()),
         ("ONEGRANT_REMINDERS", LOCAL_REMINDERS.to_string()),
         ("MINIPROGRAM_STATE", "developer".to_string()),
+        ("ONEGRANT_PUBLISHERS", local_publishers()),
     ]);
     Ok(Config::from_lookup(|name| {
         overrides

@@ -22,6 +22,8 @@
 //! - [`failpoint`]: named crash points, armed only by the crash-injection tests.
 
 pub mod aws;
+#[cfg(feature = "store")]
+pub mod bus;
 pub mod clock;
 pub mod config;
 pub mod domain;
@@ -34,6 +36,8 @@ pub mod invoke;
 pub mod metrics;
 pub mod secrets;
 pub mod session;
+#[cfg(feature = "store")]
+mod signed;
 #[cfg(feature = "store")]
 pub mod store;
 pub mod telemetry;
@@ -97,6 +101,8 @@ pub struct Deps {
     pub store: store::Store,
     /// The dispatcher's way to its workers, when it has more than one.
     pub invoker: Option<invoke::Invoker>,
+    /// The stack's bus, where outcomes are told (`OUTCOME_BUS`); `None`: not told there.
+    pub bus: Option<bus::Bus>,
 }
 
 #[cfg(feature = "store")]
@@ -148,16 +154,25 @@ impl Deps {
         let invoker = match &dispatch.function {
             Some(function) if dispatch.workers > 1 => invoke::Invoker::new(
                 region,
-                credentials,
+                credentials.clone(),
                 function,
                 dispatch.lambda_endpoint.as_deref(),
             ),
             _ => None,
         };
+        let bus = core.config.outcome_bus.as_ref().and_then(|name| {
+            bus::Bus::new(
+                region,
+                credentials.clone(),
+                name,
+                core.config.events_endpoint.as_deref(),
+            )
+        });
         Ok(Self {
             core,
             store,
             invoker,
+            bus,
         })
     }
 
@@ -178,6 +193,7 @@ impl Deps {
             // No credentials to sign with: no fan-out (the tick does every shard).
             None => Self::new(config, dynamodb).map(|deps| Self {
                 invoker: None,
+                bus: None,
                 ..deps
             }),
         }

@@ -112,6 +112,17 @@ pub mod name {
     /// Pushes refused at ingest because their user had `PUSHES_PENDING_MAX` open pushes
     /// (also counted in `PushesRejected`).
     pub const PUSHES_TOO_MANY_PENDING: &str = "PushesTooManyPending";
+    // The publisher API.
+    /// Publisher API requests refused before anything was read, by label `Reason`:
+    /// missing, unknown_publisher, stale, signature.
+    pub const PUBLISHER_REFUSALS: &str = "PublisherRefusals";
+    // Outcomes told back.
+    /// Outcomes posted to their publisher's webhook and answered 2xx.
+    pub const OUTCOMES_DELIVERED: &str = "OutcomesDelivered";
+    /// Outcome posts that failed and wait to be tried again.
+    pub const OUTCOMES_RETRIED: &str = "OutcomesRetried";
+    /// Outcomes given up after a day of tries (kept with `dead_at`).
+    pub const OUTCOMES_DEAD: &str = "OutcomesDeadLettered";
     // WeChat.
     /// Access token fetches, by label `Outcome` (ok, failed).
     pub const TOKEN_FETCHES: &str = "TokenFetches";
@@ -124,7 +135,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 45] = [
+pub const ALL: [&str; 49] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -167,6 +178,10 @@ pub const ALL: [&str; 45] = [
     name::EVENTS,
     name::PUSHES_REJECTED,
     name::PUSHES_TOO_MANY_PENDING,
+    name::PUBLISHER_REFUSALS,
+    name::OUTCOMES_DELIVERED,
+    name::OUTCOMES_RETRIED,
+    name::OUTCOMES_DEAD,
     name::TOKEN_FETCHES,
     name::FROM_ELSEWHERE,
     name::SESSION_KEY_READS_FAILED,
@@ -174,12 +189,13 @@ pub const ALL: [&str; 45] = [
 
 /// The labels (EMF dimensions besides `Function`) each labelled metric is recorded
 /// with; every other metric has `Function` alone.
-pub const LABELS: [(&str, &[&str]); 6] = [
+pub const LABELS: [(&str, &[&str]); 7] = [
     (name::FAILED_BY_CLASS, &["Class"]),
     (name::REQUESTS, &["Route", "Status"]),
     (name::CONTENDED_RETRIES, &["What"]),
     (name::EVENTS, &["Outcome"]),
     (name::TOKEN_FETCHES, &["Outcome"]),
+    (name::PUBLISHER_REFUSALS, &["Reason"]),
     (name::PUSHES_REJECTED, &[]),
 ];
 

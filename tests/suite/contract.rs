@@ -129,6 +129,54 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     let answer = invoke(&app, "NotifyFunction", &sample_event("notify-cancel.json")).await;
     assert_eq!(answer["status"], "cancelled", "{answer}");
 
+    // The publisher API's samples, signed now by the local publisher: the bus's sample
+    // notification again (the same publisher and key: the same notification), its
+    // status, its cancel.
+    for (sample, statuses, path) in [
+        (
+            "publisher-publish.json",
+            [200, 201],
+            "/publisher/v1/notifications",
+        ),
+        (
+            "publisher-status.json",
+            [200, 200],
+            "/publisher/v1/notifications/{idempotency_key}",
+        ),
+        ("publisher-cancel.json", [200, 200], "/publisher/v1/cancels"),
+    ] {
+        let mut event = sample_event(sample);
+        let method = event["requestContext"]["http"]["method"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let mut target = event["rawPath"].as_str().unwrap_or("").to_string();
+        if let Some(query) = event["rawQueryString"].as_str().filter(|q| !q.is_empty()) {
+            target = format!("{target}?{query}");
+        }
+        let body = event["body"].as_str().unwrap_or("").to_string();
+        let timestamp = app.now().timestamp();
+        event["headers"]["x-onegrant-timestamp"] = json!(timestamp.to_string());
+        event["headers"]["x-onegrant-signature"] =
+            json!(onegrant_tests::SHOP.sign(timestamp, &method, &target, body.as_bytes()));
+        let answer = invoke(&app, "PublisherFunction", &event).await;
+        let status = answer["statusCode"].as_u64().unwrap_or(0) as u16;
+        assert!(statuses.contains(&status), "{sample}: {answer}");
+        let body: Value =
+            serde_json::from_str(answer["body"].as_str().expect("body")).expect("JSON");
+        onegrant_tests::openapi::assert_conforms(&method, path, status, &body);
+    }
+
+    // The outcomes function's tick: the cancel's outcome (the local publisher has no
+    // webhook: nobody to post to, removed).
+    let answer = invoke(
+        &app,
+        "OutcomesFunction",
+        &sample_event("outcomes-schedule.json"),
+    )
+    .await;
+    assert!(answer["unaddressed"].as_u64() >= Some(1), "{answer}");
+
     // The user's preferences, saved and read back.
     for (sample, expected) in [
         ("inbox-preferences-put.json", "PUT"),

@@ -23,6 +23,8 @@ fn finished(item: &Item) -> bool {
         Some("outbox") => !matches!(state, Some("pending" | "sending")),
         Some("note") => item.get("read").and_then(|v| v.as_bool().ok()) == Some(&true),
         Some("action" | "event" | "rate" | "history") => true,
+        // An outcome still to be told is open; one given up is kept, then expires.
+        Some("outcome") => item.contains_key("dead_at"),
         _ => false,
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use onegrant_local::template::dynamodb_actions;
-use onegrant_tests::{ORDER, TestApp, WATER, spawn_app_with};
+use onegrant_tests::{ORDER, SHOP, TestApp, WATER, spawn_app_with};
 use serde_json::json;
 
 /// Actions a function's code uses only on a path the flows below do not reach, each
@@ -83,6 +83,12 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
         ("WECHAT_PUSH_AES_KEY", &key),
         ("WECHAT_PUSH_FORMAT", "json"),
+        // The shop's webhook: nothing listens there (its posts fail).
+        (
+            "ONEGRANT_PUBLISHERS",
+            r#"[{"source": "com.example.shop", "key": "local-publisher-secret",
+                 "webhook": "http://127.0.0.1:9/hooks"}]"#,
+        ),
     ])
     .await;
     let actions = || app.round_trips.take_actions();
@@ -178,6 +184,40 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     }
     let notify = actions();
     assert_granted("notify", &notify);
+
+    // publisher: a publish whose push ends as it comes (an outcome), one waiting (the
+    // pending index), a status and a cancel, each call counted.
+    let rejected = json!({"idempotency_key": "p1", "openid": alice.openid, "type": "order",
+        "title": "t", "wechat": {"template_id": "tmpl_nope", "data": {}}});
+    assert_eq!(app.publish(&rejected, SHOP).await.status, 201);
+    let waiting = json!({"idempotency_key": "p2", "openid": alice.openid, "type": "order",
+        "title": "t", "wechat": {"template_id": ORDER,
+        "data": {"character_string1": "p2", "phrase2": "已发货", "thing3": "顺丰速运"}}});
+    assert_eq!(app.publish(&waiting, SHOP).await.status, 201);
+    let status = format!("/publisher/v1/notifications/p1?openid={}", alice.openid);
+    assert_eq!(
+        app.publisher_call("GET", &status, None, Some(SHOP))
+            .await
+            .status,
+        200
+    );
+    let cancel = json!({"openid": alice.openid, "idempotency_key": "p2"});
+    let cancelled = app
+        .publisher_call("POST", "/publisher/v1/cancels", Some(&cancel), Some(SHOP))
+        .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    let publisher = actions();
+    assert_granted("publisher", &publisher);
+
+    // outcomes: the tests' publisher has no webhook (its outcomes removed), the shop's
+    // is down (its first tried again later).
+    let summary = app.deliver_outcomes().await;
+    assert!(
+        summary.unaddressed > 0 && summary.retried == 1,
+        "{summary:?}"
+    );
+    let outcomes = actions();
+    assert_granted("outcomes", &outcomes);
 
     // WeChat says zed closed their account: the erasure begun, its steps the
     // dispatcher's (below).
@@ -356,6 +396,9 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("dispatcher", &dispatcher, "PutItem"),
         ("notify", &notify, "PutItem"),
         ("notify", &notify, "GetItem"),
+        ("publisher", &publisher, "Query"),
+        ("outcomes", &outcomes, "UpdateItem"),
+        ("outcomes", &outcomes, "DeleteItem"),
         ("wechat-callback", &callback, "UpdateItem"),
         ("wechat-callback", &callback, "GetItem"),
     ] {
@@ -370,7 +413,12 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
 /// declares them (`Need`s): the session key where tokens are issued or checked, the
 /// AppSecret where WeChat is called, the push secrets in the callback.
 /// (Every HTTP function reads the edge protection's origin secret when it is on.)
-const SECRETS_USED: [(&str, &[&str]); 8] = [
+const SECRETS_USED: [(&str, &[&str]); 10] = [
+    (
+        "publisher",
+        &["ONEGRANT_PUBLISHERS_ARN", "ORIGIN_SECRET_ARN"],
+    ),
+    ("outcomes", &["ONEGRANT_PUBLISHERS_ARN"]),
     ("session-key-rotation", &["SESSION_SECRET_ARN"]),
     (
         "session",
@@ -408,7 +456,8 @@ const SECRET_ACTIONS: [(&str, &[&str]); 1] = [(
 )];
 
 /// The secret values a function could be given directly; none may be in an environment.
-const SECRET_VALUES: [&str; 6] = [
+const SECRET_VALUES: [&str; 7] = [
+    "ONEGRANT_PUBLISHERS",
     "SESSION_SECRET",
     "ORIGIN_SECRET",
     "SESSION_SECRET_PREVIOUS",

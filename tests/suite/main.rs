@@ -29,6 +29,8 @@ mod preferences;
 mod priority;
 mod priority_together;
 mod publication;
+mod publisher_outcomes;
+mod publishers;
 mod refill;
 mod reminders;
 mod scheduled;

@@ -687,8 +687,9 @@ async fn a_user_with_1000_scheduled_pushes_costs_an_idle_tick_nothing_and_a_canc
     let read = app.round_trips.take_items_read();
     let written = app.round_trips.take_writes();
     assert!(read <= 3, "a cancel read {read} items: {requests:?}");
-    // The scheduled item, the event's record and the history entry.
-    assert_eq!(written.len(), 3, "a cancel wrote {} items", written.len());
+    // The scheduled item, the event's record, the history entry and the outcome
+    // (`cancelled`, told to its publisher).
+    assert_eq!(written.len(), 4, "a cancel wrote {} items", written.len());
     // The inbox shows none of them yet.
     assert_eq!(page(&app, &user).await.len(), 0);
     assert_eq!(unread(&app, &user).await, 0);

@@ -27,6 +27,22 @@ const POINTS: [&str; 7] = [
     "during_finalize:300",
 ];
 
+/// One tick of a dispatcher process (`dispatch-once`) with the failpoint `point`: how
+/// the process ended.
+fn run_until_killed(app: &onegrant_tests::TestApp, point: &str) -> std::process::ExitStatus {
+    app.dispatcher_process(
+        env!("CARGO_BIN_EXE_dispatch-once"),
+        &[
+            ("DISPATCH_LEASE_SECONDS", LEASE_SECONDS),
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("DISPATCH_ONCE_SECONDS", "30"),
+            ("ONEGRANT_FAILPOINT", point),
+        ],
+    )
+    .status()
+    .expect("dispatch-once runs")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_one_sweep() {
     let (mut finalize_landed, mut finalize_lost) = (0usize, 0usize);
@@ -44,18 +60,7 @@ async fn a_dispatcher_killed_at_each_step_leaves_every_delivery_terminal_after_o
             users.push(user);
         }
 
-        let status = app
-            .dispatcher_process(
-                env!("CARGO_BIN_EXE_dispatch-once"),
-                &[
-                    ("DISPATCH_LEASE_SECONDS", LEASE_SECONDS),
-                    ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
-                    ("DISPATCH_ONCE_SECONDS", "30"),
-                    ("ONEGRANT_FAILPOINT", point),
-                ],
-            )
-            .status()
-            .expect("dispatch-once runs");
+        let status = run_until_killed(&app, point);
         assert_eq!(
             status.signal(),
             Some(9),
@@ -331,4 +336,57 @@ async fn a_dispatcher_killed_in_the_middle_of_an_erasure_leaves_it_for_the_next_
         .filter(|i| format!("{i:?}").contains(&user.openid))
         .count();
     assert_eq!(naming, 0, "no item names her");
+}
+
+/// What became of a publisher's push is told even when the dispatcher dies around its
+/// finalize: the outcome rides in the status change's own transaction, so whichever
+/// status the push ends with (the finalize landed: `sent`; it did not, and the sweep
+/// settled it: `unknown`), exactly that outcome reaches the publisher's webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_killed_around_a_pushs_finalize_loses_none_of_its_outcome() {
+    use onegrant_tests::{ORDER, Receiver, SHOP, order_detail};
+    for point in ["during_finalize:0", "during_finalize:300"] {
+        let receiver = Receiver::spawn().await;
+        let publishers = serde_json::json!([
+            {"source": SHOP.source, "key": SHOP.key, "webhook": receiver.url}
+        ])
+        .to_string();
+        let app = spawn_app_with(&[
+            ("DISPATCH_LEASE_SECONDS", LEASE_SECONDS),
+            ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+            ("ONEGRANT_PUBLISHERS", &publishers),
+        ])
+        .await;
+        let user = app.user("told").await;
+        app.accept(&user, ORDER, "told_1").await;
+        let detail = order_detail(&user.openid, "o-crash", serde_json::json!({}));
+        assert_eq!(app.publish(&detail, SHOP).await.status, 201);
+
+        let status = run_until_killed(&app, point);
+        assert_eq!(status.signal(), Some(9), "{point}: killed ({status})");
+        app.emulator_quiet().await;
+        // What the crash left unsettled, the sweep settles after the lease (and its
+        // outcome is due from then).
+        let after = onegrant::Clock::real_now() + AFTER_EVERY_LEASE;
+        app.sweep_at(after).await;
+        app.move_to(after);
+        let ended = app
+            .items_of(&user, "note")
+            .await
+            .first()
+            .and_then(|n| attr_s(n, "push_status").map(str::to_string))
+            .unwrap_or_default();
+        assert!(
+            ended == "sent" || ended == "unknown",
+            "{point}: the push ended {ended}"
+        );
+        let told = app.deliver_outcomes().await;
+        let statuses: Vec<String> = receiver
+            .received()
+            .iter()
+            .filter_map(|p| p.outcome["status"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(statuses, std::slice::from_ref(&ended), "{point}: {told:?}");
+        eprintln!("{point}: the push ended {ended}, and that was told");
+    }
 }

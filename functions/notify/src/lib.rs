@@ -6,6 +6,11 @@
 //! a no-op, and the same key with another payload is logged as a conflict and changes
 //! nothing. A push that cannot be sent (unknown template, invalid keywords) is recorded
 //! `rejected` on the notification, which is stored all the same (record first, I7).
+//!
+//! Publishers keep to their lanes: with `PUBLISHER_LANES` set (the deployed stack), an
+//! event whose `account` (set by EventBridge, not by the sender) is not paired with its
+//! `source` is refused (`reason: lane`) before anything is read. [`publish`] is the path
+//! the publisher API shares.
 
 use futures::future::BoxFuture;
 use onegrant::Deps;
@@ -57,12 +62,52 @@ pub async fn handle(deps: &Deps, event: Value) -> Result<Value, EventError> {
         );
         return Ok(json!({"status": "refused", "reason": "source"}));
     }
+    // A source with a lane is its accounts' alone (EventBridge sets `account`, the
+    // sender cannot): publisher A cannot cancel, take or replace B's notifications.
+    if let Some(lanes) = &deps.config.lanes {
+        let account = onegrant::domain::publisher::event_account(&event);
+        if let Err(why) = lanes.admits(source, account, &deps.config.stack_account) {
+            tracing::error!(
+                source,
+                account,
+                reason = "lane",
+                lane = ?why,
+                "notify event from an account not paired with its source refused"
+            );
+            return Ok(json!({"status": "refused", "reason": "lane"}));
+        }
+    }
     let Some(detail) = event.get("detail") else {
         tracing::error!(reason = "no detail", "notify event refused");
         return Ok(json!({"status": "invalid", "reason": "the event has no detail"}));
     };
+    let kind = if detail_type == Some(CANCEL_DETAIL_TYPE) {
+        Kind::Cancel
+    } else {
+        Kind::Notification
+    };
+    publish(deps, source, kind, detail).await
+}
+
+/// What a publisher asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `onegrant.notification`: a notification, and a push when asked.
+    Notification,
+    /// `onegrant.cancel`: a cancel of one's push.
+    Cancel,
+}
+
+/// One publisher's request, from the bus or the publisher API (the same validation,
+/// idempotency and answers): `source` is the publisher, already checked.
+pub async fn publish(
+    deps: &Deps,
+    source: &str,
+    kind: Kind,
+    detail: &Value,
+) -> Result<Value, EventError> {
     let now = deps.clock.now();
-    if detail_type == Some(CANCEL_DETAIL_TYPE) {
+    if kind == Kind::Cancel {
         return cancel(deps, detail, source).await;
     }
     let parsed = match NotifyEvent::from_json(detail, source, &deps.config.templates, now) {
@@ -152,16 +197,22 @@ pub fn invoke(
         let answer = handle(deps, event).await;
         // One count per event by how it ended (a failed one is Lambda's to retry).
         if let Ok(answer) = &answer {
-            use onegrant::metrics::{count, count_by, name};
-            let outcome = answer["status"].as_str().unwrap_or("invalid").to_string();
-            count_by(name::EVENTS, "Outcome", outcome, 1);
-            if answer["push"] == "rejected" {
-                count(name::PUSHES_REJECTED, 1);
-            }
-            if answer["reason"] == PushReason::TooManyPending.as_str() {
-                count(name::PUSHES_TOO_MANY_PENDING, 1);
-            }
+            count(answer);
         }
         answer
     })
+}
+
+/// Counts one publisher request by how it ended (`Events{Outcome}`, and its push's
+/// refusals), from the bus or the publisher API alike.
+pub fn count(answer: &Value) {
+    use onegrant::metrics::{count, count_by, name};
+    let outcome = answer["status"].as_str().unwrap_or("invalid").to_string();
+    count_by(name::EVENTS, "Outcome", outcome, 1);
+    if answer["push"] == "rejected" {
+        count(name::PUSHES_REJECTED, 1);
+    }
+    if answer["reason"] == PushReason::TooManyPending.as_str() {
+        count(name::PUSHES_TOO_MANY_PENDING, 1);
+    }
 }

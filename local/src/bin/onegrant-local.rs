@@ -105,9 +105,20 @@ async fn main() -> anyhow::Result<()> {
                 if let Err(e) = dispatcher::tick(&deps, deadline).await {
                     tracing::error!(error = %e, "local dispatcher tick failed");
                 }
+                // Then the outcomes' own tick (deployed, a schedule of its own).
+                let deadline = tokio::time::Instant::now() + period;
+                if let Err(e) = outcomes::tick(&deps, deadline).await {
+                    tracing::error!(error = %e, "local outcomes tick failed");
+                }
             }
         }
     };
+    let publishers: Vec<String> = deps
+        .config
+        .publishers
+        .iter()
+        .map(|p| p.source.clone())
+        .collect();
     let api = axum::serve(api_listener, api::api_router(deps.clone())?);
     let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?.0);
 
@@ -126,6 +137,17 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  Invoke API      http://127.0.0.1:{invoke_port}/2015-03-31/functions/<name>/invocations"
     );
+    let (source, key) = onegrant_local::stack::LOCAL_PUBLISHER;
+    if std::env::var("ONEGRANT_PUBLISHERS").is_ok() {
+        println!(
+            "  Publishers      {} (keys from ONEGRANT_PUBLISHERS)",
+            publishers.join(", ")
+        );
+    } else {
+        println!(
+            "  Publisher       {source}, key {key} (development only; ONEGRANT_PUBLISHERS replaces it)"
+        );
+    }
     match &emulator {
         Some(emulator) => println!(
             "  DynamoDB        {endpoint}  (table {table}, emulator pid {})",
@@ -148,7 +170,9 @@ async fn main() -> anyhow::Result<()> {
             "  Dispatcher      off (ONEGRANT_LOCAL_TICK_SECONDS=0); invoke it through the Invoke API"
         );
     } else {
-        println!("  Dispatcher      a tick every {tick_seconds} s (ONEGRANT_LOCAL_TICK_SECONDS)");
+        println!(
+            "  Dispatcher      a tick every {tick_seconds} s (ONEGRANT_LOCAL_TICK_SECONDS), then the outcomes' tick"
+        );
     }
     println!("Ctrl-C stops everything.");
 

@@ -23,6 +23,9 @@ pub struct Limits {
     /// count, preferences, grants, a plan): each is counted by one small write before
     /// it reads. 0: no limit, and no write.
     pub reads_per_minute: u32,
+    /// Most publisher API calls one publisher makes in a minute, each counted by one
+    /// small write before anything else is read.
+    pub publisher_requests_per_minute: u32,
     /// Whether WeChat's message push is configured: reported grants are paired with
     /// popup events (the store's tap marks) and settled sends look for sent
     /// events kept pending for them.
@@ -91,6 +94,7 @@ impl Default for Limits {
             checkins_per_minute: 60,
             changes_per_minute: 60,
             reads_per_minute: 120,
+            publisher_requests_per_minute: 6000,
             push_events: false,
             // The last attempt may start just before the budget ends and take one SDK
             // call (its attempts and backoff): 4 s leaves that room inside 10 s.

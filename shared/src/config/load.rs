@@ -330,6 +330,12 @@ impl Config {
                 0..=6000,
             )?)
             .unwrap_or(defaults.reads_per_minute),
+            publisher_requests_per_minute: u32::try_from(number(
+                "PUBLISHER_REQUESTS_PER_MINUTE",
+                u64::from(defaults.publisher_requests_per_minute),
+                1..=60_000,
+            )?)
+            .unwrap_or(defaults.publisher_requests_per_minute),
             pushes_per_day: match number("PUSHES_PER_DAY", 0, 0..=1000)? {
                 0 => None,
                 cap => u32::try_from(cap).ok(),
@@ -396,6 +402,22 @@ impl Config {
                 Some(sources)
             }
         };
+        let lanes = lookup("PUBLISHER_LANES")
+            .map(|list| crate::domain::publisher::Lanes::parse(&list))
+            .transpose()
+            .map_err(|reason| ConfigError::Invalid {
+                name: "PUBLISHER_LANES",
+                reason,
+            })?;
+        let publishers = lookup("ONEGRANT_PUBLISHERS")
+            .filter(|v| !v.trim().is_empty())
+            .map(|json| crate::domain::publisher::Publishers::parse(&json))
+            .transpose()
+            .map_err(|reason| ConfigError::Invalid {
+                name: "ONEGRANT_PUBLISHERS",
+                reason,
+            })?
+            .unwrap_or_default();
         let push = match lookup("WECHAT_PUSH_TOKEN").filter(|t| !t.trim().is_empty()) {
             None => None,
             Some(token) => {
@@ -492,6 +514,11 @@ impl Config {
             dispatch,
             push,
             notify_sources,
+            lanes,
+            stack_account: lookup("STACK_ACCOUNT").unwrap_or_default(),
+            publishers,
+            outcome_bus: lookup("OUTCOME_BUS").filter(|b| !b.trim().is_empty()),
+            events_endpoint: lookup("AWS_ENDPOINT_URL_EVENTS").filter(|e| !e.trim().is_empty()),
             origin,
             origin_enforced,
             openid_salt,

@@ -22,6 +22,11 @@
 //! | `DISPATCH_CONCURRENCY` | sends in flight per invocation (1–256) | 32 |
 //! | `WRITE_BUDGET_MS` | how long a contended or throttled write keeps trying before 503 (500–60000); with the last SDK call (5 s at most) it stays inside the API functions' 10 s | 4000 |
 //! | `NOTIFY_SOURCES` | comma-separated EventBridge `source`s `notify` accepts (the stack sets its `NotifyPublishers`' sources); unset: any | any |
+//! | `PUBLISHER_LANES` | `source=account[;account…]`, comma-separated: the accounts that may put each source's events on the bus (the stack's `PublisherLanes`); a source with no lane is the stack's own account's alone; unset: any account (the local stack) | any |
+//! | `STACK_ACCOUNT` | the stack's own AWS account id (the template sets it), for `PUBLISHER_LANES` | none |
+//! | `ONEGRANT_PUBLISHERS` | JSON list of `{"source", "key", "previous_key"?, "webhook"?}`: who may call the publisher API, with which keys (see `domain::publisher`); deployed, a secret (`ONEGRANT_PUBLISHERS_ARN`) | none: the publisher API refuses all |
+//! | `OUTCOME_BUS` | the EventBridge bus each outcome is also put on (`detail-type: onegrant.push.outcome`, source `onegrant`; the stack sets its own bus); `AWS_ENDPOINT_URL_EVENTS` an emulator's endpoint | none: outcomes go to webhooks only |
+//! | `PUBLISHER_REQUESTS_PER_MINUTE` | most publisher API calls of one publisher in a minute (1–60000: one counter item, under a partition's 1,000 writes a second); past it 429 with `Retry-After` | 6000 |
 //! | `CHECKINS_PER_MINUTE` | most new check-ins of one reminder kind per user and minute (1–600); past it 429 | 60 |
 //! | `CHANGES_PER_MINUTE` | most changes one user makes in a minute through the other write routes — plan settings, preferences, marking notifications read (a read-all call counts once) — (1–600); past it 429 with `Retry-After`, checked on the read before any write; a request that changes nothing neither counts nor writes | 60 |
 //! | `READS_PER_MINUTE` | most read calls one user makes in a minute — listing notifications, the unread count, preferences, grants, a plan — (0–6000; 0: no limit); past it 429 with `Retry-After`, nothing read; each call is counted by one small write | 120 |
@@ -97,6 +102,19 @@ pub struct Config {
     pub push: Option<PushConfig>,
     /// The publishers (`source`s) `notify` accepts; `None`: any.
     pub notify_sources: Option<Vec<String>>,
+    /// Which accounts may publish as which source on the bus (`PUBLISHER_LANES`);
+    /// `None`: any (the local stack).
+    pub lanes: Option<crate::domain::publisher::Lanes>,
+    /// The stack's own account (`STACK_ACCOUNT`): a source with no lane is its alone.
+    pub stack_account: String,
+    /// Who may call the publisher API (`ONEGRANT_PUBLISHERS`); empty: nobody.
+    pub publishers: crate::domain::publisher::Publishers,
+    /// The EventBridge bus outcomes are told on (`OUTCOME_BUS`, the stack's own);
+    /// `None`: not told on a bus (the local stack unless set).
+    pub outcome_bus: Option<String>,
+    /// EventBridge's endpoint when not the region's (`AWS_ENDPOINT_URL_EVENTS`: an
+    /// emulator).
+    pub events_endpoint: Option<String>,
     /// The value the stack's CloudFront distribution adds to every request
     /// (`ORIGIN_SECRET`, the edge protection): a request without it is refused.
     /// `None`: the API is served directly.
@@ -199,7 +217,12 @@ pub enum Need {
 
 /// The secret variables that may be given by ARN: (variable, the variable holding the
 /// secret's ARN, the Secrets Manager stage read for it).
-const SECRET_VARIABLES: [(&str, &str, &str); 7] = [
+const SECRET_VARIABLES: [(&str, &str, &str); 8] = [
+    (
+        "ONEGRANT_PUBLISHERS",
+        "ONEGRANT_PUBLISHERS_ARN",
+        "AWSCURRENT",
+    ),
     ("ORIGIN_SECRET", "ORIGIN_SECRET_ARN", "AWSCURRENT"),
     ("SESSION_SECRET", "SESSION_SECRET_ARN", "AWSCURRENT"),
     ("SESSION_SECRET_PENDING", "SESSION_SECRET_ARN", "AWSPENDING"),

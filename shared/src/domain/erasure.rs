@@ -144,7 +144,8 @@ pub enum Pass {
 }
 
 /// The sort-key prefixes of the items [`Pass::Due`] deletes first.
-pub const DUE_PREFIXES: [&str; 4] = ["PLAN#", "SCHEDULED#", "OUTBOX#", "PUSH#"];
+/// (Outcomes waiting to be told are among them: nothing of an erased user's is told.)
+pub const DUE_PREFIXES: [&str; 5] = ["PLAN#", "SCHEDULED#", "OUTBOX#", "PUSH#", "OUTCOME#"];
 
 /// How long an erasure waits for a send in flight to settle (a lease, the sweep's
 /// settling of one whose dispatcher died, with room) before deleting regardless.

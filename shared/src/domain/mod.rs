@@ -12,6 +12,8 @@ pub mod grants;
 pub mod ids;
 pub mod inbox;
 pub mod keywords;
+pub mod outcome;
+pub mod publisher;
 pub mod rate;
 pub mod reconcile;
 pub mod reminders;

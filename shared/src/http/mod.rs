@@ -43,6 +43,9 @@ pub enum ApiError {
     InvalidQuery(String),
     /// 401: missing, malformed, forged or expired session token.
     Unauthorized,
+    /// 401: a publisher API request not signed by a publisher (a header missing, an
+    /// unknown publisher, a stale timestamp, a wrong signature: one answer for all).
+    Unsigned,
     /// 401: WeChat refused the login code.
     InvalidLoginCode,
     /// 403: a request that did not come through the stack's CloudFront distribution
@@ -86,6 +89,11 @@ impl ApiError {
                 401,
                 "unauthorized",
                 "a valid session token is required (Authorization: Bearer <token>)".into(),
+            ),
+            Self::Unsigned => (
+                401,
+                "unsigned",
+                "sign the request: X-Onegrant-Publisher, X-Onegrant-Timestamp (within 300 s) and X-Onegrant-Signature".into(),
             ),
             Self::InvalidLoginCode => (
                 401,

@@ -110,6 +110,11 @@ pub fn pending_sk(
     )
 }
 
+/// A publisher's own partition (its rate counts): outside every user's.
+pub fn publisher_pk(source: &str) -> String {
+    format!("PUBLISHER#{source}")
+}
+
 /// The user's read counter of one minute (apart from the write counters, which
 /// transactions write: a read never contends with the user's own writes).
 pub fn read_rate_sk(minute: i64) -> String {
@@ -204,6 +209,22 @@ pub fn lease_shard_pk(shard: u32) -> String {
 /// due items spread evenly and the dispatcher queries every shard in parallel.
 pub fn due_pk(pk: &str, sk: &str, shards: u32) -> String {
     due_shard_pk(shard_of(pk, sk, shards))
+}
+
+/// An outcome item's sort key: one per (notification, status).
+pub fn outcome_sk(note_id: &str, status: &str) -> String {
+    format!("OUTCOME#{note_id}#{status}")
+}
+
+/// The due-index partition an outcome waits on: `OUTCOME#<n>`, never read by the
+/// dispatcher (whose partitions are `DUE#<n>`).
+pub fn outcome_due_pk(pk: &str, sk: &str) -> String {
+    outcome_shard_pk(shard_of(pk, sk, crate::domain::outcome::SHARDS))
+}
+
+/// The due-index partition of outcome shard `shard`.
+pub fn outcome_shard_pk(shard: u32) -> String {
+    format!("OUTCOME#{shard}")
 }
 
 fn shard_of(pk: &str, sk: &str, shards: u32) -> u32 {

@@ -34,6 +34,7 @@ pub mod inbox;
 mod items;
 pub mod keys;
 mod open_grants;
+pub mod outcomes;
 pub mod reminders;
 mod retry;
 mod snapshot;
@@ -148,6 +149,24 @@ impl Store {
     /// The store's clock.
     pub fn clock(&self) -> &crate::clock::Clock {
         &self.clock
+    }
+
+    /// A query of the due index's partition `due_pk` for what is due by `horizon`,
+    /// oldest first, at most `limit` entries (run within an [`Store::index_turn`]).
+    pub(crate) fn due_query(
+        &self,
+        due_pk: String,
+        horizon: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .index_name("due")
+            .key_condition_expression("due_pk = :p AND due_at <= :h")
+            .expression_attribute_values(":p", items::s(due_pk))
+            .expression_attribute_values(":h", items::n(horizon.timestamp_millis()))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
     }
 
     /// A turn to query an index, held until dropped (see [`INDEX_QUERIES_IN_FLIGHT`]).

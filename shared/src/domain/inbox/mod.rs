@@ -291,6 +291,14 @@ fn text(
     }
 }
 
+/// Whether `key` can be an event's `idempotency_key`: 1 to [`MAX_KEY_CHARS`]
+/// characters, no `#` or control character (checked before any read).
+pub fn is_idempotency_key(key: &str) -> bool {
+    (1..=MAX_KEY_CHARS).contains(&key.chars().count())
+        && !key.contains('#')
+        && !key.chars().any(char::is_control)
+}
+
 /// Whether `source` can name a publisher: 1 to 128 printable ASCII characters, no `#`.
 pub fn is_publisher(source: &str) -> bool {
     (1..=MAX_SOURCE_CHARS).contains(&source.len())
@@ -495,6 +503,23 @@ pub struct NotificationView {
 pub struct PushView {
     pub status: PushStatus,
     pub reason: Option<PushReason>,
+}
+
+/// A status a notification's push reached, and when (RFC 3339, UTC): its history, as
+/// the publisher API answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PushMoment {
+    pub status: String,
+    pub at: String,
+}
+
+impl PushMoment {
+    pub fn new(status: PushStatus, at: DateTime<Utc>) -> Self {
+        Self {
+            status: status.as_str().to_string(),
+            at: at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        }
+    }
 }
 
 /// A notification id: `<13-digit epoch ms><12 hex>`, so ids sort by creation time.

@@ -7,7 +7,7 @@ use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
 use crate::store::items::due_as_seen;
 use crate::store::items::expr::Guarded;
-use crate::store::items::{key, n, number, s, text};
+use crate::store::items::{key, n, number, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
 use crate::store::{Store, StoreError, classify_sdk_error};
@@ -97,14 +97,7 @@ impl Store {
     ) -> Result<DuePage, StoreError> {
         let turn = self.index_turn().await;
         let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name("due")
-            .key_condition_expression("due_pk = :p AND due_at <= :h")
-            .expression_attribute_values(":p", s(due_shard_pk(shard)))
-            .expression_attribute_values(":h", n(horizon.timestamp_millis()))
-            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .due_query(due_shard_pk(shard), horizon, limit)
             .set_exclusive_start_key(from.map(|c| c.0))
             .send()
             .await

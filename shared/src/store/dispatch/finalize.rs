@@ -18,7 +18,7 @@ use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
-use crate::store::items::outbox::{OutboxItem, note_push_update, versioned_put};
+use crate::store::items::outbox::{OutboxItem, note_push_told, versioned_put};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::user_pk;
 use crate::store::tx::TxOutcome;
@@ -445,10 +445,20 @@ impl Store {
         }
         let push = PushStatus::of_outbox(state);
         let reason = PushReason::of_send(result);
-        Ok(vec![
-            versioned_put(&self.table, to_item("outbox", &next)?, outbox.version)?,
-            note_push_update(&self.table, pk, &outbox.note_id, push, reason)?,
-        ])
+        let mut writes = vec![versioned_put(
+            &self.table,
+            to_item("outbox", &next)?,
+            outbox.version,
+        )?];
+        writes.extend(note_push_told(
+            &self.table,
+            pk,
+            &outbox.note_id,
+            outbox.origin().as_ref(),
+            (push, reason),
+            now,
+        )?);
+        Ok(writes)
     }
 
     pub(crate) async fn current_outbox(

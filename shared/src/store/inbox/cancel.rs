@@ -22,7 +22,7 @@ use crate::store::inbox::{
 use crate::store::items::expr::Guarded;
 use crate::store::items::is_there;
 use crate::store::items::outbox::{
-    CANCEL_REQUESTED, OutboxItem, note_push_update, note_request, versioned_put,
+    CANCEL_REQUESTED, OutboxItem, is_note_update, note_push_told, note_request, versioned_put,
 };
 use crate::store::items::quota::wake_now;
 use crate::store::items::{key, n, parse, s, to_item};
@@ -233,12 +233,21 @@ impl Store {
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         Ok(match found {
             Found::Scheduled(item) => {
-                let next = item.without_push(status);
-                vec![versioned_put(
+                let next = item.without_push(status, now);
+                let mut writes = vec![versioned_put(
                     &self.table,
                     to_item("scheduled", &next)?,
                     item.version(),
-                )?]
+                )?];
+                writes.extend(crate::store::items::outcome::outcome_write(
+                    &self.table,
+                    pk,
+                    note_id,
+                    next.note.origin().as_ref(),
+                    (status, None),
+                    now,
+                )?);
+                writes
             }
             Found::Outbox(outbox) => {
                 let state = match status {
@@ -252,9 +261,17 @@ impl Store {
                     to_item("outbox", &next)?,
                     outbox.version,
                 )?];
-                if with_note {
-                    writes.push(note_push_update(&self.table, pk, note_id, status, None)?);
-                }
+                // (Without the notification when its retention removed it: the push
+                // still ended, and is told.)
+                let told = note_push_told(
+                    &self.table,
+                    pk,
+                    note_id,
+                    outbox.origin().as_ref(),
+                    (status, None),
+                    now,
+                )?;
+                writes.extend(told.into_iter().filter(|w| with_note || !is_note_update(w)));
                 // A push waiting for a grant may have been woken for one: the next
                 // waiting push is woken through the wake entry instead.
                 if outbox.waiting_grant {

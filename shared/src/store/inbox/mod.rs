@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
 use crate::store::items::outbox::is_note_update;
+use crate::store::items::outcome::{Origin, outcome_write};
 use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, retry_carrying};
@@ -28,7 +29,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::domain::inbox::{
-    NotificationView, NotifyEvent, Push, PushReason, PushStatus, PushView, new_notification_id,
+    NotificationView, NotifyEvent, Push, PushMoment, PushReason, PushStatus, PushView,
+    new_notification_id,
 };
 use crate::store::items::expr::Guarded;
 use crate::store::items::is_new;
@@ -41,12 +43,14 @@ mod preferences;
 mod publish;
 mod read;
 mod refill;
+mod status;
 
 pub use cancel::Cancelled;
 pub use list::LIST_BUDGET;
 pub use publish::Published;
 pub use read::ReadAll;
 pub use refill::Refilled;
+pub use status::NotificationStatus;
 
 use crate::store::items::expr::eq;
 use publish::{PushPayload, ScheduledItem};
@@ -68,9 +72,35 @@ pub(crate) struct NoteItem {
     push_status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     push_reason: Option<String>,
+    /// Each status its push reached and when, oldest first (notifications stored before
+    /// this was kept have none, or only the later ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) push_history: Vec<PushMoment>,
+    /// Its publisher and idempotency key: whom its push's outcomes are told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) publisher: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) idempotency_key: Option<String>,
 }
 
 impl NoteItem {
+    /// Whom its push's outcomes are told.
+    pub(crate) fn origin(&self) -> Option<Origin> {
+        Origin::of(&self.publisher, &self.idempotency_key)
+    }
+
+    /// Its push's status set to `status` (and `reason`) at `at`, kept in its history.
+    pub(crate) fn set_push(
+        &mut self,
+        status: PushStatus,
+        reason: Option<String>,
+        at: DateTime<Utc>,
+    ) {
+        self.push_status = Some(status.as_str().to_string());
+        self.push_reason = reason;
+        self.push_history.push(PushMoment::new(status, at));
+    }
+
     fn view(&self) -> NotificationView {
         NotificationView {
             id: self.id.clone(),
@@ -372,9 +402,34 @@ impl Store {
             page: event.page.clone(),
             read: false,
             created_at: rfc3339(publish_at),
-            push_status: push_status.map(|p| p.as_str().to_string()),
-            push_reason,
+            push_status: None,
+            push_reason: None,
+            push_history: Vec::new(),
+            publisher: Some(event.publisher.clone()),
+            idempotency_key: Some(event.idempotency_key.clone()),
         };
+        let mut note = note;
+        let mut told = None;
+        if let Some(status) = push_status {
+            // Its first status when it is stored: pending from when it is due (a
+            // scheduled one's later), an end (rejected, cancelled, expired) now.
+            let at = if status == PushStatus::Pending {
+                publish_at.max(now)
+            } else {
+                now
+            };
+            note.set_push(status, push_reason.clone(), at);
+            // A push that ends as it is stored (rejected, cancelled first, expired) is
+            // told at once.
+            told = outcome_write(
+                &self.table,
+                &pk,
+                &note_id,
+                note.origin().as_ref(),
+                (status, push_reason),
+                now,
+            )?;
+        }
         let push = match (&event.push, push_status) {
             (
                 Some(Push::Ready {
@@ -426,6 +481,9 @@ impl Store {
             for write in self.published(note, push, publish_at, now)? {
                 items.add(Part::Write, write);
             }
+        }
+        if let Some(told) = told {
+            items.add(Part::Write, told);
         }
         let scheduled_for = timing.is_scheduled(now).then(|| rfc3339(publish_at));
         let (items, note_id, scheduled_for) = (&items, &note_id, &scheduled_for);

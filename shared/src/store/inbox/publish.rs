@@ -55,7 +55,7 @@ pub(crate) struct ScheduledItem {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     state: String,
     /// The notification as it will be published.
-    note: NoteItem,
+    pub(super) note: NoteItem,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     push: Option<PushPayload>,
     due_pk: String,
@@ -134,15 +134,14 @@ impl ScheduledItem {
 
     /// This item with its push ended before it was due (`status`: cancelled or
     /// replaced), as written conditional on [`Self::version`].
-    pub(crate) fn without_push(&self, status: PushStatus) -> Self {
+    pub(crate) fn without_push(&self, status: PushStatus, now: DateTime<Utc>) -> Self {
         let mut next = self.clone();
         next.push = None;
         next.pending_pk = None;
         next.pending_sk = None;
         next.note_type = None;
         next.send_by = None;
-        next.note.push_status = Some(status.as_str().to_string());
-        next.note.push_reason = None;
+        next.note.set_push(status, None, now);
         next.state = status.as_str().to_string();
         next.version = self.version + 1;
         next
@@ -225,6 +224,8 @@ impl Store {
             waiting_grant: false,
             pending_pk: Some(note.pk.clone()),
             pending_sk: None,
+            publisher: note.publisher.clone(),
+            idempotency_key: note.idempotency_key.clone(),
         }
         .with_pending_sk()
     }
@@ -376,8 +377,7 @@ impl Store {
         let mut ended = None;
         if expired {
             ended = push.take();
-            note.push_status = Some(PushStatus::Expired.as_str().to_string());
-            note.push_reason = None;
+            note.set_push(PushStatus::Expired, None, now);
         }
         let delete = Delete::builder()
             .table_name(&self.table)
@@ -399,6 +399,14 @@ impl Store {
                 now,
                 self.limits.retention.outbox,
             );
+            writes.extend(crate::store::items::outcome::outcome_write(
+                &self.table,
+                pk,
+                &note.id,
+                note.origin().as_ref(),
+                (PushStatus::Expired, None),
+                now,
+            )?);
             writes.extend(self.published(note, None, due, now)?);
             writes.push(self.put_new(to_item("outbox", &outbox)?)?);
         } else {

@@ -18,6 +18,7 @@ pub(crate) mod event;
 pub(crate) mod expr;
 pub(crate) mod grant;
 pub(crate) mod outbox;
+pub mod outcome;
 pub(crate) mod plan;
 pub(crate) mod preferences;
 pub(crate) mod quota;

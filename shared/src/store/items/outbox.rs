@@ -67,9 +67,20 @@ pub(crate) struct OutboxItem {
     /// Its place on the `pending` index while open ([`crate::store::keys::pending_sk`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) pending_sk: Option<String>,
+    /// Its notification's publisher and idempotency key (absent on pushes stored before
+    /// outcomes were told: nobody told).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) publisher: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) idempotency_key: Option<String>,
 }
 
 impl OutboxItem {
+    /// Whom this push's outcomes are told.
+    pub(crate) fn origin(&self) -> Option<crate::store::items::outcome::Origin> {
+        crate::store::items::outcome::Origin::of(&self.publisher, &self.idempotency_key)
+    }
+
     /// This item with its sort key on the `pending` index (a new, open push).
     pub(crate) fn with_pending_sk(mut self) -> Self {
         self.pending_sk = Some(self.pending_sk());
@@ -127,17 +138,35 @@ pub(crate) fn versioned_put(
 }
 
 /// Sets a notification's push status (part of a transaction).
-pub(crate) fn note_push_update(
+fn note_push_update(
     table: &str,
     pk: &str,
     note_id: &str,
     status: PushStatus,
     reason: Option<PushReason>,
+    now: DateTime<Utc>,
 ) -> Result<TransactWriteItem, StoreError> {
     let update = Update::builder()
         .table_name(table)
-        .set_key(Some(key(pk, &note_sk(note_id))))
-        .update_expression("SET push_status = :s, push_reason = :r")
+        .set_key(Some(key(pk, &note_sk(note_id))));
+    // A push back to pending (a retry, a wait for a grant or the next day) keeps its
+    // history as it is: the history lists the moments it moved on.
+    let update = if status == PushStatus::Pending {
+        update.update_expression("SET push_status = :s, push_reason = :r")
+    } else {
+        let moment = serde_dynamo::to_attribute_value(vec![crate::domain::inbox::PushMoment::new(
+            status, now,
+        )])
+        .map_err(|e| StoreError::Corrupt(format!("a push moment could not be encoded: {e}")))?;
+        update
+            .update_expression(
+                "SET push_status = :s, push_reason = :r, \
+                 push_history = list_append(if_not_exists(push_history, :none), :moment)",
+            )
+            .expression_attribute_values(":none", AttributeValue::L(Vec::new()))
+            .expression_attribute_values(":moment", moment)
+    };
+    let update = update
         // Never recreates, as a stub, a notification its retention removed: a caller
         // meeting this condition drops the write (`is_note_update`) and lands the rest.
         .guarded(&is_there(), "g")
@@ -149,6 +178,28 @@ pub(crate) fn note_push_update(
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// A notification's push status set ([`note_push_update`]) and, when the push has
+/// reached an end, its outcome for `origin` (part of the same transaction).
+pub(crate) fn note_push_told(
+    table: &str,
+    pk: &str,
+    note_id: &str,
+    origin: Option<&crate::store::items::outcome::Origin>,
+    (status, reason): (PushStatus, Option<PushReason>),
+    now: DateTime<Utc>,
+) -> Result<Vec<TransactWriteItem>, StoreError> {
+    let mut writes = vec![note_push_update(table, pk, note_id, status, reason, now)?];
+    writes.extend(crate::store::items::outcome::outcome_write(
+        table,
+        pk,
+        note_id,
+        origin,
+        (status, reason.map(|r| r.as_str().to_string())),
+        now,
+    )?);
+    Ok(writes)
 }
 
 /// Whether `write` is a notification's push-status update ([`note_push_update`]).

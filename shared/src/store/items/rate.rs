@@ -14,14 +14,16 @@
 //! transaction, so only requests that land count and two racing for the last place
 //! cannot both take it (the loser reads again and is refused then).
 
-use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::rate::{minute_of, retry_after};
 use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare};
 use crate::store::items::{Item, key, n, s};
-use crate::store::keys::{rate_sk, read_rate_sk, user_pk};
+use crate::store::keys::{publisher_pk, rate_sk, read_rate_sk, user_pk};
 use crate::store::{Limit, Store, StoreError, classify_sdk_error};
 
 /// Which of the minute's counters.
@@ -143,14 +145,40 @@ impl Store {
             return Ok(());
         }
         let minute = minute_of(now);
+        let item = key(&user_pk(openid), &read_rate_sk(minute));
+        self.count_call(item, self.limits.reads_per_minute, now)
+            .await
+    }
+
+    /// Counts one publisher API call of `source` in `now`'s minute, or refuses it past
+    /// `PUBLISHER_REQUESTS_PER_MINUTE`, as [`Store::count_read`] does.
+    pub async fn count_publisher_call(
+        &self,
+        source: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let minute = minute_of(now);
+        let item = key(&publisher_pk(source), &rate_sk(minute));
+        self.count_call(item, self.limits.publisher_requests_per_minute, now)
+            .await
+    }
+
+    /// `ADD 1` on the `reads` count of the rate item `item`, under `max`.
+    async fn count_call(
+        &self,
+        item: HashMap<String, AttributeValue>,
+        max: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let minute = minute_of(now);
         let counted = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key(&user_pk(openid), &read_rate_sk(minute))))
+            .set_key(Some(item))
             // READS is a reserved word: the name goes through a placeholder.
             .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
-            .guarded(&room_for("reads", self.limits.reads_per_minute, 1), "g")
+            .guarded(&room_for("reads", max, 1), "g")
             .expression_attribute_names("#n", "reads")
             .expression_attribute_values(":kind", s("rate"))
             .expression_attribute_values(":expires", n((minute + 2) * 60))

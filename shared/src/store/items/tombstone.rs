@@ -213,3 +213,15 @@ fn pending_since(erased_at: i64) -> crate::store::items::expr::Cond {
 pub(crate) fn not_erased() -> crate::store::items::expr::Cond {
     absent("pk").or(eq("reopened", AttributeValue::Bool(true)))
 }
+
+impl crate::store::Store {
+    /// Whether `openid` was erased and has not come back since: nothing of theirs may
+    /// be told or answered (one strongly consistent read).
+    pub(crate) async fn forgotten(&self, openid: &OpenId) -> Result<bool, StoreError> {
+        let pk = tombstone_pk(&self.subject(openid));
+        Ok(match self.get(&pk, TOMBSTONE_SK).await? {
+            Some(item) => !TombstoneItem::read(item)?.tombstone()?.admits_data(),
+            None => false,
+        })
+    }
+}

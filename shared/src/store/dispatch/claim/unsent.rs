@@ -12,7 +12,7 @@ use crate::domain::reminders::plan::PlanEvent;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
 use crate::store::items::expr::Guarded;
-use crate::store::items::outbox::{note_push_update, versioned_put};
+use crate::store::items::outbox::{note_push_told, versioned_put};
 use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
 use crate::store::items::{key, to_item};
 use crate::store::keys::quota_sk;
@@ -124,12 +124,13 @@ impl Store {
                     outbox.version,
                 )?];
                 if let Some((status, reason)) = why.push_status() {
-                    writes.push(note_push_update(
+                    writes.extend(note_push_told(
                         &self.table,
                         &item.pk,
                         &outbox.note_id,
-                        status,
-                        reason,
+                        outbox.origin().as_ref(),
+                        (status, reason),
+                        now,
                     )?);
                 }
                 Ok(writes)

@@ -1,0 +1,149 @@
+//! Delivering outcomes (`items::outcome`): the due ones of a shard read whole, each
+//! deleted once delivered, moved later after a failed try, or given up (off the due
+//! index, kept for the operator until its TTL). Each write is conditional on the
+//! attempts read, so two deliverers racing never both move one.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Utc};
+
+use crate::store::items::expr::{Guarded, eq};
+use crate::store::items::outcome::KEEP_DEAD;
+pub use crate::store::items::outcome::OutcomeItem;
+
+/// Which of an outcome's two ways it has taken: the stack's bus, its publisher's
+/// webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Legs {
+    pub bus: bool,
+    pub hook: bool,
+}
+
+/// Where an outcome not delivered goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// Stays due as it is (only its legs taken recorded).
+    Keep,
+    /// A leg failed: due again at the instant, or given up (`None`).
+    Retry(Option<DateTime<Utc>>),
+    /// Not tried (its publisher's webhook failed on another first): due at the
+    /// instant that one is tried again, out of the way of other publishers'.
+    Defer(DateTime<Utc>),
+}
+
+/// A write conditional on the attempts read: when its condition failed (`.0`), another
+/// deliverer moved the outcome first, and that is its answer.
+fn moved_meanwhile_is_fine(result: Result<(), (bool, StoreError)>) -> Result<(), StoreError> {
+    match result {
+        Ok(()) | Err((true, _)) => Ok(()),
+        Err((false, e)) => Err(e),
+    }
+}
+use crate::store::items::{key, n, parse, rfc3339, s};
+use crate::store::keys::{openid_of, outcome_shard_pk};
+use crate::store::{Store, StoreError, classify_sdk_error};
+
+impl Store {
+    /// Up to `limit` outcomes of shard `shard` due by `now`, oldest first: one index
+    /// query and two reads per outcome (it, and its user's tombstone).
+    pub async fn due_outcomes(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OutcomeItem>, StoreError> {
+        let turn = self.index_turn().await;
+        let out = self
+            .due_query(outcome_shard_pk(shard), now, limit)
+            .send()
+            .await
+            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        drop(turn);
+        let mut due = Vec::new();
+        for entry in out.items() {
+            let (Some(AttributeValue::S(pk)), Some(AttributeValue::S(sk))) =
+                (entry.get("pk"), entry.get("sk"))
+            else {
+                continue;
+            };
+            // Delivered (deleted) or moved since the index was read: skipped.
+            let Some(item) = self.get(pk, sk).await? else {
+                continue;
+            };
+            let item: OutcomeItem = parse("outcome", item)?;
+            if item.due_at.is_none_or(|at| at > now.timestamp_millis()) {
+                continue;
+            }
+            // Nothing erased is told: an outcome of a user whose erasure began (a send
+            // settled while it waited for it) goes, untold.
+            if let Some(openid) = openid_of(pk)
+                && self.forgotten(&openid).await?
+            {
+                self.outcome_delivered(&item).await?;
+                continue;
+            }
+            due.push(item);
+        }
+        Ok(due)
+    }
+
+    /// `item` was delivered: deleted, unless another deliverer moved it meanwhile.
+    pub async fn outcome_delivered(&self, item: &OutcomeItem) -> Result<(), StoreError> {
+        let deleted = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &item.sk)))
+            .guarded(&eq("attempts", n(item.attempts)), "g")
+            .send()
+            .await;
+        moved_meanwhile_is_fine(deleted.map(drop).map_err(|e| {
+            let failed = e
+                .as_service_error()
+                .is_some_and(|s| s.is_conditional_check_failed_exception());
+            (failed, classify_sdk_error(e, |_| false))
+        }))
+    }
+
+    /// `item`'s delivery is not done at `now`: the legs `done` taken (kept, so a later
+    /// try does not repeat them), and the item moved as `to` says.
+    pub async fn outcome_progress(
+        &self,
+        item: &OutcomeItem,
+        done: Legs,
+        to: Move,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let attempts = match to {
+            Move::Retry(_) => item.attempts + 1,
+            Move::Keep | Move::Defer(_) => item.attempts,
+        };
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(&item.pk, &item.sk)))
+            .guarded(&eq("attempts", n(item.attempts)), "g")
+            .expression_attribute_values(":next", n(attempts))
+            .expression_attribute_values(":bus", AttributeValue::Bool(done.bus))
+            .expression_attribute_values(":hook", AttributeValue::Bool(done.hook));
+        let set = "SET attempts = :next, bus_done = :bus, hook_done = :hook";
+        let update = match to {
+            Move::Keep => update.update_expression(set),
+            Move::Retry(Some(at)) | Move::Defer(at) => update
+                .update_expression(format!("{set}, due_at = :at"))
+                .expression_attribute_values(":at", n(at.timestamp_millis())),
+            Move::Retry(None) => update
+                .update_expression(format!(
+                    "{set}, dead_at = :now, expires_at = :expires REMOVE due_pk, due_at"
+                ))
+                .expression_attribute_values(":now", s(rfc3339(now)))
+                .expression_attribute_values(":expires", n((now + KEEP_DEAD).timestamp())),
+        };
+        moved_meanwhile_is_fine(update.send().await.map(drop).map_err(|e| {
+            let failed = e
+                .as_service_error()
+                .is_some_and(|s| s.is_conditional_check_failed_exception());
+            (failed, classify_sdk_error(e, |_| false))
+        }))
+    }
+}
