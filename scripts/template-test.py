@@ -361,13 +361,88 @@ def a_refused_secret_read_alarms_when_a_trail_is_named():
 
 def readers(policy):
     """The principals a secret's resource policy leaves able to read it."""
-    (statement,) = policy["Properties"]["ResourcePolicy"]["Statement"]
+    statement = next(
+        st for st in policy["Properties"]["ResourcePolicy"]["Statement"]
+        if st["Sid"] == "OnlyTheFunctionsThatUseIt"
+    )
     assert statement["Effect"] == "Deny" and statement["Principal"] == "*", statement
     assert statement["Action"] == "secretsmanager:GetSecretValue", statement
     allowed = statement["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
     return sorted(
         a["Fn::GetAtt"][0] if isinstance(a, dict) else a for a in allowed
     )
+
+
+SECRET_WRITES = {
+    "secretsmanager:PutSecretValue", "secretsmanager:UpdateSecret",
+    "secretsmanager:UpdateSecretVersionStage", "secretsmanager:RotateSecret",
+    "secretsmanager:CancelRotateSecret", "secretsmanager:RestoreSecret",
+    "secretsmanager:DeleteSecret", "secretsmanager:ReplicateSecretToRegions",
+    "secretsmanager:RemoveRegionsFromReplication", "secretsmanager:StopReplicationToReplica",
+    "secretsmanager:PutResourcePolicy", "secretsmanager:DeleteResourcePolicy",
+}
+
+
+def writers(policy):
+    """The principals a secret's resource policy leaves able to write it (besides
+    CloudFormation), after checking its write fence denies every write to the rest."""
+    (statement,) = [
+        st for st in policy["Properties"]["ResourcePolicy"]["Statement"]
+        if st["Sid"] == "OnlyItsOwnWriters"
+    ]
+    assert statement["Effect"] == "Deny" and statement["Principal"] == "*", statement
+    assert set(statement["Action"]) == SECRET_WRITES, statement["Action"]
+    condition = statement["Condition"]
+    assert condition["ForAllValues:StringNotEquals"] == {
+        "aws:CalledVia": ["cloudformation.amazonaws.com"]
+    }, condition
+    allowed = condition.get("ArnNotEquals", {}).get("aws:PrincipalArn", [])
+    allowed = allowed if isinstance(allowed, list) else [allowed]
+    return sorted(a["Fn::GetAtt"][0] if isinstance(a, dict) else a for a in allowed)
+
+
+@check
+def every_secret_is_fenced_against_writes_but_by_its_own_writers():
+    glass = "arn:aws:iam::123456789012:role/ops-break-glass"
+    names = [
+        "SessionSecretPolicy", "WechatSecretPolicy", "PushTokenPolicy", "PushAesKeyPolicy",
+        "PublishersSecretPolicy",
+    ]
+    plain = Stack(dict(PUSH, SessionKeyRotationDays="0")).of_type("AWS::SecretsManager::ResourcePolicy")
+    for name in names:
+        assert writers(plain[name]) == [], (name, "nobody but CloudFormation")
+    with_glass = Stack(dict(PUSH, BreakGlassRoleArn=glass)).of_type("AWS::SecretsManager::ResourcePolicy")
+    assert writers(with_glass["SessionSecretPolicy"]) == sorted(
+        ["SessionKeyRotationFunctionRole", glass]
+    )
+    for name in names[1:]:
+        assert writers(with_glass[name]) == [glass], name
+    # The rotation function runs for the session key's rotation only.
+    permission = Stack(PUSH).of_type("AWS::Lambda::Permission")["SessionKeyRotationPermission"]
+    assert permission["Properties"]["SourceArn"] == {"Ref": "SessionSecret"}, permission
+
+
+@check
+def the_dead_letter_queue_is_written_by_its_writers_and_read_by_break_glass_only():
+    glass = "arn:aws:iam::123456789012:role/ops-break-glass"
+    for params, reader in [({}, None), ({"BreakGlassRoleArn": glass}, glass)]:
+        policy = Stack(params).of_type("AWS::SQS::QueuePolicy")["NotifyDeadLetterQueuePolicy"]
+        statements = {st.get("Sid", "allow"): st for st in policy["Properties"]["PolicyDocument"]["Statement"]}
+        put = statements["OnlyItsWritersPut"]
+        assert put["Effect"] == "Deny" and put["Action"] == "sqs:SendMessage", put
+        assert put["Condition"]["ArnNotEquals"]["aws:PrincipalArn"] == {
+            "Fn::GetAtt": ["NotifyFunctionRole", "Arn"]
+        }
+        assert put["Condition"]["StringNotEquals"]["aws:PrincipalServiceName"] == "events.amazonaws.com"
+        read = statements["OnlyBreakGlassReads"]
+        assert read["Effect"] == "Deny" and "sqs:ReceiveMessage" in read["Action"], read
+        if reader:
+            assert read["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": reader}}, read
+        else:
+            # Nobody: denied whatever the request.
+            assert read["Condition"] == {"Bool": {"aws:SecureTransport": [True, False]}}, read
+        change = statements["OnlyCloudFormationChangesIt"]
+        assert "sqs:SetQueueAttributes" in change["Action"], change
 
 
 @check
@@ -477,7 +552,9 @@ def role_statements(stack, role):
 @check
 def a_customer_managed_key_is_usable_through_secrets_manager_only():
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    readers = ["Session", "Grants", "Reminders", "Inbox", "Dispatcher", "WechatCallback"]
+    # The functions that read a secret the key can encrypt (the AppSecret, the push
+    # secrets); no other holds a kms:Decrypt it would not use.
+    readers = ["Session", "Dispatcher", "WechatCallback"]
     with_key = Stack(dict(PUSH, SecretsKmsKeyArn=key))
     for name in readers:
         decrypts = [
@@ -488,9 +565,11 @@ def a_customer_managed_key_is_usable_through_secrets_manager_only():
         assert decrypts[0]["Resource"] == key
         via = decrypts[0]["Condition"]["StringEquals"]["kms:ViaService"]
         assert "secretsmanager" in str(via), via
-    assert not any(
-        st.get("Action") == "kms:Decrypt" for st in role_statements(with_key, "NotifyFunctionRole")
-    )
+    for name in ["Notify", "Grants", "Reminders", "Inbox", "Publisher", "Outcomes"]:
+        assert not any(
+            st.get("Action") == "kms:Decrypt"
+            for st in role_statements(with_key, f"{name}FunctionRole")
+        ), name
     without = Stack(PUSH)
     for name in readers:
         assert not any(
@@ -699,7 +778,23 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     acl = template["Resources"]["WebAcl"]["Properties"]
     assert acl["Scope"] == "CLOUDFRONT" and acl["DefaultAction"] == {"Allow": {}}
     rules = {r["Name"]: r for r in acl["Rules"]}
-    assert sorted(rules) == ["api-per-ip", "callback-per-ip", "session-per-ip"], sorted(rules)
+    assert sorted(rules) == [
+        "api-per-ip", "body-over-64-kib", "callback-per-ip", "known-bad-inputs", "session-per-ip",
+    ], sorted(rules)
+    # A body over the API's limit is refused at the edge: inspected up to 64 KB, and a
+    # larger one counted as over.
+    size = rules.pop("body-over-64-kib")
+    constraint = size["Statement"]["SizeConstraintStatement"]
+    assert constraint["FieldToMatch"] == {"Body": {"OversizeHandling": "MATCH"}}, constraint
+    assert (constraint["ComparisonOperator"], constraint["Size"]) == ("GT", 65536), constraint
+    assert size["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 413
+    assert acl["AssociationConfig"]["RequestBody"]["CLOUDFRONT"] == {"DefaultSizeInspectionLimit": "KB_64"}
+    managed = rules.pop("known-bad-inputs")
+    group = managed["Statement"]["ManagedRuleGroupStatement"]
+    assert (group["VendorName"], group["Name"]) == ("AWS", "AWSManagedRulesKnownBadInputsRuleSet")
+    assert managed["OverrideAction"] == {"None": {}}, "the group's own actions: block"
+    priorities = [r["Priority"] for r in acl["Rules"]]
+    assert len(set(priorities)) == len(priorities), priorities
     paths = {}
     for name, rule in rules.items():
         rate = rule["Statement"]["RateBasedStatement"]

@@ -69,6 +69,9 @@ impl Core {
 
     /// On `clock` (a test's, which it moves).
     pub fn with_clock(config: Arc<Config>, clock: Clock) -> Result<Self, DepsError> {
+        // Logs name users by a tag only this deployment can make (the first salt set in
+        // a process is kept: one deployment per process).
+        telemetry::salt_openid_tags(&config.openid_salt);
         let wechat = wechat::WechatClient::new(config.wechat.clone())
             .map_err(DepsError::Wechat)?
             .with_clock(clock.clone());

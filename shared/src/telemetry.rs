@@ -4,7 +4,6 @@
 //! Insights can query fields; locally they are human-readable. Openids are personal data:
 //! logs carry [`openid_hash`], never the openid itself.
 
-use sha2::{Digest, Sha256};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -102,10 +101,35 @@ fn asked_filter(rust_log: Option<&str>, lambda_level: Option<&str>) -> Targets {
         .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
 }
 
-/// A short, stable, non-reversible tag for an openid, for log fields.
+/// The salt of [`openid_hash`] (`OPENID_SALT`), set once a process has its config.
+static OPENID_LOG_SALT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Salts every later [`openid_hash`] with this deployment's `OPENID_SALT` (the first
+/// call in a process wins).
+pub fn salt_openid_tags(salt: &str) {
+    let _ = OPENID_LOG_SALT.set(salt.to_string());
+}
+
+/// A short, stable, non-reversible tag for an openid, for log fields: HMAC-SHA256 under
+/// the deployment's `OPENID_SALT`, so someone holding an openid and the logs cannot
+/// link them without the salt (a plain hash would let them).
 pub fn openid_hash(openid: &str) -> String {
-    let digest = Sha256::digest(openid.as_bytes());
-    hex::encode(&digest[..6])
+    // (Before any config, in a tool or a test: a fixed salt.)
+    let salt = OPENID_LOG_SALT.get().map_or("unconfigured", String::as_str);
+    log_tag(salt, openid)
+}
+
+/// [`openid_hash`] under `salt`.
+fn log_tag(salt: &str, openid: &str) -> String {
+    use hmac::{Hmac, KeyInit, Mac};
+    // A key of its own (not the erasure's tags under the same salt: a log line must
+    // not name a tombstone).
+    let Ok(mut mac) = Hmac::<sha2_jwt::Sha256>::new_from_slice(format!("log:{salt}").as_bytes())
+    else {
+        return String::new();
+    };
+    mac.update(openid.as_bytes());
+    hex::encode(&mac.finalize().into_bytes()[..6])
 }
 
 /// An error and its whole source chain, for one log field.
@@ -124,6 +148,24 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
     use tracing::Level;
+
+    #[test]
+    fn an_openid_is_logged_under_a_tag_only_its_deployment_makes() {
+        let openid = "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o";
+        let here = log_tag("salt-of-this-deployment", openid);
+        // As docs/operations.md computes it: HMAC-SHA256 keyed "log:<salt>", 12 hex.
+        assert_eq!(here, "31ceae5f33b4");
+        assert_eq!(here, log_tag("salt-of-this-deployment", openid), "stable");
+        assert_ne!(here, log_tag("salt-of-another-one", openid));
+        assert_ne!(here, log_tag("salt-of-this-deployment", "oOther"));
+        // Not the plain hash anyone holding the openid could compute.
+        use sha2::{Digest, Sha256};
+        let plain = hex::encode(&Sha256::digest(openid.as_bytes())[..6]);
+        assert_ne!(here, plain);
+        // Nor the erasure's tag of the same openid under the same salt.
+        let erasure = crate::domain::erasure::tag("salt-of-this-deployment", openid);
+        assert!(!erasure.starts_with(&here));
+    }
 
     #[test]
     fn the_log_filter_reads_rust_log_then_lambdas_level_then_defaults_to_info() {
