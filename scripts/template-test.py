@@ -57,6 +57,8 @@ class NoManagedPolicies:
 class Stack:
     """The transformed template with one parameter set, conditions resolved."""
 
+    pseudo = PSEUDO
+
     def __init__(self, overrides):
         template = yaml_parse((ROOT / "template.yaml").read_text())
         params = {
@@ -99,8 +101,8 @@ class Stack:
                     return NO_VALUE
                 if arg in self.params:
                     return self.params[arg]
-                if arg in PSEUDO:
-                    return PSEUDO[arg]
+                if arg in self.pseudo:
+                    return self.pseudo[arg]
                 return node
             if key == "Fn::If":
                 name, then, other = arg
@@ -443,6 +445,64 @@ def the_dead_letter_queue_is_written_by_its_writers_and_read_by_break_glass_only
             assert read["Condition"] == {"Bool": {"aws:SecureTransport": [True, False]}}, read
         change = statements["OnlyCloudFormationChangesIt"]
         assert "sqs:SetQueueAttributes" in change["Action"], change
+
+
+CHINA = {
+    "AWS::Region": "cn-north-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::Partition": "aws-cn",
+    "AWS::StackName": "onegrant",
+    "AWS::URLSuffix": "amazonaws.com.cn",
+}
+
+
+class ChinaStack(Stack):
+    """The stack as SAM transforms it in the aws-cn partition (cn-north-1)."""
+
+    pseudo = CHINA
+
+    def __init__(self, overrides):
+        # The transform picks the partition of the region it runs in (as `sam deploy`
+        # run against cn-north-1 does).
+        from samtranslator.translator.arn_generator import ArnGenerator
+
+        previous = ArnGenerator.BOTO_SESSION_REGION_NAME
+        ArnGenerator.BOTO_SESSION_REGION_NAME = "cn-north-1"
+        try:
+            super().__init__(overrides)
+        finally:
+            ArnGenerator.BOTO_SESSION_REGION_NAME = previous
+
+
+@check
+def the_stack_transforms_for_the_china_partition_with_no_global_arn_and_either_processor():
+    base = dict(
+        PUSH,
+        WechatSecretArn="arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:onegrant/app-AbCdEf",
+        WechatPushTokenSecretArn="arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:onegrant/push-AbCdEf",
+        WechatPushAesKeySecretArn="arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:onegrant/aes-AbCdEf",
+        SecretsKmsKeyArn="arn:aws-cn:kms:cn-north-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    )
+    for architecture in ["arm64", "x86_64"]:
+        stack = ChinaStack(dict(base, Architecture=architecture))
+        functions = stack.of_type("AWS::Lambda::Function")
+        assert functions, "the functions"
+        for name, fn in functions.items():
+            assert fn["Properties"]["Architectures"] == [architecture], (name, architecture)
+        # Every ARN the stack writes itself follows the partition: no literal arn:aws:.
+        text = json.dumps({n: stack.value(r) for n, r in stack.resources.items()})
+        assert '"arn:aws:' not in text and "arn:aws:iam" not in text, [
+            t for t in text.split('"') if t.startswith("arn:aws:")
+        ][:5]
+        # Secrets Manager's endpoint there is .amazonaws.com.cn.
+        decrypt = [
+            st for st in role_statements(stack, "SessionFunctionRole")
+            if st.get("Action") == "kms:Decrypt"
+        ]
+        via = decrypt[0]["Condition"]["StringEquals"]["kms:ViaService"]
+        assert via == {"Fn::Sub": "secretsmanager.${AWS::Region}.${AWS::URLSuffix}"}, via
+    default = Stack({}).of_type("AWS::Lambda::Function")
+    assert all(f["Properties"]["Architectures"] == ["arm64"] for f in default.values())
 
 
 @check
