@@ -18,12 +18,30 @@ pub(crate) fn crypto() -> PushCrypto {
 }
 
 pub(crate) async fn safe_json_app() -> TestApp {
+    encrypted_app("safe", "json").await
+}
+
+/// An app whose message push is configured with its EncodingAESKey, in `mode` (safe or
+/// compatible) and `format` (json or xml).
+pub(crate) async fn encrypted_app(mode: &str, format: &str) -> TestApp {
     spawn_app_with(&[
         ("WECHAT_PUSH_TOKEN", TOKEN),
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
         ("WECHAT_PUSH_AES_KEY", &key()),
-        ("WECHAT_PUSH_MODE", "safe"),
-        ("WECHAT_PUSH_FORMAT", "json"),
+        ("WECHAT_PUSH_MODE", mode),
+        ("WECHAT_PUSH_FORMAT", format),
+    ])
+    .await
+}
+
+/// An app whose message push is plain-mode XML (the explicit insecure opt-in).
+pub(crate) async fn plain_xml_app() -> TestApp {
+    spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", TOKEN),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
+        ("WECHAT_PUSH_MODE", "plain"),
+        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
+        ("WECHAT_PUSH_FORMAT", "xml"),
     ])
     .await
 }
@@ -198,14 +216,7 @@ async fn bad_pushes_are_refused_and_change_nothing() {
 
 #[tokio::test]
 async fn plain_xml_pushes_are_checked_by_their_signature() {
-    let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_MODE", "plain"),
-        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
-        ("WECHAT_PUSH_FORMAT", "xml"),
-    ])
-    .await;
+    let app = plain_xml_app().await;
     let c = PushCrypto::signatures_only(Secret::new(TOKEN), LOCAL_APPID);
     let ts = now();
     let xml = format!(
@@ -313,14 +324,7 @@ async fn a_change_event_pauses_the_plans_voids_the_grants_and_nothing_is_sent() 
 
 #[tokio::test]
 async fn a_signed_push_query_is_good_once_and_compatible_mode_needs_the_ciphertext() {
-    let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &key()),
-        ("WECHAT_PUSH_MODE", "compatible"),
-        ("WECHAT_PUSH_FORMAT", "json"),
-    ])
-    .await;
+    let app = encrypted_app("compatible", "json").await;
     let c = crypto();
     let ts = now();
     let verify = format!(
@@ -431,14 +435,7 @@ async fn pushes_of_every_shape_are_read_alike_and_bad_envelopes_change_nothing()
     // and recorded; an envelope that verifies but hides unreadable XML is answered
     // `success` (WeChat would only retry it) and recorded nowhere; one whose padding
     // or framing is wrong, or whose outer XML is broken, is refused.
-    let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &key()),
-        ("WECHAT_PUSH_MODE", "safe"),
-        ("WECHAT_PUSH_FORMAT", "xml"),
-    ])
-    .await;
+    let app = encrypted_app("safe", "xml").await;
     let c = crypto();
     let ts = now();
     let list = |template: &str, status: &str| {

@@ -522,18 +522,11 @@ fn revoke_xml(openid: &str, at: i64) -> String {
 
 #[tokio::test]
 async fn wechat_saying_the_user_withdrew_forgets_them_in_xml_and_never_on_a_plain_push() {
-    use crate::callback::{TOKEN, key, sealed_xml};
+    use crate::callback::{TOKEN, encrypted_app, plain_xml_app, sealed_xml};
     use onegrant::secrets::Secret;
     use onegrant::wechat::push::PushCrypto;
     // Safe mode, XML: the erasure begins, caused `authorization_revoked`.
-    let safe = onegrant_tests::spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &key()),
-        ("WECHAT_PUSH_MODE", "safe"),
-        ("WECHAT_PUSH_FORMAT", "xml"),
-    ])
-    .await;
+    let safe = encrypted_app("safe", "xml").await;
     let user = safe.user("vera").await;
     let c = crypto();
     let ts = now();
@@ -557,14 +550,7 @@ async fn wechat_saying_the_user_withdrew_forgets_them_in_xml_and_never_on_a_plai
 
     // Plain mode: its signature covers no body, so anyone holding one signed query could
     // forge the event; acknowledged, never acted on.
-    let plain = onegrant_tests::spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", TOKEN),
-        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_MODE", "plain"),
-        ("WECHAT_PUSH_INSECURE_PLAIN", "true"),
-        ("WECHAT_PUSH_FORMAT", "xml"),
-    ])
-    .await;
+    let plain = plain_xml_app().await;
     let user = plain.user("walt").await;
     let signer =
         PushCrypto::signatures_only(Secret::new(TOKEN), onegrant_local::stack::LOCAL_APPID);

@@ -1,7 +1,8 @@
 //! Delivering outcomes (`items::outcome`): the due ones of a shard read whole, each
 //! deleted once delivered, moved later after a failed try, or given up (off the due
 //! index, kept for the operator until its TTL). Each write is conditional on the
-//! attempts read, so two deliverers racing never both move one.
+//! attempts read (a write that lost to another is dropped); the template runs one
+//! tick at a time, and racing deliverers are not tested.
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
