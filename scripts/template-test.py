@@ -343,22 +343,43 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
 
 
 @check
-def a_refused_secret_read_alarms_when_a_trail_is_named():
-    assert "SecretReadRefusedAlarm" not in Stack(PUSH).of_type("AWS::CloudWatch::Alarm")
+def a_refused_secret_read_and_any_secret_write_alarm_when_a_trail_is_named():
+    alarms = Stack(PUSH).of_type("AWS::CloudWatch::Alarm")
+    assert not {"SecretReadRefusedAlarm", "SecretWritesAlarm"} & set(alarms)
     assert not Stack(PUSH).of_type("AWS::Logs::MetricFilter")
     stack = Stack(dict(PUSH, CloudTrailLogGroupName="aws-cloudtrail-logs-1234", AlarmTopicArn=TOPIC))
-    (metric_filter,) = stack.of_type("AWS::Logs::MetricFilter").values()
-    props = metric_filter["Properties"]
-    assert props["LogGroupName"] == "aws-cloudtrail-logs-1234"
-    pattern = props["FilterPattern"]
+    filters = stack.of_type("AWS::Logs::MetricFilter")
+    assert set(filters) == {"SecretReadRefusedFilter", "SecretWritesFilter"}, sorted(filters)
+    for name, alarm_name in [("SecretReadRefusedFilter", "SecretReadRefusedAlarm"),
+                             ("SecretWritesFilter", "SecretWritesAlarm")]:
+        props = filters[name]["Properties"]
+        assert props["LogGroupName"] == "aws-cloudtrail-logs-1234"
+        (transform,) = props["MetricTransformations"]
+        alarm = stack.of_type("AWS::CloudWatch::Alarm")[alarm_name]["Properties"]
+        assert (alarm["Namespace"], alarm["MetricName"]) == (transform["MetricNamespace"], transform["MetricName"])
+        assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["AlarmActions"] == [TOPIC]
+    pattern = filters["SecretReadRefusedFilter"]["Properties"]["FilterPattern"]
     assert len(pattern) <= 1024, len(pattern)
     for term in ['"secretsmanager.amazonaws.com"', '"GetSecretValue"', '"AccessDenied*"']:
         assert term in pattern, pattern
-    (transform,) = props["MetricTransformations"]
-    alarm = stack.of_type("AWS::CloudWatch::Alarm")["SecretReadRefusedAlarm"]["Properties"]
-    assert (alarm["Namespace"], alarm["MetricName"]) == (transform["MetricNamespace"], transform["MetricName"])
-    assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
-    assert alarm["AlarmActions"] == [TOPIC]
+    # Every write action a fence denies is counted, unless the rotation's role made it;
+    # a caller with no session issuer (a user, the root) is counted too.
+    sub = filters["SecretWritesFilter"]["Properties"]["FilterPattern"]["Fn::Sub"]
+    text, variables = sub
+    assert len(text) + 200 <= 1024, len(text)  # (with the role's ARN put in)
+    fence = next(
+        st for st in stack.of_type("AWS::SecretsManager::ResourcePolicy")["SessionSecretPolicy"]
+        ["Properties"]["ResourcePolicy"]["Statement"] if st["Sid"] == "OnlyItsOwnWriters"
+    )
+    for action in fence["Action"]:
+        assert f'$.eventName = "{action.split(":")[1]}"' in text, action
+    assert '($.userIdentity.sessionContext.sessionIssuer.arn NOT EXISTS)' in text, text
+    assert '($.userIdentity.sessionContext.sessionIssuer.arn != "${Rotator}")' in text, text
+    assert variables["Rotator"] == {"Fn::GetAtt": ["SessionKeyRotationFunctionRole", "Arn"]}
+    unrotated = Stack(dict(PUSH, CloudTrailLogGroupName="trail", SessionKeyRotationDays="0"))
+    _, variables = unrotated.of_type("AWS::Logs::MetricFilter")["SecretWritesFilter"]["Properties"]["FilterPattern"]["Fn::Sub"]
+    assert variables["Rotator"] == "none", variables
 
 
 def readers(policy):

@@ -265,7 +265,7 @@ async fn stages_of(arn: &str) -> HashMap<String, Vec<String>> {
 
 #[tokio::test]
 async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_signed_out() {
-    use onegrant::secrets::rotation::{RotationError, RotationRequest, Step, rotate};
+    use onegrant::secrets::rotation::{RotationError, RotationRequest, Step, rotate, sealed};
     onegrant::aws::install_crypto_provider();
     let old_key = "s".repeat(40);
     let arn = create("session-rotated", &old_key).await;
@@ -308,6 +308,10 @@ async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_
     assert_eq!(value("AWSPENDING").await, Some(first.clone()), "made once");
     assert_eq!(first.len(), 64, "32 random bytes, hex");
     assert!(first.chars().all(|c| c.is_ascii_hexdigit()) && first != old_key);
+    assert!(
+        sealed(&old_key, &token, &first),
+        "sealed under the key in use"
+    );
     // Nothing changes for a token until it is current.
     assert_eq!(value("AWSCURRENT").await, Some(old_key.clone()));
     for s in [Step::Set, Step::Test, Step::Finish] {
@@ -347,7 +351,44 @@ async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_
         rotate(&reader, &arn, &unstaged).await,
         Err(RotationError::NotStaged)
     ));
-    assert_eq!(value("AWSCURRENT").await, Some(first), "nothing moved");
+    assert_eq!(
+        value("AWSCURRENT").await,
+        Some(first.clone()),
+        "nothing moved"
+    );
+    // A pending key the rotation did not make (someone past the write fence staged
+    // one under the next rotation's token): every step refuses it, nothing moves.
+    let foreign_token = uuid::Uuid::new_v4().to_string();
+    let planted = "f".repeat(64);
+    operate(
+        "secretsmanager.PutSecretValue",
+        json!({"SecretId": arn, "ClientRequestToken": foreign_token,
+               "SecretString": planted, "VersionStages": ["AWSPENDING"]}),
+    )
+    .await;
+    for s in [Step::Create, Step::Test, Step::Finish] {
+        let planted_step = RotationRequest {
+            token: foreign_token.clone(),
+            ..step(s)
+        };
+        assert!(
+            matches!(
+                rotate(&reader, &arn, &planted_step).await,
+                Err(RotationError::Foreign)
+            ),
+            "{s:?}"
+        );
+    }
+    assert_eq!(
+        value("AWSCURRENT").await,
+        Some(first),
+        "the key in use stays"
+    );
+    assert_eq!(
+        stages_of(&arn).await.get(&foreign_token),
+        Some(&vec!["AWSPENDING".to_string()]),
+        "never made current"
+    );
 }
 
 #[tokio::test]

@@ -1,12 +1,19 @@
 //! The session key's rotation: Secrets Manager's four steps for a secret whose value is
 //! the key itself (no other system to tell, so `setSecret` does nothing).
 //!
-//! - `createSecret`: a new random key staged `AWSPENDING` under the rotation's token
-//!   (once: a retried step finds it there);
+//! - `createSecret`: a new key staged `AWSPENDING` under the rotation's token (once: a
+//!   retried step finds it there);
 //! - `setSecret`: nothing;
-//! - `testSecret`: the staged key is there and long enough to sign with;
+//! - `testSecret`: the staged key is there, long enough to sign with, and sealed;
 //! - `finishSecret`: the staged version made `AWSCURRENT` (the old one becomes
-//!   `AWSPREVIOUS`).
+//!   `AWSPREVIOUS`), sealed still.
+//!
+//! **Sealed**: a key this rotation makes is 16 random bytes and a 16-byte tag, the
+//! HMAC-SHA256 under the current key of the token and those bytes ([`seal`]). A pending
+//! value someone else wrote under the token (whoever got past the secret's write fence)
+//! carries no tag that holds, and every step refuses it ([`RotationError::Foreign`]):
+//! the rotation fails and the key in use stays. Forging the tag needs the current key,
+//! which is reading the secret. The 128 random bits are the new key's secret part.
 //!
 //! The functions read the keys again when a token matches none they hold
 //! ([`crate::session`]), so the new key needs no deploy and signs nobody out.
@@ -18,8 +25,9 @@ use serde_json::{Value, json};
 use super::MIN_SESSION_SECRET_BYTES;
 use super::{SecretsError, SecretsReader};
 
-/// Bytes of randomness in a key (written as hex: 64 characters).
-const KEY_BYTES: usize = 32;
+/// Bytes of randomness in a key; as many again of its seal (written as hex: 64
+/// characters).
+const RANDOM_BYTES: usize = 16;
 
 /// One invocation by Secrets Manager: `{"SecretId", "ClientRequestToken", "Step"}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +58,10 @@ pub enum RotationError {
     Unusable,
     #[error("no version of the secret is AWSCURRENT")]
     NoCurrent,
-    #[error("no random key could be made")]
+    #[error("no new key could be made")]
     Random,
+    #[error("the staged key was not made by this rotation (its seal does not hold): refused")]
+    Foreign,
     #[error("Secrets Manager refused {action}: {status} {kind}")]
     Refused {
         action: &'static str,
@@ -121,6 +131,40 @@ pub fn decide(
     }
 }
 
+/// A new key for the rotation `token`: `random` and its seal under `current` (the key in
+/// use), hex.
+pub fn seal(current: &str, token: &str, random: &[u8; RANDOM_BYTES]) -> Option<String> {
+    use hmac::Mac;
+    let tag = mac(current, token, random)?.finalize().into_bytes();
+    let mut key = random.to_vec();
+    key.extend_from_slice(&tag[..RANDOM_BYTES]);
+    Some(hex::encode(key))
+}
+
+/// Whether `pending` is a key [`seal`] made for `token` under `current` (its tag
+/// compared in constant time).
+pub fn sealed(current: &str, token: &str, pending: &str) -> bool {
+    use hmac::Mac;
+    let Ok(bytes) = hex::decode(pending) else {
+        return false;
+    };
+    if bytes.len() != 2 * RANDOM_BYTES {
+        return false;
+    }
+    let (random, given) = bytes.split_at(RANDOM_BYTES);
+    mac(current, token, random).is_some_and(|mac| mac.verify_truncated_left(given).is_ok())
+}
+
+fn mac(current: &str, token: &str, random: &[u8]) -> Option<hmac::Hmac<sha2_jwt::Sha256>> {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = Hmac::<sha2_jwt::Sha256>::new_from_slice(current.as_bytes()).ok()?;
+    mac.update(b"onegrant-session-key-rotation\n");
+    mac.update(token.as_bytes());
+    mac.update(b"\n");
+    mac.update(random);
+    Some(mac)
+}
+
 /// The version that is `AWSCURRENT`.
 pub fn current(stages: &HashMap<String, Vec<String>>) -> Option<&str> {
     stages
@@ -153,18 +197,33 @@ pub async fn rotate(
         tracing::info!(step = ?request.step, "the rotation's version is current already");
         return Ok(());
     }
+    // The key in use: what a staged key's seal is checked under.
+    let in_use = reader
+        .read("SESSION_SECRET", arn, "AWSCURRENT", None)
+        .await?
+        .ok_or(RotationError::NoCurrent)?;
+    let ours = |pending: &str| {
+        if sealed(in_use.expose(), &request.token, pending) {
+            Ok(())
+        } else {
+            tracing::error!(step = ?request.step, "a pending session key this rotation did not make: refused");
+            Err(RotationError::Foreign)
+        }
+    };
     match request.step {
         Step::Create => {
-            if staged(reader, arn, &request.token).await?.is_some() {
-                return Ok(());
+            if let Some(pending) = staged(reader, arn, &request.token).await? {
+                return ours(&pending);
             }
-            let mut key = [0u8; KEY_BYTES];
-            getrandom::fill(&mut key).map_err(|_| RotationError::Random)?;
+            let mut random = [0u8; RANDOM_BYTES];
+            getrandom::fill(&mut random).map_err(|_| RotationError::Random)?;
+            let key =
+                seal(in_use.expose(), &request.token, &random).ok_or(RotationError::Random)?;
             call(
                 reader,
                 "PutSecretValue",
                 json!({"SecretId": arn, "ClientRequestToken": request.token,
-                       "SecretString": hex::encode(key), "VersionStages": ["AWSPENDING"]}),
+                       "SecretString": key, "VersionStages": ["AWSPENDING"]}),
                 &[],
             )
             .await?;
@@ -172,14 +231,17 @@ pub async fn rotate(
         }
         Step::Set => {}
         Step::Test => {
-            let usable = staged(reader, arn, &request.token)
+            let pending = staged(reader, arn, &request.token)
                 .await?
-                .is_some_and(|key| key.len() >= MIN_SESSION_SECRET_BYTES);
-            if !usable {
-                return Err(RotationError::Unusable);
-            }
+                .filter(|key| key.len() >= MIN_SESSION_SECRET_BYTES)
+                .ok_or(RotationError::Unusable)?;
+            ours(&pending)?;
         }
         Step::Finish => {
+            let pending = staged(reader, arn, &request.token)
+                .await?
+                .ok_or(RotationError::NotStaged)?;
+            ours(&pending)?;
             let current = current(&stages).ok_or(RotationError::NoCurrent)?;
             call(
                 reader,
@@ -296,6 +358,28 @@ mod tests {
         ));
         assert_eq!(current(&pending), Some("old"));
         assert_eq!(current(&stages(&[("t", &["AWSPENDING"])])), None);
+    }
+
+    #[test]
+    fn only_a_key_sealed_under_the_current_key_for_this_token_is_the_rotations() {
+        let random = [7u8; RANDOM_BYTES];
+        let key = seal("current-key", "token-1", &random).expect("sealed");
+        assert_eq!(key.len(), 64);
+        assert!(key.starts_with(&hex::encode(random)));
+        assert!(sealed("current-key", "token-1", &key));
+        // Another token, another key in use, a changed bit, a foreign value: refused.
+        assert!(!sealed("current-key", "token-2", &key));
+        assert!(!sealed("other-key", "token-1", &key));
+        let mut flipped = hex::decode(&key).expect("hex");
+        flipped[31] ^= 1;
+        assert!(!sealed("current-key", "token-1", &hex::encode(flipped)));
+        for foreign in ["", "zz", &"a".repeat(64), &"a".repeat(66), &key[..62]] {
+            assert!(!sealed("current-key", "token-1", foreign), "{foreign}");
+        }
+        // Two keys for one rotation differ in their random part only.
+        let other = seal("current-key", "token-1", &[8u8; RANDOM_BYTES]).expect("sealed");
+        assert_ne!(key, other);
+        assert!(sealed("current-key", "token-1", &other));
     }
 
     #[test]
