@@ -317,7 +317,7 @@ def logs_expire_and_abuse_and_spend_are_alarmed():
         groups = stack.of_type("AWS::Logs::LogGroup")
         assert all(g["Properties"]["RetentionInDays"] == "30" for g in groups.values()), groups
         functions = stack.of_type("AWS::Lambda::Function")
-        assert len(functions) == (10 if callback else 9), sorted(functions)
+        assert len(functions) == (11 if callback else 9), sorted(functions)
         for name, fn in functions.items():
             logging_config = fn["Properties"]["LoggingConfig"]
             assert logging_config["LogFormat"] == "JSON", name
@@ -589,7 +589,13 @@ def each_secret_is_readable_only_by_the_functions_that_use_it():
     assert readers(unrotated.of_type("AWS::SecretsManager::ResourcePolicy")["SessionSecretPolicy"]) == [
         "GrantsFunctionRole", "InboxFunctionRole", "RemindersFunctionRole", "SessionFunctionRole"
     ]
-    assert readers(policies["WechatSecretPolicy"]) == ["DispatcherFunctionRole", "SessionFunctionRole"]
+    assert readers(policies["WechatSecretPolicy"]) == [
+        "DispatcherFunctionRole", "SessionFunctionRole", "WechatIpsFunctionRole"
+    ]
+    # Without the push there is no callback, so nobody keeps WeChat's door.
+    assert readers(Stack({}).of_type("AWS::SecretsManager::ResourcePolicy")["WechatSecretPolicy"]) == [
+        "DispatcherFunctionRole", "SessionFunctionRole"
+    ]
     assert readers(policies["PushTokenPolicy"]) == ["WechatCallbackFunctionRole"]
     assert readers(policies["PushAesKeyPolicy"]) == ["WechatCallbackFunctionRole"]
     assert readers(policies["PublishersSecretPolicy"]) == ["OutcomesFunctionRole", "PublisherFunctionRole"]
@@ -684,7 +690,7 @@ def the_documented_deploy_parameters_reach_the_functions_intact():
     assert parsed["NotifySources"] == "com.example.shop,com.example.pay"
     stack = Stack(dict(parsed, **PUSH))
     functions = stack.of_type("AWS::Lambda::Function")
-    assert len(functions) == 10, sorted(functions)
+    assert len(functions) == 11, sorted(functions)
     for name, fn in functions.items():
         env = fn["Properties"]["Environment"]["Variables"]
         assert env["ONEGRANT_TEMPLATES"] == parsed["Templates"], name
@@ -860,8 +866,21 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     assert acl["Scope"] == "CLOUDFRONT" and acl["DefaultAction"] == {"Allow": {}}
     rules = {r["Name"]: r for r in acl["Rules"]}
     assert sorted(rules) == [
-        "api-per-ip", "body-over-64-kib", "callback-per-ip", "known-bad-inputs", "session-per-ip",
+        "api-per-ip", "body-over-64-kib", "callback-only-from-wechat", "callback-per-ip",
+        "known-bad-inputs", "session-per-ip",
     ], sorted(rules)
+    # WeChat's door, first: the callback from anywhere but WeChat's IP set is refused.
+    door = rules.pop("callback-only-from-wechat")
+    assert door["Priority"] == min(r["Priority"] for r in acl["Rules"])
+    assert door["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 403
+    path, outside = door["Statement"]["AndStatement"]["Statements"]
+    assert (path["ByteMatchStatement"]["SearchString"], path["ByteMatchStatement"]["PositionalConstraint"]) == (
+        "/wechat/callback", "STARTS_WITH")
+    assert outside["NotStatement"]["Statement"]["IPSetReferenceStatement"]["Arn"] == {
+        "Fn::GetAtt": ["WechatIpSet", "Arn"]}
+    ip_set = template["Resources"]["WechatIpSet"]["Properties"]
+    assert (ip_set["Scope"], ip_set["IPAddressVersion"]) == ("CLOUDFRONT", "IPV4"), ip_set
+    assert template["Outputs"]["WechatIpSetArn"]["Value"] == {"Fn::GetAtt": ["WechatIpSet", "Arn"]}
     # A body over the API's limit is refused at the edge: inspected up to 64 KB, and a
     # larger one counted as over.
     size = rules.pop("body-over-64-kib")
@@ -901,6 +920,42 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     }
     assert default["callback-per-ip"] > default["api-per-ip"] > default["session-per-ip"], default
     assert template["Outputs"]["WebAclArn"]["Value"] == {"Fn::GetAtt": ["WebAcl", "Arn"]}
+
+
+@check
+def wechats_door_is_kept_hourly_throttled_apart_and_open_only_to_wechat():
+    stack = Stack(PUSH)
+    fn = stack.function("WechatIpsFunction")
+    assert fn["Environment"]["Variables"]["WECHAT_IP_SET"] == ""
+    assert "WECHAT_SECRET_ARN" in fn["Environment"]["Variables"]
+    (rule,) = [r for r in stack.of_type("AWS::Events::Rule").values()
+               if r["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": ["WechatIpsFunction", "Arn"]}]
+    assert rule["Properties"]["ScheduleExpression"] == "rate(1 hour)"
+    statements = role_statements(stack, "WechatIpsFunctionRole")
+    actions = sorted(a for st in statements for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))
+    assert actions == ["dynamodb:PutItem", "secretsmanager:GetSecretValue"], actions
+    put = next(st for st in statements if st["Action"] == "dynamodb:PutItem")
+    assert put["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["WECHAT#IPS"]}}
+    callback = stack.function("WechatCallbackFunction")["Environment"]["Variables"]
+    assert callback["WECHAT_IPS_CHECK"] == "on"
+    assert Stack(dict(PUSH, WechatIpsCheck="off")).function("WechatCallbackFunction")["Environment"]["Variables"]["WECHAT_IPS_CHECK"] == "off"
+    # Its own throttle, on both methods; without the push, only the login's.
+    (api,) = stack.of_type("AWS::ApiGatewayV2::Stage").values()
+    routes = api["Properties"]["RouteSettings"]
+    for route in ["POST /wechat/callback", "GET /wechat/callback"]:
+        assert routes[route] == {"ThrottlingRateLimit": "100", "ThrottlingBurstLimit": "100"}, routes
+    assert routes["POST /v1/session"]["ThrottlingRateLimit"] == "20"
+    (plain,) = Stack({}).of_type("AWS::ApiGatewayV2::Stage").values()
+    assert sorted(plain["Properties"]["RouteSettings"]) == ["POST /v1/session"]
+    assert "WechatIpsFunction" not in Stack({}).of_type("AWS::Lambda::Function")
+    # With the edge and its IP set: the function keeps that set, and only it.
+    ip_set = "arn:aws:wafv2:us-east-1:123456789012:global/ipset/onegrant-edge-wechat/0f1e2d3c"
+    edged = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=ip_set))
+    assert edged.function("WechatIpsFunction")["Environment"]["Variables"]["WECHAT_IP_SET"] == ip_set
+    waf = [st for st in role_statements(edged, "WechatIpsFunctionRole") if "wafv2:UpdateIPSet" in st["Action"]]
+    assert waf == [{"Effect": "Allow", "Action": ["wafv2:GetIPSet", "wafv2:UpdateIPSet"], "Resource": ip_set}], waf
+    alarm = stack.of_type("AWS::CloudWatch::Alarm")["WechatIpsFailedAlarm"]["Properties"]
+    assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": "WechatIpsFunction"}}]
 
 
 def main():

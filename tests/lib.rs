@@ -21,5 +21,5 @@ pub use support::invariants::{
 pub use support::logs::LogCapture;
 pub use support::publishers::{Received, Receiver, SHOP, Signer, order_detail};
 pub use support::round_trips::{ItemWrite, RoundTrips, item_size};
-pub use support::table::{Leased, TestTable, emulator_endpoint};
+pub use support::table::{Leased, TestTable, emulator_call, emulator_endpoint};
 pub use support::users::{User, assert_rate_limited, plan_state};

@@ -37,6 +37,7 @@ pub fn event_handler(binary: &str) -> Option<EventHandler> {
         "notify" => Some(notify::invoke),
         "outcomes" => Some(outcomes::invoke),
         "session-key-rotation" => Some(session_key_rotation::invoke),
+        "wechat-ips" => Some(wechat_ips::invoke),
         _ => None,
     }
 }
@@ -155,9 +156,17 @@ async fn dispatch(State(state): State<Arc<ApiState>>, req: axum::extract::Reques
         }
     };
     let query = query_map(parts.uri.query());
+    let from = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
     let request = Request::from_parts(parts, lambda_body(bytes))
         .with_path_parameters(params)
         .with_query_string_parameters(query);
+    let request = match from {
+        Some(from) => request.with_request_context(source_context(from)),
+        None => request,
+    };
     // As the deployed functions' `main` does, before the handler.
     if let Some(refused) = onegrant::http::from_elsewhere(&state.deps.config, &request) {
         return into_axum(refused);
@@ -165,7 +174,22 @@ async fn dispatch(State(state): State<Arc<ApiState>>, req: axum::extract::Reques
     into_axum(handler(&state.deps, request).await)
 }
 
-/// The HTTP API: every route of `template.yaml`, each to its function's handler.
+/// API Gateway's request context as far as the local stack knows it: the address the
+/// request came from (the socket's peer), as `sourceIp`.
+fn source_context(from: std::net::IpAddr) -> lambda_http::request::RequestContext {
+    use lambda_http::aws_lambda_events::apigw::{
+        ApiGatewayV2httpRequestContext, ApiGatewayV2httpRequestContextHttpDescription,
+    };
+    let mut http = ApiGatewayV2httpRequestContextHttpDescription::default();
+    http.source_ip = Some(from.to_string());
+    let mut context = ApiGatewayV2httpRequestContext::default();
+    context.http = http;
+    lambda_http::request::RequestContext::ApiGatewayV2(context)
+}
+
+/// The HTTP API: every route of `template.yaml`, each to its function's handler
+/// (served with each connection's peer address: `axum::serve` of
+/// `into_make_service_with_connect_info::<SocketAddr>()`).
 pub fn api_router(deps: Deps) -> anyhow::Result<Router> {
     let mut routes = Vec::new();
     for route in template::routes()? {

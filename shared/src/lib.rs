@@ -41,6 +41,8 @@ mod signed;
 #[cfg(feature = "store")]
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "store")]
+pub mod waf;
 pub mod wechat;
 
 use std::sync::Arc;
@@ -106,6 +108,9 @@ pub struct Deps {
     pub invoker: Option<invoke::Invoker>,
     /// The stack's bus, where outcomes are told (`OUTCOME_BUS`); `None`: not told there.
     pub bus: Option<bus::Bus>,
+    /// The edge's IP set of WeChat's push addresses (`WECHAT_IP_SET`), which the
+    /// `wechat-ips` function keeps; `None`: the table's copy only.
+    pub wechat_ip_set: Option<waf::IpSet>,
 }
 
 #[cfg(feature = "store")]
@@ -171,11 +176,25 @@ impl Deps {
                 core.config.events_endpoint.as_deref(),
             )
         });
+        let wechat_ip_set = core
+            .config
+            .wechat_ip_set
+            .as_deref()
+            .map(|arn| {
+                waf::IpSet::new(
+                    arn,
+                    credentials.clone(),
+                    core.config.wafv2_endpoint.as_deref(),
+                )
+            })
+            .transpose()
+            .map_err(DepsError::WechatIpSet)?;
         Ok(Self {
             core,
             store,
             invoker,
             bus,
+            wechat_ip_set,
         })
     }
 
@@ -197,6 +216,7 @@ impl Deps {
             None => Self::new(config, dynamodb).map(|deps| Self {
                 invoker: None,
                 bus: None,
+                wechat_ip_set: None,
                 ..deps
             }),
         }
@@ -212,4 +232,7 @@ pub enum DepsError {
     Wechat(#[source] wechat::WechatError),
     #[error("the session keys could not be built")]
     Session(#[source] session::SessionError),
+    #[cfg(feature = "store")]
+    #[error("WECHAT_IP_SET is invalid")]
+    WechatIpSet(#[source] waf::WafError),
 }

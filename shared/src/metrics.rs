@@ -126,6 +126,11 @@ pub mod name {
     // WeChat.
     /// Access token fetches, by label `Outcome` (ok, failed).
     pub const TOKEN_FETCHES: &str = "TokenFetches";
+    /// Reads of WeChat's push addresses, by label `Outcome` (kept: a list taken;
+    /// failed: WeChat not read; refused: a list not taken, the one in use kept).
+    pub const WECHAT_IPS: &str = "WechatIps";
+    /// Pushes refused at WeChat's door: from an address not in WeChat's list.
+    pub const PUSHES_FROM_OUTSIDE: &str = "PushesFromOutside";
     // The edge protection.
     /// Requests refused for not coming through the stack's CloudFront distribution.
     pub const FROM_ELSEWHERE: &str = "RequestsAroundEdge";
@@ -135,7 +140,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 49] = [
+pub const ALL: [&str; 51] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -183,18 +188,21 @@ pub const ALL: [&str; 49] = [
     name::OUTCOMES_RETRIED,
     name::OUTCOMES_DEAD,
     name::TOKEN_FETCHES,
+    name::WECHAT_IPS,
+    name::PUSHES_FROM_OUTSIDE,
     name::FROM_ELSEWHERE,
     name::SESSION_KEY_READS_FAILED,
 ];
 
 /// The labels (EMF dimensions besides `Function`) each labelled metric is recorded
 /// with; every other metric has `Function` alone.
-pub const LABELS: [(&str, &[&str]); 7] = [
+pub const LABELS: [(&str, &[&str]); 8] = [
     (name::FAILED_BY_CLASS, &["Class"]),
     (name::REQUESTS, &["Route", "Status"]),
     (name::CONTENDED_RETRIES, &["What"]),
     (name::EVENTS, &["Outcome"]),
     (name::TOKEN_FETCHES, &["Outcome"]),
+    (name::WECHAT_IPS, &["Outcome"]),
     (name::PUBLISHER_REFUSALS, &["Reason"]),
     (name::PUSHES_REJECTED, &[]),
 ];

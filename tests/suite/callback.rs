@@ -69,7 +69,7 @@ pub(crate) fn now() -> String {
     onegrant::Clock::real_now().timestamp().to_string()
 }
 
-fn popup(openid: &str, create_time: i64) -> String {
+pub(crate) fn popup(openid: &str, create_time: i64) -> String {
     json!({"ToUserName": "gh_123456789abc", "FromUserName": openid, "CreateTime": create_time.to_string(),
            "MsgType": "event", "Event": "subscribe_msg_popup_event",
            "List": [{"TemplateId": "tmpl_water_reminder", "SubscribeStatusString": "accept", "PopupScene": "0"}]})

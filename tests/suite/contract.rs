@@ -177,6 +177,15 @@ async fn the_invoke_api_runs_the_sample_events_through_the_functions() {
     .await;
     assert!(answer["unaddressed"].as_u64() >= Some(1), "{answer}");
 
+    // WeChat's door kept: the stand-in's list read and kept in the table (no edge).
+    let answer = invoke(
+        &app,
+        "WechatIpsFunction",
+        &sample_event("wechat-ips-schedule.json"),
+    )
+    .await;
+    assert_eq!(answer, json!({"entries": 2, "ip_set": "none"}));
+
     // The user's preferences, saved and read back.
     for (sample, expected) in [
         ("inbox-preferences-put.json", "PUT"),

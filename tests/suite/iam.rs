@@ -219,6 +219,11 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
     let outcomes = actions();
     assert_granted("outcomes", &outcomes);
 
+    // wechat-ips: WeChat's list read and kept (one item).
+    wechat_ips::refresh(&app.deps).await.expect("kept");
+    let door = actions();
+    assert_granted("wechat-ips", &door);
+
     // WeChat says zed closed their account: the erasure begun, its steps the
     // dispatcher's (below).
     let crypto = onegrant::wechat::push::PushCrypto::new(
@@ -399,6 +404,7 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
         ("publisher", &publisher, "Query"),
         ("outcomes", &outcomes, "UpdateItem"),
         ("outcomes", &outcomes, "DeleteItem"),
+        ("wechat-ips", &door, "PutItem"),
         ("wechat-callback", &callback, "UpdateItem"),
         ("wechat-callback", &callback, "GetItem"),
     ] {
@@ -413,12 +419,13 @@ async fn every_dynamodb_action_a_function_uses_is_granted_by_its_policy() {
 /// declares them (`Need`s): the session key where tokens are issued or checked, the
 /// AppSecret where WeChat is called, the push secrets in the callback.
 /// (Every HTTP function reads the edge protection's origin secret when it is on.)
-const SECRETS_USED: [(&str, &[&str]); 10] = [
+const SECRETS_USED: [(&str, &[&str]); 11] = [
     (
         "publisher",
         &["ONEGRANT_PUBLISHERS_ARN", "ORIGIN_SECRET_ARN"],
     ),
     ("outcomes", &["ONEGRANT_PUBLISHERS_ARN"]),
+    ("wechat-ips", &["WECHAT_SECRET_ARN"]),
     ("session-key-rotation", &["SESSION_SECRET_ARN"]),
     (
         "session",

@@ -41,4 +41,5 @@ mod standin;
 mod standing;
 mod sweep;
 mod taps;
+mod wechat_ips;
 mod write_limits;

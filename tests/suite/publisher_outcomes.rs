@@ -302,28 +302,9 @@ async fn an_outcome_no_webhook_takes_for_a_day_is_given_up_and_kept() {
     assert_eq!(receiver.received().len(), before);
 }
 
-/// moto's EventBridge and SQS, called as their JSON APIs (moto checks no signature;
-/// the credential scope in `Authorization` names the service).
+/// moto's EventBridge and SQS (`onegrant_tests::emulator_call`).
 async fn aws(service: &str, target: &str, version: &str, body: Value) -> Value {
-    let endpoint = onegrant_tests::emulator_endpoint();
-    let answer = reqwest::Client::new()
-        .post(format!("{endpoint}/"))
-        .header("content-type", format!("application/x-amz-json-{version}"))
-        .header("x-amz-target", target)
-        .header(
-            "authorization",
-            format!("AWS4-HMAC-SHA256 Credential=local/20261207/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"),
-        )
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the emulator answers");
-    assert!(
-        answer.status().is_success(),
-        "{target}: {}",
-        answer.status()
-    );
-    answer.json().await.unwrap_or(Value::Null)
+    onegrant_tests::emulator_call(service, target, version, body).await
 }
 
 /// A bus whose rule sends every outcome to a queue (what a publisher on AWS

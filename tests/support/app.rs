@@ -86,7 +86,11 @@ pub(crate) async fn serve(router: axum_router::Router) -> (String, tokio::task::
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let addr = listener.local_addr().expect("local addr");
     let task = tokio::spawn(async move {
-        let _ = axum_router::serve(listener, router).await;
+        let _ = axum_router::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await;
     });
     (format!("http://{addr}"), task)
 }

@@ -20,6 +20,36 @@ pub fn emulator_endpoint() -> &'static str {
         .endpoint()
 }
 
+/// One call to a service of the shared emulator (moto's EventBridge, SQS, WAF) as its
+/// JSON API: its answer, asserted 2xx. moto checks no signature; the credential scope
+/// in `Authorization` names the service.
+pub async fn emulator_call(
+    service: &str,
+    target: &str,
+    version: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let endpoint = emulator_endpoint();
+    let answer = reqwest::Client::new()
+        .post(format!("{endpoint}/"))
+        .header("content-type", format!("application/x-amz-json-{version}"))
+        .header("x-amz-target", target)
+        .header(
+            "authorization",
+            format!("AWS4-HMAC-SHA256 Credential=local/20261207/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"),
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the emulator answers");
+    assert!(
+        answer.status().is_success(),
+        "{target}: {}",
+        answer.status()
+    );
+    answer.json().await.unwrap_or(serde_json::Value::Null)
+}
+
 /// The suite's emulators for tables: each test running takes one of its own and
 /// gives it back when its table is dropped, so no test waits behind another's requests
 /// (moto applies one request at a time, on one core) and the suite keeps both cores

@@ -13,6 +13,9 @@
 //! and logged; one that reads is recorded once (`store::callback`), applied once (a
 //! refusal voids the template's available grants and pauses its plans) and answered
 //! `success`.
+//!
+//! Before any of it, WeChat's door ([`door`]): where no edge keeps it, a request from
+//! an address outside WeChat's list is refused 403.
 
 use futures::future::BoxFuture;
 use lambda_http::http::Method;
@@ -62,12 +65,39 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
             }
         },
     };
+    if let Err(refused) = door(deps, push, &req).await {
+        return respond(Err(refused));
+    }
     let result = match *req.method() {
         Method::GET => verify_url(deps, push, &crypto, &req).await,
         Method::POST => receive(deps, push, &crypto, &req).await,
         _ => Err(ApiError::NotFound),
     };
     respond(result)
+}
+
+/// WeChat's door: a request from an address not in WeChat's list (as the `wechat-ips`
+/// function last read it) is refused 403 before anything else is read — unless the
+/// check is off, the edge keeps the door (its web ACL, before API Gateway), or no list
+/// was read yet (the signatures decide alone, as before). The list is read at most
+/// every 5 minutes per container, so a refused flood costs no read per request.
+async fn door(deps: &Deps, push: &PushConfig, req: &Request) -> Result<(), ApiError> {
+    if !push.wechat_ips_check || deps.config.origin.is_some() {
+        return Ok(());
+    }
+    let list = deps.store.wechat_ips_kept().await.map_err(|e| {
+        tracing::error!(error = %onegrant::telemetry::error_chain(&e), "WeChat's addresses could not be read");
+        ApiError::Unavailable
+    })?;
+    let Some(list) = list else {
+        return Ok(());
+    };
+    if onegrant::http::source_ip(req).is_some_and(|from| list.ips.admits(from)) {
+        return Ok(());
+    }
+    onegrant::metrics::count(onegrant::metrics::name::PUSHES_FROM_OUTSIDE, 1);
+    tracing::warn!("a request from an address not in WeChat's list was refused");
+    Err(ApiError::Forbidden)
 }
 
 fn text(status: u16, body: &str) -> Result<Response<Body>, ApiError> {

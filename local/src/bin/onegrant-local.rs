@@ -119,7 +119,11 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|p| p.source.clone())
         .collect();
-    let api = axum::serve(api_listener, api::api_router(deps.clone())?);
+    let api = axum::serve(
+        api_listener,
+        api::api_router(deps.clone())?
+            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    );
     let invoke = axum::serve(invoke_listener, api::invoke_router(deps)?.0);
 
     println!("onegrant local stack");

@@ -245,3 +245,17 @@ pub(crate) async fn control_push_event(
 pub(crate) async fn control_pushes(State(s): State<AppState>) -> Response {
     Json(json!({"pushes": s.lock().pushes.clone()})).into_response()
 }
+
+#[derive(Deserialize)]
+pub(crate) struct CallbackIps {
+    ip_list: Vec<String>,
+}
+
+/// What `getcallbackip` lists from now on (as WeChat gives it: not checked here).
+pub(crate) async fn control_callback_ips(
+    State(s): State<AppState>,
+    Json(req): Json<CallbackIps>,
+) -> Response {
+    s.lock().callback_ips = Some(req.ip_list);
+    Json(json!({"ok": true})).into_response()
+}

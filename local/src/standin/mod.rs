@@ -198,7 +198,13 @@ struct Inner {
     counters: Counters,
     push: Option<PushTarget>,
     pushes: Vec<PushRecord>,
+    /// What `getcallbackip` lists (set by the control API; `None`: [`CALLBACK_IPS`]).
+    callback_ips: Option<Vec<String>>,
 }
+
+/// The addresses `getcallbackip` lists unless a test sets others: loopback (where the
+/// stand-in pushes from) and a network of WeChat's.
+pub const CALLBACK_IPS: [&str; 2] = ["127.0.0.1", "101.226.103.0/25"];
 
 struct Shared {
     config: StandinConfig,
@@ -266,6 +272,7 @@ pub fn router(config: StandinConfig) -> Router {
         .route("/cgi-bin/token", get(token))
         .route("/cgi-bin/stable_token", post(stable_token))
         .route("/sns/jscode2session", get(jscode2session))
+        .route("/cgi-bin/getcallbackip", get(tokens::callback_ips))
         .route("/cgi-bin/message/subscribe/send", post(send))
         .route("/control/login-codes", post(control_login_code))
         .route("/control/quota", post(control_add_quota).get(control_quota))
@@ -287,6 +294,7 @@ pub fn router(config: StandinConfig) -> Router {
         )
         .route("/control/push-events", post(control_push_event))
         .route("/control/pushes", get(control_pushes))
+        .route("/control/callback-ips", post(control::control_callback_ips))
         .with_state(state)
 }
 

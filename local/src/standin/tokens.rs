@@ -157,3 +157,32 @@ pub(crate) async fn jscode2session(
     let openid = code.openid.clone();
     Json(json!({"openid": openid, "session_key": random_token()})).into_response()
 }
+
+/// `getcallbackip`: the addresses WeChat pushes from, for a valid access token.
+pub(crate) async fn callback_ips(
+    State(s): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let inner = s.lock();
+    let now = Instant::now();
+    match q.get("access_token").filter(|t| !t.is_empty()) {
+        None => return wx(41001, "access_token missing"),
+        Some(t) => match inner.tokens.get(t) {
+            None => {
+                return wx(
+                    40001,
+                    "invalid credential, access_token is invalid or not latest",
+                );
+            }
+            Some(t) if t.expires_at <= now => return wx(42001, "access_token expired"),
+            Some(_) => {}
+        },
+    }
+    let list = inner.callback_ips.clone().unwrap_or_else(|| {
+        crate::standin::CALLBACK_IPS
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    });
+    Json(json!({ "ip_list": list })).into_response()
+}

@@ -477,7 +477,18 @@ impl Config {
                                  ToUserName"
                             .into(),
                     })?;
+                let wechat_ips_check = match lookup("WECHAT_IPS_CHECK").as_deref() {
+                    None | Some("" | "on") => true,
+                    Some("off") => false,
+                    Some(_) => {
+                        return Err(ConfigError::Invalid {
+                            name: "WECHAT_IPS_CHECK",
+                            reason: "expected on or off".into(),
+                        });
+                    }
+                };
                 Some(PushConfig {
+                    wechat_ips_check,
                     original_id,
                     token: Secret::new(token),
                     aes_key: aes_key.map(Secret::new),
@@ -519,6 +530,8 @@ impl Config {
             publishers,
             outcome_bus: lookup("OUTCOME_BUS").filter(|b| !b.trim().is_empty()),
             events_endpoint: lookup("AWS_ENDPOINT_URL_EVENTS").filter(|e| !e.trim().is_empty()),
+            wechat_ip_set: lookup("WECHAT_IP_SET").filter(|e| !e.trim().is_empty()),
+            wafv2_endpoint: lookup("AWS_ENDPOINT_URL_WAFV2").filter(|e| !e.trim().is_empty()),
             origin,
             origin_enforced,
             openid_salt,

@@ -115,6 +115,12 @@ pub struct Config {
     /// EventBridge's endpoint when not the region's (`AWS_ENDPOINT_URL_EVENTS`: an
     /// emulator).
     pub events_endpoint: Option<String>,
+    /// The edge's WAF IP set the `wechat-ips` function keeps WeChat's list in
+    /// (`WECHAT_IP_SET`); `None`: only the table's copy (the function's check).
+    pub wechat_ip_set: Option<String>,
+    /// AWS WAF's endpoint when not the IP set's region's (`AWS_ENDPOINT_URL_WAFV2`: an
+    /// emulator).
+    pub wafv2_endpoint: Option<String>,
     /// The value the stack's CloudFront distribution adds to every request
     /// (`ORIGIN_SECRET`, the edge protection): a request without it is refused.
     /// `None`: the API is served directly.
@@ -143,6 +149,11 @@ pub struct PushConfig {
     pub aes_key: Option<Secret>,
     pub mode: PushMode,
     pub format: crate::domain::callback::Format,
+    /// `WECHAT_IPS_CHECK`: `on` (the default) refuses a push from an address not in
+    /// WeChat's list (as the `wechat-ips` function last read it; none read yet: no
+    /// refusal), unless the edge keeps the door (`ORIGIN_SECRET`: its web ACL's IP set
+    /// does, before the request reaches API Gateway); `off` refuses none.
+    pub wechat_ips_check: bool,
 }
 
 /// The console's 消息加密方式.

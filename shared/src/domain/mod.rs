@@ -19,6 +19,7 @@ pub mod reconcile;
 pub mod reminders;
 pub mod template;
 pub mod text;
+pub mod wechat_ips;
 
 /// An RFC 3339 instant, in UTC: the domain's tests write their instants so.
 #[cfg(test)]

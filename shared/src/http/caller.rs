@@ -88,3 +88,15 @@ pub async fn bearer(req: &Request, sessions: &Sessions) -> Result<(OpenId, i64),
         ApiError::Unauthorized
     })
 }
+
+/// The address the request came from, as API Gateway's HTTP API saw it (behind
+/// CloudFront, CloudFront's). `None` without a request context.
+pub fn source_ip(req: &Request) -> Option<std::net::IpAddr> {
+    use lambda_http::RequestExt;
+    use lambda_http::request::RequestContext;
+    let Some(RequestContext::ApiGatewayV2(context)) = req.request_context_ref() else {
+        return None;
+    };
+    let ip = context.http.source_ip.as_deref()?;
+    ip.parse().ok()
+}

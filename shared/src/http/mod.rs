@@ -10,7 +10,7 @@ mod caller;
 
 #[cfg(feature = "store")]
 pub use caller::authenticate_read;
-pub use caller::{Caller, authenticate, bearer, caller};
+pub use caller::{Caller, authenticate, bearer, caller, source_ip};
 
 use futures::future::BoxFuture;
 use lambda_http::{Body, Request, Response};

@@ -54,6 +54,7 @@ pub use crate::config::{Limits, Retention};
 pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
 pub use crate::store::consent::Stood;
 pub use crate::store::items::outbox::Publication;
+pub use crate::store::items::wechat_ips::{StoredWechatIps, WECHAT_IPS_KEPT_FOR};
 pub(crate) use retry::{
     Attempt, MAX_WRITE_ATTEMPTS, Tries, backoff, retry_carrying, retry_contended,
 };
@@ -79,6 +80,8 @@ pub struct Store {
     clock: crate::clock::Clock,
     /// This deployment's salt for openids' tags (an erasure's tombstone).
     openid_salt: std::sync::Arc<str>,
+    /// WeChat's push addresses as this container last read them.
+    wechat_ips_seen: items::wechat_ips::WechatIpsSeen,
 }
 
 /// The most index queries one process has in flight at once. A tick queries the due
@@ -137,6 +140,7 @@ impl Store {
             )),
             clock: crate::clock::Clock::system(),
             openid_salt: std::sync::Arc::from(crate::config::DEFAULT_OPENID_SALT),
+            wechat_ips_seen: Default::default(),
         }
     }
 

@@ -17,6 +17,7 @@
 //! after a short wait while the caller's deadline allows — it means "not sent", so the
 //! retry cannot send twice.
 
+mod callback_ips;
 mod config;
 pub mod push;
 
@@ -288,19 +289,7 @@ impl WechatClient {
             "secret": self.secret()?,
             "force_refresh": false,
         });
-        let response = self
-            .http
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| WechatError::Transport(e.without_url()))?;
-        if !response.status().is_success() {
-            return Err(WechatError::Status {
-                status: response.status().as_u16(),
-            });
-        }
-        let answer: TokenAnswer = response.json().await.map_err(|_| WechatError::Unreadable)?;
+        let answer: TokenAnswer = read_answer(self.http.post(url).json(&body)).await?;
         match (answer.errcode, answer.access_token, answer.expires_in) {
             (0, Some(token), Some(expires_in)) => {
                 let lifetime = Duration::from_secs(expires_in).saturating_sub(TOKEN_REFRESH_MARGIN);
@@ -537,6 +526,23 @@ impl Drop for Turn {
             map.remove(&self.openid);
         }
     }
+}
+
+/// Sends `request` and reads WeChat's JSON answer: a transport failure (its URL, which
+/// may carry a token, left out), a non-2xx status, or a body that is not `T` is an error.
+async fn read_answer<T: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+) -> Result<T, WechatError> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| WechatError::Transport(e.without_url()))?;
+    if !response.status().is_success() {
+        return Err(WechatError::Status {
+            status: response.status().as_u16(),
+        });
+    }
+    response.json().await.map_err(|_| WechatError::Unreadable)
 }
 
 #[cfg(test)]

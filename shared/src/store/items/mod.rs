@@ -25,6 +25,7 @@ pub(crate) mod quota;
 pub(crate) mod rate;
 pub(crate) mod setting;
 pub(crate) mod tombstone;
+pub mod wechat_ips;
 
 /// A raw DynamoDB item.
 pub(crate) type Item = HashMap<String, AttributeValue>;
