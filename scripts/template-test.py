@@ -164,11 +164,13 @@ def template_yaml():
     return yaml_parse((ROOT / "template.yaml").read_text())
 
 
-def failed_rules(template, params):
+def failed_rules(template, params, pseudo=None):
     """The template's Rules whose assertions fail with `params` (evaluated as
-    CloudFormation does before creating anything)."""
+    CloudFormation does before creating anything), in the region of `pseudo`."""
     stack = Stack.__new__(Stack)
     stack.params, stack.conditions, stack.raw_conditions = params, {}, {}
+    if pseudo is not None:
+        stack.pseudo = pseudo
     failed = []
     for name, rule in template.get("Rules", {}).items():
         if "RuleCondition" in rule and not stack.value(rule["RuleCondition"]):
@@ -810,7 +812,10 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
         env = without.function(f"{name}Function")["Environment"]["Variables"]
         assert env["ORIGIN_SECRET_ARN"] == "", name
         assert not reads_origin_secret(without, name), name
-    stack = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL))
+    # The edge on CloudFront's own name accepts TLS 1.0 (its default certificate):
+    # refused unless told so.
+    assert Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL)).rules_failed == ["EdgeServesTls12OrIsToldItDoesNot"]
+    stack = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true"))
     assert stack.rules_failed == []
     assert "OriginSecret" in stack.of_type("AWS::SecretsManager::Secret")
     (dist,) = stack.of_type("AWS::CloudFront::Distribution").values()
@@ -830,7 +835,8 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     assert behavior["CachePolicyId"] == "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"
     assert behavior["OriginRequestPolicyId"] == "b689b0a8-53d0-40ab-baf2-68738e2966ac"
     assert config["IPV6Enabled"] is False, "per-IP limits need IPv4"
-    counting = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeOriginCheck="count"))
+    counting = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true",
+                          EdgeOriginCheck="count"))
     for name in HTTP_FUNCTIONS:
         assert stack.function(f"{name}Function")["Environment"]["Variables"]["ORIGIN_CHECK"] == "enforce"
         env = counting.function(f"{name}Function")["Environment"]["Variables"]
@@ -847,6 +853,8 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     cert = "arn:aws:acm:us-east-1:123456789012:certificate/1234abcd-12ab-34cd-56ef-1234567890ab"
     domain = dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeDomainName="api.example.cn")
     assert Stack(domain).rules_failed == ["EdgeDomainNeedsTheEdgeAndACertificate"]
+    assert Stack(dict(domain, EdgeInsecureDefaultCertificate="true")).rules_failed == [
+        "EdgeDomainNeedsTheEdgeAndACertificate"]
     no_edge = dict(PUSH, EdgeDomainName="api.example.cn", EdgeCertificateArn=cert)
     assert Stack(no_edge).rules_failed == ["EdgeDomainNeedsTheEdgeAndACertificate"]
     named = Stack(dict(domain, EdgeCertificateArn=cert))
@@ -856,6 +864,8 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     assert config["Aliases"] == ["api.example.cn"]
     viewer = config["ViewerCertificate"]
     assert (viewer["AcmCertificateArn"], viewer["SslSupportMethod"]) == (cert, "sni-only")
+    # TLS 1.2 at least wherever the edge answers on a name a mini-program can call.
+    assert viewer["MinimumProtocolVersion"] == "TLSv1.2_2021", viewer
 
 
 @check
@@ -863,7 +873,8 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     template = yaml_parse((ROOT / "edge" / "waf.yaml").read_text())
     params = template["Parameters"]
     acl = template["Resources"]["WebAcl"]["Properties"]
-    assert acl["Scope"] == "CLOUDFRONT" and acl["DefaultAction"] == {"Allow": {}}
+    assert acl["Scope"] == {"Ref": "Scope"} and params["Scope"]["Default"] == "CLOUDFRONT"
+    assert acl["DefaultAction"] == {"Allow": {}}
     rules = {r["Name"]: r for r in acl["Rules"]}
     assert sorted(rules) == [
         "api-per-ip", "body-over-64-kib", "callback-only-from-wechat", "callback-per-ip",
@@ -875,11 +886,11 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     assert door["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 403
     path, outside = door["Statement"]["AndStatement"]["Statements"]
     assert (path["ByteMatchStatement"]["SearchString"], path["ByteMatchStatement"]["PositionalConstraint"]) == (
-        "/wechat/callback", "STARTS_WITH")
+        "/wechat/callback", "ENDS_WITH")
     assert outside["NotStatement"]["Statement"]["IPSetReferenceStatement"]["Arn"] == {
         "Fn::GetAtt": ["WechatIpSet", "Arn"]}
     ip_set = template["Resources"]["WechatIpSet"]["Properties"]
-    assert (ip_set["Scope"], ip_set["IPAddressVersion"]) == ("CLOUDFRONT", "IPV4"), ip_set
+    assert (ip_set["Scope"], ip_set["IPAddressVersion"]) == ({"Ref": "Scope"}, "IPV4"), ip_set
     assert template["Outputs"]["WechatIpSetArn"]["Value"] == {"Fn::GetAtt": ["WechatIpSet", "Arn"]}
     # A body over the API's limit is refused at the edge: inspected up to 64 KB, and a
     # larger one counted as over.
@@ -888,7 +899,8 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     assert constraint["FieldToMatch"] == {"Body": {"OversizeHandling": "MATCH"}}, constraint
     assert (constraint["ComparisonOperator"], constraint["Size"]) == ("GT", 65536), constraint
     assert size["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 413
-    assert acl["AssociationConfig"]["RequestBody"]["CLOUDFRONT"] == {"DefaultSizeInspectionLimit": "KB_64"}
+    assert EdgeStack({}).of_type("AWS::WAFv2::WebACL")["WebAcl"]["Properties"]["AssociationConfig"][
+        "RequestBody"] == {"CLOUDFRONT": {"DefaultSizeInspectionLimit": "KB_64"}}
     managed = rules.pop("known-bad-inputs")
     group = managed["Statement"]["ManagedRuleGroupStatement"]
     assert (group["VendorName"], group["Name"]) == ("AWS", "AWSManagedRulesKnownBadInputsRuleSet")
@@ -911,9 +923,10 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
         assert kinds == ["URL_DECODE", "NORMALIZE_PATH"], (name, kinds)
         limit = params[rate["Limit"]["Ref"]]
         assert limit["MinValue"] >= 10, name
-    assert paths["callback-per-ip"] == (False, "/wechat/callback", "STARTS_WITH")
-    assert paths["session-per-ip"] == (False, "/v1/session", "STARTS_WITH")
-    assert paths["api-per-ip"] == (True, "/wechat/callback", "STARTS_WITH")
+    # A path's end: the regional front's default address puts the stage first.
+    assert paths["callback-per-ip"] == (False, "/wechat/callback", "ENDS_WITH")
+    assert paths["session-per-ip"] == (False, "/v1/session", "ENDS_WITH")
+    assert paths["api-per-ip"] == (True, "/wechat/callback", "ENDS_WITH")
     default = {
         name: params[r["Statement"]["RateBasedStatement"]["Limit"]["Ref"]]["Default"]
         for name, r in rules.items()
@@ -950,12 +963,98 @@ def wechats_door_is_kept_hourly_throttled_apart_and_open_only_to_wechat():
     assert "WechatIpsFunction" not in Stack({}).of_type("AWS::Lambda::Function")
     # With the edge and its IP set: the function keeps that set, and only it.
     ip_set = "arn:aws:wafv2:us-east-1:123456789012:global/ipset/onegrant-edge-wechat/0f1e2d3c"
-    edged = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=ip_set))
+    edged = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true",
+                       EdgeWechatIpSetArn=ip_set))
     assert edged.function("WechatIpsFunction")["Environment"]["Variables"]["WECHAT_IP_SET"] == ip_set
     waf = [st for st in role_statements(edged, "WechatIpsFunctionRole") if "wafv2:UpdateIPSet" in st["Action"]]
     assert waf == [{"Effect": "Allow", "Action": ["wafv2:GetIPSet", "wafv2:UpdateIPSet"], "Resource": ip_set}], waf
     alarm = stack.of_type("AWS::CloudWatch::Alarm")["WechatIpsFailedAlarm"]["Properties"]
     assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": "WechatIpsFunction"}}]
+
+
+class EdgeStack(Stack):
+    """edge/waf.yaml (plain CloudFormation) with one parameter set, conditions resolved."""
+
+    def __init__(self, overrides, pseudo=PSEUDO):
+        self.pseudo = pseudo
+        template = yaml_parse((ROOT / "edge" / "waf.yaml").read_text())
+        params = {n: str(spec.get("Default", "")) for n, spec in template["Parameters"].items()}
+        params.update(overrides)
+        self.params = params
+        self.rules_failed = failed_rules(template, params, pseudo)
+        self.conditions = {}
+        self.raw_conditions = template.get("Conditions", {})
+        self.resources = {
+            name: res
+            for name, res in template["Resources"].items()
+            if "Condition" not in res or self.condition(res["Condition"])
+        }
+        self.outputs = {
+            name: out
+            for name, out in template["Outputs"].items()
+            if "Condition" not in out or self.condition(out["Condition"])
+        }
+
+
+@check
+def the_regional_front_guards_a_rest_api_in_either_partition_and_passes_all_to_the_http_api():
+    secret = "arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:OriginSecret-AbCdEf"
+    cloudfront = EdgeStack({})
+    assert cloudfront.rules_failed == []
+    assert not cloudfront.of_type("AWS::ApiGateway::RestApi") and "FrontUrl" not in cloudfront.outputs
+    # Outside us-east-1 only the regional scope (the China regions' only WAF).
+    assert EdgeStack({}, CHINA).rules_failed == ["CloudFrontScopeLivesInUsEast1"]
+    assert EdgeStack({"Scope": "REGIONAL"}, CHINA).rules_failed == ["RegionalFrontNeedsTheApiAndItsOriginSecret"]
+    front = EdgeStack({"Scope": "REGIONAL", "ApiId": "a1b2c3d4e5", "OriginSecretArn": secret}, CHINA)
+    assert front.rules_failed == []
+    (api,) = front.of_type("AWS::ApiGateway::RestApi").values()
+    assert api["Properties"]["EndpointConfiguration"]["Types"] == ["REGIONAL"]
+    (method,) = front.of_type("AWS::ApiGateway::Method").values()
+    assert method["Properties"]["HttpMethod"] == "ANY"
+    integration = method["Properties"]["Integration"]
+    assert integration["Type"] == "HTTP_PROXY"
+    assert integration["Uri"] == {"Fn::Sub": "https://${ApiId}.execute-api.${AWS::Region}.${AWS::URLSuffix}/{proxy}"}
+    header = integration["RequestParameters"]["integration.request.header.x-onegrant-origin"]
+    assert header == {"Fn::Sub": "'{{resolve:secretsmanager:${OriginSecretArn}:SecretString}}'"}, header
+    (acl,) = front.of_type("AWS::WAFv2::WebACL").values()
+    assert acl["Properties"]["Scope"] == "REGIONAL"
+    assert acl["Properties"]["AssociationConfig"]["RequestBody"] == {"API_GATEWAY": {"DefaultSizeInspectionLimit": "KB_64"}}
+    (ip_set,) = front.of_type("AWS::WAFv2::IPSet").values()
+    assert ip_set["Properties"]["Scope"] == "REGIONAL"
+    (association,) = front.of_type("AWS::WAFv2::WebACLAssociation").values()
+    arn = association["Properties"]["ResourceArn"]["Fn::Sub"]
+    assert arn.startswith("arn:${AWS::Partition}:apigateway:${AWS::Region}::/restapis/"), arn
+    # Nothing the partition decides is written out: no arn:aws: literal, no .amazonaws.com host.
+    raw = (ROOT / "edge" / "waf.yaml").read_text()
+    assert "arn:aws:" not in raw.replace("arn:aws[a-z-]*:", "") and "amazonaws.com" not in raw
+    # Its rules match a path's end (the default address puts the stage first).
+    for rule in acl["Properties"]["Rules"]:
+        for match in json_find(rule, "ByteMatchStatement"):
+            assert match["PositionalConstraint"] == "ENDS_WITH", rule["Name"]
+    # The onegrant stack behind it: the origin secret made and checked, its ARN and
+    # the API's id given out, the wechat-ips function keeping the regional IP set.
+    ip_set_arn = "arn:aws-cn:wafv2:cn-north-1:123456789012:regional/ipset/onegrant-front-wechat/0f1e"
+    behind = ChinaStack(dict(PUSH, RegionalFront="true", EdgeWechatIpSetArn=ip_set_arn))
+    assert behind.rules_failed == []
+    assert "OriginSecret" in behind.of_type("AWS::SecretsManager::Secret")
+    assert not behind.of_type("AWS::CloudFront::Distribution")
+    for name in HTTP_FUNCTIONS:
+        assert behind.function(f"{name}Function")["Environment"]["Variables"]["ORIGIN_SECRET_ARN"] == {"Ref": "OriginSecret"}
+    assert behind.function("WechatIpsFunction")["Environment"]["Variables"]["WECHAT_IP_SET"] == ip_set_arn
+    both = Stack(dict(PUSH, RegionalFront="true", EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true"))
+    assert both.rules_failed == ["OneFront"]
+
+
+def json_find(node, key):
+    """Every value under `key`, anywhere in `node`."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from json_find(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from json_find(v, key)
 
 
 def main():
