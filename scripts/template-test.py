@@ -784,6 +784,7 @@ EDGE_ACL = (
     "arn:aws:wafv2:us-east-1:123456789012:global/webacl/onegrant-edge/"
     "1234abcd-12ab-34cd-56ef-1234567890ab"
 )
+EDGE_IP_SET = "arn:aws:wafv2:us-east-1:123456789012:global/ipset/onegrant-edge-wechat/0f1e2d3c"
 HTTP_FUNCTIONS = ["Session", "Grants", "Reminders", "Inbox", "WechatCallback"]
 
 
@@ -814,8 +815,8 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
         assert not reads_origin_secret(without, name), name
     # The edge on CloudFront's own name accepts TLS 1.0 (its default certificate):
     # refused unless told so.
-    assert Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL)).rules_failed == ["EdgeServesTls12OrIsToldItDoesNot"]
-    stack = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true"))
+    assert Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=EDGE_IP_SET)).rules_failed == ["EdgeServesTls12OrIsToldItDoesNot"]
+    stack = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=EDGE_IP_SET, EdgeInsecureDefaultCertificate="true"))
     assert stack.rules_failed == []
     assert "OriginSecret" in stack.of_type("AWS::SecretsManager::Secret")
     (dist,) = stack.of_type("AWS::CloudFront::Distribution").values()
@@ -835,7 +836,7 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
     assert behavior["CachePolicyId"] == "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"
     assert behavior["OriginRequestPolicyId"] == "b689b0a8-53d0-40ab-baf2-68738e2966ac"
     assert config["IPV6Enabled"] is False, "per-IP limits need IPv4"
-    counting = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true",
+    counting = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=EDGE_IP_SET, EdgeInsecureDefaultCertificate="true",
                           EdgeOriginCheck="count"))
     for name in HTTP_FUNCTIONS:
         assert stack.function(f"{name}Function")["Environment"]["Variables"]["ORIGIN_CHECK"] == "enforce"
@@ -851,7 +852,7 @@ def the_edge_protection_fronts_the_api_and_closes_its_own_address():
         assert not reads_origin_secret(stack, name), name
     assert "Aliases" not in config and "ViewerCertificate" not in config, config
     cert = "arn:aws:acm:us-east-1:123456789012:certificate/1234abcd-12ab-34cd-56ef-1234567890ab"
-    domain = dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeDomainName="api.example.cn")
+    domain = dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=EDGE_IP_SET, EdgeDomainName="api.example.cn")
     assert Stack(domain).rules_failed == ["EdgeDomainNeedsTheEdgeAndACertificate"]
     assert Stack(dict(domain, EdgeInsecureDefaultCertificate="true")).rules_failed == [
         "EdgeDomainNeedsTheEdgeAndACertificate"]
@@ -885,8 +886,7 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     assert door["Priority"] == min(r["Priority"] for r in acl["Rules"])
     assert door["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 403
     path, outside = door["Statement"]["AndStatement"]["Statements"]
-    assert (path["ByteMatchStatement"]["SearchString"], path["ByteMatchStatement"]["PositionalConstraint"]) == (
-        "/wechat/callback", "ENDS_WITH")
+    assert path["RegexMatchStatement"]["RegexString"] == "/wechat/callback/*$", path
     assert outside["NotStatement"]["Statement"]["IPSetReferenceStatement"]["Arn"] == {
         "Fn::GetAtt": ["WechatIpSet", "Arn"]}
     ip_set = template["Resources"]["WechatIpSet"]["Properties"]
@@ -916,17 +916,28 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
         assert {"Name": "Retry-After", "Value": "60"} in response["ResponseHeaders"], name
         scope = rate["ScopeDownStatement"]
         negated = "NotStatement" in scope
-        match = (scope["NotStatement"]["Statement"] if negated else scope)["ByteMatchStatement"]
-        paths[name] = (negated, match["SearchString"], match["PositionalConstraint"])
+        match = (scope["NotStatement"]["Statement"] if negated else scope)["RegexMatchStatement"]
+        paths[name] = (negated, match["RegexString"])
         # Matched as API Gateway routes it: decoded, then normalised.
         kinds = [t["Type"] for t in sorted(match["TextTransformations"], key=lambda t: t["Priority"])]
         assert kinds == ["URL_DECODE", "NORMALIZE_PATH"], (name, kinds)
         limit = params[rate["Limit"]["Ref"]]
         assert limit["MinValue"] >= 10, name
-    # A path's end: the regional front's default address puts the stage first.
-    assert paths["callback-per-ip"] == (False, "/wechat/callback", "ENDS_WITH")
-    assert paths["session-per-ip"] == (False, "/v1/session", "ENDS_WITH")
-    assert paths["api-per-ip"] == (True, "/wechat/callback", "ENDS_WITH")
+    # A path's end, trailing slashes too (API Gateway routes /x/ as /x); the regional
+    # front's default address puts the stage first.
+    assert paths["callback-per-ip"] == (False, "/wechat/callback/*$")
+    assert paths["session-per-ip"] == (False, "/v1/session/*$")
+    assert paths["api-per-ip"] == (True, "/wechat/callback/*$")
+    import re
+    for regex, path, hit in [
+        ("/wechat/callback/*$", "/wechat/callback", True),
+        ("/wechat/callback/*$", "/wechat/callback/", True),
+        ("/wechat/callback/*$", "/api/wechat/callback//", True),
+        ("/wechat/callback/*$", "/wechat/callbacks", False),
+        ("/v1/session/*$", "/api/v1/session/", True),
+        ("/v1/session/*$", "/v1/sessions", False),
+    ]:
+        assert bool(re.search(regex, path)) == hit, (regex, path)
     default = {
         name: params[r["Statement"]["RateBasedStatement"]["Limit"]["Ref"]]["Default"]
         for name, r in rules.items()
@@ -965,6 +976,16 @@ def wechats_door_is_kept_hourly_throttled_apart_and_open_only_to_wechat():
     ip_set = "arn:aws:wafv2:us-east-1:123456789012:global/ipset/onegrant-edge-wechat/0f1e2d3c"
     edged = Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true",
                        EdgeWechatIpSetArn=ip_set))
+    # The front's door needs its IP set (or no push ever gets through), and the set a front.
+    assert Stack(dict(PUSH, EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true")).rules_failed == [
+        "WechatsDoorAtTheFrontHasItsIpSet"]
+    assert Stack(dict(PUSH, RegionalFront="true")).rules_failed == ["WechatsDoorAtTheFrontHasItsIpSet"]
+    assert Stack(dict(PUSH, EdgeWechatIpSetArn=ip_set)).rules_failed == ["WechatIpSetNeedsAFront"]
+    # Without the push there is no callback to guard.
+    assert Stack(dict(EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true")).rules_failed == []
+    # Failed runs are not retried: the alarm counts runs.
+    invoke = stack.of_type("AWS::Lambda::EventInvokeConfig")["WechatIpsFunctionEventInvokeConfig"]
+    assert invoke["Properties"]["MaximumRetryAttempts"] == 0, invoke
     assert edged.function("WechatIpsFunction")["Environment"]["Variables"]["WECHAT_IP_SET"] == ip_set
     waf = [st for st in role_statements(edged, "WechatIpsFunctionRole") if "wafv2:UpdateIPSet" in st["Action"]]
     assert waf == [{"Effect": "Allow", "Action": ["wafv2:GetIPSet", "wafv2:UpdateIPSet"], "Resource": ip_set}], waf
@@ -1005,8 +1026,26 @@ def the_regional_front_guards_a_rest_api_in_either_partition_and_passes_all_to_t
     # Outside us-east-1 only the regional scope (the China regions' only WAF).
     assert EdgeStack({}, CHINA).rules_failed == ["CloudFrontScopeLivesInUsEast1"]
     assert EdgeStack({"Scope": "REGIONAL"}, CHINA).rules_failed == ["RegionalFrontNeedsTheApiAndItsOriginSecret"]
-    front = EdgeStack({"Scope": "REGIONAL", "ApiId": "a1b2c3d4e5", "OriginSecretArn": secret}, CHINA)
+    # Its own domain, TLS 1.2 at least, the default address closed; without one only
+    # when told (the default address's TLS policy cannot be set).
+    cert = "arn:aws-cn:acm:cn-north-1:123456789012:certificate/1234abcd-12ab-34cd-56ef-1234567890ab"
+    regional = {"Scope": "REGIONAL", "ApiId": "a1b2c3d4e5", "OriginSecretArn": secret}
+    assert EdgeStack(regional, CHINA).rules_failed == ["RegionalFrontNeedsTheApiAndItsOriginSecret"]
+    assert EdgeStack(dict(regional, FrontDomainName="api.example.cn"), CHINA).rules_failed == [
+        "FrontDomainHasItsCertificate"]
+    named = EdgeStack(dict(regional, FrontDomainName="api.example.cn", FrontCertificateArn=cert), CHINA)
+    assert named.rules_failed == []
+    (domain,) = named.of_type("AWS::ApiGateway::DomainName").values()
+    assert domain["Properties"]["SecurityPolicy"] == "TLS_1_2"
+    assert domain["Properties"]["EndpointConfiguration"] == {"Types": ["REGIONAL"]}
+    assert named.of_type("AWS::ApiGateway::RestApi")["FrontApi"]["Properties"]["DisableExecuteApiEndpoint"] is True
+    assert named.of_type("AWS::ApiGateway::BasePathMapping"), "the domain mapped to the front"
+    assert EdgeStack(dict(PUSH, FrontDomainName="api.example.cn", FrontCertificateArn=cert)).rules_failed == [
+        "FrontDomainHasItsCertificate"]
+    front = EdgeStack(dict(regional, FrontInsecureDefaultEndpoint="true"), CHINA)
     assert front.rules_failed == []
+    assert not front.of_type("AWS::ApiGateway::DomainName")
+    assert front.of_type("AWS::ApiGateway::RestApi")["FrontApi"]["Properties"]["DisableExecuteApiEndpoint"] is False
     (api,) = front.of_type("AWS::ApiGateway::RestApi").values()
     assert api["Properties"]["EndpointConfiguration"]["Types"] == ["REGIONAL"]
     (method,) = front.of_type("AWS::ApiGateway::Method").values()
@@ -1029,8 +1068,9 @@ def the_regional_front_guards_a_rest_api_in_either_partition_and_passes_all_to_t
     assert "arn:aws:" not in raw.replace("arn:aws[a-z-]*:", "") and "amazonaws.com" not in raw
     # Its rules match a path's end (the default address puts the stage first).
     for rule in acl["Properties"]["Rules"]:
-        for match in json_find(rule, "ByteMatchStatement"):
-            assert match["PositionalConstraint"] == "ENDS_WITH", rule["Name"]
+        assert not list(json_find(rule, "ByteMatchStatement")), rule["Name"]
+        for match in json_find(rule, "RegexMatchStatement"):
+            assert match["RegexString"].endswith("/*$"), rule["Name"]
     # The onegrant stack behind it: the origin secret made and checked, its ARN and
     # the API's id given out, the wechat-ips function keeping the regional IP set.
     ip_set_arn = "arn:aws-cn:wafv2:cn-north-1:123456789012:regional/ipset/onegrant-front-wechat/0f1e"
@@ -1041,7 +1081,8 @@ def the_regional_front_guards_a_rest_api_in_either_partition_and_passes_all_to_t
     for name in HTTP_FUNCTIONS:
         assert behind.function(f"{name}Function")["Environment"]["Variables"]["ORIGIN_SECRET_ARN"] == {"Ref": "OriginSecret"}
     assert behind.function("WechatIpsFunction")["Environment"]["Variables"]["WECHAT_IP_SET"] == ip_set_arn
-    both = Stack(dict(PUSH, RegionalFront="true", EdgeWebAclArn=EDGE_ACL, EdgeInsecureDefaultCertificate="true"))
+    both = Stack(dict(PUSH, RegionalFront="true", EdgeWebAclArn=EDGE_ACL, EdgeWechatIpSetArn=EDGE_IP_SET,
+                      EdgeInsecureDefaultCertificate="true"))
     assert both.rules_failed == ["OneFront"]
 
 

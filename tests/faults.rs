@@ -75,6 +75,9 @@ struct Rule {
 struct State {
     rules: Vec<Rule>,
     injected: Vec<(String, Fault)>,
+    /// Each injected request's `ClientRequestToken`, if it had one (in step with
+    /// `injected`).
+    tokens: Vec<Option<String>>,
     held: Vec<Request>,
     /// Held requests applied: the emulator's status and the request's body.
     released: Vec<(u16, String)>,
@@ -166,6 +169,20 @@ impl FaultProxy {
         self.lock().injected.clone()
     }
 
+    /// The distinct transactions among the requests that got `fault`: a transaction
+    /// sent again with its token after an unknown outcome (a slow answer) is one.
+    pub fn transactions_with(&self, fault: Fault) -> usize {
+        let state = self.lock();
+        let tokens: std::collections::BTreeSet<Option<&String>> = state
+            .injected
+            .iter()
+            .zip(&state.tokens)
+            .filter(|((_, f), _)| *f == fault)
+            .map(|(_, t)| t.as_ref())
+            .collect();
+        tokens.len()
+    }
+
     /// The held requests applied so far: the emulator's status and the body.
     pub fn released(&self) -> Vec<(u16, String)> {
         self.lock().released.clone()
@@ -195,6 +212,10 @@ fn pick(state: &Mutex<State>, operation: &str, body: &str) -> Option<Fault> {
     }
     if let Some(fault) = chosen {
         state.injected.push((operation.to_string(), fault));
+        let token = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|b| b["ClientRequestToken"].as_str().map(str::to_string));
+        state.tokens.push(token);
     }
     chosen
 }

@@ -306,7 +306,7 @@ async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_
         .await
         .expect("create again");
     assert_eq!(value("AWSPENDING").await, Some(first.clone()), "made once");
-    assert_eq!(first.len(), 64, "32 random bytes, hex");
+    assert_eq!(first.len(), 96, "32 random bytes and a 16-byte seal, hex");
     assert!(first.chars().all(|c| c.is_ascii_hexdigit()) && first != old_key);
     assert!(
         sealed(&old_key, &token, &first),

@@ -255,3 +255,50 @@ async fn behind_the_edge_or_with_the_check_off_the_function_leaves_the_door_to_o
         );
     }
 }
+
+#[tokio::test]
+async fn a_request_around_the_front_while_its_check_only_counts_still_meets_the_door() {
+    const ORIGIN: &str = "edge-origin-secret-of-32-characters-x";
+    let app = spawn_app_with(&[
+        ("WECHAT_PUSH_TOKEN", callback::TOKEN),
+        ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
+        ("WECHAT_PUSH_AES_KEY", &callback::key()),
+        ("WECHAT_PUSH_FORMAT", "json"),
+        ("ORIGIN_SECRET", ORIGIN),
+        ("ORIGIN_CHECK", "count"),
+    ])
+    .await;
+    wechat_lists(&app, &[WECHAT]).await;
+    refresh(&app.deps).await.expect("kept");
+    // Around the front (no origin header; served while moving to it): the door holds.
+    assert_eq!(push_from(&app, ELSEWHERE, "c1", None).await.0, 403);
+    assert_eq!(callback::recorded(&app).await, 0);
+    assert_eq!(push_from(&app, WECHAT, "c2", None).await.0, 200);
+    // Through the front: its web ACL kept the door (the address is CloudFront's). A
+    // second later: another event, not WeChat's retry of the first.
+    app.advance(std::time::Duration::from_secs(1));
+    assert_eq!(push_from(&app, ELSEWHERE, "c3", Some(ORIGIN)).await.0, 200);
+    assert_eq!(callback::recorded(&app).await, 2);
+}
+
+#[tokio::test]
+async fn a_callback_path_with_more_after_it_is_refused_as_the_fronts_rules_read_it() {
+    // API Gateway routes /wechat/callback/ to the route; the function refuses it (404).
+    let app = callback::safe_json_app().await;
+    for path in [
+        "/wechat/callback/",
+        "/wechat/callback//",
+        "/wechat/callback/x",
+    ] {
+        let request = lambda_http::http::Request::builder()
+            .method("GET")
+            .uri(format!(
+                "https://example.com{path}?timestamp=1&nonce=2&echostr=3&signature=4"
+            ))
+            .body(lambda_http::Body::Empty)
+            .expect("a request");
+        let answer = wechat_callback::handle(&app.deps, request).await;
+        assert_eq!(answer.status().as_u16(), 404, "{path}");
+    }
+    assert_eq!(callback::recorded(&app).await, 0);
+}

@@ -78,11 +78,17 @@ pub async fn handle(deps: &Deps, req: Request) -> Response<Body> {
 
 /// WeChat's door: a request from an address not in WeChat's list (as the `wechat-ips`
 /// function last read it) is refused 403 before anything else is read — unless the
-/// check is off, the edge keeps the door (its web ACL, before API Gateway), or no list
-/// was read yet (the signatures decide alone, as before). The list is read at most
-/// every 5 minutes per container, so a refused flood costs no read per request.
+/// check is off, the request came through the stack's front (its web ACL kept the door,
+/// before API Gateway; one that went around it while `ORIGIN_CHECK=count` is checked
+/// here), or no list was read yet (the signatures decide alone, as before). The list is
+/// read at most every 5 minutes per container, so a refused flood costs no read per
+/// request. A path with anything after `/wechat/callback` (a trailing slash API Gateway
+/// would route here) is refused too: the front's rules match the path's end.
 async fn door(deps: &Deps, push: &PushConfig, req: &Request) -> Result<(), ApiError> {
-    if !push.wechat_ips_check || deps.config.origin.is_some() {
+    if !req.uri().path().ends_with("/wechat/callback") {
+        return Err(ApiError::NotFound);
+    }
+    if !push.wechat_ips_check || onegrant::http::through_front(&deps.config, req) {
         return Ok(());
     }
     let list = deps.store.wechat_ips_kept().await.map_err(|e| {

@@ -59,10 +59,16 @@ pub async fn refresh(deps: &Deps) -> Result<Summary, RunError> {
     deps.store
         .put_wechat_ips(&ips, deps.clock.now())
         .await
-        .map_err(RunError::Store)?;
+        .map_err(|e| {
+            outcome("failed");
+            RunError::Store(e)
+        })?;
     let ip_set = match &deps.wechat_ip_set {
         None => "none",
-        Some(set) => match set.keep(&v4).await.map_err(RunError::Waf)? {
+        Some(set) => match set.keep(&v4).await.map_err(|e| {
+            outcome("failed");
+            RunError::Waf(e)
+        })? {
             Kept::Same => "same",
             Kept::Replaced => "replaced",
         },

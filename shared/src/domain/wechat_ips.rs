@@ -17,6 +17,9 @@ pub const MAX_ENTRIES: usize = 5_000;
 pub const WIDEST_V4: u8 = 16;
 /// The widest IPv6 network taken.
 pub const WIDEST_V6: u8 = 32;
+/// Most IPv4 addresses a list may open in all (WeChat's come to a few thousand): many
+/// /16s are refused together as one would be alone.
+pub const MOST_V4_ADDRESSES: u64 = 1 << 20;
 
 /// Why a list was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +32,8 @@ pub enum WechatIpsError {
     Entry(String),
     #[error("{0:?} is wider than /{WIDEST_V4} (IPv4) or /{WIDEST_V6} (IPv6)")]
     TooWide(String),
+    #[error("the list opens {0} IPv4 addresses, more than {MOST_V4_ADDRESSES}")]
+    TooManyAddresses(u64),
 }
 
 /// One network: its own address (host bits zero) and its prefix length.
@@ -122,6 +127,14 @@ impl WechatIps {
             .collect::<Result<Vec<_>, _>>()?;
         networks.sort();
         networks.dedup();
+        let v4: u64 = networks
+            .iter()
+            .filter(|n| n.is_v4())
+            .map(|n| 1u64 << (32 - u32::from(n.prefix)))
+            .sum();
+        if v4 > MOST_V4_ADDRESSES {
+            return Err(WechatIpsError::TooManyAddresses(v4));
+        }
         Ok(Self { networks })
     }
 
@@ -237,5 +250,12 @@ mod tests {
             );
         }
         assert!(WechatIps::parse(&["101.226.0.0/16", "2402:4e00::/32"]).is_ok());
+        // Seventeen /16s open more than a /12: refused together; sixteen are taken.
+        let many_wide: Vec<String> = (0..17).map(|i| format!("10.{i}.0.0/16")).collect();
+        assert_eq!(
+            WechatIps::parse(&many_wide),
+            Err(WechatIpsError::TooManyAddresses(17 << 16))
+        );
+        assert!(WechatIps::parse(&many_wide[..16]).is_ok());
     }
 }

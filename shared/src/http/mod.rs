@@ -312,17 +312,27 @@ pub async fn run_core(
 /// (the template's edge protection, docs/deployment.md): its value is the origin secret.
 pub const ORIGIN_HEADER: &str = "x-onegrant-origin";
 
-/// With an origin secret configured (`ORIGIN_SECRET`, the edge protection), the answer
-/// to a request that does not carry it — one sent to the API's own address, around
-/// CloudFront and its per-client limits — before any handler runs: 403, nothing read.
-pub fn from_elsewhere(config: &crate::config::Config, req: &Request) -> Option<Response<Body>> {
-    let expected = config.origin.as_ref()?;
+/// Whether `req` came through the stack's front (CloudFront's edge or the regional
+/// REST API): it carries the origin secret they add (compared in constant time). `false`
+/// without one configured.
+pub fn through_front(config: &crate::config::Config, req: &Request) -> bool {
+    let Some(expected) = config.origin.as_ref() else {
+        return false;
+    };
     let given = req
         .headers()
         .get(ORIGIN_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if crate::wechat::push::same(given, expected.expose()) {
+    crate::wechat::push::same(given, expected.expose())
+}
+
+/// With an origin secret configured (`ORIGIN_SECRET`, the edge protection), the answer
+/// to a request that does not carry it — one sent to the API's own address, around
+/// CloudFront and its per-client limits — before any handler runs: 403, nothing read.
+pub fn from_elsewhere(config: &crate::config::Config, req: &Request) -> Option<Response<Body>> {
+    config.origin.as_ref()?;
+    if through_front(config, req) {
         return None;
     }
     crate::metrics::count(crate::metrics::name::FROM_ELSEWHERE, 1);

@@ -8,12 +8,14 @@
 //! - `finishSecret`: the staged version made `AWSCURRENT` (the old one becomes
 //!   `AWSPREVIOUS`), sealed still.
 //!
-//! **Sealed**: a key this rotation makes is 16 random bytes and a 16-byte tag, the
+//! **Sealed**: a key this rotation makes is 32 random bytes and a 16-byte tag, the
 //! HMAC-SHA256 under the current key of the token and those bytes ([`seal`]). A pending
 //! value someone else wrote under the token (whoever got past the secret's write fence)
 //! carries no tag that holds, and every step refuses it ([`RotationError::Foreign`]):
 //! the rotation fails and the key in use stays. Forging the tag needs the current key,
-//! which is reading the secret. The 128 random bits are the new key's secret part.
+//! which is reading the secret. The 256 random bits are the new key's secret part. The
+//! seal guards the rotation's own path; a value put straight to `AWSCURRENT` is the
+//! write fence's and the write alarm's to stop.
 //!
 //! The functions read the keys again when a token matches none they hold
 //! ([`crate::session`]), so the new key needs no deploy and signs nobody out.
@@ -25,9 +27,9 @@ use serde_json::{Value, json};
 use super::MIN_SESSION_SECRET_BYTES;
 use super::{SecretsError, SecretsReader};
 
-/// Bytes of randomness in a key; as many again of its seal (written as hex: 64
-/// characters).
-const RANDOM_BYTES: usize = 16;
+/// Bytes of randomness in a key, and of its seal (written as hex: 96 characters).
+const RANDOM_BYTES: usize = 32;
+const TAG_BYTES: usize = 16;
 
 /// One invocation by Secrets Manager: `{"SecretId", "ClientRequestToken", "Step"}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +139,7 @@ pub fn seal(current: &str, token: &str, random: &[u8; RANDOM_BYTES]) -> Option<S
     use hmac::Mac;
     let tag = mac(current, token, random)?.finalize().into_bytes();
     let mut key = random.to_vec();
-    key.extend_from_slice(&tag[..RANDOM_BYTES]);
+    key.extend_from_slice(&tag[..TAG_BYTES]);
     Some(hex::encode(key))
 }
 
@@ -148,7 +150,7 @@ pub fn sealed(current: &str, token: &str, pending: &str) -> bool {
     let Ok(bytes) = hex::decode(pending) else {
         return false;
     };
-    if bytes.len() != 2 * RANDOM_BYTES {
+    if bytes.len() != RANDOM_BYTES + TAG_BYTES {
         return false;
     }
     let (random, given) = bytes.split_at(RANDOM_BYTES);
@@ -364,16 +366,23 @@ mod tests {
     fn only_a_key_sealed_under_the_current_key_for_this_token_is_the_rotations() {
         let random = [7u8; RANDOM_BYTES];
         let key = seal("current-key", "token-1", &random).expect("sealed");
-        assert_eq!(key.len(), 64);
+        assert_eq!(key.len(), 96);
         assert!(key.starts_with(&hex::encode(random)));
         assert!(sealed("current-key", "token-1", &key));
         // Another token, another key in use, a changed bit, a foreign value: refused.
         assert!(!sealed("current-key", "token-2", &key));
         assert!(!sealed("other-key", "token-1", &key));
         let mut flipped = hex::decode(&key).expect("hex");
-        flipped[31] ^= 1;
+        flipped[47] ^= 1;
         assert!(!sealed("current-key", "token-1", &hex::encode(flipped)));
-        for foreign in ["", "zz", &"a".repeat(64), &"a".repeat(66), &key[..62]] {
+        for foreign in [
+            "",
+            "zz",
+            &"a".repeat(96),
+            &"a".repeat(98),
+            &key[..94],
+            &key[..64],
+        ] {
             assert!(!sealed("current-key", "token-1", foreign), "{foreign}");
         }
         // Two keys for one rotation differ in their random part only.
