@@ -884,7 +884,11 @@ def the_edge_web_acl_limits_each_address_with_the_callback_looser():
     # WeChat's door, first: the callback from anywhere but WeChat's IP set is refused.
     door = rules.pop("callback-only-from-wechat")
     assert door["Priority"] == min(r["Priority"] for r in acl["Rules"])
-    assert door["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 403
+    blocking = EdgeStack({}).of_type("AWS::WAFv2::WebACL")["WebAcl"]["Properties"]["Rules"][0]
+    assert blocking["Name"] == "callback-only-from-wechat"
+    assert blocking["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 403, "blocks by default"
+    counting = EdgeStack({"WechatDoor": "count"}).of_type("AWS::WAFv2::WebACL")["WebAcl"]["Properties"]["Rules"][0]
+    assert counting["Action"] == {"Count": {}}, "an upgrade counts first"
     path, outside = door["Statement"]["AndStatement"]["Statements"]
     assert path["RegexMatchStatement"]["RegexString"] == "/wechat/callback/*$", path
     assert outside["NotStatement"]["Statement"]["IPSetReferenceStatement"]["Arn"] == {
