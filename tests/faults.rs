@@ -173,14 +173,19 @@ impl FaultProxy {
     /// sent again with its token after an unknown outcome (a slow answer) is one.
     pub fn transactions_with(&self, fault: Fault) -> usize {
         let state = self.lock();
-        let tokens: std::collections::BTreeSet<Option<&String>> = state
+        let mut untokened = 0;
+        let tokens: std::collections::BTreeSet<&String> = state
             .injected
             .iter()
             .zip(&state.tokens)
             .filter(|((_, f), _)| *f == fault)
-            .map(|(_, t)| t.as_ref())
+            .filter_map(|(_, t)| {
+                // A request without a token is a transaction of its own.
+                untokened += usize::from(t.is_none());
+                t.as_ref()
+            })
             .collect();
-        tokens.len()
+        tokens.len() + untokened
     }
 
     /// The held requests applied so far: the emulator's status and the body.

@@ -359,7 +359,8 @@ async fn the_rotation_functions_four_steps_make_a_new_key_current_and_nobody_is_
     // A pending key the rotation did not make (someone past the write fence staged
     // one under the next rotation's token): every step refuses it, nothing moves.
     let foreign_token = uuid::Uuid::new_v4().to_string();
-    let planted = "f".repeat(64);
+    // (A key's length, 96 hex characters: refused for its seal, not its shape.)
+    let planted = "f".repeat(96);
     operate(
         "secretsmanager.PutSecretValue",
         json!({"SecretId": arn, "ClientRequestToken": foreign_token,
