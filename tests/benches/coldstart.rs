@@ -123,6 +123,8 @@ async fn event_for(app: &TestApp, function: &str, token: &str, openid: &str, n: 
             e
         }
         "wechat-callback" => callback_event(openid, n),
+        "outcomes" => event("outcomes-schedule"),
+        "wechat-ips" => event("wechat-ips-schedule"),
         _ => event("dispatcher-schedule"),
     }
 }
@@ -286,6 +288,8 @@ async fn main() {
         "notify",
         "dispatcher",
         "wechat-callback",
+        "outcomes",
+        "wechat-ips",
     ];
     for function in functions {
         rows.insert(function, measure(&app, &dir, function, warm).await);
