@@ -6,21 +6,13 @@
 use aws_credential_types::provider::SharedCredentialsProvider;
 use serde_json::{Value, json};
 
-use crate::signed::{CallError, Endpoint};
+use crate::signed::{Endpoint, JsonCallError};
 
 /// The most entries one `PutEvents` call takes.
 pub const MAX_BATCH: usize = 10;
 
 /// Why a batch could not be handed to EventBridge at all.
-#[derive(Debug, thiserror::Error)]
-pub enum BusError {
-    #[error("EventBridge was not reached")]
-    Call(#[source] CallError),
-    #[error("EventBridge's answer could not be read")]
-    Answer(#[source] reqwest::Error),
-    #[error("EventBridge answered {status} {kind}")]
-    Refused { status: u16, kind: String },
-}
+pub type BusError = JsonCallError;
 
 /// The stack's bus.
 #[derive(Clone, Debug)]
@@ -59,24 +51,10 @@ impl Bus {
                        "Detail": detail.to_string(), "EventBusName": self.name})
             })
             .collect();
-        let body = json!({ "Entries": entries }).to_string();
-        let headers = [
-            ("content-type", "application/x-amz-json-1.1"),
-            ("x-amz-target", "AWSEvents.PutEvents"),
-        ];
         let answer = self
             .events
-            .post("/", &headers, &body)
-            .await
-            .map_err(BusError::Call)?;
-        let status = answer.status().as_u16();
-        let answer: Value = answer.json().await.map_err(BusError::Answer)?;
-        if status != 200 {
-            return Err(BusError::Refused {
-                status,
-                kind: crate::secrets::error_kind(&answer),
-            });
-        }
+            .call_json("AWSEvents.PutEvents", &json!({ "Entries": entries }))
+            .await?;
         // Each entry answers an EventId, or an ErrorCode when it was not taken.
         let taken = answer["Entries"]
             .as_array()

@@ -17,6 +17,17 @@ pub enum CallError {
     Unreachable(#[source] reqwest::Error),
 }
 
+/// Why a JSON-protocol call got no answer to read.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonCallError {
+    #[error("the service was not reached")]
+    Call(#[source] CallError),
+    #[error("the service's answer could not be read")]
+    Answer(#[source] reqwest::Error),
+    #[error("the service answered {status} {kind}")]
+    Refused { status: u16, kind: String },
+}
+
 /// A service's endpoint, with what signs calls to it.
 #[derive(Clone)]
 pub(crate) struct Endpoint {
@@ -90,5 +101,31 @@ impl Endpoint {
         )
         .map_err(CallError::Signing)?;
         request.send().await.map_err(CallError::Unreachable)
+    }
+
+    /// One call of `target` (`Service.Action`) in AWS's JSON 1.1 protocol with `body`:
+    /// the answer when 200, else the error kind the service named.
+    pub(crate) async fn call_json(
+        &self,
+        target: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, JsonCallError> {
+        let headers = [
+            ("content-type", "application/x-amz-json-1.1"),
+            ("x-amz-target", target),
+        ];
+        let answer = self
+            .post("/", &headers, &body.to_string())
+            .await
+            .map_err(JsonCallError::Call)?;
+        let status = answer.status().as_u16();
+        let value: serde_json::Value = answer.json().await.map_err(JsonCallError::Answer)?;
+        if status != 200 {
+            return Err(JsonCallError::Refused {
+                status,
+                kind: crate::secrets::error_kind(&value),
+            });
+        }
+        Ok(value)
     }
 }

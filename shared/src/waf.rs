@@ -5,7 +5,7 @@
 use aws_credential_types::provider::SharedCredentialsProvider;
 use serde_json::{Value, json};
 
-use crate::signed::{CallError, Endpoint};
+use crate::signed::{Endpoint, JsonCallError};
 
 /// Why the IP set was not kept.
 #[derive(Debug, thiserror::Error)]
@@ -14,12 +14,8 @@ pub enum WafError {
         "not a WAF IP set ARN (arn:<partition>:wafv2:<region>:<account>:<global|regional>/ipset/<name>/<id>)"
     )]
     Arn,
-    #[error("AWS WAF was not reached")]
-    Call(#[source] CallError),
-    #[error("AWS WAF's answer could not be read")]
-    Answer(#[source] reqwest::Error),
-    #[error("AWS WAF answered {status} {kind}")]
-    Refused { status: u16, kind: String },
+    #[error("AWS WAF's call failed")]
+    Call(#[source] JsonCallError),
 }
 
 /// What keeping the set did.
@@ -108,7 +104,7 @@ impl IpSet {
                 .await
             {
                 Ok(_) => return Ok(Kept::Replaced),
-                Err(WafError::Refused { kind, .. })
+                Err(WafError::Call(JsonCallError::Refused { kind, .. }))
                     if kind == "WAFOptimisticLockException" && tries < 2 => {}
                 Err(e) => return Err(e),
             }
@@ -116,25 +112,10 @@ impl IpSet {
     }
 
     async fn call(&self, action: &str, body: Value) -> Result<Value, WafError> {
-        let target = format!("AWSWAF_20190729.{action}");
-        let headers = [
-            ("content-type", "application/x-amz-json-1.1"),
-            ("x-amz-target", target.as_str()),
-        ];
-        let answer = self
-            .waf
-            .post("/", &headers, &body.to_string())
+        self.waf
+            .call_json(&format!("AWSWAF_20190729.{action}"), &body)
             .await
-            .map_err(WafError::Call)?;
-        let status = answer.status().as_u16();
-        let value: Value = answer.json().await.map_err(WafError::Answer)?;
-        if status != 200 {
-            return Err(WafError::Refused {
-                status,
-                kind: crate::secrets::error_kind(&value),
-            });
-        }
-        Ok(value)
+            .map_err(WafError::Call)
     }
 }
 
