@@ -50,6 +50,15 @@ pub enum Fault {
 /// Every fault a write may meet once, each of which must leave the same outcome as
 /// none: what DynamoDB answers when it did not run the request, and a commit whose
 /// answer is lost.
+/// A body pattern matching the claim's transaction, the only one reserving a grant: its
+/// grant update's first value set (the state, `:u0` as the store's `Change` numbers
+/// it) is `reserved`.
+pub const RESERVES_A_GRANT: &str = "\":u0\":{\"S\":\"reserved\"}";
+
+/// A body pattern matching a transaction giving a grant back (a settlement's restore):
+/// its grant update's first value set (the state) is `available`.
+pub const GIVES_A_GRANT_BACK: &str = "\":u0\":{\"S\":\"available\"}";
+
 pub const ONCE: [Fault; 7] = [
     Fault::Throttle,
     Fault::ProvisionedThroughput,

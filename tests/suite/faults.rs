@@ -17,7 +17,7 @@ const FAST: [(&str, &str); 2] = [
 const DUE_QUERY: &str = "\"IndexName\":\"due\"";
 
 /// The claim's transaction: the only one that reserves a grant.
-const CLAIM: &str = ":reserved";
+const CLAIM: &str = onegrant_tests::faults::RESERVES_A_GRANT;
 
 async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
     let user = app.scheduled_user(name, grants).await;

@@ -329,7 +329,7 @@ async fn a_grant_the_sweep_gives_back_wakes_the_push_waiting_beside_it() {
         .await;
     proxy.inject(
         "TransactWriteItems",
-        Some("#open_available"),
+        Some(onegrant_tests::faults::GIVES_A_GRANT_BACK),
         Fault::Throttle,
         0,
     );

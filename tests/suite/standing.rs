@@ -612,7 +612,12 @@ async fn a_refusal_landing_between_a_claims_read_and_its_write_wins() {
     proxy.until_held().await;
     // (Passed through, to count the claims' transactions: only they reserve a grant.)
     let pass = Fault::CommitThenDelay(std::time::Duration::ZERO);
-    proxy.inject("TransactWriteItems", Some(":reserved"), pass, 0);
+    proxy.inject(
+        "TransactWriteItems",
+        Some(onegrant_tests::faults::RESERVES_A_GRANT),
+        pass,
+        0,
+    );
     let summary = app.tick(30).await;
     refusal.abort();
     let claims = proxy.injected().iter().filter(|(_, f)| *f == pass).count();

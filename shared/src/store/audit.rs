@@ -6,9 +6,10 @@
 //!
 //! What caused a change is the task's *cause* ([`attributed`]): a report's `request_id`,
 //! a check-in's `action_id`, the dispatcher, the sweep, a WeChat push event, a settings
-//! change. The changes themselves are read off the transaction's own writes
-//! ([`changes_of`]), so no write path can change a grant, delivery or plan without a
-//! trace. `from` states are not stored: each entry is the entity's next state, so the
+//! change. The changes themselves are what the transaction's own writes declare they
+//! leave ([`changes_of`]: a put its item, an update built by `UpdateOf::part` the
+//! values its change sets), so no write path can change a grant, delivery or plan
+//! without a trace. `from` states are not stored: each entry is the entity's next state, so the
 //! timeline's previous entry for the same entity is where it came from
 //! (`onegrant-audit` prints `from → to`).
 
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::items::expr::Guarded;
 use crate::store::items::is_new;
+use crate::store::items::write::Write;
 use crate::store::keys::{
     DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
 };
@@ -104,92 +106,41 @@ fn entity_of(sk: &str) -> Option<&'static str> {
     }
 }
 
-/// The attributes an update expression's `SET` clause gives plain values: `name = :value`
-/// pairs (names resolved through `names`; computed values such as `version + :one` are
-/// left out).
-fn set_values(
-    expression: &str,
-    names: &HashMap<String, String>,
-    values: &HashMap<String, AttributeValue>,
-) -> HashMap<String, AttributeValue> {
-    let mut out = HashMap::new();
-    let Some(set) = expression.split_once("SET ").map(|(_, rest)| rest) else {
-        return out;
-    };
-    let set = ["REMOVE ", "ADD ", "DELETE "]
-        .iter()
-        .filter_map(|k| set.find(k))
-        .min()
-        .map_or(set, |end| &set[..end]);
-    for clause in set.split(',') {
-        let Some((lhs, rhs)) = clause.split_once('=') else {
-            continue;
-        };
-        let (lhs, rhs) = (lhs.trim(), rhs.trim());
-        if !rhs.starts_with(':') || rhs.contains(char::is_whitespace) {
-            continue;
-        }
-        let name = names.get(lhs).cloned().unwrap_or_else(|| lhs.to_string());
-        if let Some(value) = values.get(rhs) {
-            out.insert(name, value.clone());
-        }
-    }
-    out
-}
-
-/// The grants, deliveries and plans `items` write, as they leave them, and the partition
-/// they are in (a history entry goes to the user's partition).
-pub fn changes_of(items: &[TransactWriteItem]) -> (Option<String>, Vec<Change>) {
+/// The grants, deliveries and plans `writes` leave changed, as they declare it (a put:
+/// its item; an update: the values its change sets), and the partition they are in (a
+/// history entry goes to the user's partition).
+pub(crate) fn changes_of(writes: &[Write]) -> (Option<String>, Vec<Change>) {
     let mut pk = None;
     let mut changes = Vec::new();
-    for item in items {
-        let (key_pk, sk, attributes) = if let Some(put) = item.put() {
-            let fields = put.item();
-            let Some(kind) = text(fields, "kind") else {
+    for write in writes {
+        let (Some(attributes), Some((key_pk, sk))) = (write.declares(), write.key()) else {
+            continue;
+        };
+        if write.item().put().is_some() {
+            let Some(kind) = text(attributes, "kind") else {
                 continue;
             };
             if !["grant", "delivery", "plan", "outbox", "scheduled"].contains(&kind.as_str()) {
                 continue;
             }
-            (text(fields, "pk"), text(fields, "sk"), fields.clone())
-        } else if let Some(update) = item.update() {
-            let key = update.key();
-            let names = update
-                .expression_attribute_names()
-                .cloned()
-                .unwrap_or_default();
-            let values = update
-                .expression_attribute_values()
-                .cloned()
-                .unwrap_or_default();
-            (
-                text(key, "pk"),
-                text(key, "sk"),
-                set_values(update.update_expression(), &names, &values),
-            )
-        } else {
-            continue;
-        };
-        let (Some(key_pk), Some(sk)) = (key_pk, sk) else {
-            continue;
-        };
-        let Some(entity) = entity_of(&sk) else {
+        }
+        let Some(entity) = entity_of(sk) else {
             continue;
         };
         // A change is a new state; an update that leaves the state alone (a count, a
         // mark) is not one.
-        let Some(to) = text(&attributes, "state").or_else(|| text(&attributes, "result")) else {
+        let Some(to) = text(attributes, "state").or_else(|| text(attributes, "result")) else {
             continue;
         };
-        pk.get_or_insert(key_pk);
+        pk.get_or_insert_with(|| key_pk.to_string());
         changes.push(Change {
             entity: entity.to_string(),
-            sk,
+            sk: sk.to_string(),
             to,
-            template_id: text(&attributes, "template_id"),
-            msgid: text(&attributes, "msgid"),
-            errcode: text(&attributes, "errcode").and_then(|e| e.parse().ok()),
-            reason: text(&attributes, "class").or_else(|| text(&attributes, "pause_reason")),
+            template_id: text(attributes, "template_id"),
+            msgid: text(attributes, "msgid"),
+            errcode: text(attributes, "errcode").and_then(|e| e.parse().ok()),
+            reason: text(attributes, "class").or_else(|| text(attributes, "pause_reason")),
         });
     }
     (pk, changes)
@@ -197,13 +148,13 @@ pub fn changes_of(items: &[TransactWriteItem]) -> (Option<String>, Vec<Change>) 
 
 /// The history entry for a transaction of `items`, if it changes anything: appended to
 /// it, so it commits with the changes or not at all.
-pub fn entry_for(
-    items: &[TransactWriteItem],
+pub(crate) fn entry_for(
+    writes: &[Write],
     table: &str,
     now: DateTime<Utc>,
     retention: chrono::Duration,
 ) -> Result<Option<TransactWriteItem>, StoreError> {
-    let (Some(pk), changes) = changes_of(items) else {
+    let (Some(pk), changes) = changes_of(writes) else {
         return Ok(None);
     };
     if changes.is_empty() {
@@ -251,15 +202,16 @@ pub fn entity_name(sk: &str) -> &'static str {
     entity_of(sk).unwrap_or("push")
 }
 
-/// Appends the history entry `items` call for (a full transaction is left as it is,
-/// logged: DynamoDB takes at most 100 items).
-pub fn with_history(
-    mut items: Vec<TransactWriteItem>,
+/// `writes` as DynamoDB takes them, with the history entry they call for appended (a
+/// full transaction is refused: DynamoDB takes at most 100 items).
+pub(crate) fn with_history(
+    writes: &[Write],
     table: &str,
     now: DateTime<Utc>,
     retention: chrono::Duration,
 ) -> Result<Vec<TransactWriteItem>, StoreError> {
-    if let Some(entry) = entry_for(&items, table, now, retention)? {
+    let mut items: Vec<TransactWriteItem> = writes.iter().map(|w| w.item().clone()).collect();
+    if let Some(entry) = entry_for(writes, table, now, retention)? {
         // Every transaction leaves room for it (a change without a trace is a bug).
         if items.len() >= 100 {
             return Err(StoreError::Corrupt(
@@ -274,33 +226,32 @@ pub fn with_history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_sdk_dynamodb::types::Update;
+    use crate::store::items::change::{change, update};
+    use crate::store::items::key;
 
     fn s(v: &str) -> AttributeValue {
         AttributeValue::S(v.into())
     }
 
     #[test]
-    fn changes_are_read_off_puts_and_updates_and_counts_are_not_changes() {
-        let grant_move = Update::builder()
-            .table_name("t")
-            .key("pk", s("USER#o1"))
-            .key("sk", s("GRANT#T1#wr_1"))
-            .update_expression("SET #s = :to, updated_at = :now, version = version + :one")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":to", s("consumed"))
-            .expression_attribute_values(":now", s("2026-12-01T00:00:00Z"))
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .build()
-            .expect("update");
-        let counter = Update::builder()
-            .table_name("t")
-            .key("pk", s("USER#o1"))
-            .key("sk", s("QUOTA#T1"))
-            .update_expression("ADD available :minus")
-            .expression_attribute_values(":minus", AttributeValue::N("-1".into()))
-            .build()
-            .expect("update");
+    fn changes_are_what_puts_and_updates_declare_and_counts_are_not_changes() {
+        let grant_move = update(
+            "t",
+            key("USER#o1", "GRANT#T1#wr_1"),
+            change()
+                .set("state", s("consumed"))
+                .set("updated_at", s("2026-12-01T00:00:00Z"))
+                .plus("version", 1),
+        )
+        .part()
+        .expect("update");
+        let counter = update(
+            "t",
+            key("USER#o1", "QUOTA#T1"),
+            change().add("available", AttributeValue::N("-1".into())),
+        )
+        .part()
+        .expect("update");
         let delivery = Put::builder()
             .table_name("t")
             .item("pk", s("USER#o1"))
@@ -312,12 +263,12 @@ mod tests {
             .item("class", s("sent"))
             .build()
             .expect("put");
-        let items = vec![
-            TransactWriteItem::builder().update(grant_move).build(),
-            TransactWriteItem::builder().update(counter).build(),
-            TransactWriteItem::builder().put(delivery).build(),
+        let writes = vec![
+            grant_move,
+            counter,
+            TransactWriteItem::builder().put(delivery).build().into(),
         ];
-        let (pk, changes) = changes_of(&items);
+        let (pk, changes) = changes_of(&writes);
         assert_eq!(pk.as_deref(), Some("USER#o1"));
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert_eq!(
@@ -327,7 +278,7 @@ mod tests {
         assert_eq!(changes[1].msgid.as_deref(), Some("123456789"));
         assert_eq!(changes[1].reason.as_deref(), Some("sent"));
         assert!(
-            changes_of(&items[1..2]).1.is_empty(),
+            changes_of(&writes[1..2]).1.is_empty(),
             "a count alone changes nothing"
         );
     }

@@ -120,8 +120,7 @@ impl Store {
             return Ok(());
         };
         let update = touched(&self.table, &user_pk(openid), today, due, self.shards)?;
-        self.transact(vec![TransactWriteItem::builder().update(update).build()])
-            .await?;
+        self.transact(vec![update]).await?;
         Ok(())
     }
 
@@ -149,8 +148,7 @@ impl Store {
             .start_erasure(&openid, ErasureCause::Inactive, now)
             .await?;
         let off = off_due(&self.table, &due.pk, due.due_at.timestamp_millis())?;
-        self.transact(vec![TransactWriteItem::builder().update(off).build()])
-            .await?;
+        self.transact(vec![off]).await?;
         Ok(erasure)
     }
 
@@ -210,8 +208,7 @@ impl Store {
         let pk = tombstone_pk(&self.subject(openid));
         let update = reopened(&self.table, &pk, tombstone.erased_at.timestamp_millis())?;
         // Lost to another request reopening it: the same.
-        self.transact(vec![TransactWriteItem::builder().update(update).build()])
-            .await?;
+        self.transact(vec![update]).await?;
         Ok(())
     }
 
@@ -320,8 +317,7 @@ impl Store {
             ),
         };
         // Lost to a racing step: its record stands, and this step's deletes are done.
-        self.transact(vec![TransactWriteItem::builder().update(update).build()])
-            .await?;
+        self.transact(vec![update]).await?;
         if state == ErasureState::Done {
             tracing::info!(deleted = item.deleted + deleted, "an erasure is done");
         }

@@ -44,6 +44,7 @@ mod tx;
 
 use crate::domain::dispatch::RetryPolicy;
 use crate::domain::reminders::ReminderKinds;
+use crate::store::items::change::Changing;
 use crate::store::items::expr::Guarded;
 use crate::store::items::is_there;
 
@@ -248,13 +249,11 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(items::key(pk, sk)))
-            .update_expression("ADD #set :member")
-            .guarded(&is_there(), "g")
-            .expression_attribute_names("#set", name)
-            .expression_attribute_values(
-                ":member",
+            .changing(&items::change::change().add(
+                name,
                 aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
-            )
+            ))
+            .guarded(&is_there(), "g")
             .send()
             .await;
         unless_gone(sent)
@@ -268,30 +267,25 @@ impl Store {
         sk: &str,
         sets: &[(&str, Vec<String>)],
     ) -> Result<(), StoreError> {
-        let mut clauses = Vec::new();
-        let mut update = self
+        let mut gone = items::change::change();
+        for (name, members) in sets {
+            if !members.is_empty() {
+                gone = gone.delete(
+                    *name,
+                    aws_sdk_dynamodb::types::AttributeValue::Ss(members.clone()),
+                );
+            }
+        }
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let sent = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(items::key(pk, sk)))
-            .guarded(&is_there(), "g");
-        for (i, (name, members)) in sets.iter().enumerate() {
-            if members.is_empty() {
-                continue;
-            }
-            clauses.push(format!("#set{i} :set{i}"));
-            update = update
-                .expression_attribute_names(format!("#set{i}"), *name)
-                .expression_attribute_values(
-                    format!(":set{i}"),
-                    aws_sdk_dynamodb::types::AttributeValue::Ss(members.clone()),
-                );
-        }
-        if clauses.is_empty() {
-            return Ok(());
-        }
-        let sent = update
-            .update_expression(format!("DELETE {}", clauses.join(", ")))
+            .changing(&gone)
+            .guarded(&is_there(), "g")
             .send()
             .await;
         unless_gone(sent)

@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
+use crate::store::items::change::{change, update};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::all;
 use crate::store::items::grant::grant_in;
@@ -177,90 +178,60 @@ impl Store {
                     }
                     GrantState::Consumed | GrantState::Invalid => continue,
                 }
-                let update = Update::builder()
-                    .table_name(&self.table)
-                    .set_key(Some(key(pk, sk)))
-                    .update_expression(
-                        "SET #s = :invalid, updated_at = :now, version = version + :one, \
-                         expires_at = :expires",
-                    )
-                    .guarded(&grant_in(*state), "g")
-                    .expression_attribute_names("#s", "state")
-                    .expression_attribute_values(
-                        ":invalid",
-                        s(grant_state_name(GrantState::Invalid)),
-                    )
-                    .expression_attribute_values(
-                        ":expires",
+                let voided = change()
+                    .set("state", s(grant_state_name(GrantState::Invalid)))
+                    .set("updated_at", s(rfc3339(now)))
+                    .plus("version", 1)
+                    .set(
+                        "expires_at",
                         n((now + self.limits.retention.grants).timestamp()),
-                    )
-                    .expression_attribute_values(":now", s(rfc3339(now)))
-                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
-                    .build()
-                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-                items.add(
-                    Void::Grant(i),
-                    TransactWriteItem::builder().update(update).build(),
-                );
+                    );
+                let voided = update(&self.table, key(pk, sk), voided)
+                    .when(grant_in(*state))
+                    .part()?;
+                items.add(Void::Grant(i), voided);
             }
             if available + reserved > 0 || stamp {
                 // The voided grants leave the quota item's open-grant sets too.
-                let mut expression =
-                    "SET updated_at = :now ADD available :a, reserved :r, invalid :n".to_string();
-                let mut update = Update::builder()
-                    .table_name(&self.table)
-                    .set_key(Some(key(pk, &quota_sk(template))));
+                let mut counters = change().set("updated_at", s(rfc3339(now)));
+                let mut guard = None;
                 if stamp && guarded {
                     let c = &read_counters;
-                    let as_read = all([
+                    guard = Some(all([
                         count_is("accepted", c.accepted),
                         count_is("available", c.available),
                         count_is("reserved", c.reserved),
-                    ]);
-                    update = update.guarded(&as_read, "g");
+                    ]));
                 }
                 if std::mem::take(&mut stamp) {
                     // (Named like every quota item, should this one create it: a user
                     // who never reported the template still reads as a quota.)
-                    expression = expression.replacen(
-                        "SET updated_at = :now",
-                        "SET updated_at = :now, #voided = :voided, template_id = :t, kind = :kind",
-                        1,
-                    );
-                    update = update
-                        .expression_attribute_names(
-                            "#voided",
+                    counters = counters
+                        .set(
                             crate::store::items::quota::VOIDED_AT,
+                            n(now.timestamp_millis()),
                         )
-                        .expression_attribute_values(":voided", n(now.timestamp_millis()))
-                        .expression_attribute_values(":t", s(template.as_str()))
-                        .expression_attribute_values(":kind", s("quota"));
+                        .set("template_id", s(template.as_str()))
+                        .set("kind", s("quota"));
                 }
+                counters = counters
+                    .add("available", n(-available))
+                    .add("reserved", n(-reserved))
+                    .add("invalid", n(available + reserved));
                 // Off both sets: a voided grant is in neither state, and an id wrongly
                 // in the other set (which made the sets untrusted) goes with it.
                 let gone: Vec<String> = available_ids.into_iter().chain(reserved_ids).collect();
                 if !gone.is_empty() {
-                    expression.push_str(" DELETE #oa :gone, #or :gone");
-                    update = update
-                        .expression_attribute_names("#oa", OPEN_AVAILABLE)
-                        .expression_attribute_names("#or", OPEN_RESERVED)
-                        .expression_attribute_values(":gone", AttributeValue::Ss(gone));
+                    counters = counters
+                        .delete(OPEN_AVAILABLE, AttributeValue::Ss(gone.clone()))
+                        .delete(OPEN_RESERVED, AttributeValue::Ss(gone));
                 }
-                let update = update
-                    .update_expression(expression)
-                    .expression_attribute_values(":now", s(rfc3339(now)))
-                    .expression_attribute_values(":a", AttributeValue::N((-available).to_string()))
-                    .expression_attribute_values(":r", AttributeValue::N((-reserved).to_string()))
-                    .expression_attribute_values(
-                        ":n",
-                        AttributeValue::N((available + reserved).to_string()),
-                    )
-                    .build()
-                    .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-                items.add(
-                    Void::Other,
-                    TransactWriteItem::builder().update(update).build(),
-                );
+                let counters = update(&self.table, key(pk, &quota_sk(template)), counters);
+                let counters = match guard {
+                    Some(guard) => counters.when(guard),
+                    None => counters,
+                };
+                items.add(Void::Other, counters.write()?);
             }
             match self.transact_parts(&items).await? {
                 Outcome::Committed => {}
@@ -374,15 +345,12 @@ impl Store {
         fixes: &[SetFix],
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let mut writes = Vec::with_capacity(fixes.len() + 1);
-        let mut clauses = Vec::new();
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))));
+        let add = fixes.first().is_some_and(|fix| fix.add);
+        let mut sets = change();
         for (name, state) in [
             (OPEN_AVAILABLE, GrantState::Available),
             (OPEN_RESERVED, GrantState::Reserved),
         ] {
-            let placeholder = grant_state_name(state);
             let members: Vec<String> = fixes
                 .iter()
                 .filter(|fix| fix.state == state)
@@ -391,13 +359,11 @@ impl Store {
             if members.is_empty() {
                 continue;
             }
-            clauses.push(format!("#{placeholder} :{placeholder}"));
-            update = update
-                .expression_attribute_names(format!("#{placeholder}"), name)
-                .expression_attribute_values(
-                    format!(":{placeholder}"),
-                    AttributeValue::Ss(members),
-                );
+            sets = if add {
+                sets.add(name, AttributeValue::Ss(members))
+            } else {
+                sets.delete(name, AttributeValue::Ss(members))
+            };
         }
         for fix in fixes {
             let check = ConditionCheck::builder()
@@ -415,16 +381,7 @@ impl Store {
                 .map_err(|e| StoreError::Sdk(Box::new(e)))?;
             writes.push(TransactWriteItem::builder().condition_check(check).build());
         }
-        let verb = if fixes.first().is_some_and(|fix| fix.add) {
-            "ADD"
-        } else {
-            "DELETE"
-        };
-        let update = update
-            .update_expression(format!("{verb} {}", clauses.join(", ")))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        writes.push(TransactWriteItem::builder().update(update).build());
+        writes.push(update(&self.table, key(pk, &quota_sk(template)), sets).write()?);
         Ok(writes)
     }
 }

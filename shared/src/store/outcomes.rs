@@ -7,6 +7,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
+use crate::store::items::change::{Changing, change};
 use crate::store::items::expr::{Guarded, eq};
 use crate::store::items::outcome::KEEP_DEAD;
 pub use crate::store::items::outcome::OutcomeItem;
@@ -118,28 +119,28 @@ impl Store {
             Move::Retry(_) => item.attempts + 1,
             Move::Keep | Move::Defer(_) => item.attempts,
         };
+        let progress = change()
+            .set("attempts", n(attempts))
+            .set("bus_done", AttributeValue::Bool(done.bus))
+            .set("hook_done", AttributeValue::Bool(done.hook));
+        let progress = match to {
+            Move::Keep => progress,
+            Move::Retry(Some(at)) | Move::Defer(at) => {
+                progress.set("due_at", n(at.timestamp_millis()))
+            }
+            Move::Retry(None) => progress
+                .set("dead_at", s(rfc3339(now)))
+                .set("expires_at", n((now + KEEP_DEAD).timestamp()))
+                .remove("due_pk")
+                .remove("due_at"),
+        };
         let update = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(&item.pk, &item.sk)))
-            .guarded(&eq("attempts", n(item.attempts)), "g")
-            .expression_attribute_values(":next", n(attempts))
-            .expression_attribute_values(":bus", AttributeValue::Bool(done.bus))
-            .expression_attribute_values(":hook", AttributeValue::Bool(done.hook));
-        let set = "SET attempts = :next, bus_done = :bus, hook_done = :hook";
-        let update = match to {
-            Move::Keep => update.update_expression(set),
-            Move::Retry(Some(at)) | Move::Defer(at) => update
-                .update_expression(format!("{set}, due_at = :at"))
-                .expression_attribute_values(":at", n(at.timestamp_millis())),
-            Move::Retry(None) => update
-                .update_expression(format!(
-                    "{set}, dead_at = :now, expires_at = :expires REMOVE due_pk, due_at"
-                ))
-                .expression_attribute_values(":now", s(rfc3339(now)))
-                .expression_attribute_values(":expires", n((now + KEEP_DEAD).timestamp())),
-        };
+            .changing(&progress)
+            .guarded(&eq("attempts", n(item.attempts)), "g");
         moved_meanwhile_is_fine(update.send().await.map(drop).map_err(|e| {
             let failed = e
                 .as_service_error()

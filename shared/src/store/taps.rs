@@ -11,12 +11,12 @@
 //! a tap seen from both sides is confirmed once, in either order and concurrently; a
 //! popup accept never becomes a grant. Marks too old to pair are dropped by the read.
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::reconcile::{Mark, pair_taps, tap_is_stale};
 use crate::domain::{OpenId, RequestId, TemplateId};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{change, update};
 use crate::store::items::expr::{absent, contains};
 use crate::store::items::is_there;
 use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED};
@@ -54,20 +54,12 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let mark = crate::domain::reconcile::popup_mark(create_time).encode();
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now ADD #taps :mark",
-            )
-            .expression_attribute_names("#taps", TAPS_POPUP)
-            .expression_attribute_values(":t", s(template.as_str()))
-            .expression_attribute_values(":kind", s("quota"))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":mark", AttributeValue::Ss(vec![mark]))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        let tapped = change()
+            .set("template_id", s(template.as_str()))
+            .set("kind", s("quota"))
+            .set("updated_at", s(rfc3339(now)))
+            .add(TAPS_POPUP, AttributeValue::Ss(vec![mark]));
+        update(&self.table, key(pk, &quota_sk(template)), tapped).write()
     }
 
     /// Confirms the user's reported grants of `template` that popup accepts match (see
@@ -153,15 +145,13 @@ impl Store {
         request: &RequestId,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &grant_sk(template, request))))
-            .update_expression("SET confirmed_at = :now")
-            .guarded(&is_there().and(absent("confirmed_at")), "g")
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        update(
+            &self.table,
+            key(pk, &grant_sk(template, request)),
+            change().set("confirmed_at", s(rfc3339(now))),
+        )
+        .when(is_there().and(absent("confirmed_at")))
+        .write()
     }
 
     fn take_tap_pair(
@@ -172,26 +162,17 @@ impl Store {
         popup: &Mark,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, quota_key)))
-            .update_expression(
-                "SET updated_at = :now ADD confirmed :one DELETE #reported :g, #popup :p",
-            )
-            .guarded(
-                &contains(TAPS_REPORTED, s(grant.encode()))
+        let taken = change()
+            .set("updated_at", s(rfc3339(now)))
+            .add("confirmed", n(1))
+            .delete(TAPS_REPORTED, AttributeValue::Ss(vec![grant.encode()]))
+            .delete(TAPS_POPUP, AttributeValue::Ss(vec![popup.encode()]));
+        update(&self.table, key(pk, quota_key), taken)
+            .when(
+                contains(TAPS_REPORTED, s(grant.encode()))
                     .and(contains(TAPS_POPUP, s(popup.encode()))),
-                "g",
             )
-            .expression_attribute_names("#reported", TAPS_REPORTED)
-            .expression_attribute_names("#popup", TAPS_POPUP)
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":g", AttributeValue::Ss(vec![grant.encode()]))
-            .expression_attribute_values(":p", AttributeValue::Ss(vec![popup.encode()]))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+            .write()
     }
 
     async fn drop_taps(

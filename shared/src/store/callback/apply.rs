@@ -11,10 +11,11 @@ use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
 use crate::store::items::event::PushItem;
-use crate::store::items::rfc3339;
+use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
+use crate::store::items::change::{Changing, change};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
@@ -187,26 +188,25 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         use aws_sdk_dynamodb::types::AttributeValue;
-        let refusal = if refused {
-            ", last_refusal = :r, last_refusal_at = :now"
+        // Names the quota item it may create, so it reads as one.
+        let choice = change()
+            .set("template_id", s(template.as_str()))
+            .set("kind", s("quota"))
+            .set(CHOICE_AT, n(create_time))
+            .set("updated_at", s(rfc3339(now)));
+        let choice = if refused {
+            choice
+                .set("last_refusal", s("reject"))
+                .set("last_refusal_at", s(rfc3339(now)))
         } else {
-            ""
+            choice
         };
-        let update = self
+        let sent = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key_of(&user_pk(openid), &quota_sk(template))))
-            // Names the quota item it may create, so it reads as one.
-            .update_expression(format!(
-                "SET template_id = :t, kind = :kind, #at = :c, updated_at = :now{refusal}"
-            ));
-        let update = if refused {
-            update.expression_attribute_values(":r", AttributeValue::S("reject".into()))
-        } else {
-            update
-        };
-        let sent = update
+            .changing(&choice)
             .guarded(
                 &absent(CHOICE_AT).or(compare(
                     CHOICE_AT,
@@ -215,11 +215,6 @@ impl Store {
                 )),
                 "g",
             )
-            .expression_attribute_names("#at", CHOICE_AT)
-            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-            .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
-            .expression_attribute_values(":c", AttributeValue::N(create_time.to_string()))
-            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
             .send()
             .await;
         Ok(crate::store::applied(sent)?.is_some())

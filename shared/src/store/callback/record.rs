@@ -17,6 +17,7 @@ use crate::store::keys::{lease_pk, user_pk};
 use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
 
+use crate::store::items::change::{Changing, change};
 use crate::store::items::expr::Guarded;
 use crate::store::items::is_there;
 use crate::store::items::key as key_of;
@@ -239,12 +240,16 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key_of(&key.pk, &key.sk)))
-            .update_expression("SET applied = :true REMOVE lease_pk, lease_until")
-            .guarded(&is_there(), "g")
-            .expression_attribute_values(
-                ":true",
-                aws_sdk_dynamodb::types::AttributeValue::Bool(true),
+            .changing(
+                &change()
+                    .set(
+                        "applied",
+                        aws_sdk_dynamodb::types::AttributeValue::Bool(true),
+                    )
+                    .remove("lease_pk")
+                    .remove("lease_until"),
             )
+            .guarded(&is_there(), "g")
             .send()
             .await
             .map_err(|e| classify_sdk_error(e, |_| false))?;

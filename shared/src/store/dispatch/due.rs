@@ -1,12 +1,11 @@
 //! The due index: what is due by a horizon, across every shard.
 
-use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
+use crate::store::items::change::{change, update};
 use crate::store::items::due_as_seen;
-use crate::store::items::expr::Guarded;
 use crate::store::items::{key, n, number, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
@@ -156,18 +155,14 @@ impl Store {
     /// moves (not the plan, nor its version): any write of the plan puts it back at the
     /// plan's own instant.
     pub async fn park_due(&self, item: &DueItem, until: DateTime<Utc>) -> Result<(), StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &item.sk)))
-            .update_expression("SET due_at = :until")
-            .guarded(&due_as_seen(item.due_at.timestamp_millis()), "g")
-            .expression_attribute_values(":until", n(until.timestamp_millis()))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        match self
-            .transact(vec![TransactWriteItem::builder().update(update).build()])
-            .await?
-        {
+        let parked = update(
+            &self.table,
+            key(&item.pk, &item.sk),
+            change().set("due_at", n(until.timestamp_millis())),
+        )
+        .when(due_as_seen(item.due_at.timestamp_millis()))
+        .write()?;
+        match self.transact(vec![parked]).await? {
             // Moved on since it was read (claimed, rewritten, parked by another): fine.
             TxOutcome::Committed | TxOutcome::Cancelled(_) => Ok(()),
             TxOutcome::Contended => Err(StoreError::Unavailable("park contended".into())),

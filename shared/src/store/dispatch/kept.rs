@@ -10,9 +10,10 @@ use crate::domain::dispatch::delivery::Guard;
 use crate::domain::dispatch::{KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
 use crate::store::dispatch::delivery::admitted_by;
+use crate::store::items::change::{Changing, change};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::eq;
-use crate::store::items::key;
+use crate::store::items::{key, n};
 use crate::store::keys::{delivery_sk, user_pk};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
@@ -48,7 +49,12 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(pk, &delivery_sk(delivery_id))))
-            .update_expression("REMOVE void_others, lease_pk, lease_until")
+            .changing(
+                &change()
+                    .remove("void_others")
+                    .remove("lease_pk")
+                    .remove("lease_until"),
+            )
             .guarded(&eq("void_others", AttributeValue::Bool(true)), "g")
             .send()
             .await;
@@ -80,13 +86,12 @@ impl Store {
             // The lease moves (to now: past, so the next sweep settles by the answer):
             // a sweep that read the delivery before this write fails its guard on the
             // lease it saw, instead of settling `unknown` over the kept answer.
-            .update_expression("SET kept_answer = :answer, lease_until = :now")
-            .guarded(&admitted_by(Guard::Claimer(&claim.claimer)), "g")
-            .expression_attribute_values(":answer", kept)
-            .expression_attribute_values(
-                ":now",
-                AttributeValue::N(self.clock.now().timestamp_millis().to_string()),
+            .changing(
+                &change()
+                    .set("kept_answer", kept)
+                    .set("lease_until", n(self.clock.now().timestamp_millis())),
             )
+            .guarded(&admitted_by(Guard::Claimer(&claim.claimer)), "g")
             .send()
             .await;
         Ok(crate::store::applied(sent)?.is_some())

@@ -1,9 +1,9 @@
 //! The lease index's entries the sweep cannot handle: deferred behind the others,
 //! then quarantined for an operator.
 
-use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 
+use crate::store::items::change::{Changing, change, update};
 use crate::store::items::expr::Guarded;
 use crate::store::items::{due_as_seen, lease_as_seen};
 use crate::store::items::{key, n, rfc3339, s};
@@ -30,27 +30,30 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         // Only the entry as it was seen: one the item got since is left alone.
-        let (expression, condition) = match index {
+        let (off, condition) = match index {
+            // (Off the pending index too: an item for an operator is no open push
+            // counted against its user's cap.)
             Index::Due => (
-                // (Off the pending index too: an item for an operator is no open push
-                // counted against its user's cap.)
-                "REMOVE due_pk, due_at, pending_pk, pending_sk SET quarantined_at = :now",
+                change()
+                    .remove("due_pk")
+                    .remove("due_at")
+                    .remove("pending_pk")
+                    .remove("pending_sk"),
                 due_as_seen(seen),
             ),
             Index::Lease => (
-                "REMOVE lease_pk, lease_until SET quarantined_at = :now",
+                change().remove("lease_pk").remove("lease_until"),
                 lease_as_seen(seen),
             ),
         };
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, sk)))
-            .update_expression(expression)
-            .guarded(&condition, "g")
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let mut items = vec![TransactWriteItem::builder().update(update).build()];
+        let off = update(
+            &self.table,
+            key(pk, sk),
+            off.set("quarantined_at", s(rfc3339(now))),
+        )
+        .when(condition)
+        .write()?;
+        let mut items = vec![off];
         // It stops there for good (until an operator acts): the audit trail says so.
         if self.limits.audit {
             let change = crate::store::audit::Change {
@@ -112,19 +115,15 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(pk, sk)))
-            .update_expression(if counts {
-                "SET lease_until = :later ADD sweep_failures :one"
+            .changing(&if counts {
+                change()
+                    .set("lease_until", n(later))
+                    .add("sweep_failures", n(1))
             } else {
-                "SET lease_until = :later"
+                change().set("lease_until", n(later))
             })
             .guarded(&lease_as_seen(seen), "g")
-            .expression_attribute_values(":later", n(later))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
-        let update = if counts {
-            update.expression_attribute_values(":one", n(1))
-        } else {
-            update
-        };
         Ok(crate::store::applied(update.send().await)?.map(|out| {
             let failures = out
                 .attributes()

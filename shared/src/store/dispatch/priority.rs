@@ -6,14 +6,13 @@
 //! handler, a check-in's store operation) or is given back (a finalize or release that
 //! restored it), and after a listed push ended at its claim.
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
+use crate::store::items::change::{change, update};
 use crate::store::items::due_as_seen;
 use crate::store::items::expr::{Cmp, Cond, Guarded, absent, all, compare, eq, size};
 use crate::store::items::is_there;
@@ -75,36 +74,22 @@ impl Store {
             Some(None) => rule.push(absent("due_at")),
             None => {}
         }
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            // On the due index while pushes wait (never due unless a grant made it so:
-            // `WAKE_SET`), so a grant given later is a due item in its own commit.
-            // (`wake`: due then, for a push that yielded to pushes due together.)
-            .update_expression(if wake.is_some() {
-                "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
-                 due_at = :never ADD #waiting :member"
-            } else {
-                "SET template_id = :t, kind = :kind, updated_at = :now, due_pk = :wake_pk, \
-                 due_at = if_not_exists(due_at, :never) ADD #waiting :member"
-            })
-            .guarded(&all(rule), "g")
-            .expression_attribute_names("#waiting", WAITING)
-            .expression_attribute_values(
-                ":wake_pk",
-                s(due_pk(pk, &quota_sk(template), self.shards)),
-            )
-            .expression_attribute_values(
-                ":never",
-                n(wake.map_or(WAKE_NEVER_MS, |w| w.at.timestamp_millis())),
-            )
-            .expression_attribute_values(":t", s(template.as_str()))
-            .expression_attribute_values(":kind", s("quota"))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]));
-        Ok(TransactWriteItem::builder()
-            .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        // On the due index while pushes wait (never due unless a grant made it so:
+        // `quota::wake`), so a grant given later is a due item in its own commit.
+        // (`wake`: due then, for a push that yielded to pushes due together.)
+        let entry = change()
+            .set("template_id", s(template.as_str()))
+            .set("kind", s("quota"))
+            .set("updated_at", s(rfc3339(now)))
+            .set("due_pk", s(due_pk(pk, &quota_sk(template), self.shards)));
+        let entry = match wake {
+            Some(wake) => entry.set("due_at", n(wake.at.timestamp_millis())),
+            None => entry.set_if_absent("due_at", n(WAKE_NEVER_MS)),
+        };
+        let listed = entry.add(WAITING, AttributeValue::Ss(vec![member.to_string()]));
+        update(&self.table, key(pk, &quota_sk(template)), listed)
+            .when(all(rule))
+            .write()
     }
 
     /// Wakes the waiting push `member` names: due now (back on the due index), on the
@@ -139,24 +124,15 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let sk = outbox_of(member)?;
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &sk)))
-            .update_expression(
-                "SET due_pk = :due_pk, due_at = :now_ms, updated_at = :now ADD version :one",
-            )
-            .guarded(
-                &all([Some(waits_for_grant()), unless].into_iter().flatten()),
-                "g",
-            )
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .expression_attribute_values(":due_pk", s(due_pk(pk, &sk, self.shards)))
-            .expression_attribute_values(":now_ms", n(now.timestamp_millis()))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":one", n(1))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        let due = change()
+            .set("due_pk", s(due_pk(pk, &sk, self.shards)))
+            .set("due_at", n(now.timestamp_millis()))
+            .set("updated_at", s(rfc3339(now)))
+            .add("version", n(1));
+        update(&self.table, key(pk, &sk), due)
+            .when(all([Some(waits_for_grant()), unless].into_iter().flatten()))
+            .old_on_failure()
+            .write()
     }
 
     /// Drops `member` from the template's waiting list, on the condition that its push
@@ -174,18 +150,13 @@ impl Store {
             .guarded(&absent("pk").or(!waits_for_grant()), "g")
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .update_expression("DELETE #waiting :member")
-            .guarded(&is_there(), "g")
-            .expression_attribute_names("#waiting", WAITING)
-            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_string()]))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let dropped = change().delete(WAITING, AttributeValue::Ss(vec![member.to_string()]));
+        let dropped = update(&self.table, key(pk, &quota_sk(template)), dropped)
+            .when(is_there())
+            .write()?;
         let writes = vec![
             TransactWriteItem::builder().condition_check(check).build(),
-            TransactWriteItem::builder().update(update).build(),
+            dropped,
         ];
         Ok(matches!(self.transact(writes).await?, TxOutcome::Committed))
     }
@@ -271,24 +242,18 @@ impl Store {
         if unresolved > 0 {
             return Ok(woken);
         }
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &item.sk)))
-            .expression_attribute_values(":never", n(WAKE_NEVER_MS));
+        let never = change().set("due_at", n(WAKE_NEVER_MS));
         let seen = due_as_seen(item.due_at.timestamp_millis());
-        let update = if left == 0 {
-            update
-                .update_expression("SET due_at = :never REMOVE due_pk")
-                .guarded(&seen.and(absent(WAITING)), "g")
+        let (never, guard) = if left == 0 {
+            (never.remove("due_pk"), seen.and(absent(WAITING)))
         } else {
-            update
-                .update_expression("SET due_at = :never")
-                .guarded(&seen, "g")
+            (never, seen)
         };
-        let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let put_back = update(&self.table, key(&item.pk, &item.sk), never)
+            .when(guard)
+            .write()?;
         // Cancelled: a grant came (due again) or a push began waiting: as it is.
-        self.transact(vec![TransactWriteItem::builder().update(update).build()])
-            .await?;
+        self.transact(vec![put_back]).await?;
         Ok(woken)
     }
 

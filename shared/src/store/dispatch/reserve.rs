@@ -4,8 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::builders::UpdateBuilder;
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::DeliveryState;
@@ -15,6 +14,7 @@ use crate::domain::grants::open::{
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::items::change::{Change, change, update};
 use crate::store::items::expr::{Cmp, Guarded, absent, all, contains, eq, size};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::grant::grant_in;
@@ -26,7 +26,7 @@ use crate::store::items::quota::{
 use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
-use crate::store::tx::TxOutcome;
+use crate::store::tx::{TxOutcome, Write};
 use crate::store::{Store, StoreError, classify_sdk_error};
 
 impl Store {
@@ -71,34 +71,28 @@ impl Store {
             void_others: false,
             counted_on: grant.counted.as_ref().map(|c| c.day),
         };
-        let reserve = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &grant.sk)))
-            .update_expression(
-                "SET #s = :reserved, delivery_id = :d, updated_at = :now, version = version + :one",
-            )
-            .guarded(&grant_in(GrantState::Available), "g")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":reserved", s(grant_state_name(GrantState::Reserved)))
-            .expression_attribute_values(":d", s(delivery_id))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":one", n(1))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let reserve = update(
+            &self.table,
+            key(&item.pk, &grant.sk),
+            change()
+                .set("state", s(grant_state_name(GrantState::Reserved)))
+                .set("delivery_id", s(delivery_id))
+                .set("updated_at", s(rfc3339(now)))
+                .plus("version", 1),
+        )
+        .when(grant_in(GrantState::Available))
+        .part()?;
         // The grant moves from the quota item's available set to its reserved set.
-        let mut counters = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &quota_sk(template))))
-            .expression_attribute_names("#reserved", OPEN_RESERVED)
-            .expression_attribute_values(
-                ":id",
-                AttributeValue::Ss(vec![grant.request.to_string()]),
-            );
+        let id = || AttributeValue::Ss(vec![grant.request.to_string()]);
         // The send is in flight until it settles: a sent event meanwhile waits for it.
         let flight = crate::domain::reconcile::Mark::new(now, delivery_id).encode();
-        counters = counters
-            .expression_attribute_names("#inflight", INFLIGHT)
-            .expression_attribute_values(":flight", AttributeValue::Ss(vec![flight]));
+        let mut counters = change()
+            .set("updated_at", s(rfc3339(now)))
+            .add("available", n(-1))
+            .add("reserved", n(1))
+            .add(OPEN_RESERVED, id())
+            .add(INFLIGHT, AttributeValue::Ss(vec![flight]))
+            .delete(OPEN_AVAILABLE, id());
         // The grant is there (and listed, when found through the list). Under a daily
         // cap the send counts on the user's day, on the condition that the day's count
         // is still under the cap: racing claims never pass it.
@@ -106,19 +100,11 @@ impl Store {
         if grant.listed {
             rule.push(contains(OPEN_AVAILABLE, s(grant.request.as_str())));
         }
-        let (mut remove, mut add) = (String::new(), String::new());
         if let Some(counted) = &grant.counted {
-            add = ", #day :one".into();
+            counters = counters.add(sent_on(counted.day), n(1));
             rule.push(under_daily_cap(counted.day, counted.cap));
-            counters = counters.expression_attribute_names("#day", sent_on(counted.day));
-            let names: Vec<String> = (0..counted.stale.len())
-                .map(|i| format!("#old{i}"))
-                .collect();
-            for (name, day) in names.iter().zip(&counted.stale) {
-                counters = counters.expression_attribute_names(name, sent_on(*day));
-            }
-            if !names.is_empty() {
-                remove = format!(" REMOVE {}", names.join(", "));
+            for day in &counted.stale {
+                counters = counters.remove(sent_on(*day));
             }
         }
         // The counters as read, when the claim decided on them.
@@ -138,20 +124,13 @@ impl Store {
         if grant.unrefused {
             rule.push(unrefused());
         }
-        let expression = format!(
-            "SET updated_at = :now{remove} ADD available :minus, reserved :one, #reserved :id, \
-             #inflight :flight{add} DELETE #available :id"
-        );
-        counters = counters
-            .update_expression(expression)
-            .guarded(&all(rule), "g")
-            .expression_attribute_names("#available", OPEN_AVAILABLE);
-        let counters = drop_marks(counters, &grant.stale)
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":minus", n(-1))
-            .expression_attribute_values(":one", n(1))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let counters = update(
+            &self.table,
+            key(&item.pk, &quota_sk(template)),
+            drop_marks(counters, &grant.stale),
+        )
+        .when(all(rule))
+        .write()?;
         let delivery_put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(to_item("delivery", &delivery)?))
@@ -159,8 +138,8 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(Reservation {
-            grant: TransactWriteItem::builder().update(reserve).build(),
-            counters: TransactWriteItem::builder().update(counters).build(),
+            grant: reserve,
+            counters,
             delivery: TransactWriteItem::builder().put(delivery_put).build(),
         })
     }
@@ -296,7 +275,7 @@ impl Store {
 /// A claim's writes beside its claimed item: the grant reserved, the template's
 /// counters (and the day's count), the delivery created.
 pub(crate) struct Reservation {
-    pub(crate) grant: TransactWriteItem,
+    pub(crate) grant: Write,
     pub(crate) counters: TransactWriteItem,
     pub(crate) delivery: TransactWriteItem,
 }
@@ -329,26 +308,16 @@ pub(crate) struct AsRead {
     pub(crate) waiting: usize,
 }
 
-/// Adds to a quota update (whose expression ends in a `DELETE` clause) the removal of
-/// stale marks, by attribute.
-pub(crate) fn drop_marks(
-    update: UpdateBuilder,
-    stale: &[(&'static str, Vec<String>)],
-) -> UpdateBuilder {
-    let mut update = update;
-    let mut clauses = String::new();
-    for (i, (name, members)) in stale.iter().enumerate() {
-        if members.is_empty() {
+/// Adds to a quota update the removal of stale marks, by attribute: of those the
+/// update does not change already (DynamoDB refuses two clauses on one attribute; a
+/// later write drops them).
+pub(crate) fn drop_marks(change: Change, stale: &[(&'static str, Vec<String>)]) -> Change {
+    let mut change = change;
+    for (name, members) in stale {
+        if members.is_empty() || change.touches(name) {
             continue;
         }
-        clauses.push_str(&format!(", #stale{i} :stale{i}"));
-        update = update
-            .expression_attribute_names(format!("#stale{i}"), *name)
-            .expression_attribute_values(format!(":stale{i}"), AttributeValue::Ss(members.clone()));
+        change = change.delete(*name, AttributeValue::Ss(members.clone()));
     }
-    if clauses.is_empty() {
-        return update;
-    }
-    let expression = update.get_update_expression().clone().unwrap_or_default() + &clauses;
-    update.update_expression(expression)
+    change
 }

@@ -1,26 +1,24 @@
 //! One settlement transaction: the delivery, its grant, the quota item's lists and
 //! marks, the plan or outbox, each guarded by what the settler read.
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::delivery::{GrantSeen, Guard, Marks, Writer, regrant};
 use crate::domain::dispatch::{DeliveryState, OutcomeClass};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::{DeliveryItem, admitted_by};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{change, update};
 use crate::store::items::grant::{grant_state_name, grant_state_of};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
-use crate::store::tx::{Outcome, Parts};
+use crate::store::tx::{Outcome, Parts, Write};
 use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 use crate::store::items::grant::held_by;
 use crate::store::items::quota::{
-    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, WAKE_SET, not_voided_since,
-    sent_on,
+    INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, not_voided_since, sent_on,
+    wake,
 };
 
 /// A grant move in a settle: `from → to`, fenced on the delivery that reserved it.
@@ -117,77 +115,56 @@ impl Store {
         &self,
         tx: &SettleTx<'_>,
         now: DateTime<Utc>,
-    ) -> Result<TransactWriteItem, StoreError> {
+    ) -> Result<Write, StoreError> {
         let w = &tx.write;
-        let mut set = vec![
-            "#s = :final",
-            // CLASS is a reserved word: the name goes through a placeholder.
-            "#class = :class",
-            "outcome = :outcome",
-            "finished_at = :now",
-            "expires_at = :expires",
-        ];
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(tx.pk, &delivery_sk(tx.delivery_id))))
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_names("#class", "class")
-            .expression_attribute_values(":final", s(w.state.as_str()))
-            .expression_attribute_values(":class", s(w.class.as_str()))
-            .expression_attribute_values(
-                ":outcome",
-                s(w.outcome.chars().take(300).collect::<String>()),
-            )
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(
-                ":expires",
+        let outcome = s(w.outcome.chars().take(300).collect::<String>());
+        let stamp = s(rfc3339(now));
+        let mut delivery = change()
+            .set("state", s(w.state.as_str()))
+            .set("class", s(w.class.as_str()))
+            .set("outcome", outcome.clone())
+            .set("finished_at", stamp.clone())
+            .set(
+                "expires_at",
                 n((now + self.limits.retention.deliveries).timestamp()),
-            )
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+            );
         if let Some(code) = w.errcode {
-            set.push("errcode = :errcode");
-            update = update.expression_attribute_values(":errcode", n(code));
+            delivery = delivery.set("errcode", n(code));
         }
         if let Some(msgid) = &w.msgid {
-            set.push("msgid = :msgid");
-            update = update.expression_attribute_values(":msgid", s(msgid));
+            delivery = delivery.set("msgid", s(msgid));
         }
-        match w.by {
-            Writer::Finalize => {}
-            Writer::Kept => set.push("kept_settled_at = :now"),
-            Writer::Sweep => {
-                set.push("swept_at = :now");
-                set.push("sweep_outcome = :outcome");
-            }
-            Writer::LateAnswer => set.push("answered_late_at = :now"),
-            Writer::Event => set.push("event_settled_at = :now"),
-            Writer::Release { late } => {
-                set.push("released_at = :now");
-                if late {
-                    set.push("answered_late_at = :now");
-                }
-            }
-        }
-        update = update.guarded(&admitted_by(tx.guard), "g");
-        let expression = if w.void_others {
+        delivery = match w.by {
+            Writer::Finalize => delivery,
+            Writer::Kept => delivery.set("kept_settled_at", stamp),
+            Writer::Sweep => delivery
+                .set("swept_at", stamp)
+                .set("sweep_outcome", outcome),
+            Writer::LateAnswer => delivery.set("answered_late_at", stamp),
+            Writer::Event => delivery.set("event_settled_at", stamp),
+            Writer::Release { late: false } => delivery.set("released_at", stamp),
+            Writer::Release { late: true } => delivery
+                .set("released_at", stamp.clone())
+                .set("answered_late_at", stamp),
+        };
+        delivery = if w.void_others {
             // Stays on (or, after a sweep took it off, goes back onto) the lease index
             // until the other grants are void, so a sweep finishes that if need be.
-            set.push("void_others = :void");
-            set.push("lease_pk = :lease_pk");
-            set.push("lease_until = if_not_exists(lease_until, :lease_now)");
-            update = update
-                .expression_attribute_values(":void", AttributeValue::Bool(true))
-                .expression_attribute_values(":lease_pk", s(lease_pk(tx.delivery_id, self.shards)))
-                .expression_attribute_values(":lease_now", n(now.timestamp_millis()));
-            format!("SET {}", set.join(", "))
+            delivery
+                .set("void_others", AttributeValue::Bool(true))
+                .set("lease_pk", s(lease_pk(tx.delivery_id, self.shards)))
+                .set_if_absent("lease_until", n(now.timestamp_millis()))
         } else {
-            format!("SET {} REMOVE lease_pk, lease_until", set.join(", "))
+            delivery.remove("lease_pk").remove("lease_until")
         };
-        let update = update
-            .update_expression(expression)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        update(
+            &self.table,
+            key(tx.pk, &delivery_sk(tx.delivery_id)),
+            delivery,
+        )
+        .when(admitted_by(tx.guard))
+        .old_on_failure()
+        .part()
     }
 
     /// The grant's move, fenced on the delivery that reserved it.
@@ -198,55 +175,42 @@ impl Store {
         grant: GrantMove<'_>,
         by: Writer,
         now: DateTime<Utc>,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let mut expression =
-            "SET #s = :to, updated_at = :now, version = version + :one".to_string();
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, grant.sk)))
-            // Fenced: only the delivery that reserved the grant moves it; undoing a
-            // void, only the sweep's guess, never the user's disable.
-            .guarded(
-                &held_by(
-                    grant.from,
-                    delivery_id,
-                    (grant.from == GrantState::Invalid && grant.to == GrantState::Available)
-                        .then_some(SWEEP_VOID),
-                ),
-                "g",
-            )
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":to", s(grant_state_name(grant.to)))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(":one", n(1))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+    ) -> Result<Write, StoreError> {
+        let moved = change()
+            .set("state", s(grant_state_name(grant.to)))
+            .set("updated_at", s(rfc3339(now)))
+            .plus("version", 1);
         let expires = || n((now + self.limits.retention.grants).timestamp());
-        match grant.to {
+        let moved = match grant.to {
             // A restore: free again for any later claim.
-            GrantState::Available => {
-                expression.push_str(" REMOVE delivery_id, void_reason, expires_at");
-            }
-            GrantState::Consumed => {
-                expression.push_str(", expires_at = :expires");
-                update = update.expression_attribute_values(":expires", expires());
-            }
+            GrantState::Available => moved
+                .remove("delivery_id")
+                .remove("void_reason")
+                .remove("expires_at"),
+            GrantState::Consumed => moved.set("expires_at", expires()),
             GrantState::Invalid => {
-                expression.push_str(", void_reason = :why, expires_at = :expires");
-                update = update.expression_attribute_values(":expires", expires());
                 let why = if by == Writer::Sweep {
                     SWEEP_VOID
                 } else {
                     "send"
                 };
-                update = update.expression_attribute_values(":why", s(why));
+                moved
+                    .set("void_reason", s(why))
+                    .set("expires_at", expires())
             }
-            GrantState::Reserved => {}
-        }
-        let update = update
-            .update_expression(expression)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+            GrantState::Reserved => moved,
+        };
+        update(&self.table, key(pk, grant.sk), moved)
+            // Fenced: only the delivery that reserved the grant moves it; undoing a
+            // void, only the sweep's guess, never the user's disable.
+            .when(held_by(
+                grant.from,
+                delivery_id,
+                (grant.from == GrantState::Invalid && grant.to == GrantState::Available)
+                    .then_some(SWEEP_VOID),
+            ))
+            .old_on_failure()
+            .part()
     }
 
     /// The quota item's part of a settle: the counters and open-grant sets following
@@ -264,92 +228,57 @@ impl Store {
         if grant.is_none() && marks.is_empty() {
             return Ok(None);
         }
-        let (mut adds, mut deletes) = (Vec::new(), Vec::new());
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .expression_attribute_values(":now", s(rfc3339(now)));
+        let mut counters = change().set("updated_at", s(rfc3339(now)));
+        let mut guard = None;
         if let Some(grant) = grant {
             let request = request_id_of_grant(grant.sk)
                 .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
-            // Counter names go through placeholders: CONSUMED is a reserved word.
-            adds.extend(["#from :minus", "#to :one"]);
-            update = update
-                .expression_attribute_names("#from", grant_state_name(grant.from))
-                .expression_attribute_names("#to", grant_state_name(grant.to))
-                .expression_attribute_values(":minus", n(-1))
-                .expression_attribute_values(":one", n(1));
+            let id = || AttributeValue::Ss(vec![request.to_string()]);
+            counters = counters
+                .add(grant_state_name(grant.from), n(-1))
+                .add(grant_state_name(grant.to), n(1));
             if grant.from == GrantState::Reserved {
-                deletes.push("#open_reserved :id");
-                update = update.expression_attribute_names("#open_reserved", OPEN_RESERVED);
+                counters = counters.delete(OPEN_RESERVED, id());
             }
             if grant.to == GrantState::Available {
-                adds.push("#open_available :id");
-                update = update.expression_attribute_names("#open_available", OPEN_AVAILABLE);
+                counters = counters.add(OPEN_AVAILABLE, id());
             }
             // (`invalid → available`: a late answer that the message did not go out.)
             if let Some(day) = grant.uncount
                 && grant.to == GrantState::Available
                 && grant.from != GrantState::Available
             {
-                adds.push("#counted :minus");
-                update = update.expression_attribute_names("#counted", sent_on(day));
-            }
-            if grant.from == GrantState::Reserved || grant.to == GrantState::Available {
-                // Bound only when a set clause uses it: DynamoDB refuses unused values.
-                update = update.expression_attribute_values(
-                    ":id",
-                    AttributeValue::Ss(vec![request.to_string()]),
-                );
+                counters = counters.add(sent_on(day), n(-1));
             }
             if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
                 // A void grant comes back only if nothing voided the template's grants
                 // on purpose since the send was claimed.
-                update = update.guarded(&not_voided_since(claimed_at.timestamp_millis()), "g");
+                guard = Some(not_voided_since(claimed_at.timestamp_millis()));
+            }
+            // A grant given back: the wake entry due at once (waiting pushes are woken
+            // by the dispatcher even if this writer never wakes them).
+            if grant.to == GrantState::Available && grant.from != GrantState::Available {
+                counters = counters.and(wake(now));
             }
         }
         let one = |member: &String| AttributeValue::Ss(vec![member.clone()]);
         if let Some(mark) = &marks.open_unknown {
-            adds.push("#open_unknown :open_unknown");
-            update = update.expression_attribute_values(":open_unknown", one(mark));
+            counters = counters.add(OPEN_UNKNOWN, one(mark));
         }
         if let Some(mark) = &marks.close_unknown {
-            deletes.push("#open_unknown :close_unknown");
-            update = update.expression_attribute_values(":close_unknown", one(mark));
-        }
-        if marks.open_unknown.is_some() || marks.close_unknown.is_some() {
-            update = update.expression_attribute_names("#open_unknown", OPEN_UNKNOWN);
+            counters = counters.delete(OPEN_UNKNOWN, one(mark));
         }
         if let Some(mark) = &marks.sent {
-            adds.push("#sent_marks :sent");
-            update = update
-                .expression_attribute_names("#sent_marks", SENT_MARKS)
-                .expression_attribute_values(":sent", one(mark));
+            counters = counters.add(SENT_MARKS, one(mark));
         }
         if let Some(mark) = &marks.close_inflight {
-            deletes.push("#inflight :inflight");
-            update = update
-                .expression_attribute_names("#inflight", INFLIGHT)
-                .expression_attribute_values(":inflight", one(mark));
+            counters = counters.delete(INFLIGHT, one(mark));
         }
-        let mut expression = "SET updated_at = :now".to_string();
-        // A grant given back: the wake entry due at once (waiting pushes are woken
-        // by the dispatcher even if this writer never wakes them).
-        if grant.is_some_and(|g| g.to == GrantState::Available && g.from != GrantState::Available) {
-            expression.push_str(&format!(", {WAKE_SET}"));
-            update = update.expression_attribute_values(":wake_now", n(now.timestamp_millis()));
-        }
-        if !adds.is_empty() {
-            expression.push_str(&format!(" ADD {}", adds.join(", ")));
-        }
-        if !deletes.is_empty() {
-            expression.push_str(&format!(" DELETE {}", deletes.join(", ")));
-        }
-        let update = update
-            .update_expression(expression)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(Some(TransactWriteItem::builder().update(update).build()))
+        let write = update(&self.table, key(pk, &quota_sk(template)), counters);
+        Ok(Some(match guard {
+            Some(guard) => write.when(guard).write()?,
+            None => write.write()?,
+        }))
     }
 
     /// Runs a settle transaction (see the module docs), dropping the parts that no

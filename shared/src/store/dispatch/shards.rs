@@ -16,6 +16,7 @@ use futures::StreamExt;
 use crate::store::items::{Item, key, n, number, s};
 use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
 
+use crate::store::items::change::{Changing, change};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::{all, eq};
 use crate::store::items::is_new;
@@ -101,11 +102,12 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
-            .update_expression("SET max_shards = :max, #current = :c, current_since = :now")
-            .expression_attribute_names("#current", "current")
-            .expression_attribute_values(":max", n(max))
-            .expression_attribute_values(":c", n(self.shards))
-            .expression_attribute_values(":now", n(now.timestamp_millis()));
+            .changing(
+                &change()
+                    .set("max_shards", n(max))
+                    .set("current", n(self.shards))
+                    .set("current_since", n(now.timestamp_millis())),
+            );
         update = match stored {
             None => update.guarded(&is_new(), "g"),
             Some(None) => update,
@@ -175,7 +177,7 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
-            .update_expression("SET max_shards = :c")
+            .changing(&change().set("max_shards", n(span.current)))
             .guarded(
                 &all([
                     eq("max_shards", n(span.span)),
@@ -184,7 +186,6 @@ impl Store {
                 ]),
                 "g",
             )
-            .expression_attribute_values(":c", n(span.current))
             .send()
             .await;
         match lowered {

@@ -8,7 +8,7 @@
 //! A cancel that finds no record of its event marks the record's place instead
 //! ([`CANCEL_FIRST`]): the event, when it comes, is stored with its push `cancelled`.
 
-use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -19,7 +19,7 @@ use crate::store::inbox::publish::ScheduledItem;
 use crate::store::inbox::{
     CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
 };
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{change, update};
 use crate::store::items::is_there;
 use crate::store::items::outbox::{
     CANCEL_REQUESTED, OutboxItem, is_note_update, note_push_told, note_request, versioned_put,
@@ -291,16 +291,11 @@ impl Store {
         outcome: &str,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, sk)))
-            .update_expression("SET #cancel = :outcome, cancelled_at = :now")
-            .guarded(&is_there(), "g")
-            .expression_attribute_names("#cancel", "cancel")
-            .expression_attribute_values(":outcome", s(outcome))
-            .expression_attribute_values(":now", n(now.timestamp_millis()))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        let recorded = change()
+            .set("cancel", s(outcome))
+            .set("cancelled_at", n(now.timestamp_millis()));
+        update(&self.table, key(pk, sk), recorded)
+            .when(is_there())
+            .write()
     }
 }

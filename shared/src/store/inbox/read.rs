@@ -5,14 +5,13 @@
 //! the counter always equals the markers left. A read notification expires after the
 //! read-notes retention.
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::store::inbox::NoteItem;
+use crate::store::items::change::{change, update};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::eq;
 use crate::store::items::is_there;
@@ -218,28 +217,20 @@ impl Store {
         now: DateTime<Utc>,
         old: bool,
     ) -> Result<TransactWriteItem, StoreError> {
-        let mut flip = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &note_sk(id))))
-            .update_expression("SET #read = :true, read_at = :now, expires_at = :expires")
-            .guarded(
-                &is_there().and(eq("read", AttributeValue::Bool(false))),
-                "g",
-            )
-            .expression_attribute_names("#read", "read")
-            .expression_attribute_values(":true", AttributeValue::Bool(true))
-            .expression_attribute_values(":now", s(rfc3339(now)))
-            .expression_attribute_values(
-                ":expires",
+        let flipped = change()
+            .set("read", AttributeValue::Bool(true))
+            .set("read_at", s(rfc3339(now)))
+            .set(
+                "expires_at",
                 n((now + self.limits.retention.read_notes).timestamp()),
             );
+        let flip = update(&self.table, key(pk, &note_sk(id)), flipped)
+            .when(is_there().and(eq("read", AttributeValue::Bool(false))));
         if old {
-            flip = flip.return_values_on_condition_check_failure(
-                ReturnValuesOnConditionCheckFailure::AllOld,
-            );
+            flip.old_on_failure().write()
+        } else {
+            flip.write()
         }
-        let flip = flip.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(flip).build())
     }
 
     /// Deletes note `id`'s unread marker (the flip's condition guards the pair).
@@ -254,14 +245,7 @@ impl Store {
 
     /// `ADD unread by` on the counter (part of a transaction).
     pub(crate) fn unread_change(&self, pk: &str, by: i64) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, INBOX_SK)))
-            .update_expression("SET kind = :kind ADD unread :by")
-            .expression_attribute_values(":kind", s("inbox"))
-            .expression_attribute_values(":by", n(by))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        let counted = change().set("kind", s("inbox")).add("unread", n(by));
+        update(&self.table, key(pk, INBOX_SK), counted).write()
     }
 }

@@ -2,11 +2,12 @@
 //! signed-in request, and on the due index the instant they count as inactive
 //! (`INACTIVE_USER_DAYS`), when the dispatcher begins their erasure.
 
-use aws_sdk_dynamodb::types::Update;
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, NaiveDate, Utc};
 
 use crate::store::StoreError;
-use crate::store::items::expr::{Cmp, Guarded, absent, compare, eq};
+use crate::store::items::change::{change, update};
+use crate::store::items::expr::{Cmp, absent, compare, eq};
 use crate::store::items::{key, n, s};
 use crate::store::keys::due_pk;
 
@@ -21,30 +22,23 @@ pub(crate) fn touched(
     today: NaiveDate,
     due: DateTime<Utc>,
     shards: u32,
-) -> Result<Update, StoreError> {
+) -> Result<TransactWriteItem, StoreError> {
     let day = s(today.format("%Y-%m-%d").to_string());
-    Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, ACTIVITY_SK)))
-        .update_expression("SET kind = :kind, #day = :today, due_pk = :due_pk, due_at = :due")
-        .guarded(&absent("day").or(compare("day", Cmp::Lt, day.clone())), "g")
-        .expression_attribute_names("#day", "day")
-        .expression_attribute_values(":kind", s("activity"))
-        .expression_attribute_values(":today", day)
-        .expression_attribute_values(":due_pk", s(due_pk(pk, ACTIVITY_SK, shards)))
-        .expression_attribute_values(":due", n(due.timestamp_millis()))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))
+    let moved = change()
+        .set("kind", s("activity"))
+        .set("day", day.clone())
+        .set("due_pk", s(due_pk(pk, ACTIVITY_SK, shards)))
+        .set("due_at", n(due.timestamp_millis()));
+    update(table, key(pk, ACTIVITY_SK), moved)
+        .when(absent("day").or(compare("day", Cmp::Lt, day)))
+        .write()
 }
 
 /// The activity's due entry taken off the index, while it is the one seen (`due_ms`):
 /// its erasure has begun.
-pub(crate) fn off_due(table: &str, pk: &str, due_ms: i64) -> Result<Update, StoreError> {
-    Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, ACTIVITY_SK)))
-        .update_expression("REMOVE due_pk, due_at")
-        .guarded(&eq("due_at", n(due_ms)), "g")
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))
+pub(crate) fn off_due(table: &str, pk: &str, due_ms: i64) -> Result<TransactWriteItem, StoreError> {
+    let off = change().remove("due_pk").remove("due_at");
+    update(table, key(pk, ACTIVITY_SK), off)
+        .when(eq("due_at", n(due_ms)))
+        .write()
 }

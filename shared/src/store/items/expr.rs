@@ -160,15 +160,33 @@ pub(crate) struct Rendered {
 }
 
 /// Numbers the placeholders of one rendering: `#{prefix}{i}` per attribute name (one
-/// per distinct name), `:{prefix}{i}` per value.
-struct Placeholders<'a> {
+/// per distinct name), `:{prefix}{i}` per value. (Conditions here, updates in
+/// `items::change`.)
+pub(super) struct Placeholders<'a> {
     prefix: &'a str,
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
 }
 
-impl Placeholders<'_> {
-    fn name(&mut self, attribute: &str) -> String {
+impl<'a> Placeholders<'a> {
+    pub(super) fn new(prefix: &'a str) -> Self {
+        Self {
+            prefix,
+            names: HashMap::new(),
+            values: HashMap::new(),
+        }
+    }
+
+    /// `expression` with the placeholders it was rendered with.
+    pub(super) fn rendered(self, expression: String) -> Rendered {
+        Rendered {
+            expression,
+            names: self.names,
+            values: self.values,
+        }
+    }
+
+    pub(super) fn name(&mut self, attribute: &str) -> String {
         if let Some((placeholder, _)) = self.names.iter().find(|(_, a)| *a == attribute) {
             return placeholder.clone();
         }
@@ -178,7 +196,7 @@ impl Placeholders<'_> {
         placeholder
     }
 
-    fn value(&mut self, value: AttributeValue) -> String {
+    pub(super) fn value(&mut self, value: AttributeValue) -> String {
         let placeholder = format!(":{}{}", self.prefix, self.values.len());
         self.values.insert(placeholder.clone(), value);
         placeholder
@@ -225,17 +243,9 @@ impl Cond {
     /// The DynamoDB condition expression, its placeholders starting with `prefix` (one
     /// no other placeholder of the same request starts with).
     pub(crate) fn render(&self, prefix: &str) -> Rendered {
-        let mut placeholders = Placeholders {
-            prefix,
-            names: HashMap::new(),
-            values: HashMap::new(),
-        };
+        let mut placeholders = Placeholders::new(prefix);
         let expression = placeholders.render(self);
-        Rendered {
-            expression,
-            names: placeholders.names,
-            values: placeholders.values,
-        }
+        placeholders.rendered(expression)
     }
 
     /// Whether `item` (an empty one for an item that does not exist) satisfies it, as

@@ -14,6 +14,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 pub(crate) mod activity;
+pub(crate) mod change;
 pub(crate) mod event;
 pub(crate) mod expr;
 pub(crate) mod grant;
@@ -26,6 +27,7 @@ pub(crate) mod rate;
 pub(crate) mod setting;
 pub(crate) mod tombstone;
 pub mod wechat_ips;
+pub(crate) mod write;
 
 /// A raw DynamoDB item.
 pub(crate) type Item = HashMap<String, AttributeValue>;

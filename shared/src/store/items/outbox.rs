@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -12,10 +12,11 @@ use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::StoreError;
 use crate::store::items::at_version;
+use crate::store::items::change::{change, update};
 use crate::store::items::expr::Guarded;
 use crate::store::items::expr::{Cond, eq};
 use crate::store::items::is_there;
-use crate::store::items::{key, rfc3339, s};
+use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{due_pk, note_sk, pending_sk};
 
 /// The outbox item of a push: what to send, and where it stands.
@@ -146,38 +147,27 @@ fn note_push_update(
     reason: Option<PushReason>,
     now: DateTime<Utc>,
 ) -> Result<TransactWriteItem, StoreError> {
-    let update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, &note_sk(note_id))));
+    let status_set = change().set("push_status", s(status.as_str())).set(
+        "push_reason",
+        reason.map_or(AttributeValue::Null(true), |r| s(r.as_str())),
+    );
     // A push back to pending (a retry, a wait for a grant or the next day) keeps its
     // history as it is: the history lists the moments it moved on.
-    let update = if status == PushStatus::Pending {
-        update.update_expression("SET push_status = :s, push_reason = :r")
+    let status_set = if status == PushStatus::Pending {
+        status_set
     } else {
-        let moment = serde_dynamo::to_attribute_value(vec![crate::domain::inbox::PushMoment::new(
-            status, now,
-        )])
-        .map_err(|e| StoreError::Corrupt(format!("a push moment could not be encoded: {e}")))?;
-        update
-            .update_expression(
-                "SET push_status = :s, push_reason = :r, \
-                 push_history = list_append(if_not_exists(push_history, :none), :moment)",
-            )
-            .expression_attribute_values(":none", AttributeValue::L(Vec::new()))
-            .expression_attribute_values(":moment", moment)
+        let moment =
+            serde_dynamo::to_attribute_value(crate::domain::inbox::PushMoment::new(status, now))
+                .map_err(|e| {
+                    StoreError::Corrupt(format!("a push moment could not be encoded: {e}"))
+                })?;
+        status_set.append("push_history", vec![moment])
     };
-    let update = update
+    update(table, key(pk, &note_sk(note_id)), status_set)
         // Never recreates, as a stub, a notification its retention removed: a caller
         // meeting this condition drops the write (`is_note_update`) and lands the rest.
-        .guarded(&is_there(), "g")
-        .expression_attribute_values(":s", s(status.as_str()))
-        .expression_attribute_values(
-            ":r",
-            reason.map_or(AttributeValue::Null(true), |r| s(r.as_str())),
-        )
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().update(update).build())
+        .when(is_there())
+        .write()
 }
 
 /// A notification's push status set ([`note_push_update`]) and, when the push has
@@ -232,18 +222,13 @@ pub(crate) fn note_request(
     attribute: &str,
     now: DateTime<Utc>,
 ) -> Result<[TransactWriteItem; 2], StoreError> {
-    let update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key(&outbox.pk, &note_sk(&outbox.note_id))))
-        .update_expression("SET #requested = :now")
-        .guarded(&is_there(), "g")
-        .expression_attribute_names("#requested", attribute)
-        .expression_attribute_values(
-            ":now",
-            AttributeValue::N(now.timestamp_millis().to_string()),
-        )
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+    let requested = update(
+        table,
+        key(&outbox.pk, &note_sk(&outbox.note_id)),
+        change().set(attribute, n(now.timestamp_millis())),
+    )
+    .when(is_there())
+    .write()?;
     let check = ConditionCheck::builder()
         .table_name(table)
         .set_key(Some(key(&outbox.pk, &outbox.sk)))
@@ -251,7 +236,7 @@ pub(crate) fn note_request(
         .build()
         .map_err(|e| StoreError::Sdk(Box::new(e)))?;
     Ok([
-        TransactWriteItem::builder().update(update).build(),
+        requested,
         TransactWriteItem::builder().condition_check(check).build(),
     ])
 }

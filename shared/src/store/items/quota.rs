@@ -14,10 +14,11 @@ use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
+use crate::store::items::change::{Change, Changing, change, update};
 use crate::store::items::expr::eq;
 use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare, is_in};
 use crate::store::items::is_there;
-use crate::store::items::{key, n, rfc3339};
+use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
 use crate::store::{Store, StoreError};
 
@@ -124,12 +125,14 @@ pub(crate) const WAITING: &str = "waiting";
 /// is a due item in the same commit, and the dispatcher wakes them
 /// (`Store::wake_due`) even when the writer's own wake never ran (a crash, a replay,
 /// the sweep). Off the index is harmless: `due_at` alone indexes nothing.
-pub(crate) const WAKE_SET: &str = "due_at = :wake_now";
+pub(crate) fn wake(now: DateTime<Utc>) -> Change {
+    change().set("due_at", n(now.timestamp_millis()))
+}
 
 /// A wake entry's instant while nothing is to wake: past every horizon (2286).
 pub(crate) const WAKE_NEVER_MS: i64 = 9_999_999_999_999;
 
-/// The template's wake entry due now (`WAKE_SET`), on the quota item as it is: for a
+/// The template's wake entry due now ([`wake`]), on the quota item as it is: for a
 /// write that ends a push waiting for a grant, which may have been woken for one (a
 /// cancel, a replacement), so the grant passes to the next waiting push.
 pub(crate) fn wake_now(
@@ -138,16 +141,13 @@ pub(crate) fn wake_now(
     template: &str,
     now: DateTime<Utc>,
 ) -> Result<TransactWriteItem, StoreError> {
-    let update = Update::builder()
-        .table_name(table)
-        .key("pk", AttributeValue::S(pk.to_string()))
-        .key("sk", AttributeValue::S(format!("{QUOTA_PREFIX}{template}")))
-        .update_expression(format!("SET {WAKE_SET}"))
-        .guarded(&is_there(), "g")
-        .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().update(update).build())
+    update(
+        table,
+        key(pk, &format!("{QUOTA_PREFIX}{template}")),
+        wake(now),
+    )
+    .when(is_there())
+    .write()
 }
 
 /// [`wake_now`] guarded by `check`'s condition instead (a check of the same quota
@@ -160,10 +160,9 @@ pub(crate) fn wake_checked(
     let mut update = Update::builder()
         .table_name(table)
         .set_key(Some(check.key().clone()))
-        .update_expression(format!("SET {WAKE_SET}"))
-        .expression_attribute_values(":wake_now", n(now.timestamp_millis()))
         .condition_expression(check.condition_expression())
-        .set_expression_attribute_names(check.expression_attribute_names().cloned());
+        .set_expression_attribute_names(check.expression_attribute_names().cloned())
+        .changing(&wake(now));
     for (name, value) in check.expression_attribute_values().into_iter().flatten() {
         update = update.expression_attribute_values(name, value.clone());
     }
@@ -199,49 +198,37 @@ pub(crate) fn quota_update_item(
     if write.counters == CounterChange::None {
         return Ok(None);
     }
-    let update = Update::builder()
-        .table_name(table)
-        .key("pk", AttributeValue::S(pk.to_string()))
-        .key("sk", AttributeValue::S(quota_sk(template)))
-        .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-        .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)))
-        .expression_attribute_values(":kind", AttributeValue::S("quota".into()));
-    let update = if write.counters == CounterChange::Grant {
-        let update = if limits.push_events {
+    let named = change()
+        .set("template_id", s(template.as_str()))
+        .set("kind", s("quota"))
+        .set("updated_at", s(rfc3339(now)));
+    let key = key(pk, &quota_sk(template));
+    let write = if write.counters == CounterChange::Grant {
+        let mut grant = named
+            .and(wake(now))
+            .add("accepted", n(1))
+            .add("available", n(1))
+            .add(
+                OPEN_AVAILABLE,
+                AttributeValue::Ss(vec![request_id.to_string()]),
+            );
+        if limits.push_events {
             // The tap's mark, for a popup accept of it to confirm (store::taps).
             let tap = crate::domain::reconcile::Mark::new(now, request_id.as_str()).encode();
-            update
-                .update_expression(format!(
-                    "SET template_id = :t, kind = :kind, updated_at = :now, {WAKE_SET} \
-                     ADD accepted :one, available :one, #open :id, #taps :tap"
-                ))
-                .expression_attribute_names("#taps", crate::store::items::quota::TAPS_REPORTED)
-                .expression_attribute_values(":tap", AttributeValue::Ss(vec![tap]))
-        } else {
-            update.update_expression(format!(
-                "SET template_id = :t, kind = :kind, updated_at = :now, {WAKE_SET} \
-                 ADD accepted :one, available :one, #open :id"
-            ))
-        };
-        let update = update.expression_attribute_values(":wake_now", n(now.timestamp_millis()));
+            grant = grant.add(TAPS_REPORTED, AttributeValue::Ss(vec![tap]));
+        }
         let mut rule = room_for_a_grant(limits.max_open_grants);
         if none_waiting {
             rule = rule.and(absent(WAITING));
         }
-        update
-            .guarded(&rule, "g")
-            .expression_attribute_names("#open", OPEN_AVAILABLE)
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .expression_attribute_values(":id", AttributeValue::Ss(vec![request_id.to_string()]))
+        update(table, key, grant).when(rule).write()?
     } else {
-        update
-            .update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now, last_refusal = :r, last_refusal_at = :now",
-            )
-            .expression_attribute_values(":r", AttributeValue::S(result.as_str().into()))
+        let refusal = named
+            .set("last_refusal", s(result.as_str()))
+            .set("last_refusal_at", s(rfc3339(now)));
+        update(table, key, refusal).write()?
     };
-    let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(Some(TransactWriteItem::builder().update(update).build()))
+    Ok(Some(write))
 }
 
 /// A template's open grants as its quota item lists them (request ids).
@@ -401,30 +388,17 @@ impl Store {
         standing: Option<Standing>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .expression_attribute_names("#standing", STANDING)
-            .expression_attribute_values(":t", AttributeValue::S(template.to_string()))
-            .expression_attribute_values(":kind", AttributeValue::S("quota".into()))
-            .expression_attribute_values(":now", AttributeValue::S(rfc3339(now)));
-        let update = match standing {
-            Some(standing) => update
-                .update_expression(
-                    "SET template_id = :t, kind = :kind, updated_at = :now, #standing = :standing",
-                )
-                .expression_attribute_values(
-                    ":standing",
-                    AttributeValue::S(standing.as_str().into()),
-                ),
-            None => update.update_expression(
-                "SET template_id = :t, kind = :kind, updated_at = :now REMOVE #standing",
-            ),
+        let named = change()
+            .set("template_id", s(template.as_str()))
+            .set("kind", s("quota"))
+            .set("updated_at", s(rfc3339(now)));
+        let named = match standing {
+            Some(standing) => named.set(STANDING, s(standing.as_str())),
+            None => named.remove(STANDING),
         };
-        let update = update.guarded(&standing_is(kept), "g");
-        Ok(TransactWriteItem::builder()
-            .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        update(&self.table, key(pk, &quota_sk(template)), named)
+            .when(standing_is(kept))
+            .write()
     }
 
     /// A condition that the template's standing choice is still `kept`: a plan moved

@@ -16,11 +16,12 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::rate::{minute_of, retry_after};
+use crate::store::items::change::{Changing, change, update};
 use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare};
 use crate::store::items::{Item, key, n, s};
 use crate::store::keys::{publisher_pk, rate_sk, read_rate_sk, user_pk};
@@ -120,21 +121,13 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let minute = minute_of(now);
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &rate_sk(minute))))
-            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :count")
-            .guarded(
-                &room_for(counter.attribute(), self.rate_max(counter), count),
-                "g",
-            )
-            .expression_attribute_names("#n", counter.attribute())
-            .expression_attribute_values(":kind", s("rate"))
-            .expression_attribute_values(":expires", n((minute + 2) * 60))
-            .expression_attribute_values(":count", n(count))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        let counted = change()
+            .set("kind", s("rate"))
+            .set("expires_at", n((minute + 2) * 60))
+            .add(counter.attribute(), n(count));
+        update(&self.table, key(pk, &rate_sk(minute)), counted)
+            .when(room_for(counter.attribute(), self.rate_max(counter), count))
+            .write()
     }
 
     /// Counts one read call of `openid` in `now`'s minute, or refuses it past
@@ -176,13 +169,13 @@ impl Store {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(item))
-            // READS is a reserved word: the name goes through a placeholder.
-            .update_expression("SET kind = :kind, expires_at = :expires ADD #n :one")
+            .changing(
+                &change()
+                    .set("kind", s("rate"))
+                    .set("expires_at", n((minute + 2) * 60))
+                    .add("reads", n(1)),
+            )
             .guarded(&room_for("reads", max, 1), "g")
-            .expression_attribute_names("#n", "reads")
-            .expression_attribute_values(":kind", s("rate"))
-            .expression_attribute_values(":expires", n((minute + 2) * 60))
-            .expression_attribute_values(":one", n(1))
             .send()
             .await;
         match counted {

@@ -2,13 +2,14 @@
 //! the openid once done. While pending it holds the openid for its steps and sits on
 //! the due index, so the dispatcher's ticks carry it on until done.
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::OpenId;
 use crate::domain::erasure::{ErasureCause, ErasureState, Pass, Tombstone};
 use crate::store::StoreError;
+use crate::store::items::change::{change, update};
 use crate::store::items::expr::{Guarded, absent, eq};
 use crate::store::items::{Item, key, n, parse, s, to_item};
 use crate::store::keys::due_pk;
@@ -136,31 +137,24 @@ pub(crate) fn stepped(
     deleted: u64,
     due: DateTime<Utc>,
     empty_since: Option<DateTime<Utc>>,
-) -> Result<Update, StoreError> {
-    let (set, remove) = match empty_since {
-        Some(_) => (", empty_since = :empty", ""),
-        None => ("", " REMOVE empty_since"),
-    };
-    let mut update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, TOMBSTONE_SK)))
-        .update_expression(format!(
-            "SET pass = :pass, due_at = :due{set} ADD deleted :deleted{remove}"
-        ))
-        .guarded(&pending_since(erased_at), "g")
-        .expression_attribute_values(
-            ":pass",
+) -> Result<TransactWriteItem, StoreError> {
+    let step = change()
+        .set(
+            "pass",
             s(match pass {
                 Pass::Due => "due",
                 Pass::Rest => "rest",
             }),
         )
-        .expression_attribute_values(":due", n(due.timestamp_millis()))
-        .expression_attribute_values(":deleted", n(deleted));
-    if let Some(since) = empty_since {
-        update = update.expression_attribute_values(":empty", n(since.timestamp_millis()));
-    }
-    update.build().map_err(|e| StoreError::Sdk(Box::new(e)))
+        .set("due_at", n(due.timestamp_millis()))
+        .add("deleted", n(deleted));
+    let step = match empty_since {
+        Some(since) => step.set("empty_since", n(since.timestamp_millis())),
+        None => step.remove("empty_since"),
+    };
+    update(table, key(pk, TOMBSTONE_SK), step)
+        .when(pending_since(erased_at))
+        .write()
 }
 
 /// The end of an erasure begun at `erased_at`: done, the openid and the due entry
@@ -171,36 +165,31 @@ pub(crate) fn finished(
     erased_at: i64,
     deleted: u64,
     now: DateTime<Utc>,
-) -> Result<Update, StoreError> {
-    Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, TOMBSTONE_SK)))
-        .update_expression(
-            "SET #state = :done, done_at = :now ADD deleted :deleted \
-             REMOVE openid, pass, due_pk, due_at, empty_since",
-        )
-        .guarded(&pending_since(erased_at), "g")
-        .expression_attribute_names("#state", "state")
-        .expression_attribute_values(":done", s(ErasureState::Done.as_str()))
-        .expression_attribute_values(":now", n(now.timestamp_millis()))
-        .expression_attribute_values(":deleted", n(deleted))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))
+) -> Result<TransactWriteItem, StoreError> {
+    let done = change()
+        .set("state", s(ErasureState::Done.as_str()))
+        .set("done_at", n(now.timestamp_millis()))
+        .add("deleted", n(deleted))
+        .remove("openid")
+        .remove("pass")
+        .remove("due_pk")
+        .remove("due_at")
+        .remove("empty_since");
+    update(table, key(pk, TOMBSTONE_SK), done)
+        .when(pending_since(erased_at))
+        .write()
 }
 
 /// The user came back after the erasure begun at `erased_at` was done.
-pub(crate) fn reopened(table: &str, pk: &str, erased_at: i64) -> Result<Update, StoreError> {
-    Update::builder()
-        .table_name(table)
-        .set_key(Some(key(pk, TOMBSTONE_SK)))
-        .update_expression("SET reopened = :yes")
-        .guarded(
-            &eq("erased_at", n(erased_at)).and(eq("state", s(ErasureState::Done.as_str()))),
-            "g",
-        )
-        .expression_attribute_values(":yes", AttributeValue::Bool(true))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))
+pub(crate) fn reopened(
+    table: &str,
+    pk: &str,
+    erased_at: i64,
+) -> Result<TransactWriteItem, StoreError> {
+    let back = change().set("reopened", AttributeValue::Bool(true));
+    update(table, key(pk, TOMBSTONE_SK), back)
+        .when(eq("erased_at", n(erased_at)).and(eq("state", s(ErasureState::Done.as_str()))))
+        .write()
 }
 
 /// The tombstone is still the pending one begun at `erased_at`.

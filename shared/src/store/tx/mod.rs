@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use crate::store::{Store, StoreError, classify_sdk_error};
 
 mod parts;
+pub(crate) use crate::store::items::write::Write;
 pub(crate) use parts::{Beside, Outcome, Parts};
 
 impl Store {
@@ -19,7 +20,7 @@ impl Store {
     /// for failures a retry will not fix.
     pub(crate) async fn transact(
         &self,
-        items: Vec<TransactWriteItem>,
+        items: Vec<impl Into<Write>>,
     ) -> Result<TxOutcome, StoreError> {
         Ok(self.transact_kept(items).await?.0)
     }
@@ -29,20 +30,21 @@ impl Store {
     /// can [`Store::resend`] it to learn whether the work was its own.
     pub(crate) async fn transact_kept(
         &self,
-        items: Vec<TransactWriteItem>,
+        writes: Vec<impl Into<Write>>,
     ) -> Result<(TxOutcome, SentTx), StoreError> {
+        let writes: Vec<Write> = writes.into_iter().map(Into::into).collect();
         // One token for every attempt below: a retry after a commit whose answer was
         // lost gets that answer instead of failing its own conditions (and a caller
         // reading again would take its own write for someone else's).
         let items = if self.limits.audit {
             crate::store::audit::with_history(
-                items,
+                &writes,
                 &self.table,
                 self.clock.now(),
                 self.limits.retention.grants,
             )?
         } else {
-            items
+            writes.into_iter().map(Write::into_item).collect()
         };
         let sent = SentTx {
             items,

@@ -4,7 +4,7 @@
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use super::{SentTx, TxOutcome, is_condition_failed};
+use super::{SentTx, TxOutcome, Write, is_condition_failed};
 use crate::store::items::Item;
 use crate::store::items::outbox::is_note_update;
 use crate::store::{Store, StoreError};
@@ -13,7 +13,7 @@ use crate::store::{Store, StoreError};
 #[derive(Debug, Clone)]
 pub(crate) struct Parts<R> {
     roles: Vec<R>,
-    items: Vec<TransactWriteItem>,
+    items: Vec<Write>,
 }
 
 impl<R: Copy + PartialEq> Parts<R> {
@@ -25,13 +25,13 @@ impl<R: Copy + PartialEq> Parts<R> {
     }
 
     /// One write, playing `role`.
-    pub(crate) fn add(&mut self, role: R, item: TransactWriteItem) {
+    pub(crate) fn add(&mut self, role: R, item: impl Into<Write>) {
         self.roles.push(role);
-        self.items.push(item);
+        self.items.push(item.into());
     }
 
     /// [`Parts::add`], chained.
-    pub(crate) fn with(mut self, role: R, item: TransactWriteItem) -> Self {
+    pub(crate) fn with(mut self, role: R, item: impl Into<Write>) -> Self {
         self.add(role, item);
         self
     }
