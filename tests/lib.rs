@@ -5,8 +5,6 @@
 //! `template.yaml`, deleted on drop), its own WeChat stand-in and its own HTTP API, both
 //! on port 0 and reached over real HTTP.
 
-pub mod faults;
-pub mod openapi;
 mod support;
 
 pub use support::app::{
@@ -23,3 +21,4 @@ pub use support::publishers::{Received, Receiver, SHOP, Signer, order_detail};
 pub use support::round_trips::{ItemWrite, RoundTrips, item_size};
 pub use support::table::{Leased, TestTable, emulator_call, emulator_endpoint};
 pub use support::users::{User, assert_rate_limited, plan_state};
+pub use support::{faults, inbox, openapi, wechat_push};

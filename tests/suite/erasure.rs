@@ -8,8 +8,8 @@ use chrono::Duration;
 use onegrant_tests::{ORDER, TestApp, User, WATER, attr_s, spawn_app};
 use serde_json::{Value, json};
 
-use crate::callback::{crypto, hit, now, sealed};
-use crate::scheduled::{at, scheduled};
+use onegrant_tests::inbox::{at, scheduled};
+use onegrant_tests::wechat_push::{crypto, hit, now, sealed};
 
 /// Whether any attribute of `value`, at any depth, contains `needle`.
 fn contains(value: &AttributeValue, needle: &str) -> bool {
@@ -207,7 +207,7 @@ async fn a_user_who_asks_is_forgotten_and_nothing_of_theirs_comes_back() {
 #[tokio::test]
 async fn wechat_saying_the_user_closed_their_account_forgets_them() {
     // (On the real clock: WeChat's timestamps are checked against it.)
-    let app = crate::callback::safe_json_app().await;
+    let app = onegrant_tests::wechat_push::safe_json_app().await;
     let user = busy_user(&app, "carol").await;
     let c = crypto();
     let event = json!({"ToUserName": "gh_123456789abc", "FromUserName": "o_wechat_platform",
@@ -522,9 +522,9 @@ fn revoke_xml(openid: &str, at: i64) -> String {
 
 #[tokio::test]
 async fn wechat_saying_the_user_withdrew_forgets_them_in_xml_and_never_on_a_plain_push() {
-    use crate::callback::{TOKEN, encrypted_app, plain_xml_app, sealed_xml};
     use onegrant::secrets::Secret;
     use onegrant::wechat::push::PushCrypto;
+    use onegrant_tests::wechat_push::{TOKEN, encrypted_app, plain_xml_app, sealed_xml};
     // Safe mode, XML: the erasure begins, caused `authorization_revoked`.
     let safe = encrypted_app("safe", "xml").await;
     let user = safe.user("vera").await;

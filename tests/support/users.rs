@@ -187,6 +187,15 @@ impl TestApp {
             .expect("the plan is scheduled");
     }
 
+    /// `user`'s available grants of `template`, as its quota item counts them (0 when
+    /// there is none).
+    pub async fn available(&self, user: &User, template: &str) -> i64 {
+        self.item(user, &format!("QUOTA#{template}"))
+            .await
+            .and_then(|q| crate::support::invariants::attr_n(&q, "available"))
+            .unwrap_or(0)
+    }
+
     /// The stored item `sk` of `user`.
     pub async fn item(&self, user: &User, sk: &str) -> Option<HashMap<String, AttributeValue>> {
         self.table

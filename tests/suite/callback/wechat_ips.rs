@@ -8,7 +8,7 @@ use onegrant_tests::{TestApp, emulator_call, spawn_app_with};
 use serde_json::json;
 use wechat_ips::{RunError, Summary, refresh};
 
-use crate::callback;
+use onegrant_tests::wechat_push;
 
 const WECHAT: &str = "127.0.0.2";
 const ELSEWHERE: &str = "127.0.0.3";
@@ -21,10 +21,10 @@ async fn wechat_lists(app: &TestApp, list: &[&str]) {
 
 /// A valid safe-mode popup push (its own nonce), sent from `from`: status and body.
 async fn push_from(app: &TestApp, from: &str, nonce: &str, origin: Option<&str>) -> (u16, String) {
-    let c = callback::crypto();
+    let c = wechat_push::crypto();
     let ts = app.now().timestamp().to_string();
-    let plain = callback::popup("otFpruAK8D-E6EfStSYonYSBZ8_4", app.now().timestamp());
-    let (query, body) = callback::sealed(&c, &c, &plain, &ts, nonce);
+    let plain = wechat_push::popup("otFpruAK8D-E6EfStSYonYSBZ8_4", app.now().timestamp());
+    let (query, body) = wechat_push::sealed(&c, &c, &plain, &ts, nonce);
     let client = reqwest::Client::builder()
         .local_address(from.parse::<std::net::IpAddr>().expect("an address"))
         .build()
@@ -42,7 +42,7 @@ async fn push_from(app: &TestApp, from: &str, nonce: &str, origin: Option<&str>)
 
 /// A URL verification sent from `from`: its status.
 async fn verify_from(app: &TestApp, from: &str) -> u16 {
-    let c = callback::crypto();
+    let c = wechat_push::crypto();
     let ts = app.now().timestamp().to_string();
     let query = format!(
         "signature={}&timestamp={ts}&nonce=77&echostr=42",
@@ -63,11 +63,11 @@ async fn verify_from(app: &TestApp, from: &str) -> u16 {
 
 #[tokio::test]
 async fn the_callback_takes_requests_only_from_wechats_addresses_once_its_list_is_read() {
-    let app = callback::safe_json_app().await;
+    let app = wechat_push::safe_json_app().await;
     app.freeze_at_a_minute_start();
     // No list read yet: the signatures alone decide, as before.
     assert_eq!(push_from(&app, ELSEWHERE, "n0", None).await.0, 200);
-    assert_eq!(callback::recorded(&app).await, 1);
+    assert_eq!(wechat_push::recorded(&app).await, 1);
     // WeChat lists one address; the function reads and keeps it.
     wechat_lists(&app, &[WECHAT]).await;
     let kept = refresh(&app.deps).await.expect("kept");
@@ -104,25 +104,25 @@ async fn the_callback_takes_requests_only_from_wechats_addresses_once_its_list_i
         "one read of the list for 20 refused requests"
     );
     assert_eq!(verify_from(&app, ELSEWHERE).await, 403);
-    assert_eq!(callback::recorded(&app).await, 1, "nothing recorded");
+    assert_eq!(wechat_push::recorded(&app).await, 1, "nothing recorded");
     // WeChat's own address: taken and recorded as before.
     assert_eq!(
         push_from(&app, WECHAT, "w1", None).await,
         (200, "success".to_string())
     );
     assert_eq!(verify_from(&app, WECHAT).await, 200);
-    assert_eq!(callback::recorded(&app).await, 2);
+    assert_eq!(wechat_push::recorded(&app).await, 2);
     // WeChat adds an address: in use within 5 minutes of the next read.
     wechat_lists(&app, &[WECHAT, "127.0.0.3/32", "101.226.103.0/25"]).await;
     refresh(&app.deps).await.expect("kept");
     app.advance(onegrant::store::WECHAT_IPS_KEPT_FOR);
     assert_eq!(push_from(&app, ELSEWHERE, "n2", None).await.0, 200);
-    assert_eq!(callback::recorded(&app).await, 3);
+    assert_eq!(wechat_push::recorded(&app).await, 3);
 }
 
 #[tokio::test]
 async fn a_list_that_is_malformed_empty_or_opens_too_much_is_refused_and_the_one_in_use_stays() {
-    let app = callback::safe_json_app().await;
+    let app = wechat_push::safe_json_app().await;
     wechat_lists(&app, &[WECHAT, "101.226.103.0/25"]).await;
     refresh(&app.deps).await.expect("kept");
     let kept = app.deps.store.wechat_ips().await.expect("read");
@@ -150,9 +150,9 @@ async fn a_list_that_is_malformed_empty_or_opens_too_much_is_refused_and_the_one
     assert_eq!(refresh(&app.deps).await.expect("kept").entries, 1);
     // WeChat unreachable: nothing kept, the list in use stays.
     let unreachable = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", callback::TOKEN),
+        ("WECHAT_PUSH_TOKEN", wechat_push::TOKEN),
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &callback::key()),
+        ("WECHAT_PUSH_AES_KEY", &wechat_push::key()),
         ("WECHAT_API_BASE", "http://127.0.0.1:9"),
     ])
     .await;
@@ -201,9 +201,9 @@ async fn the_edges_ip_set_is_kept_equal_to_wechats_ipv4_list_and_rewritten_only_
         )
     };
     let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", callback::TOKEN),
+        ("WECHAT_PUSH_TOKEN", wechat_push::TOKEN),
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &callback::key()),
+        ("WECHAT_PUSH_AES_KEY", &wechat_push::key()),
         ("WECHAT_IP_SET", &arn),
         (
             "AWS_ENDPOINT_URL_WAFV2",
@@ -239,9 +239,9 @@ async fn behind_the_edge_or_with_the_check_off_the_function_leaves_the_door_to_o
         (("WECHAT_IPS_CHECK", "off"), None),
     ] {
         let app = spawn_app_with(&[
-            ("WECHAT_PUSH_TOKEN", callback::TOKEN),
+            ("WECHAT_PUSH_TOKEN", wechat_push::TOKEN),
             ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-            ("WECHAT_PUSH_AES_KEY", &callback::key()),
+            ("WECHAT_PUSH_AES_KEY", &wechat_push::key()),
             ("WECHAT_PUSH_FORMAT", "json"),
             extra,
         ])
@@ -260,9 +260,9 @@ async fn behind_the_edge_or_with_the_check_off_the_function_leaves_the_door_to_o
 async fn a_request_around_the_front_while_its_check_only_counts_still_meets_the_door() {
     const ORIGIN: &str = "edge-origin-secret-of-32-characters-x";
     let app = spawn_app_with(&[
-        ("WECHAT_PUSH_TOKEN", callback::TOKEN),
+        ("WECHAT_PUSH_TOKEN", wechat_push::TOKEN),
         ("WECHAT_ORIGINAL_ID", "gh_123456789abc"),
-        ("WECHAT_PUSH_AES_KEY", &callback::key()),
+        ("WECHAT_PUSH_AES_KEY", &wechat_push::key()),
         ("WECHAT_PUSH_FORMAT", "json"),
         ("ORIGIN_SECRET", ORIGIN),
         ("ORIGIN_CHECK", "count"),
@@ -272,19 +272,19 @@ async fn a_request_around_the_front_while_its_check_only_counts_still_meets_the_
     refresh(&app.deps).await.expect("kept");
     // Around the front (no origin header; served while moving to it): the door holds.
     assert_eq!(push_from(&app, ELSEWHERE, "c1", None).await.0, 403);
-    assert_eq!(callback::recorded(&app).await, 0);
+    assert_eq!(wechat_push::recorded(&app).await, 0);
     assert_eq!(push_from(&app, WECHAT, "c2", None).await.0, 200);
     // Through the front: its web ACL kept the door (the address is CloudFront's). A
     // second later: another event, not WeChat's retry of the first.
     app.advance(std::time::Duration::from_secs(1));
     assert_eq!(push_from(&app, ELSEWHERE, "c3", Some(ORIGIN)).await.0, 200);
-    assert_eq!(callback::recorded(&app).await, 2);
+    assert_eq!(wechat_push::recorded(&app).await, 2);
 }
 
 #[tokio::test]
 async fn a_callback_path_with_more_after_it_is_refused_as_the_fronts_rules_read_it() {
     // API Gateway routes /wechat/callback/ to the route; the function refuses it (404).
-    let app = callback::safe_json_app().await;
+    let app = wechat_push::safe_json_app().await;
     for path in [
         "/wechat/callback/",
         "/wechat/callback//",
@@ -300,5 +300,5 @@ async fn a_callback_path_with_more_after_it_is_refused_as_the_fronts_rules_read_
         let answer = wechat_callback::handle(&app.deps, request).await;
         assert_eq!(answer.status().as_u16(), 404, "{path}");
     }
-    assert_eq!(callback::recorded(&app).await, 0);
+    assert_eq!(wechat_push::recorded(&app).await, 0);
 }

@@ -77,13 +77,6 @@ async fn sent_on(app: &TestApp, user: &User, template: &str, day: NaiveDate) -> 
     attr_n(&quota, &format!("sent_on_{}", day.format("%Y%m%d")))
 }
 
-async fn available(app: &TestApp, user: &User, template: &str) -> i64 {
-    app.item(user, &format!("QUOTA#{template}"))
-        .await
-        .and_then(|q| attr_n(&q, "available"))
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn pushes_past_the_daily_cap_wait_for_the_users_next_day_and_spend_no_grant() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("PUSHES_PER_DAY", "2")]).await;
@@ -166,7 +159,7 @@ async fn pushes_past_the_daily_cap_wait_for_the_users_next_day_and_spend_no_gran
     assert_eq!(count("sent", Value::Null), 2, "{notes}");
     // Two grants spent, four left; two sends counted on the user's day.
     assert_eq!(app.deliveries().await.len(), 2);
-    assert_eq!(available(&app, &user, ORDER).await, 4);
+    assert_eq!(app.available(&user, ORDER).await, 4);
     let today = (next_day - Duration::hours(12)).date_naive();
     assert_eq!(sent_on(&app, &user, ORDER, today).await, Some(2));
     // Another tick today sends nothing more.
@@ -201,7 +194,7 @@ async fn a_reminder_counts_against_the_cap_and_a_send_that_did_not_go_out_gives_
     let first = app.tick(30).await;
     assert_eq!((first.claimed, first.sent), (1, 0), "{first:?}");
     assert_eq!(sent_on(&app, &user, WATER, today).await, Some(0));
-    assert_eq!(available(&app, &user, WATER).await, 3, "the grant is back");
+    assert_eq!(app.available(&user, WATER).await, 3, "the grant is back");
     // Its retry is due later; a new push takes the day's one send.
     app.notify(water("sent")).await;
     let second = app.tick(30).await;
@@ -221,7 +214,7 @@ async fn a_reminder_counts_against_the_cap_and_a_send_that_did_not_go_out_gives_
         .expect("08:00")
         .with_timezone(&Utc);
     assert_eq!(attr_n(&plan, "due_at"), Some(wake.timestamp_millis()));
-    assert_eq!(available(&app, &user, WATER).await, 2);
+    assert_eq!(app.available(&user, WATER).await, 2);
     assert_eq!(app.deliveries().await.len(), 1, "one message went out");
     assert_ledger_agrees_with_counters(&app).await;
 }
@@ -309,7 +302,7 @@ async fn racing_claims_never_pass_the_cap() {
     }
     for user in &users {
         assert_eq!(app.items_of(user, "delivery").await.len(), 4);
-        assert_eq!(available(&app, user, ORDER).await, 1);
+        assert_eq!(app.available(user, ORDER).await, 1);
         let pending = app
             .items_of(user, "outbox")
             .await

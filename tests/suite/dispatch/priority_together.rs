@@ -9,9 +9,9 @@ use std::time::Duration;
 use onegrant_tests::{ORDER, User, assert_ledger_agrees_with_counters, spawn_app_with};
 use serde_json::{Value, json};
 
-use crate::preferences::put;
-use crate::priority::{pushes, sent, waiting};
-use crate::scheduled::at;
+use onegrant_tests::inbox::at;
+use onegrant_tests::inbox::put_preferences as put;
+use onegrant_tests::inbox::{push_statuses as pushes, sent, waiting};
 
 /// An order notification of `kind` for `user` whose push has `priority`, with `extra`
 /// fields merged in (its idempotency key the user's and `key`).

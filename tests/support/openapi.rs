@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use serde_json::{Value, json};
 
 /// The committed contract.
-pub const OPENAPI_YAML: &str = include_str!("../api/openapi.yaml");
+pub const OPENAPI_YAML: &str = include_str!("../../api/openapi.yaml");
 
 /// The contract as JSON.
 pub fn document() -> &'static Value {

@@ -10,7 +10,7 @@ use onegrant_tests::{
 };
 use serde_json::json;
 
-use crate::scheduled::{at, scheduled};
+use onegrant_tests::inbox::{at, scheduled};
 
 /// Round trips other than the due index's queries (their number depends on the shards
 /// looked at, alike for both), sorted, and the write units.

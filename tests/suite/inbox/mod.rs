@@ -1,6 +1,13 @@
 //! The inbox and outbox: notifications are business facts, pushes are best effort with
 //! a grant spent at most once, and nobody sees anyone else's inbox.
 
+mod expiry;
+mod hostile_events;
+mod pending;
+mod preferences;
+mod publication;
+mod scheduled;
+
 use std::collections::BTreeSet;
 
 use futures::StreamExt;

@@ -4,6 +4,7 @@
 //! `expired`, inbox-only. Nothing waiting spends a grant — through the API, the
 //! dispatcher and the stand-in.
 
+use onegrant_tests::inbox::{push_statuses as pushes, sent, waiting};
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_s, spawn_app_with,
 };
@@ -19,41 +20,6 @@ fn event(user: &User, key: &str, priority: Option<&str>) -> Value {
         detail["priority"] = json!(priority);
     }
     detail
-}
-
-/// Each notification's push as the inbox shows it, by idempotency key (the order
-/// number): (status, reason).
-pub(crate) async fn pushes(app: &TestApp, user: &User) -> Vec<(String, String, Option<String>)> {
-    let page = app.get("/v1/notifications", Some(&user.token)).await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    let mut all: Vec<_> = page.body["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|n| {
-            let key = n["body"]
-                .as_str()
-                .unwrap_or_default()
-                .split(' ')
-                .nth(1)
-                .unwrap_or_default();
-            (
-                key.to_string(),
-                n["push"]["status"].as_str().unwrap_or_default().to_string(),
-                n["push"]["reason"].as_str().map(str::to_string),
-            )
-        })
-        .collect();
-    all.sort();
-    all
-}
-
-pub(crate) fn waiting(key: &str) -> (String, String, Option<String>) {
-    (key.to_string(), "pending".into(), Some("no_grant".into()))
-}
-
-pub(crate) fn sent(key: &str) -> (String, String, Option<String>) {
-    (key.to_string(), "sent".into(), None)
 }
 
 /// The quota item's list of pushes waiting for a grant of the order template.

@@ -1,5 +1,12 @@
 //! The dispatcher: at most once, on time, one grant per send, finalize always.
 
+mod cap;
+mod database_faults;
+mod priority;
+mod priority_together;
+mod refill;
+mod sweep;
+
 mod fanout;
 mod grant_lists;
 mod in_flight;

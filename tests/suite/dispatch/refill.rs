@@ -12,13 +12,6 @@ use serde_json::{Value, json};
 /// The local stack's refill template for water reminders.
 const USED_UP: &str = "tmpl_grants_used_up";
 
-async fn available(app: &TestApp, user: &User, template: &str) -> i64 {
-    app.item(user, &format!("QUOTA#{template}"))
-        .await
-        .and_then(|q| attr_n(&q, "available"))
-        .unwrap_or(0)
-}
-
 /// The user's notifications of the refill type, from the API.
 async fn refill_notes(app: &TestApp, user: &User) -> Vec<Value> {
     let notes = app.get("/v1/notifications", Some(&user.token)).await;
@@ -46,7 +39,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     app.make_due(&user, "water", app.now()).await;
     let first = app.ticks_until(|s| s.sent >= 1).await;
     assert_eq!((first.sent, first.refills), (1, 1), "{first:?}");
-    assert_eq!(available(&app, &user, WATER).await, 0);
+    assert_eq!(app.available(&user, WATER).await, 0);
     // The notice is in the inbox, its push pending with the refill template.
     let notes = refill_notes(&app, &user).await;
     assert_eq!(notes.len(), 1, "{notes:?}");
@@ -58,7 +51,7 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     assert_eq!(deliveries.len(), 2, "{deliveries:?}");
     assert_eq!(deliveries[1]["template_id"], USED_UP);
     assert_eq!(deliveries[1]["data"]["thing1"]["value"], "喝水提醒");
-    assert_eq!(available(&app, &user, USED_UP).await, 0, "its grant spent");
+    assert_eq!(app.available(&user, USED_UP).await, 0, "its grant spent");
     assert_eq!(refill_notes(&app, &user).await[0]["push"]["status"], "sent");
     // The same depletion again (a finalize run twice): nothing new.
     let templates = &app.deps.config.templates;
@@ -135,7 +128,7 @@ async fn no_refill_notice_while_grants_remain_or_for_a_template_naming_none() {
     );
     assert!(refill_notes(&app, &user).await.is_empty());
     assert_eq!(
-        available(&app, &user, USED_UP).await,
+        app.available(&user, USED_UP).await,
         1,
         "the refill grant kept"
     );
@@ -208,7 +201,7 @@ async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
         );
         assert!(refill_notes(&app, &user).await.is_empty());
         assert_eq!(
-            available(&app, &user, USED_UP).await,
+            app.available(&user, USED_UP).await,
             1,
             "the refill grant kept"
         );
@@ -327,7 +320,7 @@ async fn no_refill_notice_when_the_users_settings_refuse_the_refill_template() {
     );
     assert!(refill_notes(&app, &user).await.is_empty());
     assert_eq!(
-        available(&app, &user, USED_UP).await,
+        app.available(&user, USED_UP).await,
         1,
         "the refill grant kept"
     );
@@ -368,7 +361,7 @@ async fn pushes_that_use_up_the_grants_together_send_the_refill_notice_once() {
         .filter(|d| d["template_id"] == USED_UP)
         .count();
     assert_eq!((deliveries.len(), notices), (4, 1), "{deliveries:?}");
-    assert_eq!(available(&app, &user, USED_UP).await, 0);
+    assert_eq!(app.available(&user, USED_UP).await, 0);
     // Finding the same depletion again publishes nothing.
     let found = app
         .deps

@@ -232,10 +232,10 @@ async fn a_publication_whose_answer_is_lost_is_counted_once_by_the_dispatcher_th
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = app.user("lost-publication").await;
     let send_at = app.now() + chrono::Duration::seconds(2);
-    let mut detail = crate::scheduled::scheduled(
+    let mut detail = onegrant_tests::inbox::scheduled(
         &user,
         "lost-publication",
-        serde_json::json!({"send_at": crate::scheduled::at(send_at)}),
+        serde_json::json!({"send_at": onegrant_tests::inbox::at(send_at)}),
     );
     detail.as_object_mut().expect("object").remove("wechat");
     let answer = app.notify(detail).await;

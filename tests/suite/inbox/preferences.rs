@@ -2,6 +2,7 @@
 //! push until they end (unless it is `high`), and muted types that are never sent.
 
 use chrono::{DateTime, Duration, Timelike, Utc};
+use onegrant_tests::inbox::put_preferences as put;
 use onegrant_tests::{
     ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app,
     spawn_app_with,
@@ -13,18 +14,6 @@ fn push(user: &User, key: &str, kind: &str, priority: &str) -> Value {
            "priority": priority,
            "wechat": {"template_id": ORDER,
                       "data": {"character_string1": key, "phrase2": "已发货", "thing3": "顺丰速运"}}})
-}
-
-pub(crate) async fn put(app: &TestApp, user: &User, body: &Value) -> (u16, Value) {
-    let answer = app
-        .call(
-            "PUT",
-            "/v1/preferences",
-            Some(&user.token),
-            Some(body.to_string().into_bytes()),
-        )
-        .await;
-    (answer.status, answer.body)
 }
 
 /// The push status of `user`'s notification `key` (its order number), from the outbox.

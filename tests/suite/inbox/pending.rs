@@ -7,7 +7,7 @@ use chrono::Duration;
 use onegrant_tests::{ORDER, TestApp, User, assert_ledger_agrees_with_counters, spawn_app_with};
 use serde_json::{Value, json};
 
-use crate::scheduled::{at, scheduled};
+use onegrant_tests::inbox::{at, scheduled};
 
 /// Each of `user`'s notifications, by its event's key (the body names it): the push's
 /// status and reason.

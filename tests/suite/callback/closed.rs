@@ -6,7 +6,9 @@
 use onegrant_tests::{TestApp, User, WATER, quota, spawn_app_with};
 use serde_json::json;
 
-use crate::callback::{TOKEN, change, crypto, hit, key, now, recorded, safe_json_app, sealed};
+use onegrant_tests::wechat_push::{
+    TOKEN, change, crypto, hit, key, now, recorded, safe_json_app, sealed,
+};
 
 /// A stack taking plain-mode JSON pushes (the explicit insecure opt-in).
 async fn plain_json_app() -> TestApp {

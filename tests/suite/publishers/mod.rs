@@ -4,6 +4,8 @@
 //! from a verified signature), I2 (a push goes out once, spending one grant), I10 (each
 //! publisher's calls bounded by the minute).
 
+mod outcomes;
+
 use onegrant_tests::{ORDER, SHOP, Signer, TestApp, User, order_detail, spawn_app_with};
 use serde_json::{Value, json};
 

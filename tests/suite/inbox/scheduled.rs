@@ -4,29 +4,12 @@
 //! `expires_at` is never sent and spends no grant.
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, Duration, Utc};
+use onegrant_tests::inbox::{at, scheduled};
 use onegrant_tests::{
-    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_n, attr_s, spawn_app,
-    spawn_app_with,
+    ORDER, TestApp, User, assert_ledger_agrees_with_counters, attr_s, spawn_app, spawn_app_with,
 };
 use serde_json::{Value, json};
-
-pub(crate) fn at(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// A `notify` detail asking for a push of the order template, with `extra` fields
-/// (`send_at`, `expires_at`, `priority`) merged in.
-pub(crate) fn scheduled(user: &User, key: &str, extra: Value) -> Value {
-    let mut detail = json!({"idempotency_key": key, "openid": user.openid, "type": "order",
-        "title": "预约提醒", "body": format!("预约 {key}"),
-        "wechat": {"template_id": ORDER,
-                   "data": {"character_string1": key, "phrase2": "已预约", "thing3": "门店"}}});
-    for (k, v) in extra.as_object().expect("object") {
-        detail[k] = v.clone();
-    }
-    detail
-}
 
 async fn page(app: &TestApp, user: &User) -> Vec<Value> {
     let answer = app.get("/v1/notifications", Some(&user.token)).await;
@@ -40,14 +23,6 @@ async fn unread(app: &TestApp, user: &User) -> u64 {
         .body["unread"]
         .as_u64()
         .expect("unread")
-}
-
-/// The user's available grants of the order template, from the quota item.
-async fn available(app: &TestApp, user: &User) -> i64 {
-    app.item(user, &format!("QUOTA#{ORDER}"))
-        .await
-        .and_then(|q| attr_n(&q, "available"))
-        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -122,7 +97,7 @@ async fn a_push_scheduled_ahead_is_not_listed_counted_or_sent_before_its_send_at
     assert_eq!(unread(&app, &user).await, 1);
     assert!(app.items_of(&user, "scheduled").await.is_empty());
     // One grant, one send: none left.
-    assert_eq!(available(&app, &user).await, 0);
+    assert_eq!(app.available(&user, ORDER).await, 0);
     assert_ledger_agrees_with_counters(&app).await;
 }
 
@@ -232,7 +207,11 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
         .filter(|h| format!("{h:?}").contains("expired"))
         .count();
     assert_eq!(expired_by_dispatcher, 2, "{history:?}");
-    assert_eq!(available(&app, &user).await, 1, "the grant is untouched");
+    assert_eq!(
+        app.available(&user, ORDER).await,
+        1,
+        "the grant is untouched"
+    );
     assert!(
         app.items_of(&user, "grant")
             .await
@@ -353,7 +332,11 @@ async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or
         items.iter().all(|n| n["push"]["status"] == "cancelled"),
         "{items:?}"
     );
-    assert_eq!(available(&app, &user).await, 1, "the grant is untouched");
+    assert_eq!(
+        app.available(&user, ORDER).await,
+        1,
+        "the grant is untouched"
+    );
     let outbox = app.items_of(&user, "outbox").await;
     assert_eq!(outbox.len(), 1);
     assert_eq!(attr_s(&outbox[0], "state"), Some("cancelled"));
@@ -427,7 +410,7 @@ async fn a_cancel_before_its_notification_still_cancels_it_and_one_after_the_sen
         "recorded as too late"
     );
     assert_eq!(app.deliveries().await.len(), 1);
-    assert_eq!(available(&app, &user).await, 0, "one grant, one send");
+    assert_eq!(app.available(&user, ORDER).await, 0, "one grant, one send");
     assert_ledger_agrees_with_counters(&app).await;
 }
 
@@ -515,7 +498,11 @@ async fn a_newer_notification_with_the_same_collapse_key_replaces_a_push_that_ha
         1
     );
     assert_eq!(app.deliveries().await.len(), 2);
-    assert_eq!(available(&app, &user).await, 0, "two grants, two sends");
+    assert_eq!(
+        app.available(&user, ORDER).await,
+        0,
+        "two grants, two sends"
+    );
     // Another publisher's key of the same name is another key.
     app.accept(&user, ORDER, "wr_3").await;
     app.notify_as(
@@ -830,7 +817,7 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
         "only the attempt that went out"
     );
     assert_eq!(
-        available(&app, &user).await,
+        app.available(&user, ORDER).await,
         1,
         "the cancelled push spent nothing"
     );
@@ -905,7 +892,11 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
         };
         assert_eq!(status("shipped"), Some(json!("replaced")), "{errcode}");
         assert_eq!(status("delivered"), Some(json!("sent")), "{errcode}");
-        assert_eq!(available(&app, &user).await, 1, "{errcode}: one grant kept");
+        assert_eq!(
+            app.available(&user, ORDER).await,
+            1,
+            "{errcode}: one grant kept"
+        );
         // Nothing comes due again.
         app.advance(std::time::Duration::from_secs(120));
         let later = app.tick(60).await;
