@@ -19,11 +19,7 @@ const DUE_QUERY: &str = "\"IndexName\":\"due\"";
 /// The claim's transaction: the only one that reserves a grant.
 const CLAIM: &str = onegrant_tests::faults::RESERVES_A_GRANT;
 
-async fn due_user(app: &TestApp, name: &str, grants: u32) -> User {
-    let user = app.scheduled_user(name, grants).await;
-    app.make_due(&user, "water", app.now()).await;
-    user
-}
+use super::due_user;
 
 async fn invariants(app: &TestApp) {
     assert_ledger_agrees_with_counters(app).await;
