@@ -174,6 +174,7 @@ pub(crate) async fn push_and_record(
     let answers = push::push(&s.client, target, &s.config.appid, &spec, at, now).await;
     s.lock().pushes.push(PushRecord {
         spec,
+        create_time: at,
         answers: answers.clone(),
     });
     answers

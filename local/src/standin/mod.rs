@@ -37,7 +37,8 @@
 //!   event now (created now unless `create_time` says) and answers the callback's
 //!   statuses; a popup `accept` also adds the quota its tap
 //!   buys, a change takes the template's quota away
-//! - `GET /control/pushes`: every push made and how it was answered
+//! - `GET /control/pushes`: every push made (with its `create_time`, which a retry of it
+//!   carries) and how it was answered
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

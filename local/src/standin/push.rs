@@ -79,6 +79,8 @@ impl PushEventSpec {
 pub struct PushRecord {
     #[serde(flatten)]
     pub spec: PushEventSpec,
+    /// Its `CreateTime` (epoch seconds), which WeChat's retries of it carry too.
+    pub create_time: i64,
     pub answers: Vec<u16>,
 }
 

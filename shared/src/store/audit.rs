@@ -7,7 +7,7 @@
 //! What caused a change is the task's *cause* ([`attributed`]): a report's `request_id`,
 //! a check-in's `action_id`, the dispatcher, the sweep, a WeChat push event, a settings
 //! change. The changes themselves are what the transaction's own writes declare they
-//! leave ([`changes_of`]: a put its item, an update built by `UpdateOf::part` the
+//! leave ([`changes_of`]: a put its item, an update built by `WriteOf::part` the
 //! values its change sets), so no write path can change a grant, delivery or plan
 //! without a trace. `from` states are not stored: each entry is the entity's next state, so the
 //! timeline's previous entry for the same entity is where it came from
@@ -15,12 +15,14 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::put;
 use crate::store::items::is_new;
+use crate::store::items::query::{Range, partition};
+use crate::store::items::s;
 use crate::store::items::write::Write;
 use crate::store::keys::{
     DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
@@ -186,15 +188,8 @@ pub fn entry(
         changes,
         expires_at: (now + retention).timestamp(),
     };
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(
-            serde_dynamo::to_item(&entry).map_err(|e| corrupt("history", e))?,
-        ))
-        .guarded(&is_new(), "g")
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().put(put).build())
+    let item = serde_dynamo::to_item(&entry).map_err(|e| corrupt("history", e))?;
+    put(table, item).when(is_new()).write()
 }
 
 /// The entity an item's sort key names, for a change recorded by hand.
@@ -252,22 +247,18 @@ mod tests {
         )
         .part()
         .expect("update");
-        let delivery = Put::builder()
-            .table_name("t")
-            .item("pk", s("USER#o1"))
-            .item("sk", s("DELIVERY#d1"))
-            .item("kind", s("delivery"))
-            .item("state", s("sent"))
-            .item("template_id", s("T1"))
-            .item("msgid", s("123456789"))
-            .item("class", s("sent"))
-            .build()
-            .expect("put");
-        let writes = vec![
-            grant_move,
-            counter,
-            TransactWriteItem::builder().put(delivery).build().into(),
-        ];
+        let mut delivery = key("USER#o1", "DELIVERY#d1");
+        for (name, value) in [
+            ("kind", "delivery"),
+            ("state", "sent"),
+            ("template_id", "T1"),
+            ("msgid", "123456789"),
+            ("class", "sent"),
+        ] {
+            delivery.insert(name.into(), s(value));
+        }
+        let delivery = put("t", delivery).part().expect("put");
+        let writes = vec![grant_move, counter, delivery];
         let (pk, changes) = changes_of(&writes);
         assert_eq!(pk.as_deref(), Some("USER#o1"));
         assert_eq!(changes.len(), 2, "{changes:?}");
@@ -425,22 +416,20 @@ impl super::Store {
         loop {
             // One more than the window, to know whether any are left.
             let wanted = limit + 1 - entries.len();
-            let page = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .consistent_read(true)
-                .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
-                .expression_attribute_values(":pk", AttributeValue::S(super::keys::user_pk(openid)))
-                .expression_attribute_values(":from", AttributeValue::S(from.clone()))
-                // (Past every entry's millisecond stamp: digits and `#` sort below `~`.)
-                .expression_attribute_values(":to", AttributeValue::S(format!("{HISTORY_PREFIX}~")))
+            // (Up to past every entry's millisecond stamp: digits and `#` sort below `~`.)
+            let range = Range::Between(s(from.clone()), s(format!("{HISTORY_PREFIX}~")));
+            let page = partition("pk", s(super::keys::user_pk(openid)))
+                .range("sk", range)
+                .on(self
+                    .client()
+                    .query()
+                    .table_name(self.table())
+                    .consistent_read(true))
                 .scan_index_forward(window.since.is_some())
                 .limit(i32::try_from(wanted).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(start.take())
                 .send()
-                .await
-                .map_err(|e| super::classify_sdk_error(e, |_| false))?;
+                .await?;
             for item in page.items().iter().cloned() {
                 if entries.len() == limit {
                     more = true;

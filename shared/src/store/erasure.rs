@@ -3,9 +3,7 @@
 //! else once no send is in flight — carried on by the dispatcher's ticks (the
 //! tombstone sits on the due index while pending) until the partition is empty.
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, DeleteRequest, TransactWriteItem, WriteRequest,
-};
+use aws_sdk_dynamodb::types::{DeleteRequest, TransactWriteItem, WriteRequest};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::OpenId;
@@ -16,16 +14,16 @@ use crate::domain::erasure::{
 use crate::domain::erasure::{activity_day, inactive_from};
 use crate::store::dispatch::DueItem;
 use crate::store::items::activity::{ACTIVITY_SK, off_due, touched};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::check;
+use crate::store::items::query::{Range, partition};
+use crate::store::items::s;
 use crate::store::items::tombstone::{
     TOMBSTONE_SK, TombstoneItem, finished, not_erased, reopened, stepped, tombstone_pk,
 };
 use crate::store::items::{Item, key, number, text};
 use crate::store::keys::user_pk;
 use crate::store::tx::TxOutcome;
-use crate::store::{
-    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, classify_sdk_error, retry_carrying,
-};
+use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 /// Items one step reads per page, and the most it deletes: a step's reads and writes
 /// are bounded whatever the user's history (docs/design.md §6).
@@ -76,16 +74,8 @@ impl Store {
         &self,
         openid: &OpenId,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(
-                &tombstone_pk(&self.subject(openid)),
-                TOMBSTONE_SK,
-            )))
-            .guarded(&not_erased(), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        let tombstone = key(&tombstone_pk(&self.subject(openid)), TOMBSTONE_SK);
+        check(&self.table, tombstone, not_erased()).write()
     }
 
     /// What admitting a request of `openid`'s reads: their tombstone, and — when
@@ -355,26 +345,21 @@ impl Store {
             if keys.len() >= room {
                 return Ok((keys, kept, true));
             }
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
+            let keys_read = match prefix {
+                Some(prefix) => partition("pk", s(pk)).range("sk", Range::Prefix(prefix.into())),
+                None => partition("pk", s(pk)),
+            };
+            let query = keys_read
+                .on(self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .consistent_read(true))
                 .limit(PAGE)
                 .projection_expression("pk, sk, #state")
                 .expression_attribute_names("#state", "state")
-                .expression_attribute_values(":pk", AttributeValue::S(pk.to_string()))
                 .set_exclusive_start_key(from.take());
-            query = match prefix {
-                Some(prefix) => query
-                    .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                    .expression_attribute_values(":prefix", AttributeValue::S(prefix.into())),
-                None => query.key_condition_expression("pk = :pk"),
-            };
-            let out = query
-                .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
+            let out = query.send().await?;
             for found in out.items() {
                 let Some(sk) = text(found, "sk") else {
                     continue;
@@ -402,7 +387,7 @@ impl Store {
                         .set_key(Some(k.clone()))
                         .build()
                         .map(|delete| WriteRequest::builder().delete_request(delete).build())
-                        .map_err(|e| StoreError::Sdk(Box::new(e)))
+                        .map_err(StoreError::from)
                 })
                 .collect::<Result<_, _>>()?;
             let (done, _) = retry_carrying(
@@ -429,7 +414,7 @@ impl Store {
                                 (Ok(Attempt::Retry), left)
                             }
                         }
-                        Err(e) => (Err(classify_sdk_error(e, |_| false)), pending),
+                        Err(e) => (Err(e.into()), pending),
                     }
                 },
             )

@@ -6,9 +6,10 @@ use serde_json::Value;
 
 use crate::domain::OpenId;
 use crate::domain::export::{EXPORT_PAGE, is_plumbing};
+use crate::store::items::query::partition;
 use crate::store::items::{key, text};
 use crate::store::keys::user_pk;
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 /// One page of an export: its items, and the sort key the next continues after.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,18 +27,16 @@ impl Store {
         after: Option<&str>,
     ) -> Result<ExportPage, StoreError> {
         let pk = user_pk(openid);
-        let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
+        let out = partition("pk", AttributeValue::S(pk.clone()))
+            .on(self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true))
             .limit(i32::try_from(EXPORT_PAGE).unwrap_or(100))
-            .key_condition_expression("pk = :pk")
-            .expression_attribute_values(":pk", AttributeValue::S(pk.clone()))
             .set_exclusive_start_key(after.map(|sk| key(&pk, sk)))
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         let mut items = Vec::new();
         for item in out.items() {
             let kept: std::collections::HashMap<String, AttributeValue> = item

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
@@ -28,13 +27,13 @@ use crate::domain::grants::report::{
 };
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
 use crate::store::items::grant::GrantItem;
+use crate::store::items::query::{Range, partition};
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::rfc3339;
+use crate::store::items::s;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{
-    Attempt, Limit, Store, StoreError, classify_sdk_error, corrupt, retry_carrying,
-};
+use crate::store::{Attempt, Limit, Store, StoreError, corrupt, retry_carrying};
 
 #[derive(Debug, Deserialize)]
 struct QuotaItem {
@@ -280,19 +279,18 @@ impl Store {
     /// strongly consistent query).
     pub async fn quota_counters(&self, openid: &OpenId) -> Result<StoredQuotas, StoreError> {
         let mut stored = StoredQuotas::default();
-        let mut pages = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .expression_attribute_values(":pk", AttributeValue::S(user_pk(openid)))
-            .expression_attribute_values(":prefix", AttributeValue::S(QUOTA_PREFIX.into()))
+        let mut pages = partition("pk", s(user_pk(openid)))
+            .range("sk", Range::Prefix(QUOTA_PREFIX.into()))
+            .on(self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true))
             .into_paginator()
             .items()
             .send();
         while let Some(item) = pages.next().await {
-            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let item = item?;
             let quota: QuotaItem =
                 serde_dynamo::from_item(item).map_err(|e| corrupt("quota", e))?;
             if let Some(name) = &quota.standing {

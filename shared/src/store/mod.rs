@@ -44,12 +44,9 @@ mod tx;
 
 use crate::domain::dispatch::RetryPolicy;
 use crate::domain::reminders::ReminderKinds;
-use crate::store::items::change::Changing;
-use crate::store::items::expr::Guarded;
 use crate::store::items::is_there;
 
 use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
 pub use crate::config::{Limits, Retention};
 pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
@@ -164,13 +161,16 @@ impl Store {
         horizon: chrono::DateTime<chrono::Utc>,
         limit: usize,
     ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
-        self.client
-            .query()
-            .table_name(&self.table)
-            .index_name("due")
-            .key_condition_expression("due_pk = :p AND due_at <= :h")
-            .expression_attribute_values(":p", items::s(due_pk))
-            .expression_attribute_values(":h", items::n(horizon.timestamp_millis()))
+        items::query::partition("due_pk", items::s(due_pk))
+            .range(
+                "due_at",
+                items::query::Range::UpTo(items::n(horizon.timestamp_millis())),
+            )
+            .on(self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name("due"))
             .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
     }
 
@@ -231,8 +231,7 @@ impl Store {
             .set_key(Some(items::key(pk, sk)))
             .consistent_read(true)
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?
+            .await?
             .item)
     }
 
@@ -244,19 +243,16 @@ impl Store {
         name: &str,
         member: String,
     ) -> Result<(), StoreError> {
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(items::key(pk, sk)))
-            .changing(&items::change::change().add(
-                name,
-                aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
-            ))
-            .guarded(&is_there(), "g")
-            .send()
-            .await;
-        unless_gone(sent)
+        let added = items::change::change().add(
+            name,
+            aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
+        );
+        // (Nothing to do if the item is gone.)
+        items::change::update(&self.table, items::key(pk, sk), added)
+            .when(is_there())
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 
     /// Removes members from string sets of an existing item (`(attribute, members)`;
@@ -279,40 +275,11 @@ impl Store {
         if gone.is_empty() {
             return Ok(());
         }
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(items::key(pk, sk)))
-            .changing(&gone)
-            .guarded(&is_there(), "g")
-            .send()
-            .await;
-        unless_gone(sent)
-    }
-}
-
-/// An update conditional on its item existing: done, or nothing to do if it is gone.
-fn unless_gone<T>(
-    sent: Result<T, SdkError<UpdateItemError, aws_smithy_runtime_api::http::Response>>,
-) -> Result<(), StoreError> {
-    applied(sent).map(|_| ())
-}
-
-/// A conditional single-item update whose failed condition is an answer, not an
-/// error: its output if it applied, None if its condition failed.
-fn applied<T>(
-    sent: Result<T, SdkError<UpdateItemError, aws_smithy_runtime_api::http::Response>>,
-) -> Result<Option<T>, StoreError> {
-    match sent {
-        Ok(out) => Ok(Some(out)),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(classify_sdk_error(e, |_| false)),
+        items::change::update(&self.table, items::key(pk, sk), gone)
+            .when(is_there())
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 }
 
@@ -346,6 +313,24 @@ where
             StoreError::Unavailable(Box::new(err))
         }
         other => StoreError::Sdk(Box::new(other)),
+    }
+}
+
+/// Any other operation's failure, sorted by [`classify_sdk_error`] with no error of its
+/// own counted as "not now": so `?` maps a read's or a single write's failure.
+impl<E> From<SdkError<E, aws_smithy_runtime_api::http::Response>> for StoreError
+where
+    E: std::error::Error + aws_sdk_dynamodb::error::ProvideErrorMetadata + Send + Sync + 'static,
+{
+    fn from(err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> Self {
+        classify_sdk_error(err, |_| false)
+    }
+}
+
+/// A request the SDK would not build (a required field left out): our fault.
+impl From<aws_sdk_dynamodb::error::BuildError> for StoreError {
+    fn from(err: aws_sdk_dynamodb::error::BuildError) -> Self {
+        StoreError::Sdk(Box::new(err))
     }
 }
 

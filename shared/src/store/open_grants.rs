@@ -3,23 +3,25 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
+use crate::store::items::change::check;
 use crate::store::items::change::{change, update};
-use crate::store::items::expr::Guarded;
 use crate::store::items::expr::all;
+use crate::store::items::expr::is_in;
 use crate::store::items::grant::grant_in;
 use crate::store::items::grant::{GrantItem, grant_state_name};
 use crate::store::items::is_new;
+use crate::store::items::query::{Range, partition};
 use crate::store::items::quota::count_is;
 use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
-use crate::store::{Store, StoreError, classify_sdk_error, corrupt};
+use crate::store::{Store, StoreError, corrupt};
 
 /// Most grants one transaction invalidates (100 items per transaction, less the plan
 /// and its count of the minute, the counters and the history entry).
@@ -53,17 +55,14 @@ impl Store {
             .copied()
             .map(grant_state_name)
             .unwrap_or(first);
-        self.client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .filter_expression("#s IN (:first, :second)")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":prefix", s(format!("{GRANT_PREFIX}{template}#")))
-            .expression_attribute_values(":first", s(first))
-            .expression_attribute_values(":second", s(second))
+        partition("pk", s(pk))
+            .range("sk", Range::Prefix(format!("{GRANT_PREFIX}{template}#")))
+            .filter(is_in("state", vec![s(first), s(second)]))
+            .on(self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true))
     }
 
     /// Invalidates every available or reserved grant of the kind's template, in
@@ -135,7 +134,7 @@ impl Store {
                 .items()
                 .send();
             while let Some(item) = pages.next().await {
-                let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+                let item = item?;
                 let grant: GrantItem =
                     serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
                 if let Some(state) = grant.state {
@@ -366,20 +365,19 @@ impl Store {
             };
         }
         for fix in fixes {
-            let check = ConditionCheck::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(pk, &grant_sk(template, &fix.request))))
-                .guarded(
-                    &if fix.add {
-                        grant_in(fix.state)
-                    } else {
-                        is_new().or(!grant_in(fix.state))
-                    },
-                    "g",
+            let held = if fix.add {
+                grant_in(fix.state)
+            } else {
+                is_new().or(!grant_in(fix.state))
+            };
+            writes.push(
+                check(
+                    &self.table,
+                    key(pk, &grant_sk(template, &fix.request)),
+                    held,
                 )
-                .build()
-                .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-            writes.push(TransactWriteItem::builder().condition_check(check).build());
+                .write()?,
+            );
         }
         writes.push(update(&self.table, key(pk, &quota_sk(template)), sets).write()?);
         Ok(writes)

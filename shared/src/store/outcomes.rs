@@ -7,8 +7,9 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use crate::store::items::change::{Changing, change};
-use crate::store::items::expr::{Guarded, eq};
+use crate::store::items::change::change;
+use crate::store::items::change::{delete, update};
+use crate::store::items::expr::eq;
 use crate::store::items::outcome::KEEP_DEAD;
 pub use crate::store::items::outcome::OutcomeItem;
 
@@ -32,17 +33,9 @@ pub enum Move {
     Defer(DateTime<Utc>),
 }
 
-/// A write conditional on the attempts read: when its condition failed (`.0`), another
-/// deliverer moved the outcome first, and that is its answer.
-fn moved_meanwhile_is_fine(result: Result<(), (bool, StoreError)>) -> Result<(), StoreError> {
-    match result {
-        Ok(()) | Err((true, _)) => Ok(()),
-        Err((false, e)) => Err(e),
-    }
-}
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{openid_of, outcome_shard_pk};
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 impl Store {
     /// Up to `limit` outcomes of shard `shard` due by `now`, oldest first: one index
@@ -57,8 +50,7 @@ impl Store {
         let out = self
             .due_query(outcome_shard_pk(shard), now, limit)
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         drop(turn);
         let mut due = Vec::new();
         for entry in out.items() {
@@ -90,20 +82,13 @@ impl Store {
 
     /// `item` was delivered: deleted, unless another deliverer moved it meanwhile.
     pub async fn outcome_delivered(&self, item: &OutcomeItem) -> Result<(), StoreError> {
-        let deleted = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &item.sk)))
-            .guarded(&eq("attempts", n(item.attempts)), "g")
-            .send()
-            .await;
-        moved_meanwhile_is_fine(deleted.map(drop).map_err(|e| {
-            let failed = e
-                .as_service_error()
-                .is_some_and(|s| s.is_conditional_check_failed_exception());
-            (failed, classify_sdk_error(e, |_| false))
-        }))
+        // Conditional on the attempts read: when it fails, another deliverer moved the
+        // outcome first, and that is its answer.
+        delete(&self.table, key(&item.pk, &item.sk))
+            .when(eq("attempts", n(item.attempts)))
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 
     /// `item`'s delivery is not done at `now`: the legs `done` taken (kept, so a later
@@ -134,18 +119,11 @@ impl Store {
                 .remove("due_pk")
                 .remove("due_at"),
         };
-        let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(&item.pk, &item.sk)))
-            .changing(&progress)
-            .guarded(&eq("attempts", n(item.attempts)), "g");
-        moved_meanwhile_is_fine(update.send().await.map(drop).map_err(|e| {
-            let failed = e
-                .as_service_error()
-                .is_some_and(|s| s.is_conditional_check_failed_exception());
-            (failed, classify_sdk_error(e, |_| false))
-        }))
+        // (Moved meanwhile by another deliverer: its answer, as for a delivery.)
+        update(&self.table, key(&item.pk, &item.sk), progress)
+            .when(eq("attempts", n(item.attempts)))
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 }

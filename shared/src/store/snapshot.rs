@@ -16,9 +16,7 @@ use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
 use crate::store::items::rate::rate_key;
 use crate::store::items::{Item, key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
-use crate::store::{
-    Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, classify_sdk_error, retry_carrying,
-};
+use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 pub(crate) struct Read {
     pub(crate) plan: Option<PlanItem>,
@@ -58,15 +56,13 @@ impl Store {
                     let keys = KeysAndAttributes::builder()
                         .set_keys(Some(pending))
                         .consistent_read(true)
-                        .build()
-                        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+                        .build()?;
                     let out = self
                         .client
                         .batch_get_item()
                         .request_items(&self.table, keys)
                         .send()
-                        .await
-                        .map_err(|e| classify_sdk_error(e, |_| false))?;
+                        .await?;
                     for item in out
                         .responses()
                         .and_then(|r| r.get(&self.table))

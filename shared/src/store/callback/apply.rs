@@ -10,13 +10,13 @@ use crate::domain::consent::Refusal;
 use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
+use crate::store::items::change::update;
 use crate::store::items::event::PushItem;
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
 use crate::store::{Attempt, Store, StoreError, retry_contended};
 
-use crate::store::items::change::{Changing, change};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::change;
 use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
 use crate::store::items::quota::CHOICE_AT;
@@ -201,23 +201,19 @@ impl Store {
         } else {
             choice
         };
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_of(&user_pk(openid), &quota_sk(template))))
-            .changing(&choice)
-            .guarded(
-                &absent(CHOICE_AT).or(compare(
-                    CHOICE_AT,
-                    Cmp::Le,
-                    AttributeValue::N(create_time.to_string()),
-                )),
-                "g",
-            )
-            .send()
-            .await;
-        Ok(crate::store::applied(sent)?.is_some())
+        let not_newer = absent(CHOICE_AT).or(compare(
+            CHOICE_AT,
+            Cmp::Le,
+            AttributeValue::N(create_time.to_string()),
+        ));
+        update(
+            &self.table,
+            key_of(&user_pk(openid), &quota_sk(template)),
+            choice,
+        )
+        .when(not_newer)
+        .apply(&self.client)
+        .await
     }
 
     /// The user refused `template`: the plans of the kinds that use it pause, as a

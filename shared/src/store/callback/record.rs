@@ -15,10 +15,9 @@ use crate::store::items::event::{PushItem, describe};
 use crate::store::items::{rfc3339, text, to_item};
 use crate::store::keys::{lease_pk, user_pk};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
 
-use crate::store::items::change::{Changing, change};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{change, update};
 use crate::store::items::is_there;
 use crate::store::items::key as key_of;
 
@@ -224,8 +223,7 @@ impl Store {
             .set_key(Some(key_of(&key.pk, &key.sk)))
             .consistent_read(true)
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         Ok(got
             .item()
             .and_then(|i| i.get("applied"))
@@ -236,23 +234,24 @@ impl Store {
 
     /// Marks a recorded push applied, so a retry of it does nothing.
     pub async fn push_applied(&self, key: &PushKey) -> Result<(), StoreError> {
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_of(&key.pk, &key.sk)))
-            .changing(
-                &change()
-                    .set(
-                        "applied",
-                        aws_sdk_dynamodb::types::AttributeValue::Bool(true),
-                    )
-                    .remove("lease_pk")
-                    .remove("lease_until"),
+        let applied = change()
+            .set(
+                "applied",
+                aws_sdk_dynamodb::types::AttributeValue::Bool(true),
             )
-            .guarded(&is_there(), "g")
-            .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
-        Ok(())
+            .remove("lease_pk")
+            .remove("lease_until");
+        let applied = update(&self.table, key_of(&key.pk, &key.sk), applied)
+            .when(is_there())
+            .apply(&self.client)
+            .await?;
+        if applied {
+            Ok(())
+        } else {
+            // (An internal error, as before: a record is never deleted before it applies.)
+            Err(StoreError::Corrupt(
+                "a recorded push gone before it applied".into(),
+            ))
+        }
     }
 }

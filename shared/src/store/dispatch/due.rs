@@ -9,7 +9,7 @@ use crate::store::items::due_as_seen;
 use crate::store::items::{key, n, number, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
 /// claim).
@@ -99,8 +99,7 @@ impl Store {
             .due_query(due_shard_pk(shard), horizon, limit)
             .set_exclusive_start_key(from.map(|c| c.0))
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         drop(turn);
         let mut page = DuePage {
             next: out.last_evaluated_key().cloned().map(DueCursor),

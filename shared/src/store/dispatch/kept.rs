@@ -10,8 +10,8 @@ use crate::domain::dispatch::delivery::Guard;
 use crate::domain::dispatch::{KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
 use crate::store::dispatch::delivery::admitted_by;
-use crate::store::items::change::{Changing, change};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::change;
+use crate::store::items::change::update;
 use crate::store::items::expr::eq;
 use crate::store::items::{key, n};
 use crate::store::keys::{delivery_sk, user_pk};
@@ -44,22 +44,16 @@ impl Store {
             },
         )
         .await?;
-        let cleared = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &delivery_sk(delivery_id))))
-            .changing(
-                &change()
-                    .remove("void_others")
-                    .remove("lease_pk")
-                    .remove("lease_until"),
-            )
-            .guarded(&eq("void_others", AttributeValue::Bool(true)), "g")
-            .send()
-            .await;
+        let cleared = change()
+            .remove("void_others")
+            .remove("lease_pk")
+            .remove("lease_until");
         // (Its condition failing means cleared already: a retry of this, or the sweep.)
-        crate::store::applied(cleared).map(|_| ())
+        update(&self.table, key(pk, &delivery_sk(delivery_id)), cleared)
+            .when(eq("void_others", AttributeValue::Bool(true)))
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 
     /// Keeps WeChat's definite answer on the delivery when its settlement could not
@@ -78,22 +72,19 @@ impl Store {
         let kept = serde_dynamo::to_attribute_value(&kept)
             .map_err(|e| StoreError::Corrupt(format!("kept answer: {e}")))?;
         let pk = user_pk(&claim.openid);
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(&pk, &delivery_sk(&claim.delivery_id))))
-            // The lease moves (to now: past, so the next sweep settles by the answer):
-            // a sweep that read the delivery before this write fails its guard on the
-            // lease it saw, instead of settling `unknown` over the kept answer.
-            .changing(
-                &change()
-                    .set("kept_answer", kept)
-                    .set("lease_until", n(self.clock.now().timestamp_millis())),
-            )
-            .guarded(&admitted_by(Guard::Claimer(&claim.claimer)), "g")
-            .send()
-            .await;
-        Ok(crate::store::applied(sent)?.is_some())
+        // The lease moves (to now: past, so the next sweep settles by the answer): a
+        // sweep that read the delivery before this write fails its guard on the lease
+        // it saw, instead of settling `unknown` over the kept answer.
+        let keep = change()
+            .set("kept_answer", kept)
+            .set("lease_until", n(self.clock.now().timestamp_millis()));
+        update(
+            &self.table,
+            key(&pk, &delivery_sk(&claim.delivery_id)),
+            keep,
+        )
+        .when(admitted_by(Guard::Claimer(&claim.claimer)))
+        .apply(&self.client)
+        .await
     }
 }

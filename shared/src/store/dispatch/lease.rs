@@ -3,8 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::store::items::change::{Changing, change, update};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{change, update};
 use crate::store::items::{due_as_seen, lease_as_seen};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::tx::TxOutcome;
@@ -110,24 +109,20 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Option<(u32, i64)>, StoreError> {
         let later = (now + SWEEP_RETRY_AFTER).timestamp_millis();
-        let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, sk)))
-            .changing(&if counts {
-                change()
-                    .set("lease_until", n(later))
-                    .add("sweep_failures", n(1))
-            } else {
-                change().set("lease_until", n(later))
-            })
-            .guarded(&lease_as_seen(seen), "g")
-            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
-        Ok(crate::store::applied(update.send().await)?.map(|out| {
-            let failures = out
-                .attributes()
-                .and_then(|a| a.get("sweep_failures"))
+        let moved = if counts {
+            change()
+                .set("lease_until", n(later))
+                .add("sweep_failures", n(1))
+        } else {
+            change().set("lease_until", n(later))
+        };
+        let moved = update(&self.table, key(pk, sk), moved)
+            .when(lease_as_seen(seen))
+            .apply_new(&self.client)
+            .await?;
+        Ok(moved.map(|item| {
+            let failures = item
+                .get("sweep_failures")
                 .and_then(|v| v.as_n().ok())
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);

@@ -6,15 +6,16 @@
 //! handler, a check-in's store operation) or is given back (a finalize or release that
 //! restored it), and after a listed push ended at its claim.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
+use crate::store::items::change::check;
 use crate::store::items::change::{change, update};
 use crate::store::items::due_as_seen;
-use crate::store::items::expr::{Cmp, Cond, Guarded, absent, all, compare, eq, size};
+use crate::store::items::expr::{Cmp, Cond, absent, all, compare, eq, size};
 use crate::store::items::is_there;
 use crate::store::items::outbox::{still_waits, waits_for_grant};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS};
@@ -144,19 +145,13 @@ impl Store {
         template: &TemplateId,
         member: &str,
     ) -> Result<bool, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &outbox_of(member)?)))
-            .guarded(&absent("pk").or(!waits_for_grant()), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let gone = absent("pk").or(!waits_for_grant());
         let dropped = change().delete(WAITING, AttributeValue::Ss(vec![member.to_string()]));
-        let dropped = update(&self.table, key(pk, &quota_sk(template)), dropped)
-            .when(is_there())
-            .write()?;
         let writes = vec![
-            TransactWriteItem::builder().condition_check(check).build(),
-            dropped,
+            check(&self.table, key(pk, &outbox_of(member)?), gone).write()?,
+            update(&self.table, key(pk, &quota_sk(template)), dropped)
+                .when(is_there())
+                .write()?,
         ];
         Ok(matches!(self.transact(writes).await?, TxOutcome::Committed))
     }

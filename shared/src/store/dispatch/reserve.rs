@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::DeliveryState;
@@ -14,8 +14,9 @@ use crate::domain::grants::open::{
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::items::change::put;
 use crate::store::items::change::{Change, change, update};
-use crate::store::items::expr::{Cmp, Guarded, absent, all, contains, eq, size};
+use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::grant::grant_in;
 use crate::store::items::is_new;
@@ -27,7 +28,7 @@ use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
 use crate::store::tx::{TxOutcome, Write};
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 impl Store {
     /// The claim's shared writes: one grant `available → reserved` naming the delivery,
@@ -131,16 +132,12 @@ impl Store {
         )
         .when(all(rule))
         .write()?;
-        let delivery_put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(to_item("delivery", &delivery)?))
-            .guarded(&is_new(), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         Ok(Reservation {
             grant: reserve,
             counters,
-            delivery: TransactWriteItem::builder().put(delivery_put).build(),
+            delivery: put(&self.table, to_item("delivery", &delivery)?)
+                .when(is_new())
+                .write()?,
         })
     }
 
@@ -180,7 +177,7 @@ impl Store {
             .send();
         let mut ledger = OpenGrantIds::default();
         while let Some(item) = pages.next().await {
-            let item = item.map_err(|e| classify_sdk_error(e, |_| false))?;
+            let item = item?;
             let grant: GrantItem = parse("grant", item)?;
             match grant.state {
                 Some(GrantState::Available) => ledger.available.push(grant.request_id),

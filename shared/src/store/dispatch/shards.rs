@@ -13,16 +13,15 @@
 use chrono::{DateTime, Duration, Utc};
 use futures::StreamExt;
 
+use crate::store::items::change::update;
+use crate::store::items::query::partition;
 use crate::store::items::{Item, key, n, number, s};
 use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
 
-use crate::store::items::change::{Changing, change};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::change;
 use crate::store::items::expr::{all, eq};
 use crate::store::items::is_new;
-use crate::store::{
-    DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoreError, classify_sdk_error,
-};
+use crate::store::{DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoreError};
 
 /// How long after a change of count the old partitions are first checked for empty.
 pub const DRAIN_GRACE: Duration = Duration::minutes(15);
@@ -97,32 +96,21 @@ impl Store {
                 MAX_SHARDS.max(self.shards)
             }
         };
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
-            .changing(
-                &change()
-                    .set("max_shards", n(max))
-                    .set("current", n(self.shards))
-                    .set("current_since", n(now.timestamp_millis())),
-            );
-        update = match stored {
-            None => update.guarded(&is_new(), "g"),
-            Some(None) => update,
-            Some(Some((old_max, old_current, _))) => update.guarded(
-                &eq("max_shards", n(old_max)).and(eq("current", n(old_current))),
-                "g",
-            ),
+        let registered = change()
+            .set("max_shards", n(max))
+            .set("current", n(self.shards))
+            .set("current_since", n(now.timestamp_millis()));
+        let registered = update(&self.table, key(SHARDS_PK, SHARDS_SK), registered);
+        let registered = match stored {
+            None => registered.when(is_new()),
+            Some(None) => registered,
+            Some(Some((old_max, old_current, _))) => {
+                registered.when(eq("max_shards", n(old_max)).and(eq("current", n(old_current))))
+            }
         };
-        match update.send().await {
-            Ok(_) => tracing::warn!(shards = self.shards, span = max, "shard count registered"),
-            // Another dispatcher registered first: its view is at least as wide.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_conditional_check_failed_exception()) => {}
-            Err(e) => return Err(classify_sdk_error(e, |_| false)),
+        // (Not applied: another dispatcher registered first, its view at least as wide.)
+        if registered.apply(&self.client).await? {
+            tracing::warn!(shards = self.shards, span = max, "shard count registered");
         }
         Ok(ShardSpan {
             span: max,
@@ -172,54 +160,35 @@ impl Store {
                 return Ok(false);
             }
         }
-        let lowered = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(SHARDS_PK, SHARDS_SK)))
-            .changing(&change().set("max_shards", n(span.current)))
-            .guarded(
-                &all([
-                    eq("max_shards", n(span.span)),
-                    eq("current", n(span.current)),
-                    eq("current_since", n(span.since.timestamp_millis())),
-                ]),
-                "g",
-            )
-            .send()
-            .await;
-        match lowered {
-            Ok(_) => {
-                tracing::warn!(from = span.span, to = span.current, "old shards drained");
-                Ok(true)
-            }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        let as_read = all([
+            eq("max_shards", n(span.span)),
+            eq("current", n(span.current)),
+            eq("current_since", n(span.since.timestamp_millis())),
+        ]);
+        let lowered = change().set("max_shards", n(span.current));
+        let lowered = update(&self.table, key(SHARDS_PK, SHARDS_SK), lowered)
+            .when(as_read)
+            .apply(&self.client)
+            .await?;
+        if lowered {
+            tracing::warn!(from = span.span, to = span.current, "old shards drained");
         }
+        Ok(lowered)
     }
 
     /// Whether `shard`'s partition of `index` holds nothing (one item read at most).
     async fn partition_empty(&self, index: Index, shard: u32) -> Result<bool, StoreError> {
-        let (name, partition, pk) = match index {
+        let (name, key_name, pk) = match index {
             Index::Due => ("due", "due_pk", due_shard_pk(shard)),
             Index::Lease => ("lease", "lease_pk", lease_shard_pk(shard)),
         };
         let _turn = self.index_turn().await;
-        self.client
-            .query()
-            .table_name(&self.table)
-            .index_name(name)
-            .key_condition_expression(format!("{partition} = :p"))
-            .expression_attribute_values(":p", s(pk))
+        partition(key_name, s(pk))
+            .on(self.client.query().table_name(&self.table).index_name(name))
             .limit(1)
             .send()
             .await
             .map(|out| out.count() == 0)
-            .map_err(|e| classify_sdk_error(e, |_| false))
+            .map_err(StoreError::from)
     }
 }

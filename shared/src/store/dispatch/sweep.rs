@@ -6,9 +6,10 @@ use futures::StreamExt;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{GrantState, TemplateId};
+use crate::store::items::query::{Range, partition};
 use crate::store::items::{Item, n, parse, s};
 use crate::store::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{
@@ -75,18 +76,16 @@ impl Store {
     ) -> (Vec<Item>, u32) {
         let queries = shards.into_iter().map(|shard| async move {
             let _turn = self.index_turn().await;
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name("lease")
-                .key_condition_expression("lease_pk = :p AND lease_until < :now")
-                .expression_attribute_values(":p", s(lease_shard_pk(shard)))
-                .expression_attribute_values(":now", n(now.timestamp_millis()))
+            let out = partition("lease_pk", s(lease_shard_pk(shard)))
+                .range("lease_until", Range::Below(n(now.timestamp_millis())))
+                .on(self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name("lease"))
                 .limit(SWEEP_BATCH_PER_SHARD)
                 .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
+                .await?;
             Ok::<_, StoreError>(out.items.unwrap_or_default())
         });
         let mut skipped = 0;

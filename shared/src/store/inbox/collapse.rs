@@ -10,16 +10,14 @@
 //! at once: one write of the item fails, that ingest reads again and replaces the
 //! other's push. A bounded number of reads and writes, whatever the history.
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{ReplaceDecision, replace};
 use crate::store::inbox::cancel::Found;
-use crate::store::items::at_version;
-use crate::store::items::expr::Guarded;
-use crate::store::items::is_new;
+use crate::store::items::change::{put, versioned};
 use crate::store::items::outbox::{REPLACE_REQUESTED, note_request};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::collapse_sk;
@@ -82,16 +80,10 @@ impl Store {
                 + crate::domain::inbox::schedule::MAX_AHEAD)
                 .timestamp(),
         };
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(to_item("collapse", &next)?));
-        let put = match &older {
-            Some(older) => put.guarded(&at_version(older.version), "g"),
-            None => put.guarded(&is_new(), "g"),
-        }
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let mut writes = vec![TransactWriteItem::builder().put(put).build()];
+        let put = put(&self.table, to_item("collapse", &next)?)
+            .when(versioned(older.as_ref().map_or(0, |o| o.version)))
+            .write()?;
+        let mut writes = vec![put];
         if let Some(older) = older {
             let found = self.push_of(pk, &older.note_id).await?;
             match (replace(found.as_domain()), &found) {

@@ -11,9 +11,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::domain::OpenId;
 use crate::domain::inbox::{NotificationView, encode_cursor};
 use crate::store::inbox::{ListFilter, NoteItem, Page};
+use crate::store::items::expr::{all, eq};
 use crate::store::items::{Item, key, number, parse, s, text};
 use crate::store::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 /// Most items one listing call reads (notifications or unread markers), filtered or
 /// not: at most ~90 read units even with every notification at its largest (~7 KB),
@@ -90,32 +91,26 @@ impl Store {
         let mut examined = 0usize;
         let mut start = after.map(|sk| key(pk, &sk));
         loop {
-            let mut query = self.newest_first(pk, prefix);
             let mut conditions = Vec::new();
             if let Some(read) = read {
-                conditions.push("#read = :read");
-                query = query
-                    .expression_attribute_names("#read", "read")
-                    .expression_attribute_values(":read", AttributeValue::Bool(read));
+                conditions.push(eq("read", AttributeValue::Bool(read)));
             }
             if let Some(kind) = kind {
-                conditions.push("note_type = :type");
-                query = query.expression_attribute_values(":type", s(kind));
+                conditions.push(eq("note_type", s(kind)));
             }
             // Unfiltered, a page's worth is enough; filtered, whatever the budget allows.
             let room = LIST_BUDGET.saturating_sub(examined);
-            let page = if conditions.is_empty() {
-                room.min(want - found.len())
+            let (page, filter) = if conditions.is_empty() {
+                (room.min(want - found.len()), None)
             } else {
-                query = query.filter_expression(conditions.join(" AND "));
-                room
+                (room, Some(all(conditions)))
             };
-            let out = query
+            let out = self
+                .newest_first(pk, prefix, filter)
                 .limit(i32::try_from(page.max(1)).unwrap_or(1))
                 .set_exclusive_start_key(start.take())
                 .send()
-                .await
-                .map_err(|e| classify_sdk_error(e, |_| false))?;
+                .await?;
             let scanned = usize::try_from(out.scanned_count()).unwrap_or(0);
             examined += scanned.max(out.items().len());
             let mut left_over = false;
@@ -178,8 +173,7 @@ impl Store {
             .set_key(Some(key(&user_pk(openid), INBOX_SK)))
             .consistent_read(true)
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         Ok(out
             .item()
             .and_then(|i| number(i, "unread"))

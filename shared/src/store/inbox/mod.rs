@@ -16,23 +16,22 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
+use crate::store::items::change::{check, put};
 use crate::store::items::outbox::is_note_update;
 use crate::store::items::outcome::{Origin, outcome_write};
+use crate::store::items::query::{Range, partition};
 use crate::store::items::{key, parse, rfc3339, s, to_item};
 use crate::store::tx::{Outcome, Parts};
 use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 
-use aws_sdk_dynamodb::types::{
-    ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::domain::inbox::{
     NotificationView, NotifyEvent, Push, PushMoment, PushReason, PushStatus, PushView,
     new_notification_id,
 };
-use crate::store::items::expr::Guarded;
 use crate::store::items::is_new;
 
 mod cancel;
@@ -52,7 +51,7 @@ pub use read::ReadAll;
 pub use refill::Refilled;
 pub use status::NotificationStatus;
 
-use crate::store::items::expr::eq;
+use crate::store::items::expr::{Cond, eq};
 use publish::{PushPayload, ScheduledItem};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,17 +195,10 @@ fn replace_cancel_mark(
     table: &str,
     record: crate::store::items::Item,
 ) -> Result<TransactWriteItem, StoreError> {
-    let put = aws_sdk_dynamodb::types::Put::builder()
-        .table_name(table)
-        .set_item(Some(record))
-        .guarded(
-            &eq("cancel", s(CANCEL_FIRST)).and(eq("note_id", s(""))),
-            "g",
-        )
-        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().put(put).build())
+    put(table, record)
+        .when(eq("cancel", s(CANCEL_FIRST)).and(eq("note_id", s(""))))
+        .old_on_failure()
+        .write()
 }
 
 /// The parts of an ingest's transaction.
@@ -264,20 +256,24 @@ pub struct ListFilter {
 
 impl Store {
     /// A strongly consistent query of `pk`'s items under `prefix`, newest first (the
-    /// shape of every inbox listing).
+    /// shape of every inbox listing), keeping those `filter` holds for.
     fn newest_first(
         &self,
         pk: &str,
         prefix: &str,
+        filter: Option<Cond>,
     ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
-        self.client
+        let keys = partition("pk", s(pk)).range("sk", Range::Prefix(prefix.into()));
+        let keys = match filter {
+            Some(filter) => keys.filter(filter),
+            None => keys,
+        };
+        keys.on(self
+            .client
             .query()
             .table_name(&self.table)
-            .consistent_read(true)
+            .consistent_read(true))
             .scan_index_forward(false)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":prefix", s(prefix))
     }
 
     /// Ingests a notify event (see the module docs). One round trip; two when a cancel
@@ -450,13 +446,13 @@ impl Store {
         // Records of events ingested before keys were scoped per publisher sit in the
         // user's partition (kept 35 days): an event redelivered across that change is
         // still a duplicate. Transitional: drop this check 35 days after deploying.
-        let legacy = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(&pk, &legacy_event_sk(&event.idempotency_key))))
-            .guarded(&is_new(), "g")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
+        let legacy = check(
+            &self.table,
+            key(&pk, &legacy_event_sk(&event.idempotency_key)),
+            is_new(),
+        )
+        .old_on_failure()
+        .write()?;
         let record = to_item("event", &record)?;
         let mut items = Parts::new()
             .with(
@@ -466,10 +462,7 @@ impl Store {
                     Record::New => self.put_new(record)?,
                 },
             )
-            .with(
-                Part::Legacy,
-                TransactWriteItem::builder().condition_check(legacy).build(),
-            );
+            .with(Part::Legacy, legacy);
         if timing.is_scheduled(now) {
             // Kept aside until `send_at`: the dispatcher publishes it then.
             let scheduled = ScheduledItem::new(note, push, publish_at, self.shards);

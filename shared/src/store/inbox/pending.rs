@@ -16,9 +16,11 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::DueTogether;
 use crate::domain::{OpenId, TemplateId};
+use crate::store::items::expr::{Cmp, all, compare, is_in};
+use crate::store::items::query::{Keys, Range, partition};
 use crate::store::items::{n, number, s, text};
 use crate::store::keys::user_pk;
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::{Store, StoreError};
 
 impl Store {
     /// How many open pushes `openid` has, counted up to `up_to` (the index is
@@ -32,8 +34,7 @@ impl Store {
         let mut from = None;
         loop {
             let sent = self
-                .pending_index(&user_pk(openid))
-                .key_condition_expression("pending_pk = :p")
+                .pending_index(partition("pending_pk", s(user_pk(openid))))
                 .select(Select::Count)
                 .limit(i32::try_from(up_to.saturating_sub(counted).max(1)).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(from)
@@ -55,12 +56,12 @@ impl Store {
     /// While DynamoDB builds the index (a deploy that adds it to a table with items),
     /// queries of it are refused ([`index_not_ready`]): the cap then admits and a claim
     /// yields to nobody, as before the index existed, rather than failing every ingest.
-    fn pending_index(&self, pk: &str) -> QueryFluentBuilder {
-        self.client
+    fn pending_index(&self, keys: Keys) -> QueryFluentBuilder {
+        keys.on(self
+            .client
             .query()
             .table_name(&self.table)
-            .index_name("pending")
-            .expression_attribute_values(":p", s(pk))
+            .index_name("pending"))
     }
 
     /// `pk`'s open pushes of `template` of a better class than `own`
@@ -82,23 +83,21 @@ impl Store {
         let mut better = Vec::new();
         let mut from = None;
         loop {
-            let sent = self
-                .pending_index(pk)
-                // Every member of a better class sorts between the template's prefix
-                // and `<prefix><own rank>:`.
-                .key_condition_expression("pending_pk = :p AND pending_sk BETWEEN :lo AND :hi")
-                // Overdue by more than the wait: not coming (a claim failing, a shard
-                // unread), so not waited for again.
-                .filter_expression(
-                    "due_at BETWEEN :since AND :until AND #state IN (:pending, :scheduled)",
+            // Every member of a better class sorts between the template's prefix and
+            // `<prefix><own rank>:`. Overdue by more than the wait: not coming (a claim
+            // failing, a shard unread), so not waited for again.
+            let better_keys = partition("pending_pk", s(pk))
+                .range(
+                    "pending_sk",
+                    Range::Between(s(&prefix), s(format!("{prefix}{class}:"))),
                 )
-                .expression_attribute_names("#state", "state")
-                .expression_attribute_values(":lo", s(&prefix))
-                .expression_attribute_values(":hi", s(format!("{prefix}{class}:")))
-                .expression_attribute_values(":since", n(since.timestamp_millis()))
-                .expression_attribute_values(":until", n(until.timestamp_millis()))
-                .expression_attribute_values(":pending", s("pending"))
-                .expression_attribute_values(":scheduled", s("scheduled"))
+                .filter(all([
+                    compare("due_at", Cmp::Ge, n(since.timestamp_millis())),
+                    compare("due_at", Cmp::Le, n(until.timestamp_millis())),
+                    is_in("state", vec![s("pending"), s("scheduled")]),
+                ]));
+            let sent = self
+                .pending_index(better_keys)
                 .set_exclusive_start_key(from)
                 .send()
                 .await;
@@ -159,6 +158,6 @@ where
             );
             Ok(None)
         }
-        Err(e) => Err(classify_sdk_error(e, |_| false)),
+        Err(e) => Err(e.into()),
     }
 }

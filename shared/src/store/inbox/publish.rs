@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::{Delete, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +21,7 @@ use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::inbox::{NoteItem, UnreadItem};
 use crate::store::items::at_version;
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::delete;
 use crate::store::items::expr::eq;
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
@@ -379,16 +379,8 @@ impl Store {
             ended = push.take();
             note.set_push(PushStatus::Expired, None, now);
         }
-        let delete = Delete::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, sk)))
-            .guarded(
-                &eq("due_at", n(scheduled.due_at)).and(at_version(scheduled.version)),
-                "g",
-            )
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        let scheduled = Box::new(TransactWriteItem::builder().delete(delete).build());
+        let as_read = eq("due_at", n(scheduled.due_at)).and(at_version(scheduled.version));
+        let scheduled = Box::new(delete(&self.table, key(pk, sk)).when(as_read).write()?);
         let mut writes = Vec::new();
         let outbox = push.map(|payload| Box::new(self.outbox_of(&note, payload, due, now)));
         if let Some(payload) = ended {

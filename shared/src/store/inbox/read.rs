@@ -5,21 +5,21 @@
 //! the counter always equals the markers left. A read notification expires after the
 //! read-notes retention.
 
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::store::inbox::NoteItem;
+use crate::store::items::change::delete;
 use crate::store::items::change::{change, update};
-use crate::store::items::expr::Guarded;
 use crate::store::items::expr::eq;
 use crate::store::items::is_there;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
-use crate::store::{Attempt, Store, StoreError, classify_sdk_error, retry_contended};
+use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// Most notifications one read-all step flips: two items each (the note and its
 /// marker) plus the unread counter and the first step's count of the minute, within
@@ -173,14 +173,10 @@ impl Store {
     /// Deletes the marker of a note that is not unread, with its count, if the marker
     /// is still there (a concurrent read deletes its own; then this changes nothing).
     async fn drop_stray_marker(&self, pk: &str, id: &str) -> Result<(), StoreError> {
-        let delete = Delete::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &unread_sk(id))))
-            .guarded(&is_there(), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
         let items = vec![
-            TransactWriteItem::builder().delete(delete).build(),
+            delete(&self.table, key(pk, &unread_sk(id)))
+                .when(is_there())
+                .write()?,
             self.unread_change(pk, -1)?,
         ];
         match self.transact(items).await? {
@@ -195,12 +191,11 @@ impl Store {
     /// Up to `limit` ids of unread notifications, newest first (markers only).
     async fn unread_ids(&self, pk: &str, limit: usize) -> Result<Vec<String>, StoreError> {
         let out = self
-            .newest_first(pk, UNREADS)
+            .newest_first(pk, UNREADS, None)
             .projection_expression("sk")
             .limit(i32::try_from(limit).unwrap_or(1))
             .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+            .await?;
         Ok(out
             .items()
             .iter()
@@ -235,12 +230,7 @@ impl Store {
 
     /// Deletes note `id`'s unread marker (the flip's condition guards the pair).
     fn unmark(&self, pk: &str, id: &str) -> Result<TransactWriteItem, StoreError> {
-        let delete = Delete::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &unread_sk(id))))
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().delete(delete).build())
+        delete(&self.table, key(pk, &unread_sk(id))).write()
     }
 
     /// `ADD unread by` on the counter (part of a transaction).

@@ -3,7 +3,6 @@
 //! that the stopped template is still used up and that the user holds a grant of the
 //! refill template.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::inbox::NotifyEvent;
@@ -11,14 +10,14 @@ use crate::domain::inbox::refill::depletion;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::inbox::Ingested;
-use crate::store::items::expr::{Cmp, Cond, Guarded, absent, all, compare, eq};
+use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::{
     OpenGrants, QuotaItemCounters, has_grant, not_voided_since, unrefused,
 };
-use crate::store::items::{key, n, rfc3339, s};
+use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
 use crate::store::{Store, StoreError};
 
@@ -111,8 +110,8 @@ impl Store {
             absent(last_refusal).or(compare(last_refusal, Cmp::Lt, s(rfc3339(claimed_at)))),
             unrefused(),
         ]);
-        let used_up = self.quota_check(&pk, stopped, &used_up)?;
-        let held = self.quota_check(&pk, refill, &has_grant().and(unrefused()))?;
+        let used_up = self.quota_check(&pk, stopped, used_up)?;
+        let held = self.quota_check(&pk, refill, has_grant().and(unrefused()))?;
         // (Nothing for a user being erased.)
         let alive = self.not_erased_check(&notice.openid)?;
         let checks = [used_up, held, alive];
@@ -127,21 +126,5 @@ impl Store {
                 Err(_) => Refilled::Already,
             },
         )
-    }
-
-    /// `condition` on the user's quota item of `template`.
-    fn quota_check(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-        condition: &Cond,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .guarded(condition, "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 }

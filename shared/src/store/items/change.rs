@@ -6,11 +6,14 @@
 //! Rendered into a request only here, as [`super::expr::Cond`] is in `expr`: store
 //! features compose a `Change` and hand it to [`update`] or [`Changing::changing`], and
 //! `scripts/check-layout` refuses an `.update_expression(` anywhere else in the library.
-//! A write of an audited item's state is built with [`UpdateOf::part`], which declares
-//! it (the tests' debug builds refuse one built otherwise).
+//! A write of an audited item's state is built with [`WriteOf::part`], which declares
+//! it (the tests' debug builds refuse one built otherwise). A transaction's put, delete
+//! and check are values of the same shape ([`put`], [`delete`], [`check`]).
 
+use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, ConditionCheck, Delete, Put, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update,
 };
 
 use super::Item;
@@ -202,7 +205,7 @@ impl Change {
 /// A request (or a transaction's write) a [`Change`] can be the update of: its
 /// rendering becomes the update expression, its placeholders (starting with `u`,
 /// where a guard's start with `g`) join the request's own.
-pub(crate) trait Changing: Sized {
+pub(super) trait Changing: Sized {
     fn changing(self, change: &Change) -> Self;
 }
 
@@ -230,30 +233,88 @@ changing!(
     aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder,
 );
 
-/// One item's update as a transaction's write: `key`'s item changed by `change` where
-/// `guard` holds (every write here has one).
-pub(crate) struct UpdateOf<'a> {
+/// What a transaction's write does to its item.
+enum Action {
+    /// Updates it by this change.
+    Update(Change),
+    /// Writes this whole item (its key inside).
+    Put,
+    /// Deletes it.
+    Delete,
+    /// Only checks the guard.
+    Check,
+}
+
+/// One item's write as a transaction's write: `key`'s item updated, put, deleted or
+/// only checked, where `guard` holds.
+pub(crate) struct WriteOf<'a> {
     table: &'a str,
+    /// The key (the whole item for a put).
     key: Item,
-    change: Change,
+    action: Action,
     guard: Option<Cond>,
     old_on_failure: bool,
     declared_nothing: bool,
 }
 
-/// The update of the item at `key` in `table` by `change`.
-pub(crate) fn update(table: &str, key: Item, change: Change) -> UpdateOf<'_> {
-    UpdateOf {
+fn write_of(table: &str, key: Item, action: Action) -> WriteOf<'_> {
+    WriteOf {
         table,
         key,
-        change,
+        action,
         guard: None,
         old_on_failure: false,
         declared_nothing: true,
     }
 }
 
-impl UpdateOf<'_> {
+/// The update of the item at `key` in `table` by `change`.
+pub(crate) fn update(table: &str, key: Item, change: Change) -> WriteOf<'_> {
+    write_of(table, key, Action::Update(change))
+}
+
+/// The put of `item` (a whole item, its key inside) into `table`.
+pub(crate) fn put(table: &str, item: Item) -> WriteOf<'_> {
+    write_of(table, item, Action::Put)
+}
+
+/// The delete of the item at `key` in `table`.
+pub(crate) fn delete(table: &str, key: Item) -> WriteOf<'_> {
+    write_of(table, key, Action::Delete)
+}
+
+/// A check that the item at `key` in `table` meets `guard`, writing nothing.
+pub(crate) fn check(table: &str, key: Item, guard: Cond) -> WriteOf<'_> {
+    write_of(table, key, Action::Check).when(guard)
+}
+
+/// The condition of a versioned write: no item yet at version 0, else the item at
+/// `version` as read.
+pub(crate) fn versioned(version: u64) -> Cond {
+    if version == 0 {
+        super::is_new()
+    } else {
+        super::at_version(version)
+    }
+}
+
+/// Finishes one kind of request: its guard and, asked, the old item on failure.
+macro_rules! finish {
+    ($builder:expr, $of:expr) => {{
+        let mut builder = $builder;
+        if let Some(guard) = &$of.guard {
+            builder = builder.guarded(guard, "g");
+        }
+        if $of.old_on_failure {
+            builder = builder.return_values_on_condition_check_failure(
+                ReturnValuesOnConditionCheckFailure::AllOld,
+            );
+        }
+        builder.build()?
+    }};
+}
+
+impl WriteOf<'_> {
     /// Only while `guard` holds.
     pub(crate) fn when(mut self, guard: Cond) -> Self {
         self.guard = Some(guard);
@@ -266,46 +327,145 @@ impl UpdateOf<'_> {
         self
     }
 
-    /// The transaction's write, declaring the values it sets (for the audit trail:
-    /// every update of an audited item's state is one of these).
+    /// The transaction's write, declaring what it leaves (for the audit trail: every
+    /// update of an audited item's state is one of these; a put declares its item).
     pub(crate) fn part(mut self) -> Result<Write, StoreError> {
-        let sets = self.change.values_set();
+        let Action::Update(change) = &self.action else {
+            return Ok(self.write()?.into());
+        };
+        let sets = change.values_set();
         self.declared_nothing = false;
         Ok(Write::declaring(self.write()?, sets))
     }
 
     /// Whether it changes the state (or result) of an item the audit trail follows.
     fn moves_state(&self) -> bool {
+        let Action::Update(change) = &self.action else {
+            return false;
+        };
         let audited = self
             .key
             .get("sk")
             .and_then(|sk| sk.as_s().ok())
             .is_some_and(|sk| audited(sk));
-        audited && (self.change.touches("state") || self.change.touches("result"))
+        audited && (change.touches("state") || change.touches("result"))
     }
 
     /// The transaction's write, declaring nothing: never of an audited item's state
-    /// (the tests' debug builds refuse one; [`UpdateOf::part`] declares it).
+    /// (the tests' debug builds refuse one; [`WriteOf::part`] declares it).
     pub(crate) fn write(self) -> Result<TransactWriteItem, StoreError> {
         debug_assert!(
             !(self.moves_state() && self.declared_nothing),
-            "an update of an audited item's state is built with UpdateOf::part: {:?}",
+            "an update of an audited item's state is built with WriteOf::part: {:?}",
             self.key
         );
-        let mut update = Update::builder()
-            .table_name(self.table)
-            .set_key(Some(self.key))
-            .changing(&self.change);
-        if let Some(guard) = &self.guard {
-            update = update.guarded(guard, "g");
+        let table = self.table;
+        let write = TransactWriteItem::builder();
+        Ok(match &self.action {
+            Action::Update(change) => write.update(finish!(
+                Update::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key.clone()))
+                    .changing(change),
+                self
+            )),
+            Action::Put => write.put(finish!(
+                Put::builder()
+                    .table_name(table)
+                    .set_item(Some(self.key.clone())),
+                self
+            )),
+            Action::Delete => write.delete(finish!(
+                Delete::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key.clone())),
+                self
+            )),
+            Action::Check => write.condition_check(finish!(
+                ConditionCheck::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key.clone())),
+                self
+            )),
         }
-        if self.old_on_failure {
-            update = update.return_values_on_condition_check_failure(
-                ReturnValuesOnConditionCheckFailure::AllOld,
-            );
+        .build())
+    }
+}
+
+/// Whether a single-item request failed only its condition.
+fn condition_failed<E: aws_sdk_dynamodb::error::ProvideErrorMetadata>(
+    err: &aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>,
+) -> bool {
+    err.as_service_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "ConditionalCheckFailedException")
+}
+
+/// Sends one kind of single-item request: the item it left (`ALL_NEW` where asked, else
+/// empty), or `None` when its guard did not hold.
+macro_rules! send_alone {
+    ($request:expr, $guard:expr) => {{
+        let mut request = $request;
+        if let Some(guard) = $guard {
+            request = request.guarded(guard, "g");
         }
-        let update = update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().update(update).build())
+        match request.send().await {
+            Ok(out) => Ok(Some(out.attributes.unwrap_or_default())),
+            Err(e) if condition_failed(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }};
+}
+
+impl WriteOf<'_> {
+    /// Sends it alone (an `UpdateItem`, `PutItem` or `DeleteItem`, at half a
+    /// transaction's write units): whether it applied — false when its guard did not
+    /// hold, an answer rather than an error.
+    pub(crate) async fn apply(self, client: &Client) -> Result<bool, StoreError> {
+        Ok(self.send_alone(client, false).await?.is_some())
+    }
+
+    /// An update sent alone, answering the item as it left it (`None`: its guard did
+    /// not hold).
+    pub(crate) async fn apply_new(self, client: &Client) -> Result<Option<Item>, StoreError> {
+        self.send_alone(client, true).await
+    }
+
+    async fn send_alone(self, client: &Client, new: bool) -> Result<Option<Item>, StoreError> {
+        debug_assert!(
+            !self.moves_state(),
+            "an audited item's state moves in a transaction with its history entry: {:?}",
+            self.key
+        );
+        let guard = self.guard.as_ref();
+        match self.action {
+            Action::Update(change) => {
+                let request = client
+                    .update_item()
+                    .table_name(self.table)
+                    .set_key(Some(self.key))
+                    .changing(&change)
+                    .set_return_values(new.then_some(ReturnValue::AllNew));
+                send_alone!(request, guard)
+            }
+            Action::Put => send_alone!(
+                client
+                    .put_item()
+                    .table_name(self.table)
+                    .set_item(Some(self.key)),
+                guard
+            ),
+            Action::Delete => send_alone!(
+                client
+                    .delete_item()
+                    .table_name(self.table)
+                    .set_key(Some(self.key)),
+                guard
+            ),
+            Action::Check => Err(StoreError::Corrupt(
+                "a check alone writes nothing: it belongs in a transaction".into(),
+            )),
+        }
     }
 }
 

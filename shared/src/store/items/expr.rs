@@ -28,6 +28,7 @@ pub(crate) enum Cmp {
     Lt,
     Le,
     Gt,
+    Ge,
 }
 
 impl Cmp {
@@ -38,6 +39,7 @@ impl Cmp {
             Self::Lt => "<",
             Self::Le => "<=",
             Self::Gt => ">",
+            Self::Ge => ">=",
         }
     }
 
@@ -51,6 +53,7 @@ impl Cmp {
             (Self::Lt, Some(o)) => o == Ordering::Less,
             (Self::Le, Some(o)) => o != Ordering::Greater,
             (Self::Gt, Some(o)) => o == Ordering::Greater,
+            (Self::Ge, Some(o)) => o != Ordering::Less,
         }
     }
 }
@@ -275,7 +278,7 @@ impl Cond {
 
 /// A request (or a transaction's write) a [`Cond`] can guard: its rendering becomes the
 /// condition expression, its placeholders join the request's own.
-pub(crate) trait Guarded: Sized {
+pub(super) trait Guarded: Sized {
     /// Guards this request with `cond`, its placeholders starting with `prefix`.
     fn guarded(self, cond: &Cond, prefix: &str) -> Self;
 }

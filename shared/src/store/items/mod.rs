@@ -7,11 +7,8 @@ use std::collections::HashMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::store::{Store, StoreError, corrupt};
-use expr::Guarded;
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 pub(crate) mod activity;
 pub(crate) mod change;
@@ -22,6 +19,7 @@ pub(crate) mod outbox;
 pub mod outcome;
 pub(crate) mod plan;
 pub(crate) mod preferences;
+pub(crate) mod query;
 pub(crate) mod quota;
 pub(crate) mod rate;
 pub(crate) mod setting;
@@ -108,13 +106,9 @@ impl Store {
         &self,
         item: HashMap<String, AttributeValue>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .guarded(&is_new(), "g")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().put(put).build())
+        change::put(&self.table, item)
+            .when(is_new())
+            .old_on_failure()
+            .write()
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,7 @@ use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::StoreError;
 use crate::store::items::at_version;
 use crate::store::items::change::{change, update};
-use crate::store::items::expr::Guarded;
+use crate::store::items::change::{check, put};
 use crate::store::items::expr::{Cond, eq};
 use crate::store::items::is_there;
 use crate::store::items::{key, n, rfc3339, s};
@@ -129,13 +129,7 @@ pub(crate) fn versioned_put(
     item: HashMap<String, AttributeValue>,
     version: u64,
 ) -> Result<TransactWriteItem, StoreError> {
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(item))
-        .guarded(&at_version(version), "g")
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(TransactWriteItem::builder().put(put).build())
+    put(table, item).when(at_version(version)).write()
 }
 
 /// Sets a notification's push status (part of a transaction).
@@ -229,16 +223,12 @@ pub(crate) fn note_request(
     )
     .when(is_there())
     .write()?;
-    let check = ConditionCheck::builder()
-        .table_name(table)
-        .set_key(Some(key(&outbox.pk, &outbox.sk)))
-        .guarded(&at_version(outbox.version), "g")
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok([
-        requested,
-        TransactWriteItem::builder().condition_check(check).build(),
-    ])
+    let unchanged = check(
+        table,
+        key(&outbox.pk, &outbox.sk),
+        at_version(outbox.version),
+    );
+    Ok([requested, unchanged.write()?])
 }
 
 /// A scheduled notification ready to publish with its push: the writes that publish

@@ -3,13 +3,14 @@
 //! takes them with the rest), waiting on the due index under `OUTCOME#<n>` — partitions
 //! the dispatcher never reads — until the outcomes function has delivered them.
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{self, Outcome};
 use crate::store::StoreError;
+use crate::store::items::change::put;
 use crate::store::items::{rfc3339, to_item};
 use crate::store::keys::{outcome_due_pk, outcome_sk};
 
@@ -140,10 +141,5 @@ pub(crate) fn outcome_write(
     };
     // A push reaches each status once: a plain put (never a condition that could
     // cancel the change it rides on).
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(to_item("outcome", &item)?))
-        .build()
-        .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-    Ok(Some(TransactWriteItem::builder().put(put).build()))
+    Ok(Some(put(table, to_item("outcome", &item)?).write()?))
 }

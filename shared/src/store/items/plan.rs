@@ -1,9 +1,7 @@
 //! The plan item (`PLAN#<kind>`) and the action record of a check-in: stored state
 //! in and out, and the plan's conditional Put.
 
-use aws_sdk_dynamodb::types::{
-    ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -12,8 +10,7 @@ use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::reminders::{ReminderKind, Settings};
 use crate::store::items::at_version;
-use crate::store::items::expr::Guarded;
-use crate::store::items::is_new;
+use crate::store::items::change::{check, put, versioned};
 use crate::store::items::{key, rfc3339};
 use crate::store::keys::{due_pk, lease_pk, plan_sk};
 use crate::store::{Store, StoreError, corrupt};
@@ -242,18 +239,10 @@ impl Store {
     ) -> Result<TransactWriteItem, StoreError> {
         let item = PlanItem::from_plan(plan, pk, self.shards, plan.version + 1, now);
         let item = serde_dynamo::to_item(&item).map_err(|e| corrupt("plan", e))?;
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        let put = if plan.version == 0 {
-            put.guarded(&is_new(), "g")
-        } else {
-            put.guarded(&at_version(plan.version), "g")
-        };
-        Ok(TransactWriteItem::builder()
-            .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        put(&self.table, item)
+            .when(versioned(plan.version))
+            .old_on_failure()
+            .write()
     }
 
     /// A transaction item that only checks `plan` is still at the version it was read.
@@ -262,12 +251,11 @@ impl Store {
         pk: &str,
         plan: &Plan,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &plan_sk(&plan.kind))))
-            .guarded(&at_version(plan.version), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        check(
+            &self.table,
+            key(pk, &plan_sk(&plan.kind)),
+            at_version(plan.version),
+        )
+        .write()
     }
 }

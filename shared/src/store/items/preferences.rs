@@ -1,12 +1,10 @@
 //! The user's preferences item (`PREFS`): quiet hours and muted types, versioned.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::preferences::Preferences;
-use crate::store::items::at_version;
-use crate::store::items::expr::Guarded;
-use crate::store::items::is_new;
+use crate::store::items::change::{check, versioned};
 use crate::store::items::{Item, key, parse};
 use crate::store::{Store, StoreError};
 
@@ -45,15 +43,6 @@ impl Store {
         pk: &str,
         version: u64,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, PREFS_SK)));
-        let check = if version == 0 {
-            check.guarded(&is_new(), "g")
-        } else {
-            check.guarded(&at_version(version), "g")
-        };
-        let check = check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        check(&self.table, key(pk, PREFS_SK), versioned(version)).write()
     }
 }

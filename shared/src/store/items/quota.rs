@@ -14,9 +14,10 @@ use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
+use crate::store::items::change::check;
 use crate::store::items::change::{Change, Changing, change, update};
 use crate::store::items::expr::eq;
-use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare, is_in};
+use crate::store::items::expr::{Cmp, Cond, absent, compare, is_in};
 use crate::store::items::is_there;
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
@@ -166,9 +167,7 @@ pub(crate) fn wake_checked(
     for (name, value) in check.expression_attribute_values().into_iter().flatten() {
         update = update.expression_attribute_values(name, value.clone());
     }
-    Ok(TransactWriteItem::builder()
-        .update(update.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-        .build())
+    Ok(TransactWriteItem::builder().update(update.build()?).build())
 }
 
 /// The quota item's marks of client-reported grants not yet confirmed.
@@ -409,13 +408,7 @@ impl Store {
         template: &crate::domain::TemplateId,
         kept: Option<Standing>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .guarded(&standing_is(kept), "g");
-        Ok(TransactWriteItem::builder()
-            .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        self.quota_check(pk, template, standing_is(kept))
     }
 
     pub(crate) fn grant_check(
@@ -423,12 +416,16 @@ impl Store {
         pk: &str,
         kind: &ReminderKind,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(&kind.template_id))))
-            .guarded(&has_grant(), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        self.quota_check(pk, &kind.template_id, has_grant())
+    }
+
+    /// A check of `condition` on the user's quota item of `template`.
+    pub(crate) fn quota_check(
+        &self,
+        pk: &str,
+        template: &crate::domain::TemplateId,
+        condition: Cond,
+    ) -> Result<TransactWriteItem, StoreError> {
+        check(&self.table, key(pk, &quota_sk(template)), condition).write()
     }
 }

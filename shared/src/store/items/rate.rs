@@ -21,11 +21,11 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::rate::{minute_of, retry_after};
-use crate::store::items::change::{Changing, change, update};
-use crate::store::items::expr::{Cmp, Cond, Guarded, absent, compare};
+use crate::store::items::change::{change, update};
+use crate::store::items::expr::{Cmp, Cond, absent, compare};
 use crate::store::items::{Item, key, n, s};
 use crate::store::keys::{publisher_pk, rate_sk, read_rate_sk, user_pk};
-use crate::store::{Limit, Store, StoreError, classify_sdk_error};
+use crate::store::{Limit, Store, StoreError};
 
 /// Which of the minute's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,31 +164,20 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let minute = minute_of(now);
-        let counted = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(item))
-            .changing(
-                &change()
-                    .set("kind", s("rate"))
-                    .set("expires_at", n((minute + 2) * 60))
-                    .add("reads", n(1)),
-            )
-            .guarded(&room_for("reads", max, 1), "g")
-            .send()
-            .await;
-        match counted {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
-            {
-                Err(StoreError::Limited(Limit::Rate {
-                    retry_after: retry_after(now),
-                }))
-            }
-            Err(e) => Err(classify_sdk_error(e, |_| false)),
+        let counted = change()
+            .set("kind", s("rate"))
+            .set("expires_at", n((minute + 2) * 60))
+            .add("reads", n(1));
+        let counted = update(&self.table, item, counted)
+            .when(room_for("reads", max, 1))
+            .apply(&self.client)
+            .await?;
+        if counted {
+            Ok(())
+        } else {
+            Err(StoreError::Limited(Limit::Rate {
+                retry_after: retry_after(now),
+            }))
         }
     }
 

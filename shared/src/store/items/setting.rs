@@ -1,10 +1,11 @@
 //! The user's setting item (`SETTING`): when the newest standing choice applied was
 //! read, so a setting read before it that arrives later changes nothing.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::store::items::expr::{Cond, Guarded, eq};
+use crate::store::items::change::{check, put};
+use crate::store::items::expr::{Cond, eq};
 use crate::store::items::{Item, key, s, text};
 use crate::store::{Store, StoreError};
 
@@ -40,13 +41,7 @@ impl Store {
         item.insert("kind".into(), s("setting"));
         item.insert(READ_AT.into(), s(stamp(read_at)));
         item.insert("updated_at".into(), s(super::rfc3339(now)));
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .guarded(&still_decided(decided), "g");
-        Ok(TransactWriteItem::builder()
-            .put(put.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        put(&self.table, item).when(still_decided(decided)).write()
     }
 }
 
@@ -60,13 +55,7 @@ impl Store {
         pk: &str,
         decided: Option<DateTime<Utc>>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, SETTING_SK)))
-            .guarded(&still_decided(decided), "g");
-        Ok(TransactWriteItem::builder()
-            .condition_check(check.build().map_err(|e| StoreError::Sdk(Box::new(e)))?)
-            .build())
+        check(&self.table, key(pk, SETTING_SK), still_decided(decided)).write()
     }
 }
 

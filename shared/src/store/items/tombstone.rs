@@ -2,15 +2,16 @@
 //! the openid once done. While pending it holds the openid for its steps and sits on
 //! the due index, so the dispatcher's ticks carry it on until done.
 
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::OpenId;
 use crate::domain::erasure::{ErasureCause, ErasureState, Pass, Tombstone};
 use crate::store::StoreError;
+use crate::store::items::change::put;
 use crate::store::items::change::{change, update};
-use crate::store::items::expr::{Guarded, absent, eq};
+use crate::store::items::expr::{absent, eq};
 use crate::store::items::{Item, key, n, parse, s, to_item};
 use crate::store::keys::due_pk;
 
@@ -111,17 +112,11 @@ impl TombstoneItem {
 
     /// The Put of a new erasure: none there, or one done whose user came back.
     pub(crate) fn put(&self, table: &str) -> Result<TransactWriteItem, StoreError> {
-        let put = Put::builder()
-            .table_name(table)
-            .set_item(Some(to_item("tombstone", self)?))
-            .guarded(
-                &absent("pk").or(eq("state", s(ErasureState::Done.as_str()))
-                    .and(eq("reopened", AttributeValue::Bool(true)))),
-                "g",
-            )
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().put(put).build())
+        let reopened = eq("state", s(ErasureState::Done.as_str()))
+            .and(eq("reopened", AttributeValue::Bool(true)));
+        put(table, to_item("tombstone", self)?)
+            .when(absent("pk").or(reopened))
+            .write()
     }
 }
 

@@ -6,8 +6,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::wechat_ips::WechatIps;
+use crate::store::items::change::put;
 use crate::store::items::{parse, to_item};
-use crate::store::{Store, StoreError, classify_sdk_error, corrupt};
+use crate::store::{Store, StoreError, corrupt};
 
 /// How long a container keeps the list it read before reading it again: a refused
 /// flood costs no read per request, and a refreshed list is in use within this.
@@ -56,13 +57,7 @@ impl Store {
                 fetched_at: fetched_at.timestamp_millis(),
             },
         )?;
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| classify_sdk_error(e, |_| false))?;
+        put(&self.table, item).apply(&self.client).await?;
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! A transaction's write with what it declares it leaves on its item: a put, its whole
 //! item; an update built from a [`Change`](crate::store::items::change::Change) by
-//! [`UpdateOf::part`](crate::store::items::change::UpdateOf::part), the plain values
+//! [`WriteOf::part`](crate::store::items::change::WriteOf::part), the plain values
 //! it sets. The audit trail's entry is built from these declarations, never by
 //! reading an update expression back.
 
@@ -68,7 +68,7 @@ impl From<TransactWriteItem> for Write {
 
 /// Whether the item at sort key `sk` is one the audit trail follows (a grant, a
 /// delivery, a plan, a notification's push): an update of its `state` or `result` must
-/// declare it ([`UpdateOf::part`](super::change::UpdateOf::part)).
+/// declare it ([`WriteOf::part`](super::change::WriteOf::part)).
 pub(crate) fn audited(sk: &str) -> bool {
     use crate::store::keys::{
         DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,

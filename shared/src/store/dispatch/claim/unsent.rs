@@ -2,7 +2,7 @@
 //! cancelled, held in quiet hours, past the daily cap), written down with the
 //! conditions that make that decision lose to a grant or a count arriving meanwhile.
 
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
 use super::{ClaimOutcome, Claimable};
@@ -11,7 +11,6 @@ use crate::domain::dispatch::claim::Unsent;
 use crate::domain::reminders::plan::PlanEvent;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
-use crate::store::items::expr::Guarded;
 use crate::store::items::outbox::{note_push_told, versioned_put};
 use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
 use crate::store::items::{key, to_item};
@@ -191,13 +190,7 @@ impl Store {
         pk: &str,
         template: &TemplateId,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .guarded(&!has_grant(), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        self.quota_check(pk, template, !has_grant())
     }
 
     /// A condition that the user's day `day` still counts `cap` sends or more: a count
@@ -210,12 +203,6 @@ impl Store {
         day: chrono::NaiveDate,
         cap: u32,
     ) -> Result<TransactWriteItem, StoreError> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(pk, &quota_sk(template))))
-            .guarded(&!under_daily_cap(day, cap), "g")
-            .build()
-            .map_err(|e| StoreError::Sdk(Box::new(e)))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
+        self.quota_check(pk, template, !under_daily_cap(day, cap))
     }
 }
