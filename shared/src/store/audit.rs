@@ -19,6 +19,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::store::error::{StoreError, corrupt};
 use crate::store::items::change::put;
 use crate::store::items::is_new;
 use crate::store::items::query::{Range, partition};
@@ -27,7 +28,6 @@ use crate::store::items::write::Write;
 use crate::store::keys::{
     DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
 };
-use crate::store::{StoreError, corrupt};
 
 tokio::task_local! {
     static CAUSE: String;
@@ -397,7 +397,7 @@ fn history_from(at: DateTime<Utc>) -> String {
     format!("{HISTORY_PREFIX}{:013}", at.timestamp_millis().max(0))
 }
 
-impl super::Store {
+impl crate::store::handle::Store {
     /// `openid`'s history entries in `window`, oldest first: an operator's read of at
     /// most `window.limit` + 1 items (the one more says whether any are left),
     /// whatever the length of the user's history.

@@ -12,14 +12,16 @@ use crate::domain::rate::setting_places;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, SubscribeResult, TemplateId};
+use crate::store::error::{Limit, StoreError};
+use crate::store::handle::Store;
 use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::STANDING;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::setting::{SETTING_SK, decided_at};
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
-use crate::store::{Attempt, Limit, Store, StoreError, retry_contended};
 
 impl Store {
     /// The plan writes a report's first application makes: for each template it

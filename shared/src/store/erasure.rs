@@ -9,10 +9,12 @@ use chrono::{DateTime, Duration, Utc};
 use crate::domain::OpenId;
 use crate::domain::erasure::{
     DUE_PREFIXES, Disposition, ErasureCause, ErasureState, Next, Pass, Progress, Tombstone,
-    disposition, next, progress, subject,
+    disposition, next, progress,
 };
 use crate::domain::erasure::{activity_day, inactive_from};
 use crate::store::dispatch::DueItem;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::activity::{ACTIVITY_SK, off_due, touched};
 use crate::store::items::change::check;
 use crate::store::items::query::{Range, partition};
@@ -22,8 +24,8 @@ use crate::store::items::tombstone::{
 };
 use crate::store::items::{Item, key, number, text};
 use crate::store::keys::user_pk;
+use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
 use crate::store::tx::TxOutcome;
-use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 /// Items one step reads per page, and the most it deletes: a step's reads and writes
 /// are bounded whatever the user's history (docs/design.md §6).
@@ -52,22 +54,6 @@ pub struct Erasure {
 }
 
 impl Store {
-    /// This store tagging openids with `salt` (`domain::erasure::subject`).
-    pub fn with_openid_salt(mut self, salt: impl Into<String>) -> Self {
-        self.openid_salt = std::sync::Arc::from(salt.into());
-        self
-    }
-
-    /// `openid`'s tag in this deployment.
-    pub fn subject(&self, openid: &OpenId) -> String {
-        subject(&self.openid_salt, openid)
-    }
-
-    /// The salted tag of `text` naming a user.
-    pub(crate) fn tag(&self, text: &str) -> String {
-        crate::domain::erasure::tag(&self.openid_salt, text)
-    }
-
     /// A condition that `openid` is not erased (no tombstone, or the user came back),
     /// for a write storing something new for them.
     pub(crate) fn not_erased_check(

@@ -6,10 +6,11 @@ use serde_json::Value;
 
 use crate::domain::OpenId;
 use crate::domain::export::{EXPORT_PAGE, is_plumbing};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::query::partition;
 use crate::store::items::{key, text};
 use crate::store::keys::user_pk;
-use crate::store::{Store, StoreError};
 
 /// One page of an export: its items, and the sort key the next continues after.
 #[derive(Debug, Clone, PartialEq)]

@@ -26,14 +26,16 @@ use crate::domain::grants::report::{
     AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
 };
 use crate::domain::{GrantReport, OpenId, QuotaCounters, TemplateId};
+use crate::store::error::{Limit, StoreError, corrupt};
+use crate::store::handle::Store;
 use crate::store::items::grant::GrantItem;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::rfc3339;
 use crate::store::items::s;
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
+use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Limit, Store, StoreError, corrupt, retry_carrying};
 
 #[derive(Debug, Deserialize)]
 struct QuotaItem {

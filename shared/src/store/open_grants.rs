@@ -8,6 +8,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
+use crate::store::error::{StoreError, corrupt};
+use crate::store::handle::Store;
 use crate::store::items::change::check;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::all;
@@ -21,7 +23,6 @@ use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, Quot
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
-use crate::store::{Store, StoreError, corrupt};
 
 /// Most grants one transaction invalidates (100 items per transaction, less the plan
 /// and its count of the minute, the counters and the history entry).

@@ -33,9 +33,10 @@ pub enum Move {
     Defer(DateTime<Utc>),
 }
 
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{openid_of, outcome_shard_pk};
-use crate::store::{Store, StoreError};
 
 impl Store {
     /// Up to `limit` outcomes of shard `shard` due by `now`, oldest first: one index

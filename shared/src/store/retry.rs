@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// How often a write contended by other writers is tried before answering 503. High
 /// enough for a burst of one user's offline queue arriving at once (50 check-ins).

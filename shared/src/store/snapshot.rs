@@ -9,6 +9,8 @@ use chrono::{DateTime, Utc};
 use crate::domain::QuotaCounters;
 use crate::domain::inbox::preferences::Preferences;
 use crate::domain::reminders::{CheckIn, ReminderKind};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
@@ -16,7 +18,7 @@ use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
 use crate::store::items::rate::rate_key;
 use crate::store::items::{Item, key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
-use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
+use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
 
 pub(crate) struct Read {
     pub(crate) plan: Option<PlanItem>,

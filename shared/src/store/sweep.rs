@@ -7,9 +7,9 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::template::Templates;
-use crate::store::Store;
 use crate::store::dispatch::SweepSummary;
 use crate::store::dispatch::sweep::Step;
+use crate::store::handle::Store;
 use crate::store::items::{number, text};
 use crate::store::keys::{SortKey, sort_key};
 

@@ -16,14 +16,16 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::reconcile::{Mark, pair_taps, tap_is_stale};
 use crate::domain::{OpenId, RequestId, TemplateId};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::{absent, contains};
 use crate::store::items::is_there;
 use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{grant_sk, quota_sk, user_pk};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// The set members of `name` on an item, as marks (members that are not marks are
 /// left out).

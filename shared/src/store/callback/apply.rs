@@ -10,11 +10,13 @@ use crate::domain::consent::Refusal;
 use crate::domain::template::Templates;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::update;
 use crate::store::items::event::PushItem;
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::retry::{Attempt, retry_contended};
 
 use crate::store::items::change::change;
 use crate::store::items::expr::{Cmp, absent, compare};

@@ -11,11 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::TemplateId;
 use crate::domain::callback::PushMessage;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::event::{PushItem, describe};
 use crate::store::items::{rfc3339, text, to_item};
 use crate::store::keys::{lease_pk, user_pk};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 use crate::store::items::change::{change, update};
 use crate::store::items::is_there;

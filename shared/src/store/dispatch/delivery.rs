@@ -8,11 +8,12 @@ use crate::domain::dispatch::delivery::{Delivery, Guard};
 use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::expr::{Cond, absent, all, eq, exists, is_in};
 use crate::store::items::quota::OpenGrants;
 use crate::store::items::{n, parse, s};
 use crate::store::keys::plan_sk;
-use crate::store::{Store, StoreError};
 
 /// The stored delivery: one send attempt and everything known about it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,12 +4,13 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::store::dispatch::{Index, ShardSpan};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::due_as_seen;
 use crate::store::items::{key, n, number, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
-use crate::store::{Store, StoreError};
 
 /// A plan or push the due index says is due by the horizon (keys only: re-read on
 /// claim).

@@ -18,11 +18,13 @@ use crate::domain::GrantState;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::outbox::{OutboxItem, note_push_told, versioned_put};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::user_pk;
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::TxOutcome;
-use crate::store::{Attempt, Store, StoreError, retry_contended};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{

@@ -10,12 +10,14 @@ use crate::domain::dispatch::delivery::Guard;
 use crate::domain::dispatch::{KeptAnswer, SendResult};
 use crate::store::dispatch::Claim;
 use crate::store::dispatch::delivery::admitted_by;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::change;
 use crate::store::items::change::update;
 use crate::store::items::expr::eq;
 use crate::store::items::{key, n};
 use crate::store::keys::{delivery_sk, user_pk};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::retry::{Attempt, retry_contended};
 
 impl Store {
     /// Voids the grants of `template` recorded before `claimed_at` (43101's reach),

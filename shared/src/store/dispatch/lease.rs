@@ -3,11 +3,12 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::{due_as_seen, lease_as_seen};
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::tx::TxOutcome;
-use crate::store::{Store, StoreError};
 
 /// The sparse indexes an item can be taken off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

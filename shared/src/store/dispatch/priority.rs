@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::check;
 use crate::store::items::change::{change, update};
 use crate::store::items::due_as_seen;
@@ -22,7 +24,6 @@ use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NE
 use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
-use crate::store::{Store, StoreError};
 
 /// A waiting push's outbox key, from its member.
 fn outbox_of(member: &str) -> Result<String, StoreError> {

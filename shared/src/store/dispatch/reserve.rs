@@ -14,6 +14,8 @@ use crate::domain::grants::open::{
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::put;
 use crate::store::items::change::{Change, change, update};
 use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
@@ -28,7 +30,6 @@ use crate::store::items::{key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
 use crate::store::tx::{TxOutcome, Write};
-use crate::store::{Store, StoreError};
 
 impl Store {
     /// The claim's shared writes: one grant `available → reserved` naming the delivery,

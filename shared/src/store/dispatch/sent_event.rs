@@ -22,10 +22,12 @@ use crate::domain::callback::SentItem;
 use crate::domain::dispatch::{DeliveryState, SendResult};
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::store::dispatch::finalize::SourceRef;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::parse;
 use crate::store::items::quota::{OPEN_UNKNOWN, OpenGrants, PENDING_EVENTS};
 use crate::store::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{

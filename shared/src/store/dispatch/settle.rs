@@ -8,12 +8,14 @@ use crate::domain::dispatch::delivery::{GrantSeen, Guard, Marks, Writer, regrant
 use crate::domain::dispatch::{DeliveryState, OutcomeClass};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::{DeliveryItem, admitted_by};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::grant::{grant_state_name, grant_state_of};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
+use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
 use crate::store::tx::{Outcome, Parts, Write};
-use crate::store::{Attempt, MAX_WRITE_ATTEMPTS, Store, StoreError, Tries, retry_carrying};
 
 use crate::store::items::grant::held_by;
 use crate::store::items::quota::{

@@ -6,10 +6,11 @@ use futures::StreamExt;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{GrantState, TemplateId};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::{Item, n, parse, s};
 use crate::store::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
-use crate::store::{Store, StoreError};
 use crate::telemetry::error_chain;
 
 use crate::store::dispatch::{
@@ -60,14 +61,14 @@ pub struct SweepSummary {
 }
 
 /// The most lease-index queries a sweep has in flight: a share of the store's
-/// [`INDEX_QUERIES_IN_FLIGHT`](crate::store::INDEX_QUERIES_IN_FLIGHT), so that at the
+/// [`INDEX_QUERIES_IN_FLIGHT`](crate::store::handle::INDEX_QUERIES_IN_FLIGHT), so that at the
 /// default 16 shards it still reads them all in two rounds.
 const SWEEP_QUERIES_IN_FLIGHT: usize = 8;
 
 impl Store {
     /// The entries past their lease: one query page per shard of the lease index,
     /// never a scan, a few shards at a time; with the count of shards that could not
-    /// be read (skipped this tick). [`Store::sweep`](crate::store::Store::sweep) settles
+    /// be read (skipped this tick). [`Store::sweep`](crate::store::handle::Store::sweep) settles
     /// them.
     pub(crate) async fn past_their_lease(
         &self,
@@ -91,7 +92,7 @@ impl Store {
         let mut skipped = 0;
         let mut stale: Vec<Item> = Vec::new();
         // A few at a time: the tick's due-index reads share the store's index queries
-        // (see [`INDEX_QUERIES_IN_FLIGHT`](crate::store::INDEX_QUERIES_IN_FLIGHT)),
+        // (see [`INDEX_QUERIES_IN_FLIGHT`](crate::store::handle::INDEX_QUERIES_IN_FLIGHT)),
         // and the sweep must not take every turn ahead of them.
         let answers: Vec<_> = futures::stream::iter(queries)
             .buffer_unordered(SWEEP_QUERIES_IN_FLIGHT)

@@ -15,6 +15,8 @@ use serde::Serialize;
 use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{CancelDecision, CancelEvent, PushFound, decide};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::publish::ScheduledItem;
 use crate::store::inbox::{
     CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
@@ -27,8 +29,8 @@ use crate::store::items::outbox::{
 use crate::store::items::quota::wake_now;
 use crate::store::items::{key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
+use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
-use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 /// How a cancel ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

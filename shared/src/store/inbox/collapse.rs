@@ -16,12 +16,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{ReplaceDecision, replace};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::cancel::Found;
 use crate::store::items::change::{put, versioned};
 use crate::store::items::outbox::{REPLACE_REQUESTED, note_request};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::collapse_sk;
-use crate::store::{Store, StoreError};
 
 /// The newest notification of one collapse key.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -10,11 +10,12 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::domain::OpenId;
 use crate::domain::inbox::{NotificationView, encode_cursor};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::{ListFilter, NoteItem, Page};
 use crate::store::items::expr::{all, eq};
 use crate::store::items::{Item, key, number, parse, s, text};
 use crate::store::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
-use crate::store::{Store, StoreError};
 
 /// Most items one listing call reads (notifications or unread markers), filtered or
 /// not: at most ~90 read units even with every notification at its largest (~7 KB),

@@ -16,13 +16,15 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::domain::text::{clean_line, clean_lines};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{check, put};
 use crate::store::items::outbox::is_note_update;
 use crate::store::items::outcome::{Origin, outcome_write};
 use crate::store::items::query::{Range, partition};
 use crate::store::items::{key, parse, rfc3339, s, to_item};
+use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 

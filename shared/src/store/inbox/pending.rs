@@ -16,11 +16,12 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::DueTogether;
 use crate::domain::{OpenId, TemplateId};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::expr::{Cmp, all, compare, is_in};
 use crate::store::items::query::{Keys, Range, partition};
 use crate::store::items::{n, number, s, text};
 use crate::store::keys::user_pk;
-use crate::store::{Store, StoreError};
 
 impl Store {
     /// How many open pushes `openid` has, counted up to `up_to` (the index is

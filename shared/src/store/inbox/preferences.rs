@@ -8,13 +8,15 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::inbox::preferences::Preferences;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::outbox::versioned_put;
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{rfc3339, to_item};
 use crate::store::keys::user_pk;
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::TxOutcome;
-use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 impl Store {
     /// The user's preferences (the defaults when none were saved). One read.

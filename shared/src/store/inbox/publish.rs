@@ -19,6 +19,8 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::{NoteItem, UnreadItem};
 use crate::store::items::at_version;
 use crate::store::items::change::delete;
@@ -26,8 +28,8 @@ use crate::store::items::expr::eq;
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{key, n, parse, rfc3339, to_item};
 use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
+use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts, SentTx, TxOutcome};
-use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 /// What a notification's push sends, kept until it is due.
 #[derive(Debug, Clone, Serialize, Deserialize)]

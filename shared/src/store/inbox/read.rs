@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::NoteItem;
 use crate::store::items::change::delete;
 use crate::store::items::change::{change, update};
@@ -18,8 +20,8 @@ use crate::store::items::is_there;
 use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{INBOX_SK, UNREADS, note_id_of, note_sk, unread_sk, user_pk};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
-use crate::store::{Attempt, Store, StoreError, retry_contended};
 
 /// Most notifications one read-all step flips: two items each (the note and its
 /// marker) plus the unread counter and the first step's count of the minute, within

@@ -9,6 +9,8 @@ use crate::domain::inbox::NotifyEvent;
 use crate::domain::inbox::refill::depletion;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{OpenId, TemplateId};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::inbox::Ingested;
 use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
@@ -19,7 +21,6 @@ use crate::store::items::quota::{
 };
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
-use crate::store::{Store, StoreError};
 
 /// How publishing a refill notice ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,9 +11,10 @@ use super::{EventItem, NoteItem};
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::domain::inbox::PushMoment;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::parse;
 use crate::store::keys::{event_key, note_sk, scheduled_sk, user_pk};
-use crate::store::{Store, StoreError};
 
 /// One notification of a publisher's, as the publisher API answers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -5,7 +5,7 @@
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, NaiveDate, Utc};
 
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::{Cmp, absent, compare, eq};
 use crate::store::items::{key, n, s};

@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{
 use super::Item;
 use super::expr::{Cond, Guarded, Placeholders, Rendered};
 use super::write::{Write, audited};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// What a `SET` gives an attribute.
 #[derive(Debug, Clone, PartialEq)]

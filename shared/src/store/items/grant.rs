@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::grants::GrantEntry;
 use crate::domain::{GrantState, RequestId, SubscribeResult, TemplateId};
-use crate::store::GrantEntry;
 use crate::store::items::expr::{Cond, all, eq};
 use crate::store::items::{rfc3339, s};
 use crate::store::keys::grant_sk;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::store::{Store, StoreError, corrupt};
+use crate::store::error::{StoreError, corrupt};
+use crate::store::handle::Store;
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
@@ -110,5 +111,85 @@ impl Store {
             .when(is_new())
             .old_on_failure()
             .write()
+    }
+}
+
+impl Store {
+    /// A query of the due index's partition `due_pk` for what is due by `horizon`,
+    /// oldest first, at most `limit` entries (run within an [`Store::index_turn`]).
+    pub(crate) fn due_query(
+        &self,
+        due_pk: String,
+        horizon: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        query::partition("due_pk", s(due_pk))
+            .range("due_at", query::Range::UpTo(n(horizon.timestamp_millis())))
+            .on(self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name("due"))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+    }
+
+    /// One item, strongly consistent.
+    pub(crate) async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        Ok(self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk, sk)))
+            .consistent_read(true)
+            .send()
+            .await?
+            .item)
+    }
+
+    /// Adds `member` to the string set `name` of an existing item.
+    pub(crate) async fn add_member(
+        &self,
+        pk: &str,
+        sk: &str,
+        name: &str,
+        member: String,
+    ) -> Result<(), StoreError> {
+        let added = change::change().add(
+            name,
+            aws_sdk_dynamodb::types::AttributeValue::Ss(vec![member]),
+        );
+        // (Nothing to do if the item is gone.)
+        change::update(&self.table, key(pk, sk), added)
+            .when(is_there())
+            .apply(&self.client)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes members from string sets of an existing item (`(attribute, members)`;
+    /// nothing if there are none, nor if the item is gone).
+    pub(crate) async fn delete_members(
+        &self,
+        pk: &str,
+        sk: &str,
+        sets: &[(&str, Vec<String>)],
+    ) -> Result<(), StoreError> {
+        let mut gone = change::change();
+        for (name, members) in sets {
+            if !members.is_empty() {
+                gone = gone.delete(
+                    *name,
+                    aws_sdk_dynamodb::types::AttributeValue::Ss(members.clone()),
+                );
+            }
+        }
+        if gone.is_empty() {
+            return Ok(());
+        }
+        change::update(&self.table, key(pk, sk), gone)
+            .when(is_there())
+            .apply(&self.client)
+            .await?;
+        Ok(())
     }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::items::at_version;
 use crate::store::items::change::{change, update};
 use crate::store::items::change::{check, put};

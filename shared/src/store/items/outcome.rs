@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::PushStatus;
 use crate::domain::outcome::{self, Outcome};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::items::change::put;
 use crate::store::items::{rfc3339, to_item};
 use crate::store::keys::{outcome_due_pk, outcome_sk};

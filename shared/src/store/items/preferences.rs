@@ -4,9 +4,10 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::inbox::preferences::Preferences;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{check, versioned};
 use crate::store::items::{Item, key, parse};
-use crate::store::{Store, StoreError};
 
 /// Sort key of a user's preferences.
 pub(crate) const PREFS_SK: &str = "PREFS";

@@ -14,6 +14,8 @@ use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::check;
 use crate::store::items::change::{Change, Changing, change, update};
 use crate::store::items::expr::eq;
@@ -21,7 +23,6 @@ use crate::store::items::expr::{Cmp, Cond, absent, compare, is_in};
 use crate::store::items::is_there;
 use crate::store::items::{key, n, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
-use crate::store::{Store, StoreError};
 
 /// The quota item's set of the request ids of its `available` grants: a claim picks
 /// one from it and invalidation reads it, so neither touches the grant history.
@@ -363,7 +364,7 @@ impl Store {
             self.limits.retention.grants,
         );
         let ledger = self.put_new(
-            serde_dynamo::to_item(&item).map_err(|e| crate::store::corrupt("grant", e))?,
+            serde_dynamo::to_item(&item).map_err(|e| crate::store::error::corrupt("grant", e))?,
         )?;
         let counters = quota_update_item(
             &self.table,

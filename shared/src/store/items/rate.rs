@@ -21,11 +21,12 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::rate::{minute_of, retry_after};
+use crate::store::error::{Limit, StoreError};
+use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::{Cmp, Cond, absent, compare};
 use crate::store::items::{Item, key, n, s};
 use crate::store::keys::{publisher_pk, rate_sk, read_rate_sk, user_pk};
-use crate::store::{Limit, Store, StoreError};
 
 /// Which of the minute's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

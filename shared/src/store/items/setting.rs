@@ -4,10 +4,11 @@
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, SecondsFormat, Utc};
 
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::change::{check, put};
 use crate::store::items::expr::{Cond, eq};
 use crate::store::items::{Item, key, s, text};
-use crate::store::{Store, StoreError};
 
 /// Sort key of a user's setting item.
 pub(crate) const SETTING_SK: &str = "SETTING";

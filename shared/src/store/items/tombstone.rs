@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::OpenId;
 use crate::domain::erasure::{ErasureCause, ErasureState, Pass, Tombstone};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::items::change::put;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::{absent, eq};
@@ -198,7 +198,7 @@ pub(crate) fn not_erased() -> crate::store::items::expr::Cond {
     absent("pk").or(eq("reopened", AttributeValue::Bool(true)))
 }
 
-impl crate::store::Store {
+impl crate::store::handle::Store {
     /// Whether `openid` was erased and has not come back since: nothing of theirs may
     /// be told or answered (one strongly consistent read).
     pub(crate) async fn forgotten(&self, openid: &OpenId) -> Result<bool, StoreError> {

@@ -6,17 +6,15 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::wechat_ips::WechatIps;
+use crate::store::error::{StoreError, corrupt};
+use crate::store::handle::Store;
+use crate::store::handle::StoredWechatIps;
 use crate::store::items::change::put;
 use crate::store::items::{parse, to_item};
-use crate::store::{Store, StoreError, corrupt};
 
 /// How long a container keeps the list it read before reading it again: a refused
 /// flood costs no read per request, and a refreshed list is in use within this.
 pub const WECHAT_IPS_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// The list a container read, and when (shared by the store's clones).
-pub(crate) type WechatIpsSeen =
-    std::sync::Arc<tokio::sync::Mutex<Option<(Option<StoredWechatIps>, DateTime<Utc>)>>>;
 
 const PK: &str = "WECHAT#IPS";
 const SK: &str = "LIST";
@@ -31,13 +29,6 @@ struct WechatIpsItem {
     ips: Vec<String>,
     /// When it was read from WeChat (epoch ms).
     fetched_at: i64,
-}
-
-/// The list in use and when it was read from WeChat.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredWechatIps {
-    pub ips: WechatIps,
-    pub fetched_at: DateTime<Utc>,
 }
 
 impl Store {

@@ -7,13 +7,15 @@ use crate::domain::grants::report::TemplateWrite;
 use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRefused, decide};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::{CheckIn, ReminderKind};
+use crate::store::error::{Limit, StoreError, corrupt};
+use crate::store::handle::Store;
 use crate::store::items::parse;
 use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::rfc3339;
 use crate::store::keys::{action_sk, plan_sk, user_pk};
 use crate::store::reminders::CheckInOutcome;
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Limit, Store, StoreError, corrupt, retry_contended};
 
 /// The parts of a check-in's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,8 +18,9 @@ mod settings;
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, QuotaCounters};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::keys::user_pk;
-use crate::store::{Store, StoreError};
 
 /// A plan and its template's available grants, as read together.
 #[derive(Debug, Clone)]

@@ -4,11 +4,13 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
 use crate::domain::reminders::{ReminderKind, SettingsUpdate, settings};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::rate::Counter;
 use crate::store::keys::user_pk;
 use crate::store::reminders::PlanSnapshot;
+use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::TxOutcome;
-use crate::store::{Attempt, Store, StoreError, retry_carrying};
 
 impl Store {
     /// `PUT /v1/reminders/{kind}`: applies new settings and enables or disables the plan.

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
-use crate::store::{Store, StoreError, classify_sdk_error};
+use crate::store::error::{StoreError, classify_sdk_error};
+use crate::store::handle::Store;
 
 mod parts;
 pub(crate) use crate::store::items::write::Write;
@@ -48,7 +49,7 @@ impl Store {
         };
         let sent = SentTx {
             items,
-            token: crate::store::request_token(),
+            token: crate::store::handle::request_token(),
         };
         let outcome = self.send_tx(&sent).await?;
         Ok((outcome, sent))
@@ -109,7 +110,7 @@ impl Store {
                     );
                     AMBIGUOUS_PAUSE * 2u32.pow(attempt.min(4))
                 } else {
-                    crate::store::backoff(attempt + 1)
+                    crate::store::retry::backoff(attempt + 1)
                 };
                 tokio::time::sleep(pause).await;
                 continue;

@@ -13,7 +13,7 @@ use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
 use crate::domain::reminders::schedule::Timezone;
 use crate::domain::{QuotaCounters, TemplateId};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::items::outbox::OutboxItem;
 use crate::store::items::quota::OpenGrants;
 

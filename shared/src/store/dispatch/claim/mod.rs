@@ -21,8 +21,10 @@ use chrono::{DateTime, Utc};
 use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::{ClaimDecision, Decide, Unsent, decide};
 use crate::store::dispatch::{Claim, ClaimSource, DueItem};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::keys::delivery_sk;
-use crate::store::{Attempt, Store, StoreError, retry_carrying};
+use crate::store::retry::{Attempt, retry_carrying};
 
 /// How many times a call that gives up looks for the deliveries of its attempts whose
 /// answers were lost, and the first pause between looks (doubling: 0.6 s in all). A
@@ -51,7 +53,7 @@ pub enum ClaimOutcome {
     Unreadable(String),
     /// A plan of a reminder kind this deployment does not configure (removed, or a
     /// rollback), named: its entry is moved out of the way
-    /// ([`Store::park_due`](crate::store::Store::park_due)), for when the kind is back.
+    /// ([`Store::park_due`](crate::store::handle::Store::park_due)), for when the kind is back.
     NoKind(String),
 }
 

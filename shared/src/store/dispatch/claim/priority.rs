@@ -10,8 +10,10 @@ use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::Unsent;
 use crate::store::dispatch::DueItem;
 use crate::store::dispatch::priority::YieldWake;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
+use crate::store::retry::Attempt;
 use crate::store::tx::{Beside, Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError};
 
 impl Store {
     /// Commits a claim that takes no grant (`why`: waiting for one, or none).

@@ -13,12 +13,13 @@ use crate::domain::dispatch::claim::push_is_due_at;
 use crate::domain::inbox::cancel::Requested;
 use crate::domain::inbox::preferences::Preferences;
 use crate::store::dispatch::{DueItem, PlanRead};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication, REPLACE_REQUESTED};
 use crate::store::items::parse;
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::OpenGrants;
 use crate::store::keys::{SortKey, note_sk, quota_sk, sort_key};
-use crate::store::{Store, StoreError};
 
 impl Store {
     /// The item behind a due entry, if it is still due at that instant.

@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use super::{Claimable, Sourced};
 use crate::domain::dispatch::OutboxState;
 use crate::store::dispatch::{ClaimSource, DueItem, OutboxClaim};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::outbox::versioned_put;
 use crate::store::items::to_item;
-use crate::store::{Store, StoreError};
 
 impl Store {
     /// The claimed item's write (`sending`, naming the delivery, on the lease index for

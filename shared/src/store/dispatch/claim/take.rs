@@ -10,10 +10,12 @@ use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::reserve::{AsRead, Reserve};
 use crate::store::dispatch::{Claim, DueItem};
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::quota::{INFLIGHT, WAITING};
 use crate::store::keys::delivery_sk;
+use crate::store::retry::Attempt;
 use crate::store::tx::{Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError};
 
 /// What one try of a claim learns for the next: whether the quota item listed a grant
 /// that was not available after all (the next tries pick from the ledger), and the

@@ -11,12 +11,14 @@ use crate::domain::dispatch::claim::Unsent;
 use crate::domain::reminders::plan::PlanEvent;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::DueItem;
+use crate::store::error::StoreError;
+use crate::store::handle::Store;
 use crate::store::items::outbox::{note_push_told, versioned_put};
 use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
 use crate::store::items::{key, to_item};
 use crate::store::keys::quota_sk;
+use crate::store::retry::Attempt;
 use crate::store::tx::{Beside, Outcome, Parts};
-use crate::store::{Attempt, Store, StoreError};
 
 impl Store {
     /// Leaves a due item unsent (`why`, as `domain::dispatch::claim::decide` decided),
