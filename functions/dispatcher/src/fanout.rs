@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{Summary, run_shards};
+use crate::run::run_shards;
+use crate::summary::Summary;
 
 /// The key of a worker invocation's payload (a scheduled event never has it).
 const WORK: &str = "onegrant_dispatch_shards";

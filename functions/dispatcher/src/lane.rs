@@ -17,10 +17,10 @@ use onegrant::telemetry::{error_chain, openid_hash};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
+use crate::budget::{Budget, FINALIZE_MARGIN};
 use crate::refill::Refill;
 use crate::send::{Dispatched, dispatch_one};
 use crate::summary::Summary;
-use crate::{Budget, FINALIZE_MARGIN};
 
 /// Due-index entries one query reads from one shard, and the most of a shard's items
 /// in flight at once.

@@ -26,44 +26,22 @@ use futures::future::BoxFuture;
 use onegrant::Deps;
 use onegrant::events::EventError;
 use onegrant::store::StoreError;
-use onegrant::store::audit::attributed;
 use onegrant::store::dispatch::ShardSpan;
 use onegrant::telemetry::error_chain;
 use tokio::time::Instant;
 
-use crate::lane::dispatch_due;
+use crate::run::run_shards;
 use crate::summary::report;
 
+mod budget;
 pub mod fanout;
 mod lane;
 mod refill;
+mod run;
 mod send;
 mod summary;
 
 pub use summary::Summary;
-
-/// Time kept back, beyond the send's window, for a finalize after the last send.
-const FINALIZE_MARGIN: Duration = Duration::from_secs(5);
-
-/// How many times a finalize is tried, while the invocation has at least
-/// `FINALIZE_RETRY_ROOM` left (a try's own write budget is 4 s).
-const FINALIZE_TRIES: u32 = 3;
-const FINALIZE_RETRY_ROOM: Duration = Duration::from_secs(5);
-
-#[derive(Debug, Clone, Copy)]
-struct Budget {
-    deadline: Instant,
-    /// From a claim: the send's window and the finalize.
-    after_claim: Duration,
-    /// From the turn: a token fetch, then as from a claim.
-    after_turn: Duration,
-}
-
-impl Budget {
-    fn left(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-}
 
 /// Runs one tick that must finish by `deadline`.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
@@ -109,43 +87,6 @@ pub async fn tick_shards(
 ) -> Result<Summary, StoreError> {
     let summary = run_shards(deps, deadline, shards, deps.clock.now()).await?;
     report(&summary, false);
-    Ok(summary)
-}
-
-/// The sweep of `shards`' leases beside the dispatch of what is due on them.
-async fn run_shards(
-    deps: &Deps,
-    deadline: Instant,
-    shards: &[u32],
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Summary, StoreError> {
-    let config = &deps.config;
-    // The sweep settles other dispatchers' leftovers; it runs beside this tick's sends
-    // rather than before them, so it never delays a reminder that is due.
-    // Bounded by the invocation too: what it does not reach, the next tick does.
-    let sweeping = tokio::time::timeout_at(
-        deadline.checked_sub(FINALIZE_MARGIN).unwrap_or(deadline),
-        attributed(
-            "sweep",
-            deps.store
-                .sweep(&config.templates, shards.iter().copied(), now),
-        ),
-    );
-    let (swept, dispatched) = tokio::join!(sweeping, dispatch_due(deps, deadline, shards, now));
-    let mut summary = dispatched?;
-    match swept {
-        Ok(swept) => {
-            summary.recovered = swept.recovered;
-            summary.advanced = swept.advanced;
-            summary.events_applied = swept.events_applied;
-            summary.kept = swept.kept;
-            summary.quarantined = swept.quarantined;
-            summary.skipped += swept.skipped;
-        }
-        Err(_) => {
-            tracing::warn!("the sweep ran out of the invocation's time; the next tick goes on")
-        }
-    }
     Ok(summary)
 }
 

@@ -18,8 +18,8 @@ use onegrant::telemetry::{error_chain, openid_hash};
 use onegrant::wechat::Message;
 use tokio::sync::Semaphore;
 
+use crate::budget::{Budget, FINALIZE_MARGIN, FINALIZE_RETRY_ROOM, FINALIZE_TRIES};
 use crate::refill::Refill;
-use crate::{Budget, FINALIZE_MARGIN, FINALIZE_RETRY_ROOM, FINALIZE_TRIES};
 
 /// How long before its instant a scheduled notification is read for its claim.
 const READ_AHEAD: Duration = Duration::from_secs(1);

@@ -10,7 +10,7 @@ use lambda_http::http::Method;
 use lambda_http::{Body, Request, Response};
 use onegrant::Deps;
 use onegrant::domain::consent::standing::SubscriptionsSetting;
-use onegrant::domain::grants::GrantEntry;
+use onegrant::domain::grants::report::GrantEntry;
 use onegrant::domain::{GrantReport, Quota};
 use onegrant::http::{ApiError, authenticate_read, caller, json_body, json_response, respond};
 use onegrant::store::audit::attributed;

@@ -11,7 +11,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::standin::push::{self, PushEventSpec, PushRecord, PushTarget};
-use crate::standin::{AppState, Code, Fault, Inner, LoginFault, Shared, TokenFault, openid_for};
+use crate::standin::state::{
+    AppState, Code, Fault, Inner, LoginFault, Shared, TokenFault, openid_for,
+};
 
 #[derive(Deserialize)]
 pub(crate) struct LoginCodeRequest {

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::standin::control::push_and_record;
-use crate::standin::{
-    AppState, Delivery, Fault, Inner, PushEventSpec, Shared, random_msgid, rules, wx,
-};
+use crate::standin::push::PushEventSpec;
+use crate::standin::rules;
+use crate::standin::state::{AppState, Delivery, Fault, Inner, Shared, random_msgid, wx};
 
 /// Removes an openid from the in-flight set when a send ends, however it ends.
 pub(crate) struct InFlight {

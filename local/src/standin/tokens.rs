@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::standin::{
+use crate::standin::state::{
     AppState, CODE_TTL, ROTATE_WINDOW, StandinConfig, TOKEN_TTL, Token, TokenKind, random_token, wx,
 };
 
@@ -179,7 +179,7 @@ pub(crate) async fn callback_ips(
         },
     }
     let list = inner.callback_ips.clone().unwrap_or_else(|| {
-        crate::standin::CALLBACK_IPS
+        crate::standin::state::CALLBACK_IPS
             .iter()
             .map(|a| a.to_string())
             .collect()

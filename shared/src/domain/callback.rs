@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use quick_xml::events::Event;
 
 use crate::domain::erasure::ErasureCause;
-use crate::domain::{OpenId, TemplateId};
+use crate::domain::ids::{OpenId, TemplateId};
 
 /// How a push's body is written (the push configuration's data format).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

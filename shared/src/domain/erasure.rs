@@ -15,7 +15,7 @@ use chrono::{DateTime, Duration, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2_jwt::Sha256;
 
-use crate::domain::OpenId;
+use crate::domain::ids::OpenId;
 
 /// Why an erasure was started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use lambda_http::Request;
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::domain::OpenId;
 use crate::session::Sessions;
 

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::consent::standing::Standing;
-use crate::domain::grants::GrantEntry;
+use crate::domain::grants::report::GrantEntry;
 use crate::domain::grants::report::{
     AfterCancel, GrantsRecorded, ReportFailure, ReportProgress, ReportRefused,
 };

@@ -47,7 +47,7 @@ mod taps;
 mod tx;
 
 pub use crate::config::{Limits, Retention};
-pub use crate::domain::grants::{GrantEntry, GrantsRecorded};
+pub use crate::domain::grants::report::{GrantEntry, GrantsRecorded};
 pub use crate::store::consent::Stood;
 pub use crate::store::error::{Limit, StoreError};
 pub use crate::store::handle::{DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store, StoredWechatIps};

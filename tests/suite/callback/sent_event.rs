@@ -163,9 +163,11 @@ async fn acknowledged(app: &TestApp, pushed: &Value) -> usize {
         return 0;
     }
     let answers = pushed["answers"].as_array().cloned().unwrap_or_default();
+    // The copies' race itself is answered: one copy records the event (a 503 of every
+    // copy would be contention, not the window).
     assert!(
-        !answers.is_empty() && answers.iter().all(|a| a == 200 || a == 503),
-        "only the window's 503 may stand in for a 200: {pushed}"
+        answers.iter().any(|a| a == 200) && answers.iter().all(|a| a == 200 || a == 503),
+        "only the window's 503 may stand in for a 200, and one copy gets through: {pushed}"
     );
     // WeChat's retry: the same event, its CreateTime the same.
     let retry_of = json!({"event": "sent", "openid": pushed["openid"],

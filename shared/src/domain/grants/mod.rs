@@ -17,8 +17,6 @@ use crate::domain::template::Templates;
 pub mod open;
 pub mod report;
 
-pub use report::{GrantEntry, GrantsRecorded};
-
 /// The most templates one `wx.requestSubscribeMessage` call can carry.
 pub const MAX_TEMPLATES_PER_REPORT: usize = 5;
 

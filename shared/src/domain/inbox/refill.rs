@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::domain::QuotaCounters;
+use crate::domain::grants::QuotaCounters;
 use crate::domain::ids::OpenId;
 use crate::domain::inbox::schedule::{Priority, Timing};
 use crate::domain::inbox::{NotifyEvent, Push};
@@ -110,7 +110,7 @@ pub fn notice(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Templates;
+    use crate::domain::template::Templates;
 
     fn templates() -> Templates {
         Templates::from_json(

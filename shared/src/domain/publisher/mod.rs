@@ -19,6 +19,9 @@ use serde_json::Value;
 
 use super::inbox::is_publisher;
 
+/// The publisher name onegrant signs its own webhook posts with.
+pub const ONEGRANT: &str = "onegrant";
+
 /// The shortest key a publisher may hold: 128 bits of HMAC key material, written as
 /// text (the key is used as its UTF-8 bytes).
 pub const MIN_KEY_CHARS: usize = 16;
@@ -98,7 +101,7 @@ impl Publishers {
                     entry.source
                 ));
             }
-            if entry.source == signature::ONEGRANT {
+            if entry.source == ONEGRANT {
                 return Err(format!(
                     "publisher {:?} is onegrant's own name (its notices, its webhook posts)",
                     entry.source

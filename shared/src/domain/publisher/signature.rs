@@ -26,8 +26,7 @@ pub const SIGNATURE_HEADER: &str = "x-onegrant-signature";
 /// How far a request's timestamp may be from the server's clock, either way.
 pub const WINDOW_SECONDS: i64 = 300;
 
-/// The publisher name onegrant signs its own webhook posts with.
-pub const ONEGRANT: &str = "onegrant";
+pub use super::ONEGRANT;
 
 /// The signature's version prefix.
 const VERSION: &str = "v1=";

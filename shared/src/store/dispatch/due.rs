@@ -3,7 +3,8 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::OpenId;
-use crate::store::dispatch::{Index, ShardSpan};
+use crate::store::dispatch::lease::Index;
+use crate::store::dispatch::shards::ShardSpan;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};

@@ -27,9 +27,10 @@ use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::TxOutcome;
 use crate::telemetry::error_chain;
 
-use crate::store::dispatch::{
-    Claim, ClaimSource, DeliveryWrite, GrantMove, Guard, SettleTx, Settled, Writer, describe,
-};
+use crate::domain::dispatch::delivery::{Guard, Writer};
+use crate::store::dispatch::claimed::{Claim, ClaimSource};
+use crate::store::dispatch::delivery::describe;
+use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::dispatch::delivery::Moved;
 use crate::domain::dispatch::{FollowUp, OutboxState, SendResult, Settlement, release, settle};

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::delivery::Guard;
 use crate::domain::dispatch::{KeptAnswer, SendResult};
-use crate::store::dispatch::Claim;
+use crate::store::dispatch::claimed::Claim;
 use crate::store::dispatch::delivery::admitted_by;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;

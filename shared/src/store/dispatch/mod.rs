@@ -33,6 +33,7 @@
 //! - this module: the types shared by the steps and the one settle transaction.
 
 pub mod claim;
+mod claimed;
 mod delivery;
 pub mod due;
 pub mod finalize;
@@ -45,70 +46,11 @@ mod settle;
 pub mod shards;
 pub mod sweep;
 
-use std::collections::BTreeMap;
-
-use chrono::{DateTime, Utc};
-use delivery::{DeliveryItem, PlanRead, describe};
-use lease::Index;
-pub use lease::{SWEEP_FAILURE_LIMIT, SWEEP_RETRY_AFTER};
-use settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
-
-use crate::domain::dispatch::delivery::{Guard, Marks, Writer};
-
-use crate::domain::reminders::ReminderKind;
-use crate::domain::reminders::plan::Plan;
-use crate::domain::{OpenId, TemplateId};
-use crate::store::items::grant::grant_state_name;
-use crate::store::items::outbox::OutboxItem;
-
 pub use claim::{ClaimOutcome, ReadAhead};
+pub use claimed::{Claim, ClaimSource, OutboxClaim};
 pub use due::{DueCursor, DueItem, DuePage};
 pub use finalize::Finalized;
+pub use lease::{SWEEP_FAILURE_LIMIT, SWEEP_RETRY_AFTER};
 pub use sent_event::SentEventOutcome;
 pub use shards::ShardSpan;
 pub use sweep::SweepSummary;
-
-/// What a dispatcher holds between claim and finalize.
-#[derive(Debug, Clone)]
-pub struct Claim {
-    pub delivery_id: String,
-    pub claimer: String,
-    pub openid: OpenId,
-    pub template_id: TemplateId,
-    pub due_at: DateTime<Utc>,
-    /// The claim's lease: the delivery is this claimer's until then.
-    pub lease_until: DateTime<Utc>,
-    /// When it was claimed (the delivery's `claimed_at`).
-    claimed_at: DateTime<Utc>,
-    pub source: ClaimSource,
-    grant_sk: String,
-    /// Under a daily cap, the user's day the send counted on.
-    counted_on: Option<chrono::NaiveDate>,
-}
-
-impl Claim {
-    /// When it was claimed.
-    pub fn claimed_at(&self) -> DateTime<Utc> {
-        self.claimed_at
-    }
-}
-
-/// What was claimed: a reminder plan or a notification's push.
-#[derive(Debug, Clone)]
-pub enum ClaimSource {
-    /// The kind and the plan as the claim wrote it (`sending`, at its new version).
-    Plan {
-        kind: ReminderKind,
-        plan: Plan,
-    },
-    Outbox(OutboxClaim),
-}
-
-/// A claimed push: the message to send (data already fitted at ingest).
-#[derive(Debug, Clone)]
-pub struct OutboxClaim {
-    pub note_id: String,
-    pub data: BTreeMap<String, String>,
-    pub page: Option<String>,
-    item: OutboxItem,
-}

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
 use crate::domain::{OpenId, TemplateId};
-use crate::store::dispatch::DueItem;
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::check;

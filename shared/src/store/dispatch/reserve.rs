@@ -13,7 +13,8 @@ use crate::domain::grants::open::{
     GrantPick, OpenGrantIds, PickFrom, SetFix, pick, pick_from_ledger,
 };
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
-use crate::store::dispatch::{DeliveryItem, DueItem, grant_state_name};
+use crate::store::dispatch::delivery::DeliveryItem;
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::put;
@@ -21,6 +22,7 @@ use crate::store::items::change::{Change, change, update};
 use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
 use crate::store::items::grant::GrantItem;
 use crate::store::items::grant::grant_in;
+use crate::store::items::grant::grant_state_name;
 use crate::store::items::is_new;
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, WAITING, has_grant, sent_on,

@@ -30,9 +30,9 @@ use crate::store::keys::{SortKey, delivery_sk, quota_sk, sort_key, user_pk};
 use crate::store::retry::{Attempt, retry_contended};
 use crate::telemetry::error_chain;
 
-use crate::store::dispatch::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Marks, SettleTx, Settled, Writer,
-};
+use crate::domain::dispatch::delivery::{Guard, Marks, Writer};
+use crate::store::dispatch::delivery::DeliveryItem;
+use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::reconcile::{
     CLOCK_SKEW, EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,

@@ -13,9 +13,10 @@ use crate::store::items::{Item, n, parse, s};
 use crate::store::keys::{SortKey, delivery_sk, lease_shard_pk, openid_of, sort_key};
 use crate::telemetry::error_chain;
 
-use crate::store::dispatch::{
-    DeliveryItem, DeliveryWrite, GrantMove, Guard, Index, PlanRead, SettleTx, Settled, Writer,
-};
+use crate::domain::dispatch::delivery::{Guard, Writer};
+use crate::store::dispatch::delivery::{DeliveryItem, PlanRead};
+use crate::store::dispatch::lease::Index;
+use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::dispatch::delivery::{AtLeaseEnd, PlanLearns};
 use crate::domain::dispatch::sweep::{Disposition, StepEnd, disposition, quarantined_after};

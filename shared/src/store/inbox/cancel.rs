@@ -17,10 +17,10 @@ use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{CancelDecision, CancelEvent, PushFound, decide};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::inbox::publish::ScheduledItem;
-use crate::store::inbox::{
+use crate::store::inbox::note::{
     CANCEL_DONE, CANCEL_FIRST, CANCEL_REQUESTED_MARK, CANCEL_TOO_LATE, EventItem,
 };
+use crate::store::inbox::publish::ScheduledItem;
 use crate::store::items::change::{change, update};
 use crate::store::items::is_there;
 use crate::store::items::outbox::{

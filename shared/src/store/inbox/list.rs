@@ -12,7 +12,7 @@ use crate::domain::OpenId;
 use crate::domain::inbox::{NotificationView, encode_cursor};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::inbox::{ListFilter, NoteItem, Page};
+use crate::store::inbox::note::{ListFilter, NoteItem, Page};
 use crate::store::items::expr::{all, eq};
 use crate::store::items::{Item, key, number, parse, s, text};
 use crate::store::keys::{INBOX_SK, NOTES, UNREADS, note_id_of, note_sk, unread_sk, user_pk};

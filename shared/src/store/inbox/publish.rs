@@ -21,7 +21,7 @@ use crate::domain::inbox::cancel::PushFound;
 use crate::domain::inbox::schedule::{Priority, is_expired};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::inbox::{NoteItem, UnreadItem};
+use crate::store::inbox::note::{NoteItem, UnreadItem};
 use crate::store::items::at_version;
 use crate::store::items::change::delete;
 use crate::store::items::expr::eq;

@@ -12,7 +12,7 @@ use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::inbox::NoteItem;
+use crate::store::inbox::note::NoteItem;
 use crate::store::items::change::delete;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::eq;

@@ -11,7 +11,7 @@ use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::inbox::Ingested;
+use crate::store::inbox::note::Ingested;
 use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
 use crate::store::items::parse;

@@ -6,13 +6,13 @@
 
 use serde::Serialize;
 
-use super::publish::ScheduledItem;
-use super::{EventItem, NoteItem};
 use crate::domain::OpenId;
 use crate::domain::inbox::NotificationView;
 use crate::domain::inbox::PushMoment;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
+use crate::store::inbox::note::{EventItem, NoteItem};
+use crate::store::inbox::publish::ScheduledItem;
 use crate::store::items::parse;
 use crate::store::keys::{event_key, note_sk, scheduled_sk, user_pk};
 

@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 
-use super::Item;
+use super::expr::Item;
 use super::expr::{Cond, Guarded, Placeholders, Rendered};
 use super::write::{Write, audited};
 use crate::store::error::StoreError;
@@ -292,9 +292,9 @@ pub(crate) fn check(table: &str, key: Item, guard: Cond) -> WriteOf<'_> {
 /// `version` as read.
 pub(crate) fn versioned(version: u64) -> Cond {
     if version == 0 {
-        super::is_new()
+        super::expr::is_new()
     } else {
-        super::at_version(version)
+        super::expr::at_version(version)
     }
 }
 

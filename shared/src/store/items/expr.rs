@@ -18,7 +18,43 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::Item;
+/// A raw DynamoDB item.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// A string attribute value.
+pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+/// A number attribute value.
+pub(crate) fn n(value: impl std::fmt::Display) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// The item does not exist yet: a put that never overwrites one.
+pub(crate) fn is_new() -> Cond {
+    absent("pk")
+}
+
+/// The item exists: an update that never recreates one.
+pub(crate) fn is_there() -> Cond {
+    exists("pk")
+}
+
+/// The item is still at `version`, as read.
+pub(crate) fn at_version(version: u64) -> Cond {
+    eq("version", n(version))
+}
+
+/// The item's due-index entry is still at `due_ms` (epoch ms), as seen on the index.
+pub(crate) fn due_as_seen(due_ms: i64) -> Cond {
+    eq("due_at", n(due_ms))
+}
+
+/// The item's lease-index entry is still at `until_ms` (epoch ms), as seen.
+pub(crate) fn lease_as_seen(until_ms: i64) -> Cond {
+    eq("lease_until", n(until_ms))
+}
 
 /// A comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::grants::GrantEntry;
+use crate::domain::grants::report::GrantEntry;
 use crate::domain::{GrantState, RequestId, SubscribeResult, TemplateId};
 use crate::store::items::expr::{Cond, all, eq};
 use crate::store::items::{rfc3339, s};

@@ -28,43 +28,7 @@ pub(crate) mod tombstone;
 pub mod wechat_ips;
 pub(crate) mod write;
 
-/// A raw DynamoDB item.
-pub(crate) type Item = HashMap<String, AttributeValue>;
-
-/// A string attribute value.
-pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(value.into())
-}
-
-/// A number attribute value.
-pub(crate) fn n(value: impl std::fmt::Display) -> AttributeValue {
-    AttributeValue::N(value.to_string())
-}
-
-/// The item does not exist yet: a put that never overwrites one.
-pub(crate) fn is_new() -> expr::Cond {
-    expr::absent("pk")
-}
-
-/// The item exists: an update that never recreates one.
-pub(crate) fn is_there() -> expr::Cond {
-    expr::exists("pk")
-}
-
-/// The item is still at `version`, as read.
-pub(crate) fn at_version(version: u64) -> expr::Cond {
-    expr::eq("version", n(version))
-}
-
-/// The item's due-index entry is still at `due_ms` (epoch ms), as seen on the index.
-pub(crate) fn due_as_seen(due_ms: i64) -> expr::Cond {
-    expr::eq("due_at", n(due_ms))
-}
-
-/// The item's lease-index entry is still at `until_ms` (epoch ms), as seen.
-pub(crate) fn lease_as_seen(until_ms: i64) -> expr::Cond {
-    expr::eq("lease_until", n(until_ms))
-}
+pub(crate) use expr::{Item, at_version, due_as_seen, is_new, is_there, lease_as_seen, n, s};
 
 /// The primary key of an item.
 pub(crate) fn key(pk: &str, sk: &str) -> Item {

@@ -6,7 +6,7 @@
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use super::Item;
+use super::expr::Item;
 
 /// One write of a transaction and what it declares.
 #[derive(Debug, Clone)]

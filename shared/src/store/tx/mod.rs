@@ -2,16 +2,15 @@
 //! sorted (committed, cancelled with each item's reason, contended). The only place
 //! that reads a cancellation reason code.
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 use crate::store::error::{StoreError, classify_sdk_error};
 use crate::store::handle::Store;
 
+mod answer;
 mod parts;
 pub(crate) use crate::store::items::write::Write;
+pub(crate) use answer::{SentTx, TxOutcome};
 pub(crate) use parts::{Beside, Outcome, Parts};
 
 impl Store {
@@ -153,26 +152,6 @@ impl Store {
             }
         }
     }
-}
-
-/// Whether a cancellation reason code is a failed condition (the one place that
-/// names DynamoDB's code).
-pub(crate) fn is_condition_failed(code: &str) -> bool {
-    code == "ConditionalCheckFailed"
-}
-
-/// A transaction as it was sent (with what [`Store::transact`] adds) and its token.
-pub(crate) struct SentTx {
-    items: Vec<TransactWriteItem>,
-    token: String,
-}
-
-pub(crate) enum TxOutcome {
-    Committed,
-    /// Cancelled, with each item's (reason code, ALL_OLD item).
-    Cancelled(Vec<(String, Option<HashMap<String, AttributeValue>>)>),
-    /// Throttled or in conflict with another transaction.
-    Contended,
 }
 
 /// How many times one transaction is sent (with one token) before the caller is told

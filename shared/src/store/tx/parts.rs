@@ -4,11 +4,12 @@
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use super::{SentTx, TxOutcome, Write, is_condition_failed};
+use super::answer::{SentTx, TxOutcome, is_condition_failed};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::Item;
 use crate::store::items::outbox::is_note_update;
+use crate::store::items::write::Write;
 
 /// A transaction's writes, each with its role `R`.
 #[derive(Debug, Clone)]

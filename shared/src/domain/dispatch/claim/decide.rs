@@ -10,7 +10,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::Unsent;
+use super::unsent::Unsent;
 use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::cap::{AtCap, Counted, SentDays, at_cap};
 use crate::domain::dispatch::priority::{

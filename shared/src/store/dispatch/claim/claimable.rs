@@ -1,6 +1,8 @@
 //! A due item as read for its claim: a plan or a push, with the quota item's counters
 //! and open grants (and the user's preferences) it is decided on.
 
+use crate::domain::dispatch::claim::Unsent;
+use crate::store::dispatch::claimed::{Claim, ClaimSource};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
@@ -131,3 +133,37 @@ impl Claimable {
         }
     }
 }
+
+/// How a claim attempt ended.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    Claimed(Box<Claim>),
+    /// Someone else claimed it first, or it changed since the index was read.
+    Lost,
+    /// Not sent now, and why (`domain::dispatch::claim::decide`), written down:
+    /// nothing sent or spent. Of `template`'s grants.
+    Unsent {
+        why: Unsent,
+        template: TemplateId,
+    },
+    /// A publication (`Store::claim_published`) whose scheduled notification changed
+    /// since it was read, or whose push is not to go now (muted, held, no grant):
+    /// nothing was written; publish it the ordinary way (`Store::publish`), then
+    /// claim its push.
+    Republish,
+    /// The item itself cannot be read: it can never be claimed as it is. Say why.
+    Unreadable(String),
+    /// A plan of a reminder kind this deployment does not configure (removed, or a
+    /// rollback), named: its entry is moved out of the way
+    /// ([`Store::park_due`](crate::store::handle::Store::park_due)), for when the kind is back.
+    NoKind(String),
+}
+
+/// A claimed item's write, what the dispatcher keeps of it, its attempts so far and,
+/// for a push not yet written, its publication's writes.
+pub(super) type Sourced = (
+    TransactWriteItem,
+    ClaimSource,
+    u32,
+    Option<Vec<TransactWriteItem>>,
+);

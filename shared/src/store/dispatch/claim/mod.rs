@@ -12,15 +12,14 @@ mod unsent;
 
 pub use read::ReadAhead;
 
-use claimable::{Claimable, Found};
+pub use claimable::ClaimOutcome;
+use claimable::Found;
 use take::{Carried, Taking};
 
-use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
-use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::{ClaimDecision, Decide, Unsent, decide};
-use crate::store::dispatch::{Claim, ClaimSource, DueItem};
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::keys::delivery_sk;
@@ -31,40 +30,6 @@ use crate::store::retry::{Attempt, retry_carrying};
 /// claim found late with too little of its lease left is released unsent, as any.
 const UNANSWERED_LOOKS: u32 = 3;
 const UNANSWERED_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// How a claim attempt ended.
-#[derive(Debug, Clone)]
-pub enum ClaimOutcome {
-    Claimed(Box<Claim>),
-    /// Someone else claimed it first, or it changed since the index was read.
-    Lost,
-    /// Not sent now, and why (`domain::dispatch::claim::decide`), written down:
-    /// nothing sent or spent. Of `template`'s grants.
-    Unsent {
-        why: Unsent,
-        template: TemplateId,
-    },
-    /// A publication (`Store::claim_published`) whose scheduled notification changed
-    /// since it was read, or whose push is not to go now (muted, held, no grant):
-    /// nothing was written; publish it the ordinary way (`Store::publish`), then
-    /// claim its push.
-    Republish,
-    /// The item itself cannot be read: it can never be claimed as it is. Say why.
-    Unreadable(String),
-    /// A plan of a reminder kind this deployment does not configure (removed, or a
-    /// rollback), named: its entry is moved out of the way
-    /// ([`Store::park_due`](crate::store::handle::Store::park_due)), for when the kind is back.
-    NoKind(String),
-}
-
-/// A claimed item's write, what the dispatcher keeps of it, its attempts so far and,
-/// for a push not yet written, its publication's writes.
-type Sourced = (
-    TransactWriteItem,
-    ClaimSource,
-    u32,
-    Option<Vec<TransactWriteItem>>,
-);
 
 impl Store {
     /// Claims a due item (see the module docs): `claimer` names this dispatcher run,

@@ -5,10 +5,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{ClaimOutcome, Claimable};
+use super::claimable::{ClaimOutcome, Claimable};
 use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::Unsent;
-use crate::store::dispatch::DueItem;
+use crate::store::dispatch::due::DueItem;
 use crate::store::dispatch::priority::YieldWake;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;

@@ -6,13 +6,14 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{Claimable, Found};
+use super::claimable::{Claimable, Found};
 use crate::domain::QuotaCounters;
 use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::push_is_due_at;
 use crate::domain::inbox::cancel::Requested;
 use crate::domain::inbox::preferences::Preferences;
-use crate::store::dispatch::{DueItem, PlanRead};
+use crate::store::dispatch::delivery::PlanRead;
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication, REPLACE_REQUESTED};

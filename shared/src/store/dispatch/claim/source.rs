@@ -3,9 +3,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Claimable, Sourced};
+use super::claimable::{Claimable, Sourced};
 use crate::domain::dispatch::OutboxState;
-use crate::store::dispatch::{ClaimSource, DueItem, OutboxClaim};
+use crate::store::dispatch::claimed::{ClaimSource, OutboxClaim};
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::outbox::versioned_put;

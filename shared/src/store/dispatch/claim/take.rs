@@ -4,12 +4,13 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::{ClaimOutcome, Claimable};
+use super::claimable::{ClaimOutcome, Claimable};
 use crate::domain::dispatch::cap::Counted;
 use crate::domain::dispatch::claim::{ClaimConditions, ClaimRefused, on_cancelled};
 use crate::domain::{OpenId, TemplateId};
+use crate::store::dispatch::claimed::Claim;
+use crate::store::dispatch::due::DueItem;
 use crate::store::dispatch::reserve::{AsRead, Reserve};
-use crate::store::dispatch::{Claim, DueItem};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::quota::{INFLIGHT, WAITING};

@@ -5,12 +5,12 @@
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 
-use super::{ClaimOutcome, Claimable};
+use super::claimable::{ClaimOutcome, Claimable};
 use crate::domain::dispatch::cap::day_of;
 use crate::domain::dispatch::claim::Unsent;
 use crate::domain::reminders::plan::PlanEvent;
 use crate::domain::{OpenId, TemplateId};
-use crate::store::dispatch::DueItem;
+use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::outbox::{note_push_told, versioned_put};
