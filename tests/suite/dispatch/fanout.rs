@@ -12,15 +12,18 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
     ])
     .await;
     due_users(&app, "u", 120).await;
-    // WeChat answers in 2.5 s. A tick with a second more than one send needs from
-    // its turn reads one page, starts what it can in that second, and leaves the rest
-    // unread: no send ends before its time is up, so no slot frees for a next page.
+    // WeChat answers in 2.5 s. A tick with 1.5 s more than one send needs from its
+    // turn reads one page, starts what it can in that time, and leaves the rest
+    // unread: no send ends before its time is up (2.5 s > 1.5 s), so no slot frees for
+    // a next page. (With 0.5 s, a cold, loaded machine spent it all before any lane
+    // read: a fresh-clone CI run saw 31.4 s left against 31.5 s needed.)
     app.control("POST", "latency", Some(json!({"ms": 2500})))
         .await;
     let wechat = &app.deps.wechat;
     let after_turn =
         wechat.call_timeout() + wechat.send_window() + std::time::Duration::from_secs(5);
-    let deadline = tokio::time::Instant::now() + after_turn + std::time::Duration::from_millis(500);
+    let deadline =
+        tokio::time::Instant::now() + after_turn + std::time::Duration::from_millis(1500);
     app.round_trips.take_index_queries();
     let short = dispatcher::tick(&app.deps, deadline).await.expect("tick");
     let due_queries: Vec<String> = app
