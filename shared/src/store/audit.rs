@@ -21,10 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::error::{StoreError, corrupt};
 use crate::store::items::change::put;
-use crate::store::items::is_new;
 use crate::store::items::query::{Range, partition};
-use crate::store::items::s;
 use crate::store::items::write::Write;
+use crate::store::items::{is_new, s};
 use crate::store::keys::{
     DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
 };

@@ -18,11 +18,10 @@ use crate::store::handle::Store;
 use crate::store::items::activity::{ACTIVITY_SK, off_due, touched};
 use crate::store::items::change::check;
 use crate::store::items::query::{Range, partition};
-use crate::store::items::s;
 use crate::store::items::tombstone::{
     TOMBSTONE_SK, TombstoneItem, finished, not_erased, reopened, stepped, tombstone_pk,
 };
-use crate::store::items::{Item, key, number, text};
+use crate::store::items::{Item, key, number, s, text};
 use crate::store::keys::user_pk;
 use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
 use crate::store::tx::TxOutcome;

@@ -10,17 +10,14 @@ use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
 use crate::store::error::{StoreError, corrupt};
 use crate::store::handle::Store;
-use crate::store::items::change::check;
-use crate::store::items::change::{change, update};
-use crate::store::items::expr::all;
-use crate::store::items::expr::is_in;
-use crate::store::items::grant::grant_in;
-use crate::store::items::grant::{GrantItem, grant_state_name};
-use crate::store::items::is_new;
+use crate::store::items::change::{change, check, update};
+use crate::store::items::expr::{all, is_in};
+use crate::store::items::grant::{GrantItem, grant_in, grant_state_name};
 use crate::store::items::query::{Range, partition};
-use crate::store::items::quota::count_is;
-use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters};
-use crate::store::items::{key, n, parse, rfc3339, s};
+use crate::store::items::quota::{
+    OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters, count_is,
+};
+use crate::store::items::{is_new, key, n, parse, rfc3339, s};
 use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
 

@@ -7,8 +7,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
-use crate::store::items::change::change;
-use crate::store::items::change::{delete, update};
+use crate::store::items::change::{change, delete, update};
 use crate::store::items::expr::eq;
 use crate::store::items::outcome::KEEP_DEAD;
 pub use crate::store::items::outcome::OutcomeItem;

@@ -12,13 +12,12 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::change::update;
+use crate::store::items::change::{change, update};
 use crate::store::items::event::PushItem;
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
 use crate::store::retry::{Attempt, retry_contended};
 
-use crate::store::items::change::change;
 use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
 use crate::store::items::quota::CHOICE_AT;

@@ -14,13 +14,12 @@ use crate::domain::callback::PushMessage;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::event::{PushItem, describe};
-use crate::store::items::{rfc3339, text, to_item};
+use crate::store::items::{is_there, rfc3339, text, to_item};
 use crate::store::keys::{lease_pk, user_pk};
 use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts};
 
 use crate::store::items::change::{change, update};
-use crate::store::items::is_there;
 use crate::store::items::key as key_of;
 
 /// How long a nonce is remembered: past the timestamp window on either side.

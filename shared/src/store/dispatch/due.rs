@@ -8,8 +8,7 @@ use crate::store::dispatch::shards::ShardSpan;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
-use crate::store::items::due_as_seen;
-use crate::store::items::{key, n, number, text};
+use crate::store::items::{due_as_seen, key, n, number, text};
 use crate::store::keys::{SortKey, due_shard_pk, openid_of, outbox_sk, sort_key};
 use crate::store::tx::TxOutcome;
 

@@ -6,8 +6,7 @@ use chrono::{DateTime, Utc};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
-use crate::store::items::{due_as_seen, lease_as_seen};
-use crate::store::items::{key, n, rfc3339, s};
+use crate::store::items::{due_as_seen, key, lease_as_seen, n, rfc3339, s};
 use crate::store::tx::TxOutcome;
 
 /// The sparse indexes an item can be taken off.

@@ -14,14 +14,11 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::change::check;
-use crate::store::items::change::{change, update};
-use crate::store::items::due_as_seen;
+use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{Cmp, Cond, absent, all, compare, eq, size};
-use crate::store::items::is_there;
 use crate::store::items::outbox::{still_waits, waits_for_grant};
 use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS};
-use crate::store::items::{key, n, parse, rfc3339, s};
+use crate::store::items::{due_as_seen, is_there, key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
 

@@ -17,18 +17,14 @@ use crate::store::dispatch::delivery::DeliveryItem;
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::change::put;
-use crate::store::items::change::{Change, change, update};
+use crate::store::items::change::{Change, change, put, update};
 use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
-use crate::store::items::grant::GrantItem;
-use crate::store::items::grant::grant_in;
-use crate::store::items::grant::grant_state_name;
-use crate::store::items::is_new;
+use crate::store::items::grant::{GrantItem, grant_in, grant_state_name};
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, WAITING, has_grant, sent_on,
     under_daily_cap, unrefused,
 };
-use crate::store::items::{key, n, parse, rfc3339, s, to_item};
+use crate::store::items::{is_new, key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
 use crate::store::tx::{TxOutcome, Write};

@@ -11,13 +11,12 @@ use crate::store::dispatch::delivery::{DeliveryItem, admitted_by};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
-use crate::store::items::grant::{grant_state_name, grant_state_of};
+use crate::store::items::grant::{grant_state_name, grant_state_of, held_by};
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
 use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
 use crate::store::tx::{Outcome, Parts, Write};
 
-use crate::store::items::grant::held_by;
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OPEN_UNKNOWN, SENT_MARKS, not_voided_since, sent_on,
     wake,

@@ -13,16 +13,14 @@
 use chrono::{DateTime, Duration, Utc};
 use futures::StreamExt;
 
-use crate::store::items::change::update;
+use crate::store::items::change::{change, update};
 use crate::store::items::query::partition;
-use crate::store::items::{Item, key, n, number, s};
+use crate::store::items::{Item, is_new, key, n, number, s};
 use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
 
 use crate::store::error::StoreError;
 use crate::store::handle::{DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store};
-use crate::store::items::change::change;
 use crate::store::items::expr::{all, eq};
-use crate::store::items::is_new;
 
 /// How long after a change of count the old partitions are first checked for empty.
 pub const DRAIN_GRACE: Duration = Duration::minutes(15);

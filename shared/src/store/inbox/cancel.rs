@@ -22,12 +22,11 @@ use crate::store::inbox::note::{
 };
 use crate::store::inbox::publish::ScheduledItem;
 use crate::store::items::change::{change, update};
-use crate::store::items::is_there;
 use crate::store::items::outbox::{
     CANCEL_REQUESTED, OutboxItem, is_note_update, note_push_told, note_request, versioned_put,
 };
 use crate::store::items::quota::wake_now;
-use crate::store::items::{key, n, parse, s, to_item};
+use crate::store::items::{is_there, key, n, parse, s, to_item};
 use crate::store::keys::{event_key, outbox_sk, scheduled_sk, user_pk};
 use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};

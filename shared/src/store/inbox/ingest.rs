@@ -11,7 +11,7 @@ use crate::store::handle::Store;
 use crate::store::items::change::{check, put};
 use crate::store::items::outbox::is_note_update;
 use crate::store::items::outcome::outcome_write;
-use crate::store::items::{key, parse, rfc3339, s, to_item};
+use crate::store::items::{is_new, key, parse, rfc3339, s, to_item};
 use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts};
 
@@ -20,7 +20,6 @@ use crate::store::keys::{event_key, legacy_event_sk, note_sk, user_pk};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::domain::inbox::{NotifyEvent, Push, PushReason, PushStatus, new_notification_id};
-use crate::store::items::is_new;
 
 use crate::store::inbox::note::{CANCEL_DONE, CANCEL_FIRST, EventItem, Ingested, NoteItem};
 use crate::store::inbox::publish::{PushPayload, ScheduledItem};

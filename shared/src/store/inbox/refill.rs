@@ -14,12 +14,11 @@ use crate::store::handle::Store;
 use crate::store::inbox::note::Ingested;
 use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
-use crate::store::items::parse;
 use crate::store::items::plan::PlanItem;
 use crate::store::items::quota::{
     OpenGrants, QuotaItemCounters, has_grant, not_voided_since, unrefused,
 };
-use crate::store::items::{n, rfc3339, s};
+use crate::store::items::{n, parse, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
 
 /// How publishing a refill notice ended.

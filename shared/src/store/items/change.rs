@@ -437,6 +437,16 @@ impl WriteOf<'_> {
             "an audited item's state moves in a transaction with its history entry: {:?}",
             self.key
         );
+        // Sent alone, a write answers only whether its guard held: no old item on
+        // failure, and a new one only from an update.
+        debug_assert!(
+            !self.old_on_failure,
+            "old_on_failure is a transaction's answer"
+        );
+        debug_assert!(
+            !new || matches!(self.action, Action::Update(_)),
+            "only an update answers the item it left"
+        );
         let guard = self.guard.as_ref();
         match self.action {
             Action::Update(change) => {

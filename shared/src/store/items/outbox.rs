@@ -11,12 +11,9 @@ use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
 use crate::store::error::StoreError;
-use crate::store::items::at_version;
-use crate::store::items::change::{change, update};
-use crate::store::items::change::{check, put};
+use crate::store::items::change::{change, check, put, update};
 use crate::store::items::expr::{Cond, eq};
-use crate::store::items::is_there;
-use crate::store::items::{key, n, rfc3339, s};
+use crate::store::items::{at_version, is_there, key, n, rfc3339, s};
 use crate::store::keys::{due_pk, note_sk, pending_sk};
 
 /// The outbox item of a push: what to send, and where it stands.

@@ -11,9 +11,8 @@ use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::reminders::{ReminderKind, Settings};
 use crate::store::error::{StoreError, corrupt};
 use crate::store::handle::Store;
-use crate::store::items::at_version;
 use crate::store::items::change::{check, put, versioned};
-use crate::store::items::{key, rfc3339};
+use crate::store::items::{at_version, key, rfc3339};
 use crate::store::keys::{due_pk, lease_pk, plan_sk};
 
 #[derive(Debug, Serialize, Deserialize)]

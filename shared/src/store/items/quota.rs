@@ -16,12 +16,9 @@ use crate::domain::reminders::ReminderKind;
 use crate::domain::{QuotaCounters, RequestId};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::change::check;
-use crate::store::items::change::{Change, Changing, change, update};
-use crate::store::items::expr::eq;
-use crate::store::items::expr::{Cmp, Cond, absent, compare, is_in};
-use crate::store::items::is_there;
-use crate::store::items::{key, n, rfc3339, s};
+use crate::store::items::change::{Change, Changing, change, check, update};
+use crate::store::items::expr::{Cmp, Cond, absent, compare, eq, is_in};
+use crate::store::items::{is_there, key, n, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
 
 /// The quota item's set of the request ids of its `available` grants: a claim picks

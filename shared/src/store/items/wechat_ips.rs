@@ -7,8 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::wechat_ips::WechatIps;
 use crate::store::error::{StoreError, corrupt};
-use crate::store::handle::Store;
-use crate::store::handle::StoredWechatIps;
+use crate::store::handle::{Store, StoredWechatIps};
 use crate::store::items::change::put;
 use crate::store::items::{parse, to_item};
 
