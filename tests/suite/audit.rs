@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use onegrant::store::audit::{HistoryItem, HistoryWindow, Line, UNATTRIBUTED, timeline};
+use onegrant::domain::audit::{HistoryWindow, Line, timeline};
+use onegrant::store::audit::{HistoryItem, UNATTRIBUTED};
 use onegrant_tests::{TestApp, User, WATER, attr_n, attr_s, spawn_pushing_app};
 use serde_json::json;
 
@@ -285,7 +286,7 @@ async fn an_operators_read_of_a_long_history_is_bounded_by_its_window() {
                 kind: "history".into(),
                 at: at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 cause: format!("report r{i}"),
-                changes: vec![onegrant::store::audit::Change {
+                changes: vec![onegrant::domain::audit::Change {
                     entity: "grant".into(),
                     sk: format!("GRANT#{WATER}#r{}", i / 2),
                     to: if i % 2 == 0 { "available" } else { "consumed" }.into(),
@@ -353,7 +354,7 @@ async fn an_operators_read_of_a_long_history_is_bounded_by_its_window() {
     let lines = timeline(&window.entries, Some(WATER), window.from_start);
     assert_eq!(
         lines[0].from.as_deref(),
-        Some(onegrant::store::audit::EARLIER)
+        Some(onegrant::domain::audit::EARLIER)
     );
     assert_eq!(lines[1].from.as_deref(), Some("available"), "{}", lines[1]);
     // The whole of it, when asked: from the first entry, every state known.

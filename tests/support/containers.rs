@@ -131,7 +131,7 @@ impl TestApp {
     pub async fn finalize_as(
         &self,
         claim: &onegrant::store::dispatch::Claim,
-        result: onegrant::domain::dispatch::SendResult,
+        result: onegrant::domain::settle::SendResult,
     ) -> onegrant::store::dispatch::Finalized {
         self.deps
             .store
@@ -147,11 +147,8 @@ impl TestApp {
         msgid: &str,
     ) -> onegrant::store::dispatch::Finalized {
         let msgid = Some(msgid.to_string());
-        self.finalize_as(
-            claim,
-            onegrant::domain::dispatch::SendResult::Sent { msgid },
-        )
-        .await
+        self.finalize_as(claim, onegrant::domain::settle::SendResult::Sent { msgid })
+            .await
     }
 
     /// Claims `item` as a dispatcher that then vanishes (a 10 s lease, no send, no

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
 use futures::stream::FuturesUnordered;
 use onegrant::Deps;
-use onegrant::domain::dispatch::OutcomeClass;
+use onegrant::domain::settle::OutcomeClass;
 use onegrant::store::StoreError;
 use onegrant::store::audit::attributed;
 use onegrant::store::dispatch::DueItem;

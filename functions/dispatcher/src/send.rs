@@ -8,9 +8,9 @@ use futures::FutureExt;
 use onegrant::Deps;
 use onegrant::domain::OpenId;
 use onegrant::domain::dispatch::claim::Tally;
-use onegrant::domain::dispatch::{OutcomeClass, SendResult};
 use onegrant::domain::keywords::fit_all;
 use onegrant::domain::reminders::ContentValues;
+use onegrant::domain::settle::{OutcomeClass, SendResult};
 use onegrant::store::StoreError;
 use onegrant::store::dispatch::{Claim, ClaimOutcome, ClaimSource, DueItem, Finalized};
 use onegrant::store::inbox::Published;
@@ -337,7 +337,7 @@ pub(crate) async fn dispatch_one(
 /// Keeps WeChat's definite answer on a delivery whose finalize did not land
 /// ([`onegrant::store::Store::keep_answer`]), trying a few times; a failure is logged.
 pub(crate) async fn keep_answer(deps: &Deps, claim: &Claim, result: &SendResult) {
-    if onegrant::domain::dispatch::KeptAnswer::of(result).is_none() {
+    if onegrant::domain::settle::KeptAnswer::of(result).is_none() {
         // An uncertain answer: nothing to keep; the sweep records it `unknown`.
         return;
     }

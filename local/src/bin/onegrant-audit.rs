@@ -13,8 +13,8 @@
 
 use anyhow::{Context, bail};
 use onegrant::domain::OpenId;
+use onegrant::domain::audit::{HistoryWindow, timeline};
 use onegrant::store::Store;
-use onegrant::store::audit::{HistoryWindow, timeline};
 
 const USAGE: &str = "usage: onegrant-audit <openid> [--template T] [--since D] [--limit N]";
 

@@ -223,7 +223,7 @@ impl Config {
         };
 
         // The retry policy's defaults are the domain's (one place for the numbers).
-        let retry = crate::domain::dispatch::RetryPolicy::default();
+        let retry = crate::domain::settle::RetryPolicy::default();
         let number =
             |name: &'static str, default: u64, range: std::ops::RangeInclusive<u64>| match lookup(
                 name,

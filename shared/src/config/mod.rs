@@ -192,8 +192,8 @@ pub struct DispatchConfig {
 
 impl DispatchConfig {
     /// How failed sends are retried.
-    pub fn retry_policy(&self) -> crate::domain::dispatch::RetryPolicy {
-        crate::domain::dispatch::RetryPolicy {
+    pub fn retry_policy(&self) -> crate::domain::settle::RetryPolicy {
+        crate::domain::settle::RetryPolicy {
             max_attempts: self.max_attempts,
             retry_base: self.retry_base,
         }

@@ -3,6 +3,7 @@
 //! Values from outside (request bodies, config, stored items) become these types at the
 //! edge, through `parse`/`TryFrom`, so the rest of the code never re-checks them.
 
+pub mod audit;
 pub mod callback;
 pub mod consent;
 pub mod dispatch;
@@ -17,6 +18,7 @@ pub mod publisher;
 pub mod rate;
 pub mod reconcile;
 pub mod reminders;
+pub mod settle;
 pub mod template;
 pub mod text;
 pub mod wechat_ips;

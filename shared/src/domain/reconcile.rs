@@ -25,8 +25,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use crate::domain::dispatch::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
 use crate::domain::grants::GrantState;
+use crate::domain::settle::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
 
 /// How long after a send WeChat's sent event may arrive and still settle it. WeChat
 /// pushes within seconds and retries an unanswered push three times, 5 s apart.
@@ -208,7 +208,7 @@ pub fn tap_is_stale(mark: &Mark, now: DateTime<Utc>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::dispatch::FollowUp;
+    use crate::domain::settle::FollowUp;
 
     fn mark(at: i64, id: &str) -> Mark {
         Mark {

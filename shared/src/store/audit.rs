@@ -19,13 +19,14 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::audit::{Change, Entry, HistoryWindow};
 use crate::store::error::{StoreError, corrupt};
 use crate::store::items::change::put;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::write::Write;
 use crate::store::items::{is_new, s};
 use crate::store::keys::{
-    DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
+    DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX, template_of_grant,
 };
 
 tokio::task_local! {
@@ -50,27 +51,6 @@ pub const UNATTRIBUTED: &str = "unattributed";
 /// The sort key prefix of history entries.
 pub const HISTORY_PREFIX: &str = "HIST#";
 
-/// One grant, delivery or plan as a transaction leaves it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Change {
-    /// `grant`, `delivery`, `plan` or `push`.
-    pub entity: String,
-    /// The item's sort key (`GRANT#<template>#<request_id>`, `DELIVERY#<id>`,
-    /// `PLAN#<kind>`).
-    pub sk: String,
-    /// Its state after the change (a refusal's result for a refusal recorded).
-    pub to: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub msgid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub errcode: Option<i64>,
-    /// The outcome class of a settled delivery, or a paused plan's reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
 /// One history entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryItem {
@@ -81,6 +61,20 @@ pub struct HistoryItem {
     pub cause: String,
     pub changes: Vec<Change>,
     pub expires_at: i64,
+}
+
+impl Entry for HistoryItem {
+    fn at(&self) -> &str {
+        &self.at
+    }
+
+    fn cause(&self) -> &str {
+        &self.cause
+    }
+
+    fn changes(&self) -> &[Change] {
+        &self.changes
+    }
 }
 
 fn text(item: &HashMap<String, AttributeValue>, name: &str) -> Option<String> {
@@ -274,118 +268,11 @@ mod tests {
     }
 }
 
-/// One line of a user's timeline: a change with where the entity came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Line {
-    pub at: String,
-    pub cause: String,
-    pub entity: String,
-    pub sk: String,
-    pub template_id: Option<String>,
-    /// The entity's state before (its previous entry); `None` when this created it.
-    pub from: Option<String>,
-    pub to: String,
-    pub msgid: Option<String>,
-    pub errcode: Option<i64>,
-    pub reason: Option<String>,
-}
-
-impl std::fmt::Display for Line {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}  {:<34}  {:<8} {:<40} {} → {}",
-            self.at,
-            self.cause,
-            self.entity,
-            self.sk,
-            self.from.as_deref().unwrap_or("(new)"),
-            self.to
-        )?;
-        if let Some(template) = &self.template_id {
-            write!(f, "  template {template}")?;
-        }
-        if let Some(reason) = &self.reason {
-            write!(f, "  ({reason})")?;
-        }
-        if let Some(msgid) = &self.msgid {
-            write!(f, "  msgid {msgid}")?;
-        }
-        if let Some(errcode) = self.errcode {
-            write!(f, "  errcode {errcode}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The template of a change: its own, or the one its grant's key names.
-fn template_of(change: &Change) -> Option<String> {
-    change.template_id.clone().or_else(|| {
-        change
-            .sk
-            .strip_prefix(GRANT_PREFIX)
-            .and_then(|rest| rest.split('#').next())
-            .map(str::to_string)
-    })
-}
-
-/// What an entity's first change in a window read left, when the window does not
-/// start at the user's first entry: unknown here.
-pub const EARLIER: &str = "…";
-
-/// A user's history entries, oldest first, as timeline lines: each change with the
-/// state it left, those of `template` only (all when `None`). `from_start`: the entries
-/// begin with the user's first; otherwise an entity's first change in them left a
-/// state read earlier ([`EARLIER`]).
-pub fn timeline(entries: &[HistoryItem], template: Option<&str>, from_start: bool) -> Vec<Line> {
-    let mut last: HashMap<String, String> = HashMap::new();
-    // An update names no template: the entity's earlier entry (its creation) did.
-    let mut templates: HashMap<String, String> = HashMap::new();
-    let mut lines = Vec::new();
-    for entry in entries {
-        for change in &entry.changes {
-            let from = last
-                .insert(change.sk.clone(), change.to.clone())
-                .or_else(|| (!from_start).then(|| EARLIER.to_string()));
-            let template_id = template_of(change).or_else(|| templates.get(&change.sk).cloned());
-            if let Some(template) = &template_id {
-                templates.insert(change.sk.clone(), template.clone());
-            }
-            if template.is_some_and(|t| template_id.as_deref() != Some(t)) {
-                continue;
-            }
-            lines.push(Line {
-                at: entry.at.clone(),
-                cause: entry.cause.clone(),
-                entity: change.entity.clone(),
-                sk: change.sk.clone(),
-                template_id,
-                from,
-                to: change.to.clone(),
-                msgid: change.msgid.clone(),
-                errcode: change.errcode,
-                reason: change.reason.clone(),
-            });
-        }
-    }
-    lines
-}
-
-/// Which part of a user's history an operator reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HistoryWindow {
-    /// From this instant on, oldest first (in the key condition: nothing earlier is
-    /// read); `None`: the newest entries.
-    pub since: Option<DateTime<Utc>>,
-    /// Most entries read.
-    pub limit: usize,
-}
-
 /// A window of a user's history, oldest first.
 #[derive(Debug, Clone, Default)]
 pub struct HistoryRead {
     pub entries: Vec<HistoryItem>,
-    /// The entries begin with the user's first (for [`timeline`]).
+    /// The entries begin with the user's first (for `domain::audit::timeline`).
     pub from_start: bool,
     /// Entries past the limit were left unread.
     pub more: bool,
@@ -434,7 +321,15 @@ impl crate::store::handle::Store {
                     more = true;
                     break;
                 }
-                entries.push(serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?);
+                let mut entry: HistoryItem =
+                    serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?;
+                // An entry written before changes named their grant's template.
+                for change in &mut entry.changes {
+                    if change.template_id.is_none() {
+                        change.template_id = template_of_grant(&change.sk);
+                    }
+                }
+                entries.push(entry);
             }
             match page.last_evaluated_key {
                 Some(key) if !more && entries.len() < limit + 1 => start = Some(key),

@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 
 use crate::config::Limits;
-use crate::domain::dispatch::RetryPolicy;
 use crate::domain::reminders::ReminderKinds;
+use crate::domain::settle::RetryPolicy;
 use crate::domain::wechat_ips::WechatIps;
 
 /// The single-table store. Cheap to clone.

@@ -85,6 +85,12 @@ pub fn request_id_of_grant(sk: &str) -> Option<RequestId> {
     RequestId::parse(request).ok()
 }
 
+/// The template a grant's sort key names.
+pub fn template_of_grant(sk: &str) -> Option<String> {
+    let rest = sk.strip_prefix(GRANT_PREFIX)?;
+    rest.split('#').next().map(str::to_string)
+}
+
 /// A user's plan for one reminder kind.
 pub fn plan_sk(kind: &KindName) -> String {
     format!("{PLAN_PREFIX}{kind}")
@@ -101,7 +107,7 @@ pub fn rate_sk(minute: i64) -> String {
 /// template as one key range (`domain::dispatch::priority::at_grant_due`).
 pub fn pending_sk(
     template: &str,
-    priority: crate::domain::inbox::schedule::Priority,
+    priority: crate::domain::template::Priority,
     note_id: &str,
 ) -> String {
     format!(

@@ -12,7 +12,7 @@ use crate::store::error::{StoreError, corrupt};
 use crate::store::handle::Store;
 use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{all, is_in};
-use crate::store::items::grant::{GrantItem, grant_in, grant_state_name};
+use crate::store::items::grant::{GrantItem, grant_in};
 use crate::store::items::query::{Range, partition};
 use crate::store::items::quota::{
     OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters, count_is,
@@ -47,11 +47,15 @@ impl Store {
         template: &crate::domain::TemplateId,
         states: &[GrantState],
     ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
-        let first = grant_state_name(states.first().copied().unwrap_or(GrantState::Available));
+        let first = states
+            .first()
+            .copied()
+            .unwrap_or(GrantState::Available)
+            .as_str();
         let second = states
             .get(1)
             .copied()
-            .map(grant_state_name)
+            .map(GrantState::as_str)
             .unwrap_or(first);
         partition("pk", s(pk))
             .range("sk", Range::Prefix(format!("{GRANT_PREFIX}{template}#")))
@@ -176,7 +180,7 @@ impl Store {
                     GrantState::Consumed | GrantState::Invalid => continue,
                 }
                 let voided = change()
-                    .set("state", s(grant_state_name(GrantState::Invalid)))
+                    .set("state", s(GrantState::Invalid.as_str()))
                     .set("updated_at", s(rfc3339(now)))
                     .plus("version", 1)
                     .set(

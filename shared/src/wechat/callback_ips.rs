@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::{WechatClient, WechatError};
-use crate::domain::dispatch::TOKEN_ERRCODES;
+use crate::domain::settle::TOKEN_ERRCODES;
 
 #[derive(Deserialize)]
 struct IpsAnswer {

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use crate::clock::Clock;
 use crate::domain::OpenId;
-use crate::domain::dispatch::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
+use crate::domain::settle::{CONCURRENT_SEND_ERRCODE, SendResult, TOKEN_ERRCODES};
 use crate::secrets::Secret;
 
 /// Login codes WeChat refused: invalid or expired (40029), already used (40163),

@@ -817,7 +817,7 @@ async fn a_late_answer_failing_after_its_settlement_is_finished_by_the_next_try(
     let user = due_user(&app, "late-refused", 2).await;
     let now = app.now();
     let claim = app.claim_and_sweep(now).await;
-    let refused = || onegrant::domain::dispatch::SendResult::Refused {
+    let refused = || onegrant::domain::settle::SendResult::Refused {
         errcode: 43101,
         errmsg: "user refuse to accept the msg".into(),
     };

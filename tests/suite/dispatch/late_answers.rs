@@ -60,7 +60,7 @@ async fn a_late_answer_never_recreates_a_notification_its_retention_removed() {
     let finalized = app
         .finalize_as(
             &claim,
-            onegrant::domain::dispatch::SendResult::Sent {
+            onegrant::domain::settle::SendResult::Sent {
                 msgid: Some("3141592653589793238".into()),
             },
         )
@@ -73,8 +73,8 @@ async fn a_late_answer_never_recreates_a_notification_its_retention_removed() {
 }
 
 /// WeChat's -1: busy, not sent.
-fn busy() -> onegrant::domain::dispatch::SendResult {
-    onegrant::domain::dispatch::SendResult::Refused {
+fn busy() -> onegrant::domain::settle::SendResult {
+    onegrant::domain::settle::SendResult::Refused {
         errcode: -1,
         errmsg: "system error".into(),
     }

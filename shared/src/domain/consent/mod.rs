@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::grants::SubscribeResult;
-
 pub mod standing;
 
 /// Why a plan is paused.
@@ -127,6 +125,30 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The refusal as a plan stores it while a send is in flight.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Ban => "ban",
+            Self::AlwaysReject => "always_reject",
+            Self::AlwaysBan => "always_ban",
+            Self::MainSwitchOff => "main_switch_off",
+        }
+    }
+
+    /// A refusal as a plan stores it, read back.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Self::Reject,
+            Self::Ban,
+            Self::AlwaysReject,
+            Self::AlwaysBan,
+            Self::MainSwitchOff,
+        ]
+        .into_iter()
+        .find(|refusal| refusal.as_str() == name)
+    }
+
     /// The pause it makes.
     pub fn reason(self) -> PauseReason {
         match self {
@@ -176,18 +198,6 @@ impl Refusal {
             self
         } else {
             next
-        }
-    }
-
-    /// The refusal a subscription result makes, if any.
-    pub fn of(result: SubscribeResult) -> Option<Self> {
-        match result {
-            SubscribeResult::Reject => Some(Self::Reject),
-            SubscribeResult::Ban => Some(Self::Ban),
-            SubscribeResult::Accept
-            | SubscribeResult::AcceptWithAudio
-            | SubscribeResult::AcceptWithAlert
-            | SubscribeResult::Filter => None,
         }
     }
 }

@@ -25,7 +25,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::inbox::preferences::{Gate, Preferences, gate};
-use crate::domain::inbox::schedule::Priority;
+use crate::domain::template::Priority;
 
 /// The most pushes of one template that wait for a grant per user: the quota item
 /// every claim reads lists them, so its size (and each claim's read) stays bounded. A

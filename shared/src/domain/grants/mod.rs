@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::consent::Refusal;
 use crate::domain::consent::standing::Standing;
 use crate::domain::ids::{IdError, RequestId, TemplateId};
 use crate::domain::template::Templates;
@@ -38,6 +39,15 @@ pub enum SubscribeResult {
 }
 
 impl SubscribeResult {
+    /// The refusal the result makes, if any.
+    pub fn refusal(self) -> Option<Refusal> {
+        match self {
+            Self::Reject => Some(Refusal::Reject),
+            Self::Ban => Some(Refusal::Ban),
+            Self::Accept | Self::AcceptWithAudio | Self::AcceptWithAlert | Self::Filter => None,
+        }
+    }
+
     pub fn parse(value: &str) -> Option<Self> {
         Some(match value {
             "accept" => Self::Accept,
@@ -86,6 +96,30 @@ pub enum GrantState {
     Reserved,
     Consumed,
     Invalid,
+}
+
+impl GrantState {
+    /// The state as the ledger stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Reserved => "reserved",
+            Self::Consumed => "consumed",
+            Self::Invalid => "invalid",
+        }
+    }
+
+    /// A state as the ledger stores it, read back.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Self::Available,
+            Self::Reserved,
+            Self::Consumed,
+            Self::Invalid,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == name)
+    }
 }
 
 /// The status shown for one entry of a grant report: the grant's state, or

@@ -4,9 +4,10 @@
 
 use serde_json::Value;
 
-use crate::domain::dispatch::OutboxState;
 use crate::domain::ids::OpenId;
-use crate::domain::inbox::{EventError, MAX_KEY_CHARS, PushStatus, is_publisher};
+use crate::domain::inbox::error::EventError;
+use crate::domain::inbox::{MAX_KEY_CHARS, PushStatus, is_publisher};
+use crate::domain::settle::OutboxState;
 
 /// A validated `onegrant.cancel` event.
 #[derive(Debug, Clone, PartialEq, Eq)]

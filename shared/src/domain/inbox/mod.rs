@@ -11,18 +11,20 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::domain::dispatch::{OutboxState, OutcomeClass, SendResult};
 use crate::domain::ids::{OpenId, TemplateId};
 use crate::domain::keywords::{KeywordError, fit_all};
+use crate::domain::settle::{OutboxState, OutcomeClass, SendResult};
 use crate::domain::template::Templates;
 use crate::domain::text::{clean_line, clean_lines};
 
 pub mod cancel;
+pub mod error;
 pub mod pending;
 pub mod preferences;
 pub mod refill;
 pub mod schedule;
 
+use error::EventError;
 use schedule::Timing;
 
 /// Limits on what a publishing service may put in a notification.
@@ -226,13 +228,6 @@ impl PushReason {
             SendResult::Invalid { .. } => Self::InvalidContent,
         })
     }
-}
-
-/// Why an event cannot become a notification at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EventError {
-    #[error("{0}")]
-    Shape(String),
 }
 
 /// The WeChat push an event asks for, validated against the templates.

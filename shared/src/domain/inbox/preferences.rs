@@ -9,8 +9,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::inbox::schedule::Priority;
 use crate::domain::reminders::schedule::{ScheduleError, TimeOfDay, Timezone, local_instant_after};
+use crate::domain::template::Priority;
 
 /// Most notification types a user may mute.
 pub const MAX_MUTED_TYPES: usize = 20;

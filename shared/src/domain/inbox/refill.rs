@@ -16,10 +16,11 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::grants::QuotaCounters;
 use crate::domain::ids::OpenId;
-use crate::domain::inbox::schedule::{Priority, Timing};
+use crate::domain::inbox::schedule::Timing;
 use crate::domain::inbox::{NotifyEvent, Push};
 use crate::domain::keywords::{KeywordError, fit};
 use crate::domain::reminders::schedule::Timezone;
+use crate::domain::template::Priority;
 use crate::domain::template::{KeywordType, TemplateDef};
 
 /// The publisher of refill notices (their idempotency keys are its own).

@@ -7,10 +7,10 @@
 //! `expired` and spends no grant. Pure: the caller passes `now`.
 
 use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::inbox::EventError;
+use crate::domain::inbox::error::EventError;
+use crate::domain::template::Priority;
 
 /// How far ahead a notification may be scheduled.
 pub const MAX_AHEAD: Duration = Duration::days(30);
@@ -22,32 +22,6 @@ pub const MAX_AHEAD: Duration = Duration::days(30);
 /// after the push's last moment ([`Timing::send_by`]) when that is later than the
 /// replay window.
 pub const MAX_WAIT: Duration = Duration::days(30);
-
-/// How much a push matters when it competes (quiet hours, scarce grants).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    Low,
-    #[default]
-    Normal,
-    High,
-}
-
-impl Priority {
-    pub const ALL: [Self; 3] = [Self::High, Self::Normal, Self::Low];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::High => "high",
-            Self::Normal => "normal",
-            Self::Low => "low",
-        }
-    }
-
-    pub fn parse(value: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == value)
-    }
-}
 
 /// A notify event's timing, validated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -34,7 +34,7 @@ fn an_event_with_a_valid_push_is_ready_and_a_bad_push_is_rejected_but_kept() {
 
 #[test]
 fn an_event_naming_no_priority_takes_its_templates_and_keeps_its_fingerprint() {
-    use crate::domain::inbox::schedule::Priority;
+    use crate::domain::template::Priority;
     let urgent = Templates::from_json(
         r#"[{"id":"T","title":"t","keywords":[{"key":"phrase1"},{"key":"thing2"}],"priority":"high"}]"#,
     )

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::domain::consent::{GrantOnHand, Refusal};
+use crate::domain::consent::GrantOnHand;
 use crate::domain::grants::{QuotaCounters, SubscribeResult};
 use crate::domain::ids::RequestId;
 use crate::domain::reminders::CheckIn;
@@ -117,7 +117,7 @@ pub fn decide(
     // pauses: one the ledger holds already took effect when it was first recorded (a
     // replay changes nothing, I3).
     plan.check_in(GrantOnHand::of(new_grant, counters.available > 0), due)?;
-    if let Some(refusal) = recorded.and_then(Refusal::of) {
+    if let Some(refusal) = recorded.and_then(SubscribeResult::refusal) {
         plan.refuse(refusal)?;
     }
     plan.last_checkin_at = Some(anchor.max(plan.last_checkin_at.unwrap_or(anchor)));

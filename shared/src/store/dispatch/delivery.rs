@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::dispatch::delivery::{Delivery, Guard};
-use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::Plan;
+use crate::domain::settle::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::expr::{Cond, absent, all, eq, exists, is_in};

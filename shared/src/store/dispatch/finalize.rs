@@ -33,7 +33,7 @@ use crate::store::dispatch::delivery::describe;
 use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::dispatch::delivery::Moved;
-use crate::domain::dispatch::{FollowUp, OutboxState, SendResult, Settlement, release, settle};
+use crate::domain::settle::{FollowUp, OutboxState, SendResult, Settlement, release, settle};
 
 /// How a finalize ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

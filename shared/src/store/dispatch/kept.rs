@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::delivery::Guard;
-use crate::domain::dispatch::{KeptAnswer, SendResult};
+use crate::domain::settle::{KeptAnswer, SendResult};
 use crate::store::dispatch::claimed::Claim;
 use crate::store::dispatch::delivery::admitted_by;
 use crate::store::error::StoreError;

@@ -55,7 +55,7 @@ impl Store {
         let mut items = vec![off];
         // It stops there for good (until an operator acts): the audit trail says so.
         if self.limits.audit {
-            let change = crate::store::audit::Change {
+            let change = crate::domain::audit::Change {
                 entity: crate::store::audit::entity_name(sk).to_string(),
                 sk: sk.to_string(),
                 to: "quarantined".into(),

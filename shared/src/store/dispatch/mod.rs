@@ -8,7 +8,7 @@
 //!   per-openid turn and an access token are in hand, so a delivery is `sending` only
 //!   while its POST can actually be in flight.
 //! - [`finalize`]: one transaction, conditional on the delivery still being this
-//!   claimer's, writes what [`settle`](crate::domain::dispatch::settle) decided for the
+//!   claimer's, writes what [`settle`](crate::domain::settle::settle) decided for the
 //!   delivery, the grant (fenced: only the delivery that reserved it moves it) and the
 //!   claimed item. If the item moved on meanwhile (a check-in, a refusal), the item is
 //!   re-read and advanced on its own; should that second write be lost (a crash), the

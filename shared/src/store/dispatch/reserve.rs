@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::DeliveryState;
 use crate::domain::dispatch::cap::Counted;
 use crate::domain::grants::open::{
     GrantPick, OpenGrantIds, PickFrom, SetFix, pick, pick_from_ledger,
 };
+use crate::domain::settle::DeliveryState;
 use crate::domain::{GrantState, QuotaCounters, RequestId, TemplateId};
 use crate::store::dispatch::delivery::DeliveryItem;
 use crate::store::dispatch::due::DueItem;
@@ -19,7 +19,7 @@ use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{Change, change, put, update};
 use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
-use crate::store::items::grant::{GrantItem, grant_in, grant_state_name};
+use crate::store::items::grant::{GrantItem, grant_in};
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, WAITING, has_grant, sent_on,
     under_daily_cap, unrefused,
@@ -75,7 +75,7 @@ impl Store {
             &self.table,
             key(&item.pk, &grant.sk),
             change()
-                .set("state", s(grant_state_name(GrantState::Reserved)))
+                .set("state", s(GrantState::Reserved.as_str()))
                 .set("delivery_id", s(delivery_id))
                 .set("updated_at", s(rfc3339(now)))
                 .plus("version", 1),
@@ -228,7 +228,7 @@ impl Store {
         let mut groups: BTreeMap<(bool, &'static str), Vec<SetFix>> = BTreeMap::new();
         for fix in fixes {
             groups
-                .entry((fix.add, grant_state_name(fix.state)))
+                .entry((fix.add, fix.state.as_str()))
                 .or_default()
                 .push(fix);
         }

@@ -19,7 +19,7 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::callback::SentItem;
-use crate::domain::dispatch::{DeliveryState, SendResult};
+use crate::domain::settle::{DeliveryState, SendResult};
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::store::dispatch::finalize::SourceRef;
 use crate::store::error::StoreError;

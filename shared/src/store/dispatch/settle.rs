@@ -5,13 +5,13 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::delivery::{GrantSeen, Guard, Marks, Writer, regrant};
-use crate::domain::dispatch::{DeliveryState, OutcomeClass};
+use crate::domain::settle::{DeliveryState, OutcomeClass};
 use crate::domain::{GrantState, TemplateId};
 use crate::store::dispatch::delivery::{DeliveryItem, admitted_by};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
-use crate::store::items::grant::{grant_state_name, grant_state_of, held_by};
+use crate::store::items::grant::held_by;
 use crate::store::items::{Item, key, n, parse, rfc3339, s, text};
 use crate::store::keys::{delivery_sk, lease_pk, quota_sk, request_id_of_grant};
 use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
@@ -178,7 +178,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Write, StoreError> {
         let moved = change()
-            .set("state", s(grant_state_name(grant.to)))
+            .set("state", s(grant.to.as_str()))
             .set("updated_at", s(rfc3339(now)))
             .plus("version", 1);
         let expires = || n((now + self.limits.retention.grants).timestamp());
@@ -236,8 +236,8 @@ impl Store {
                 .ok_or_else(|| StoreError::Corrupt(format!("grant key {}", grant.sk)))?;
             let id = || AttributeValue::Ss(vec![request.to_string()]);
             counters = counters
-                .add(grant_state_name(grant.from), n(-1))
-                .add(grant_state_name(grant.to), n(1));
+                .add(grant.from.as_str(), n(-1))
+                .add(grant.to.as_str(), n(1));
             if grant.from == GrantState::Reserved {
                 counters = counters.delete(OPEN_RESERVED, id());
             }
@@ -403,7 +403,7 @@ pub(crate) fn grant_retry<'a>(
 ) -> Option<GrantMove<'a>> {
     let now = now?;
     let seen = GrantSeen {
-        state: text(&now, "state").and_then(grant_state_of),
+        state: text(&now, "state").and_then(GrantState::parse),
         delivery_id: text(&now, "delivery_id").map(str::to_string),
         voided_by_sweep: text(&now, "void_reason") == Some(SWEEP_VOID),
     };

@@ -20,7 +20,7 @@ use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled
 
 use crate::domain::dispatch::delivery::{AtLeaseEnd, PlanLearns};
 use crate::domain::dispatch::sweep::{Disposition, StepEnd, disposition, quarantined_after};
-use crate::domain::dispatch::{DeliveryState, OutboxState, OutcomeClass, settle};
+use crate::domain::settle::{DeliveryState, OutboxState, OutcomeClass, settle};
 
 /// At most this many lease-index entries per shard are handled in one sweep; the rest
 /// wait for the next tick (a sweep's work is bounded whatever the backlog).
@@ -367,7 +367,7 @@ impl Store {
         pk: &str,
         kind: &ReminderKind,
         delivery_id: &str,
-        settlement: &crate::domain::dispatch::Settlement,
+        settlement: &crate::domain::settle::Settlement,
         now: DateTime<Utc>,
     ) -> Result<Option<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
         let read = self.read(pk, kind, None).await?;
@@ -439,7 +439,7 @@ impl Store {
                 return Ok(Step::Later(format!("{sk}: its delivery is still live")));
             }
             // Given back unsent: due again at its own instant, no attempt spent.
-            PlanLearns::Released { due_at } => crate::domain::dispatch::release(
+            PlanLearns::Released { due_at } => crate::domain::settle::release(
                 plan.attempts,
                 DateTime::from_timestamp_millis(due_at).unwrap_or(now),
             ),

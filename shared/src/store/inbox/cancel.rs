@@ -12,9 +12,9 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::{CancelDecision, CancelEvent, PushFound, decide};
+use crate::domain::settle::OutboxState;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::inbox::note::{

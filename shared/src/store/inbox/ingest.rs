@@ -5,7 +5,8 @@
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::domain::inbox::schedule::{Priority, is_expired};
+use crate::domain::inbox::schedule::is_expired;
+use crate::domain::template::Priority;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{check, put};

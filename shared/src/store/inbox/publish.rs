@@ -15,10 +15,11 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::PushStatus;
 use crate::domain::inbox::cancel::PushFound;
-use crate::domain::inbox::schedule::{Priority, is_expired};
+use crate::domain::inbox::schedule::is_expired;
+use crate::domain::settle::OutboxState;
+use crate::domain::template::Priority;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::inbox::note::{NoteItem, UnreadItem};

@@ -11,7 +11,7 @@ use crate::store::keys::grant_sk;
 
 /// The grant is in `state`.
 pub(crate) fn grant_in(state: GrantState) -> Cond {
-    eq("state", s(grant_state_name(state)))
+    eq("state", s(state.as_str()))
 }
 
 /// The grant is in `from` and names `delivery_id` (fenced: only the delivery that
@@ -79,25 +79,4 @@ impl GrantItem {
             status: self.state.into(),
         }
     }
-}
-
-/// A grant state as the ledger stores it.
-pub(crate) fn grant_state_name(state: GrantState) -> &'static str {
-    match state {
-        GrantState::Available => "available",
-        GrantState::Reserved => "reserved",
-        GrantState::Consumed => "consumed",
-        GrantState::Invalid => "invalid",
-    }
-}
-
-/// A grant state as the ledger stores it, read back.
-pub(crate) fn grant_state_of(name: &str) -> Option<GrantState> {
-    Some(match name {
-        "available" => GrantState::Available,
-        "reserved" => GrantState::Reserved,
-        "consumed" => GrantState::Consumed,
-        "invalid" => GrantState::Invalid,
-        _ => return None,
-    })
 }

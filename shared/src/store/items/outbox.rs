@@ -7,9 +7,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::dispatch::OutboxState;
-use crate::domain::inbox::schedule::Priority;
 use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::settle::OutboxState;
+use crate::domain::template::Priority;
 use crate::store::error::StoreError;
 use crate::store::items::change::{change, check, put, update};
 use crate::store::items::expr::{Cond, eq};

@@ -66,27 +66,6 @@ pub(crate) struct PlanItem {
     pub(crate) updated_at: String,
 }
 
-fn refusal_name(refusal: Refusal) -> &'static str {
-    match refusal {
-        Refusal::Reject => "reject",
-        Refusal::Ban => "ban",
-        Refusal::AlwaysReject => "always_reject",
-        Refusal::AlwaysBan => "always_ban",
-        Refusal::MainSwitchOff => "main_switch_off",
-    }
-}
-
-fn parse_refusal(name: &str) -> Option<Refusal> {
-    match name {
-        "reject" => Some(Refusal::Reject),
-        "ban" => Some(Refusal::Ban),
-        "always_reject" => Some(Refusal::AlwaysReject),
-        "always_ban" => Some(Refusal::AlwaysBan),
-        "main_switch_off" => Some(Refusal::MainSwitchOff),
-        _ => None,
-    }
-}
-
 fn millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("bad instant {ms}")))
@@ -141,7 +120,7 @@ impl PlanItem {
             // is off (applied when it is turned on).
             pending_refusal: match plan.status {
                 PlanStatus::Sending | PlanStatus::Disabled => {
-                    plan.pending_refusal.map(|r| refusal_name(r).to_string())
+                    plan.pending_refusal.map(|r| r.as_str().to_string())
                 }
                 PlanStatus::Scheduled { .. }
                 | PlanStatus::AwaitingCheckin
@@ -208,7 +187,7 @@ impl PlanItem {
             lease_until: self.lease_until.map(millis).transpose()?,
             pending_refusal: match self.pending_refusal.as_deref() {
                 None => None,
-                Some(name) => Some(parse_refusal(name).ok_or_else(|| bad("pending_refusal"))?),
+                Some(name) => Some(Refusal::parse(name).ok_or_else(|| bad("pending_refusal"))?),
             },
             checked_in_while_sending: self.checked_in_while_sending,
             accepted_while_sending: self.accepted_while_sending,

@@ -18,8 +18,9 @@ use crate::domain::dispatch::priority::{
 };
 use crate::domain::inbox::cancel::Requested;
 use crate::domain::inbox::preferences::{Gate, Preferences, gate};
-use crate::domain::inbox::schedule::{Priority, is_expired};
+use crate::domain::inbox::schedule::is_expired;
 use crate::domain::reminders::schedule::Timezone;
+use crate::domain::template::Priority;
 
 /// What a claim is decided on, as read.
 #[derive(Debug, Clone)]

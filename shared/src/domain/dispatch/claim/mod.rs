@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use crate::domain::dispatch::OutboxState;
+use crate::domain::settle::OutboxState;
 
 mod decide;
 mod unsent;

@@ -4,8 +4,8 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::OutboxState;
 use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::settle::OutboxState;
 
 /// Why a due item is not sent now. Nothing is sent and no grant is spent, whatever the
 /// reason; a push that stays `pending` is due again ([`Unsent::due_again`]).

@@ -7,9 +7,9 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::dispatch::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 use crate::domain::grants::GrantState;
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
+use crate::domain::settle::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
 
 /// A delivery as read.
 #[derive(Debug, Clone, PartialEq, Eq)]

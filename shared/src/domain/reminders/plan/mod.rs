@@ -11,10 +11,10 @@ use serde::Serialize;
 
 use crate::domain::consent::standing::Standing;
 use crate::domain::consent::{GrantOnHand, PauseReason, Refusal};
-use crate::domain::dispatch::{FollowUp, Settlement};
 use crate::domain::grants::SubscribeResult;
 use crate::domain::ids::TemplateId;
 use crate::domain::reminders::{KindName, ReminderKind, Settings};
+use crate::domain::settle::{FollowUp, Settlement};
 
 mod status;
 
@@ -246,7 +246,7 @@ impl Plan {
             let anchor = self.last_checkin_at.unwrap_or(now);
             return self.accepted(self.next_due(anchor, self.settings.daily_goal, now));
         }
-        match Refusal::of(result) {
+        match result.refusal() {
             Some(refusal) => self.refuse(refusal),
             None => Ok(()),
         }

@@ -266,19 +266,19 @@ fn a_refusal_during_a_send_pauses_the_plan_when_the_send_ends() {
 
 #[test]
 fn a_late_answer_moves_a_plan_paused_uncertain_by_its_own_delivery_only() {
-    let policy = crate::domain::dispatch::RetryPolicy {
+    let policy = crate::domain::settle::RetryPolicy {
         max_attempts: 3,
         retry_base: std::time::Duration::from_secs(60),
     };
-    let sent = crate::domain::dispatch::settle(
-        crate::domain::dispatch::OutcomeClass::Sent,
+    let sent = crate::domain::settle::settle(
+        crate::domain::settle::OutcomeClass::Sent,
         Some(0),
         0,
         &policy,
         at(50),
     );
-    let swept = crate::domain::dispatch::settle(
-        crate::domain::dispatch::OutcomeClass::Unknown,
+    let swept = crate::domain::settle::settle(
+        crate::domain::settle::OutcomeClass::Unknown,
         None,
         0,
         &policy,

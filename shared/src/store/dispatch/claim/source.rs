@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::claimable::{Claimable, Sourced};
-use crate::domain::dispatch::OutboxState;
+use crate::domain::settle::OutboxState;
 use crate::store::dispatch::claimed::{ClaimSource, OutboxClaim};
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
