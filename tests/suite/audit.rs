@@ -107,7 +107,8 @@ async fn a_users_timeline_tells_every_step_with_its_cause_and_always_matches_the
     )
     .await;
     app.make_due(&user, "water", app.now()).await;
-    assert_eq!(app.tick(20).await.claimed, 1);
+    let ticked = app.tick(20).await;
+    assert_eq!(ticked.claimed, 1, "{ticked:?}");
     let mut settled = false;
     for _ in 0..100 {
         let delivery = app.items_of(&user, "delivery").await;

@@ -23,11 +23,9 @@ use crate::domain::audit::{Change, Entry, HistoryWindow};
 use crate::store::error::{StoreError, corrupt};
 use crate::store::items::change::put;
 use crate::store::items::query::{Range, partition};
-use crate::store::items::write::Write;
+use crate::store::items::write::{Write, audited};
 use crate::store::items::{is_new, s};
-use crate::store::keys::{
-    DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX, template_of_grant,
-};
+use crate::store::keys::template_of_grant;
 
 tokio::task_local! {
     static CAUSE: String;
@@ -85,22 +83,6 @@ fn text(item: &HashMap<String, AttributeValue>, name: &str) -> Option<String> {
     }
 }
 
-fn entity_of(sk: &str) -> Option<&'static str> {
-    if sk.starts_with(GRANT_PREFIX) {
-        Some("grant")
-    } else if sk.starts_with(DELIVERY_PREFIX) {
-        Some("delivery")
-    } else if sk.starts_with(PLAN_PREFIX) {
-        Some("plan")
-    } else if sk.starts_with(OUTBOX_PREFIX) || sk.starts_with(SCHEDULED_PREFIX) {
-        // A notification's push, in the outbox or waiting with its scheduled
-        // notification: every status it takes has its cause too.
-        Some("push")
-    } else {
-        None
-    }
-}
-
 /// The grants, deliveries and plans `writes` leave changed, as they declare it (a put:
 /// its item; an update: the values its change sets), and the partition they are in (a
 /// history entry goes to the user's partition).
@@ -119,7 +101,7 @@ pub(crate) fn changes_of(writes: &[Write]) -> (Option<String>, Vec<Change>) {
                 continue;
             }
         }
-        let Some(entity) = entity_of(sk) else {
+        let Some(entity) = audited(sk) else {
             continue;
         };
         // A change is a new state; an update that leaves the state alone (a count, a
@@ -187,7 +169,7 @@ pub fn entry(
 
 /// The entity an item's sort key names, for a change recorded by hand.
 pub fn entity_name(sk: &str) -> &'static str {
-    entity_of(sk).unwrap_or("push")
+    audited(sk).unwrap_or("push")
 }
 
 /// `writes` as DynamoDB takes them, with the history entry they call for appended (a
@@ -306,11 +288,7 @@ impl crate::store::handle::Store {
             let range = Range::Between(s(from.clone()), s(format!("{HISTORY_PREFIX}~")));
             let page = partition("pk", s(super::keys::user_pk(openid)))
                 .range("sk", range)
-                .on(self
-                    .client()
-                    .query()
-                    .table_name(self.table())
-                    .consistent_read(true))
+                .on(self.table_query())
                 .scan_index_forward(window.since.is_some())
                 .limit(i32::try_from(wanted).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(start.take())

@@ -21,7 +21,7 @@ use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::setting::{SETTING_SK, decided_at};
 use crate::store::keys::{plan_sk, quota_sk, user_pk};
 use crate::store::retry::{Attempt, retry_contended};
-use crate::store::tx::{Outcome, Parts, TxOutcome};
+use crate::store::tx::{Outcome, Parts};
 
 impl Store {
     /// The plan writes a report's first application makes: for each template it
@@ -61,8 +61,7 @@ impl Store {
                 None => continue,
             };
             let before = plan.clone();
-            plan.reported(result, now)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            plan.reported(result, now)?;
             writes.push(if plan != before {
                 self.plan_put(&plan, pk, now)?
             } else if plan.version > 0 {
@@ -96,17 +95,12 @@ impl Store {
                 None => Plan::new(kind),
             };
             let before = plan.clone();
-            plan.refuse(refusal)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            plan.refuse(refusal)?;
             if plan == before {
                 return Ok(Attempt::Done(()));
             }
-            Ok(
-                match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
-                    TxOutcome::Committed => Attempt::Done(()),
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-                },
-            )
+            self.commit_or_retry(vec![self.plan_put(&plan, pk, now)?], ())
+                .await
         })
         .await
     }
@@ -180,8 +174,7 @@ impl Store {
                         None => Plan::new(kind),
                     };
                     let before = plan.clone();
-                    plan.stand(standing)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    plan.stand(standing)?;
                     if plan != before {
                         changed = true;
                         plans.push(self.plan_put(&plan, pk, now)?);
@@ -217,12 +210,9 @@ impl Store {
             // riding in the first (a later one is never refused by the minute).
             // Nothing else changes: the mark alone (the request itself is counted).
             if changes.is_empty() {
-                return Ok(match self.transact(vec![mark]).await? {
-                    TxOutcome::Committed => Attempt::Done(Stood::Applied),
-                    TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-                });
+                return self.commit_or_retry(vec![mark], Stood::Applied).await;
             }
-            let (rate, retry_after) = self.report_rate_n(pk, n, now)?;
+            let (rate, retry_after) = self.report_rate(pk, n, now)?;
             let mut rate = Some(rate);
             let mut batches = batched(changes);
             // The mark rides with the last batch: a retry after an earlier one

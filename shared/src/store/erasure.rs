@@ -335,11 +335,7 @@ impl Store {
                 None => partition("pk", s(pk)),
             };
             let query = keys_read
-                .on(self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .consistent_read(true))
+                .on(self.table_query())
                 .limit(PAGE)
                 .projection_expression("pk, sk, #state")
                 .expression_attribute_names("#state", "state")

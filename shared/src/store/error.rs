@@ -24,6 +24,13 @@ pub enum StoreError {
     Sdk(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
+impl From<crate::domain::reminders::plan::IllegalTransition> for StoreError {
+    /// A stored plan that cannot take a step its own state should allow.
+    fn from(e: crate::domain::reminders::plan::IllegalTransition) -> Self {
+        Self::Corrupt(e.to_string())
+    }
+}
+
 /// Which guard refused a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {

@@ -29,11 +29,7 @@ impl Store {
     ) -> Result<ExportPage, StoreError> {
         let pk = user_pk(openid);
         let out = partition("pk", AttributeValue::S(pk.clone()))
-            .on(self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true))
+            .on(self.table_query())
             .limit(i32::try_from(EXPORT_PAGE).unwrap_or(100))
             .set_exclusive_start_key(after.map(|sk| key(&pk, sk)))
             .send()

@@ -165,7 +165,7 @@ impl Store {
                         parts.add(Part::Plan, plan);
                     }
                     // Last, so a replay's ledger conditions are the ones an emulator reports.
-                    let (rate, retry_after) = self.report_rate(pk, now)?;
+                    let (rate, retry_after) = self.report_rate(pk, 1, now)?;
                     parts.add(Part::Rate, rate);
                     let failed = match self.transact_parts(&parts).await? {
                         Outcome::Committed => {
@@ -282,11 +282,7 @@ impl Store {
         let mut stored = StoredQuotas::default();
         let mut pages = partition("pk", s(user_pk(openid)))
             .range("sk", Range::Prefix(QUOTA_PREFIX.into()))
-            .on(self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true))
+            .on(self.table_query())
             .into_paginator()
             .items()
             .send();

@@ -60,11 +60,7 @@ impl Store {
         partition("pk", s(pk))
             .range("sk", Range::Prefix(format!("{GRANT_PREFIX}{template}#")))
             .filter(is_in("state", vec![s(first), s(second)]))
-            .on(self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true))
+            .on(self.table_query())
     }
 
     /// Invalidates every available or reserved grant of the kind's template, in

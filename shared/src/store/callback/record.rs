@@ -217,16 +217,9 @@ impl Store {
     }
 
     async fn is_applied(&self, key: &PushKey) -> Result<bool, StoreError> {
-        let got = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key_of(&key.pk, &key.sk)))
-            .consistent_read(true)
-            .send()
-            .await?;
+        let got = self.get(&key.pk, &key.sk).await?;
         Ok(got
-            .item()
+            .as_ref()
             .and_then(|i| i.get("applied"))
             .and_then(|v| v.as_bool().ok())
             .copied()

@@ -24,7 +24,6 @@ use crate::store::items::outbox::{OutboxItem, note_push_told, versioned_put};
 use crate::store::items::{parse, to_item};
 use crate::store::keys::user_pk;
 use crate::store::retry::{Attempt, retry_contended};
-use crate::store::tx::TxOutcome;
 use crate::telemetry::error_chain;
 
 use crate::domain::dispatch::delivery::{Guard, Writer};
@@ -137,8 +136,7 @@ impl Store {
         let source = match &claim.source {
             ClaimSource::Plan { plan, .. } => {
                 let mut plan = plan.clone();
-                plan.finish_send(settlement.follow_up, settlement.attempts, false, now)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                plan.finish_send(settlement.follow_up, settlement.attempts, false, now)?;
                 // plan_put writes `version + 1` on the condition `version`: the claimed one.
                 vec![self.plan_put(&plan, &pk, now)?]
             }
@@ -186,7 +184,7 @@ impl Store {
                     crate::failpoint::hit("after_settle");
                     // The plan changed while the message was in flight (a check-in, a
                     // refusal, new settings): it must still leave `sending`.
-                    self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, false, now)
+                    self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, now)
                         .await?;
                 }
                 Ok(Finalized {
@@ -212,15 +210,8 @@ impl Store {
                         self.after_settle(&pk, claim, &settlement, now).await?;
                         // (A late answer moves the plan in its own settlement.)
                         if !late && let ClaimSource::Plan { kind, .. } = &claim.source {
-                            self.advance_plan(
-                                &pk,
-                                kind,
-                                &claim.delivery_id,
-                                &settlement,
-                                false,
-                                now,
-                            )
-                            .await?;
+                            self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, now)
+                                .await?;
                         }
                         Ok(Finalized {
                             settlement,
@@ -375,9 +366,8 @@ impl Store {
                 }
                 let available =
                     read.counters.available > 0 || settlement.grant == GrantState::Available;
-                let moved = plan
-                    .settle_late(delivery_id, settlement, available, claimed_at, now)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let moved =
+                    plan.settle_late(delivery_id, settlement, available, claimed_at, now)?;
                 let write = if moved {
                     self.plan_put(&plan, pk, now)?
                 } else {
@@ -475,55 +465,55 @@ impl Store {
             .transpose()
     }
 
-    /// Moves a plan out of `sending` for `delivery_id` by `settlement` — or, `late`,
-    /// out of `paused uncertain` for it — re-reading it for each attempt. Nothing
-    /// happens (false) if the plan has moved on (disabled, or another delivery's).
+    /// Moves a plan out of `sending` for `delivery_id` by `settlement`, re-reading it
+    /// for each attempt. Nothing happens (false) if the plan has moved on (disabled, or
+    /// another delivery's).
     pub(crate) async fn advance_plan(
         &self,
         pk: &str,
         kind: &ReminderKind,
         delivery_id: &str,
         settlement: &Settlement,
-        late: bool,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         retry_contended(
             "plan update after a send",
             self.limits.write_budget,
             || async move {
-                let read = self.read(pk, kind, None).await?;
-                let Some(item) = read.plan else {
+                let Some(put) = self
+                    .plan_after_send(pk, kind, delivery_id, settlement, now)
+                    .await?
+                else {
                     return Ok(Attempt::Done(false));
                 };
-                let mut plan = item.into_plan(kind)?;
-                let available = read.counters.available > 0;
-                let corrupt = |e: crate::domain::reminders::plan::IllegalTransition| {
-                    StoreError::Corrupt(e.to_string())
-                };
-                let moved = if late {
-                    plan.settle_late(delivery_id, settlement, available, now, now)
-                        .map_err(corrupt)?
-                } else if plan.status == PlanStatus::Sending
-                    && plan.delivery_id.as_deref() == Some(delivery_id)
-                {
-                    plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
-                        .map_err(corrupt)?;
-                    true
-                } else {
-                    false
-                };
-                if !moved {
-                    return Ok(Attempt::Done(false));
-                }
-                Ok(
-                    match self.transact(vec![self.plan_put(&plan, pk, now)?]).await? {
-                        TxOutcome::Committed => Attempt::Done(true),
-                        TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-                    },
-                )
+                self.commit_or_retry(vec![put], true).await
             },
         )
         .await
+    }
+
+    /// The plan's write once the send of `delivery_id` settled, if the plan is still
+    /// `sending` for it.
+    pub(crate) async fn plan_after_send(
+        &self,
+        pk: &str,
+        kind: &ReminderKind,
+        delivery_id: &str,
+        settlement: &Settlement,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TransactWriteItem>, StoreError> {
+        let read = self.read(pk, kind, None).await?;
+        let Some(item) = read.plan else {
+            return Ok(None);
+        };
+        let mut plan = item.into_plan(kind)?;
+        if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery_id) {
+            return Ok(None);
+        }
+        // A check-in made during the send counts, with the grants there are now.
+        let available = read.counters.available > 0;
+        plan.finish_send(settlement.follow_up, settlement.attempts, available, now)?;
+        Ok(Some(self.plan_put(&plan, pk, now)?))
     }
 }
 

@@ -183,7 +183,7 @@ impl Store {
         };
         let _turn = self.index_turn().await;
         partition(key_name, s(pk))
-            .on(self.client.query().table_name(&self.table).index_name(name))
+            .on(self.index_query(name))
             .limit(1)
             .send()
             .await

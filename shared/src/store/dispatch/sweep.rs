@@ -3,7 +3,6 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{GrantState, TemplateId};
 use crate::store::error::StoreError;
@@ -80,11 +79,7 @@ impl Store {
             let _turn = self.index_turn().await;
             let out = partition("lease_pk", s(lease_shard_pk(shard)))
                 .range("lease_until", Range::Below(n(now.timestamp_millis())))
-                .on(self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name("lease"))
+                .on(self.index_query("lease"))
                 .limit(SWEEP_BATCH_PER_SHARD)
                 .send()
                 .await?;
@@ -193,7 +188,6 @@ impl Store {
         sk: &str,
         now: DateTime<Utc>,
     ) -> Result<Step, StoreError> {
-        let kinds = &*self.kinds;
         let policy = &self.policy;
         let Some(item) = self.get(pk, sk).await? else {
             return Ok(Step::Idle);
@@ -245,20 +239,13 @@ impl Store {
             now,
         );
         let claimed = sort_key(&delivery.source);
-        let kind = match claimed {
-            SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_)
-            | SortKey::Scheduled(_)
-            | SortKey::Delivery(_)
-            | SortKey::Event
-            | SortKey::Other => None,
-        };
+        let kind = self.plan_kind(&delivery.source);
         let mut source = Vec::new();
         if let Some(kind) = kind {
             // A plan that cannot be read does not stop the delivery and its grant from
             // settling; the plan's own lease entry reports it.
             match self
-                .stale_plan_write(pk, kind, &delivery.delivery_id, &settlement, now)
+                .plan_after_send(pk, kind, &delivery.delivery_id, &settlement, now)
                 .await
             {
                 Ok(write) => source.extend(write),
@@ -343,7 +330,7 @@ impl Store {
                     .await?;
                 }
                 if !source && let Some(kind) = kind {
-                    self.advance_plan(pk, kind, &delivery.delivery_id, &settlement, false, now)
+                    self.advance_plan(pk, kind, &delivery.delivery_id, &settlement, now)
                         .await?;
                 }
                 if kept {
@@ -361,30 +348,6 @@ impl Store {
         }
     }
 
-    /// The plan's write for a swept delivery, if the plan is still `sending` for it.
-    async fn stale_plan_write(
-        &self,
-        pk: &str,
-        kind: &ReminderKind,
-        delivery_id: &str,
-        settlement: &crate::domain::settle::Settlement,
-        now: DateTime<Utc>,
-    ) -> Result<Option<aws_sdk_dynamodb::types::TransactWriteItem>, StoreError> {
-        let read = self.read(pk, kind, None).await?;
-        let Some(item) = read.plan else {
-            return Ok(None);
-        };
-        let mut plan = item.into_plan(kind)?;
-        if plan.status != PlanStatus::Sending || plan.delivery_id.as_deref() != Some(delivery_id) {
-            return Ok(None);
-        }
-        // A check-in made during the send counts, with the grants there are now.
-        let available = read.counters.available > 0;
-        plan.finish_send(settlement.follow_up, settlement.attempts, available, now)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        Ok(Some(self.plan_put(&plan, pk, now)?))
-    }
-
     /// A plan still `sending` past its lease. If its delivery is terminal (settled, but
     /// the plan's own write was lost to a crash or a race), the plan moves on by that
     /// delivery's outcome. True if this sweep moved it.
@@ -394,17 +357,8 @@ impl Store {
         sk: &str,
         now: DateTime<Utc>,
     ) -> Result<Step, StoreError> {
-        let kinds = &*self.kinds;
         let policy = &self.policy;
-        let named = match sort_key(sk) {
-            SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_)
-            | SortKey::Scheduled(_)
-            | SortKey::Delivery(_)
-            | SortKey::Event
-            | SortKey::Other => None,
-        };
-        let Some(kind) = named else {
+        let Some(kind) = self.plan_kind(sk) else {
             // A configuration change, not a bad item: kept, behind the others, to be
             // swept once the kind is configured again.
             return Ok(Step::Later(format!("{sk}: no configured kind")));
@@ -448,7 +402,7 @@ impl Store {
             }
         };
         let moved = self
-            .advance_plan(pk, kind, &delivery_id, &settlement, false, now)
+            .advance_plan(pk, kind, &delivery_id, &settlement, now)
             .await?;
         if moved {
             tracing::warn!(delivery_id = %delivery_id, "plan left sending moved on by its delivery's outcome");

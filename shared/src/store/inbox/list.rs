@@ -167,16 +167,9 @@ impl Store {
 
     /// The unread counter (one strongly consistent read; never a count query).
     pub async fn unread(&self, openid: &OpenId) -> Result<u64, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(&user_pk(openid), INBOX_SK)))
-            .consistent_read(true)
-            .send()
-            .await?;
-        Ok(out
-            .item()
+        let counter = self.get(&user_pk(openid), INBOX_SK).await?;
+        Ok(counter
+            .as_ref()
             .and_then(|i| number(i, "unread"))
             .map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }

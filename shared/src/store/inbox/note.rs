@@ -178,11 +178,6 @@ impl Store {
             Some(filter) => keys.filter(filter),
             None => keys,
         };
-        keys.on(self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true))
-            .scan_index_forward(false)
+        keys.on(self.table_query()).scan_index_forward(false)
     }
 }

@@ -58,11 +58,7 @@ impl Store {
     /// queries of it are refused ([`index_not_ready`]): the cap then admits and a claim
     /// yields to nobody, as before the index existed, rather than failing every ingest.
     fn pending_index(&self, keys: Keys) -> QueryFluentBuilder {
-        keys.on(self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name("pending"))
+        keys.on(self.index_query("pending"))
     }
 
     /// `pk`'s open pushes of `template` of a better class than `own`

@@ -16,7 +16,6 @@ use crate::store::items::rate::{Counter, rate_key};
 use crate::store::items::{rfc3339, to_item};
 use crate::store::keys::user_pk;
 use crate::store::retry::{Attempt, retry_contended};
-use crate::store::tx::TxOutcome;
 
 impl Store {
     /// The user's preferences (the defaults when none were saved). One read.
@@ -60,10 +59,8 @@ impl Store {
             };
             // (Refused by the count's condition alone, the next read refuses.)
             let count = self.rate_count(Counter::Changes, pk, now)?;
-            Ok(match self.transact(vec![write, count]).await? {
-                TxOutcome::Committed => Attempt::Done(wanted.clone()),
-                TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
-            })
+            self.commit_or_retry(vec![write, count], wanted.clone())
+                .await
         })
         .await
     }

@@ -347,18 +347,20 @@ impl WriteOf<'_> {
             .key
             .get("sk")
             .and_then(|sk| sk.as_s().ok())
-            .is_some_and(|sk| audited(sk));
+            .is_some_and(|sk| audited(sk).is_some());
         audited && (change.touches("state") || change.touches("result"))
     }
 
     /// The transaction's write, declaring nothing: never of an audited item's state
-    /// (the tests' debug builds refuse one; [`WriteOf::part`] declares it).
+    /// (refused, in every build: [`WriteOf::part`] declares it, so the audit entry
+    /// shows it).
     pub(crate) fn write(self) -> Result<TransactWriteItem, StoreError> {
-        debug_assert!(
-            !(self.moves_state() && self.declared_nothing),
-            "an update of an audited item's state is built with WriteOf::part: {:?}",
-            self.key
-        );
+        if self.moves_state() && self.declared_nothing {
+            return Err(StoreError::Corrupt(format!(
+                "an update of an audited item's state is built with WriteOf::part: {:?}",
+                self.key.get("sk")
+            )));
+        }
         let table = self.table;
         let write = TransactWriteItem::builder();
         Ok(match &self.action {
@@ -432,21 +434,24 @@ impl WriteOf<'_> {
     }
 
     async fn send_alone(self, client: &Client, new: bool) -> Result<Option<Item>, StoreError> {
-        debug_assert!(
-            !self.moves_state(),
-            "an audited item's state moves in a transaction with its history entry: {:?}",
-            self.key
-        );
-        // Sent alone, a write answers only whether its guard held: no old item on
-        // failure, and a new one only from an update.
-        debug_assert!(
-            !self.old_on_failure,
-            "old_on_failure is a transaction's answer"
-        );
-        debug_assert!(
-            !new || matches!(self.action, Action::Update(_)),
-            "only an update answers the item it left"
-        );
+        // Refused in every build: an audited item's state moves in a transaction with
+        // its history entry; and sent alone, a write answers only whether its guard
+        // held (no old item on failure, a new one only from an update).
+        let refused = if self.moves_state() {
+            Some("an audited item's state moves in a transaction with its history entry")
+        } else if self.old_on_failure {
+            Some("old_on_failure is a transaction's answer")
+        } else if new && !matches!(self.action, Action::Update(_)) {
+            Some("only an update answers the item it left")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(StoreError::Corrupt(format!(
+                "{why}: {:?}",
+                self.key.get("sk")
+            )));
+        }
         let guard = self.guard.as_ref();
         match self.action {
             Action::Update(change) => {

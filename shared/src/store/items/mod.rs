@@ -8,7 +8,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::store::error::{StoreError, corrupt};
 use crate::store::handle::Store;
+use crate::store::keys::{SortKey, sort_key};
 
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 pub(crate) mod activity;
@@ -86,15 +88,37 @@ impl Store {
         due_pk: String,
         horizon: chrono::DateTime<chrono::Utc>,
         limit: usize,
-    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+    ) -> QueryFluentBuilder {
         query::partition("due_pk", s(due_pk))
             .range("due_at", query::Range::UpTo(n(horizon.timestamp_millis())))
-            .on(self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name("due"))
+            .on(self.index_query("due"))
             .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+    }
+
+    /// A strongly consistent query of the table, for a key condition to go `on`.
+    pub(crate) fn table_query(&self) -> QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+    }
+
+    /// A query of the index `name` (eventually consistent, as every GSI read is).
+    pub(crate) fn index_query(&self, name: &str) -> QueryFluentBuilder {
+        self.client.query().table_name(&self.table).index_name(name)
+    }
+
+    /// The configured reminder kind a plan's sort key names (`None`: not a plan's, or
+    /// a kind no longer configured).
+    pub(crate) fn plan_kind(&self, sk: &str) -> Option<&crate::domain::reminders::ReminderKind> {
+        match sort_key(sk) {
+            SortKey::Plan(kind) => self.kinds.get(kind),
+            SortKey::Outbox(_)
+            | SortKey::Scheduled(_)
+            | SortKey::Delivery(_)
+            | SortKey::Event
+            | SortKey::Other => None,
+        }
     }
 
     /// One item, strongly consistent.

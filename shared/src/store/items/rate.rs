@@ -182,18 +182,9 @@ impl Store {
         }
     }
 
-    /// [`Store::rate_count`] of a grant report, with the seconds until the next
-    /// minute (the `Retry-After` should its condition fail).
+    /// [`Store::rate_count`] of `count` grant reports at once, with the seconds until
+    /// the next minute (the `Retry-After` should its condition fail).
     pub(crate) fn report_rate(
-        &self,
-        pk: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(TransactWriteItem, u64), StoreError> {
-        self.report_rate_n(pk, 1, now)
-    }
-
-    /// [`Store::report_rate`] of `count` reports at once.
-    pub(crate) fn report_rate_n(
         &self,
         pk: &str,
         count: u64,

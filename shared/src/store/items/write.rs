@@ -66,20 +66,21 @@ impl From<TransactWriteItem> for Write {
     }
 }
 
-/// Whether the item at sort key `sk` is one the audit trail follows (a grant, a
-/// delivery, a plan, a notification's push): an update of its `state` or `result` must
-/// declare it ([`WriteOf::part`](super::change::WriteOf::part)).
-pub(crate) fn audited(sk: &str) -> bool {
+/// The entity the audit trail follows at sort key `sk` (`grant`, `delivery`, `plan`, or
+/// `push`: a notification's, in the outbox or waiting with its scheduled
+/// notification), if any: an update of its `state` or `result` must declare it
+/// ([`WriteOf::part`](super::change::WriteOf::part)).
+pub(crate) fn audited(sk: &str) -> Option<&'static str> {
     use crate::store::keys::{
         DELIVERY_PREFIX, GRANT_PREFIX, OUTBOX_PREFIX, PLAN_PREFIX, SCHEDULED_PREFIX,
     };
     [
-        GRANT_PREFIX,
-        DELIVERY_PREFIX,
-        PLAN_PREFIX,
-        OUTBOX_PREFIX,
-        SCHEDULED_PREFIX,
+        (GRANT_PREFIX, "grant"),
+        (DELIVERY_PREFIX, "delivery"),
+        (PLAN_PREFIX, "plan"),
+        (OUTBOX_PREFIX, "push"),
+        (SCHEDULED_PREFIX, "push"),
     ]
-    .iter()
-    .any(|prefix| sk.starts_with(prefix))
+    .into_iter()
+    .find_map(|(prefix, entity)| sk.starts_with(prefix).then_some(entity))
 }

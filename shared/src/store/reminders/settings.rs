@@ -48,8 +48,7 @@ impl Store {
                             counters: read.counters,
                         }));
                     }
-                    let decision = settings::decide(stored, kind, read.counters, update, now)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    let decision = settings::decide(stored, kind, read.counters, update, now)?;
                     if !decision.changes {
                         // Nothing to write: not even the audit trail's entry, nor a count.
                         return Ok(Attempt::Done(PlanSnapshot {

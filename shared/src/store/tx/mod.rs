@@ -6,6 +6,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 
 use crate::store::error::{StoreError, classify_sdk_error};
 use crate::store::handle::Store;
+use crate::store::retry::Attempt;
 
 mod answer;
 mod parts;
@@ -23,6 +24,19 @@ impl Store {
         items: Vec<impl Into<Write>>,
     ) -> Result<TxOutcome, StoreError> {
         Ok(self.transact_kept(items).await?.0)
+    }
+
+    /// One try of a contended write: `done` once `writes` committed, else (refused by a
+    /// part, or contended) read again and retry.
+    pub(crate) async fn commit_or_retry<T>(
+        &self,
+        writes: Vec<impl Into<Write>>,
+        done: T,
+    ) -> Result<Attempt<T>, StoreError> {
+        Ok(match self.transact(writes).await? {
+            TxOutcome::Committed => Attempt::Done(done),
+            TxOutcome::Cancelled(_) | TxOutcome::Contended => Attempt::Retry,
+        })
     }
 
     /// [`Store::transact`], keeping what was sent: a caller whose transaction ended
@@ -50,18 +64,15 @@ impl Store {
             items,
             token: crate::store::handle::request_token(),
         };
-        let outcome = self.send_tx(&sent).await?;
+        let outcome = self.resend(&sent).await?;
         Ok((outcome, sent))
     }
 
-    /// Sends again, with its token, a transaction that ended `Contended`: DynamoDB
-    /// answers for the token (committed, if that attempt did), or runs it now against
-    /// the items as they are (cancelled, if its conditions no longer hold).
-    pub(crate) async fn resend(&self, sent: &SentTx) -> Result<TxOutcome, StoreError> {
-        self.send_tx(sent).await
-    }
-
-    async fn send_tx(&self, sent_tx: &SentTx) -> Result<TxOutcome, StoreError> {
+    /// Sends a transaction with its token: first, or again after it ended `Contended`
+    /// (DynamoDB then answers for the token — committed, if that attempt did — or runs
+    /// it now against the items as they are: cancelled, if its conditions no longer
+    /// hold).
+    pub(crate) async fn resend(&self, sent_tx: &SentTx) -> Result<TxOutcome, StoreError> {
         let (items, token) = (&sent_tx.items, &sent_tx.token);
         let started = tokio::time::Instant::now();
         // Set once an attempt may have committed unseen: from then on an answer that

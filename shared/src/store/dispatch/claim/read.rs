@@ -25,16 +25,8 @@ use crate::store::keys::{SortKey, note_sk, quota_sk, sort_key};
 impl Store {
     /// The item behind a due entry, if it is still due at that instant.
     pub(super) async fn claimable(&self, item: &DueItem) -> Result<Found, StoreError> {
-        let kinds = &*self.kinds;
         let named = sort_key(&item.sk);
-        if let Some(kind) = match named {
-            SortKey::Plan(kind) => kinds.get(kind),
-            SortKey::Outbox(_)
-            | SortKey::Scheduled(_)
-            | SortKey::Delivery(_)
-            | SortKey::Event
-            | SortKey::Other => None,
-        } {
+        if let Some(kind) = self.plan_kind(&item.sk) {
             // Under a daily cap the user's preferences name their day.
             let capped = self.limits.pushes_per_day.is_some();
             let (plan, counters, open, prefs) = match self.read_plan(&item.pk, kind, capped).await?

@@ -26,9 +26,7 @@ impl Store {
     ) -> Result<Sourced, StoreError> {
         match claimable {
             Claimable::Plan { kind, plan, .. } => {
-                let claimed = plan
-                    .claimed(delivery_id, lease_until)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let claimed = plan.claimed(delivery_id, lease_until)?;
                 let write = self.plan_put(&claimed, &item.pk, now)?;
                 let claimed = claimed.written();
                 let attempts = claimed.attempts;

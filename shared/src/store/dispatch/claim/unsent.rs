@@ -89,9 +89,7 @@ impl Store {
             // while its kind was not configured): paused as that refusal pauses it.
             Claimable::Plan { plan, open, .. } if matches!(why, Unsent::TurnedOff) => {
                 let mut moved = plan.clone();
-                moved
-                    .stand(open.standing)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                moved.stand(open.standing)?;
                 Ok(vec![self.plan_put(&moved, &item.pk, now)?])
             }
             Claimable::Plan { plan, .. } => {
@@ -103,10 +101,7 @@ impl Store {
                     _ => PlanEvent::GrantMissing,
                 };
                 let mut moved = plan.clone();
-                moved.status = plan
-                    .status
-                    .apply(event)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                moved.status = plan.status.apply(event)?;
                 Ok(vec![self.plan_put(&moved, &item.pk, now)?])
             }
             Claimable::Outbox { outbox, .. } => {

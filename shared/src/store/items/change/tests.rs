@@ -91,3 +91,59 @@ fn the_values_a_change_declares_are_its_plain_sets() {
         change().set("a", n(1)).add("b", n(1))
     );
 }
+
+#[test]
+fn an_audited_items_state_moves_only_as_a_declared_part_in_every_build() {
+    let grant = || crate::store::items::key("USER#o1", "GRANT#T1#wr_1");
+    let moves = || change().set("state", s("consumed")).plus("version", 1);
+    assert!(
+        matches!(
+            update("t", grant(), moves()).write(),
+            Err(StoreError::Corrupt(_))
+        ),
+        "undeclared, it would leave no trace in the audit"
+    );
+    assert!(update("t", grant(), moves()).part().is_ok());
+    // A count, or an item the audit does not follow, needs no declaration.
+    assert!(
+        update("t", grant(), change().plus("version", 1))
+            .write()
+            .is_ok()
+    );
+    let quota = crate::store::items::key("USER#o1", "QUOTA#T1");
+    assert!(
+        update("t", quota, change().set("state", s("x")))
+            .write()
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn a_write_sent_alone_refuses_what_it_cannot_answer_before_it_sends() {
+    // No endpoint: a request that reached the network would fail differently.
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .build();
+    let client = Client::from_conf(config);
+    let grant = || crate::store::items::key("USER#o1", "GRANT#T1#wr_1");
+    let quota = || crate::store::items::key("USER#o1", "QUOTA#T1");
+    let refused = [
+        update("t", grant(), change().set("state", s("consumed")))
+            .apply(&client)
+            .await,
+        update("t", quota(), change().plus("version", 1))
+            .old_on_failure()
+            .apply(&client)
+            .await,
+        put("t", quota())
+            .apply_new(&client)
+            .await
+            .map(|item| item.is_some()),
+    ];
+    for (i, answer) in refused.into_iter().enumerate() {
+        match answer {
+            Err(StoreError::Corrupt(why)) => assert!(!why.is_empty()),
+            other => panic!("case {i}: {other:?}"),
+        }
+    }
+}
