@@ -107,7 +107,9 @@ async fn a_users_timeline_tells_every_step_with_its_cause_and_always_matches_the
     )
     .await;
     app.make_due(&user, "water", app.now()).await;
-    let ticked = app.tick(20).await;
+    // (30 s: a pushing app's first send needs 17.5 s of the tick; 20 left a loaded
+    // machine 2.5 s to read the due index, and once it did not.)
+    let ticked = app.tick(30).await;
     assert_eq!(ticked.claimed, 1, "{ticked:?}");
     let mut settled = false;
     for _ in 0..100 {

@@ -52,8 +52,10 @@ async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> 
         .spawn()
         .expect("dispatch-once starts");
     let pid = child.id();
+    // (A bound, not a pace: it returns once the process stops. Started beside the
+    // file's other process tests, a cold process reaches its claim late.)
     until(
-        StdDuration::from_secs(30),
+        StdDuration::from_secs(120),
         &format!("the dispatcher to stop at {point}"),
         || async { is_stopped(pid) },
     )

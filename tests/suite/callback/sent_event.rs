@@ -128,7 +128,7 @@ async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
         Some(json!({"drop_after_delivery": true})),
     )
     .await;
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     // The dispatcher never heard WeChat's answer: it recorded the send `unknown`.
     assert_eq!((summary.claimed, summary.unknown), (1, 1), "{summary:?}");
 
@@ -197,7 +197,7 @@ async fn the_same_sent_event_ten_times_at_once_settles_once_round_after_round() 
             Some(json!({"drop_after_delivery": true})),
         )
         .await;
-        assert_eq!(app.tick(20).await.claimed, 1);
+        assert_eq!(app.tick(30).await.claimed, 1);
         let pushed = pushes(&app, seen + 1).await;
         seen += 1 + acknowledged(&app, &pushed[seen]).await;
         users.push(user);
@@ -243,7 +243,7 @@ async fn a_definite_sends_event_never_settles_another_unknown_send_however_often
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["state"], "scheduled", "{}", answer.body);
     app.make_due(&user, "water", app.now()).await;
-    assert_eq!(app.tick(20).await.claimed, 1);
+    assert_eq!(app.tick(30).await.claimed, 1);
     let pushed = pushes(&app, 1).await;
     assert_eq!(pushed[0]["answers"], json!([200, 200, 200, 200]));
     // And once more, a minute later.
@@ -298,7 +298,7 @@ async fn two_unknown_pushes(app: &TestApp, name: &str) -> User {
     app.push(&user, &format!("{name}-2")).await;
     let mut claimed = 0;
     for _ in 0..3 {
-        claimed += app.tick(20).await.claimed;
+        claimed += app.tick(30).await.claimed;
     }
     assert_eq!(claimed, 2);
     let states: Vec<_> = app
@@ -348,7 +348,7 @@ async fn an_event_that_fits_two_unknown_sends_settles_neither_and_one_that_fits_
     )
     .await;
     app.push(&single, "once-1").await;
-    assert_eq!(app.tick(20).await.claimed, 1);
+    assert_eq!(app.tick(30).await.claimed, 1);
     let msgid = delivered_msgids(&app, &single).await;
     sent_event(
         &app,
@@ -546,7 +546,7 @@ async fn marks_no_event_can_match_any_more_are_dropped_by_the_next_claim() {
         .send()
         .await
         .expect("marks set up");
-    assert_eq!(app.tick(20).await.sent, 1);
+    assert_eq!(app.tick(30).await.sent, 1);
     let sent = marks(&app, &user, WATER, "sent_marks").await;
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert!(sent.contains(&fresh), "a fresh mark stays: {sent:?}");
@@ -705,7 +705,7 @@ async fn a_dropped_send_is_settled_by_the_event_in_every_push_mode_and_format() 
             Some(json!({"drop_after_delivery": true})),
         )
         .await;
-        let summary = app.tick(20).await;
+        let summary = app.tick(30).await;
         assert_eq!(
             (summary.claimed, summary.unknown),
             (1, 1),
