@@ -53,9 +53,10 @@ async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> 
         .expect("dispatch-once starts");
     let pid = child.id();
     // (A bound, not a pace: it returns once the process stops. Started beside the
-    // file's other process tests, a cold process reaches its claim late.)
+    // file's other process tests, a cold process reaches its claim late; past its own
+    // 60 s it has exited, so waiting longer than that would tell nothing more.)
     until(
-        StdDuration::from_secs(120),
+        StdDuration::from_secs(60),
         &format!("the dispatcher to stop at {point}"),
         || async { is_stopped(pid) },
     )

@@ -79,7 +79,9 @@ pub const EARLIER: &str = "…";
 /// A user's history entries, oldest first, as timeline lines: each change with the
 /// state it left, those of `template` only (all when `None`). `from_start`: the entries
 /// begin with the user's first; otherwise an entity's first change in them left a
-/// state read earlier ([`EARLIER`]).
+/// state read earlier ([`EARLIER`]). A change's template is its own or the one an
+/// earlier change of the same entity named: the store's history read names every
+/// grant's (from its key), so a `template` filter keeps all of a template's lines.
 pub fn timeline<E: Entry>(entries: &[E], template: Option<&str>, from_start: bool) -> Vec<Line> {
     let mut last: HashMap<String, String> = HashMap::new();
     // An update names no template: the entity's earlier entry (its creation) did.

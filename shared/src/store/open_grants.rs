@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::grants::open::{OpenGrantIds, SetFix, unlist_refused};
 use crate::domain::{GrantState, QuotaCounters, TemplateId};
-use crate::store::error::{StoreError, corrupt};
+use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{all, is_in};
@@ -39,14 +39,14 @@ enum Void {
 }
 
 impl Store {
-    /// A strongly consistent query of `pk`'s grants of `template` in one of `states`
-    /// (one or two).
-    pub(crate) fn grants_query(
+    /// `pk`'s grants of `template` in one of `states` (one or two), read strongly
+    /// consistent, page by page.
+    pub(crate) async fn grants_in(
         &self,
         pk: &str,
         template: &crate::domain::TemplateId,
         states: &[GrantState],
-    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+    ) -> Result<Vec<GrantItem>, StoreError> {
         let first = states
             .first()
             .copied()
@@ -57,10 +57,18 @@ impl Store {
             .copied()
             .map(GrantState::as_str)
             .unwrap_or(first);
-        partition("pk", s(pk))
+        let mut pages = partition("pk", s(pk))
             .range("sk", Range::Prefix(format!("{GRANT_PREFIX}{template}#")))
             .filter(is_in("state", vec![s(first), s(second)]))
             .on(self.table_query())
+            .into_paginator()
+            .items()
+            .send();
+        let mut grants = Vec::new();
+        while let Some(item) = pages.next().await {
+            grants.push(parse("grant", item?)?);
+        }
+        Ok(grants)
     }
 
     /// Invalidates every available or reserved grant of the kind's template, in
@@ -126,15 +134,7 @@ impl Store {
             } else {
                 &[GrantState::Available]
             };
-            let mut pages = self
-                .grants_query(pk, template, states)
-                .into_paginator()
-                .items()
-                .send();
-            while let Some(item) = pages.next().await {
-                let item = item?;
-                let grant: GrantItem =
-                    serde_dynamo::from_item(item).map_err(|e| corrupt("grant", e))?;
+            for grant in self.grants_in(pk, template, states).await? {
                 if let Some(state) = grant.state {
                     open.push((grant.sk, state));
                 }

@@ -20,7 +20,7 @@ use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
 use crate::store::items::expr::{absent, contains};
-use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED};
+use crate::store::items::quota::{TAPS_POPUP, TAPS_REPORTED, quota_change};
 use crate::store::items::{is_there, key, n, rfc3339, s};
 use crate::store::keys::{grant_sk, quota_sk, user_pk};
 use crate::store::retry::{Attempt, retry_contended};
@@ -55,11 +55,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let mark = crate::domain::reconcile::popup_mark(create_time).encode();
-        let tapped = change()
-            .set("template_id", s(template.as_str()))
-            .set("kind", s("quota"))
-            .set("updated_at", s(rfc3339(now)))
-            .add(TAPS_POPUP, AttributeValue::Ss(vec![mark]));
+        let tapped = quota_change(template, now).add(TAPS_POPUP, AttributeValue::Ss(vec![mark]));
         update(&self.table, key(pk, &quota_sk(template)), tapped).write()
     }
 

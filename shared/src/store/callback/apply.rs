@@ -12,7 +12,7 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::callback::record::PushKey;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::change::{change, update};
+use crate::store::items::change::update;
 use crate::store::items::event::PushItem;
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
@@ -20,7 +20,7 @@ use crate::store::retry::{Attempt, retry_contended};
 
 use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
-use crate::store::items::quota::CHOICE_AT;
+use crate::store::items::quota::{CHOICE_AT, quota_change};
 
 impl Store {
     /// The configured templates a popup event accepts (none unless grants are
@@ -190,11 +190,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         use aws_sdk_dynamodb::types::AttributeValue;
         // Names the quota item it may create, so it reads as one.
-        let choice = change()
-            .set("template_id", s(template.as_str()))
-            .set("kind", s("quota"))
-            .set(CHOICE_AT, n(create_time))
-            .set("updated_at", s(rfc3339(now)));
+        let choice = quota_change(template, now).set(CHOICE_AT, n(create_time));
         let choice = if refused {
             choice
                 .set("last_refusal", s("reject"))

@@ -17,7 +17,9 @@ use crate::store::handle::Store;
 use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{Cmp, Cond, absent, all, compare, eq, size};
 use crate::store::items::outbox::{still_waits, waits_for_grant};
-use crate::store::items::quota::{OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS};
+use crate::store::items::quota::{
+    OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS, quota_change,
+};
 use crate::store::items::{due_as_seen, is_there, key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
@@ -76,10 +78,7 @@ impl Store {
         // On the due index while pushes wait (never due unless a grant made it so:
         // `quota::wake`), so a grant given later is a due item in its own commit.
         // (`wake`: due then, for a push that yielded to pushes due together.)
-        let entry = change()
-            .set("template_id", s(template.as_str()))
-            .set("kind", s("quota"))
-            .set("updated_at", s(rfc3339(now)))
+        let entry = quota_change(template, now)
             .set("due_pk", s(due_pk(pk, &quota_sk(template), self.shards)));
         let entry = match wake {
             Some(wake) => entry.set("due_at", n(wake.at.timestamp_millis())),

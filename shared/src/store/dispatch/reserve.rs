@@ -19,12 +19,12 @@ use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{Change, change, put, update};
 use crate::store::items::expr::{Cmp, absent, all, contains, eq, size};
-use crate::store::items::grant::{GrantItem, grant_in};
+use crate::store::items::grant::grant_in;
 use crate::store::items::quota::{
     INFLIGHT, OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, WAITING, has_grant, sent_on,
     under_daily_cap, unrefused,
 };
-use crate::store::items::{is_new, key, n, parse, rfc3339, s, to_item};
+use crate::store::items::{is_new, key, n, rfc3339, s, to_item};
 use crate::store::keys::{delivery_sk, grant_sk, lease_pk, quota_sk};
 use crate::store::open_grants::REPAIR_CHUNK;
 use crate::store::tx::{TxOutcome, Write};
@@ -169,15 +169,9 @@ impl Store {
         }
         // Read the open grants from the ledger (once: the repair below makes the next
         // claims read the lists again).
-        let mut pages = self
-            .grants_query(pk, template, &[GrantState::Available, GrantState::Reserved])
-            .into_paginator()
-            .items()
-            .send();
+        let open_states = [GrantState::Available, GrantState::Reserved];
         let mut ledger = OpenGrantIds::default();
-        while let Some(item) = pages.next().await {
-            let item = item?;
-            let grant: GrantItem = parse("grant", item)?;
+        for grant in self.grants_in(pk, template, &open_states).await? {
             match grant.state {
                 Some(GrantState::Available) => ledger.available.push(grant.request_id),
                 Some(GrantState::Reserved) => ledger.reserved.push(grant.request_id),

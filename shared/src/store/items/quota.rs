@@ -13,7 +13,7 @@ use crate::domain::grants::open::OpenGrantIds;
 use crate::domain::grants::report::{CounterChange, TemplateWrite};
 use crate::domain::reconcile::Mark;
 use crate::domain::reminders::ReminderKind;
-use crate::domain::{QuotaCounters, RequestId};
+use crate::domain::{QuotaCounters, RequestId, TemplateId};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{Change, Changing, change, check, update};
@@ -72,6 +72,15 @@ fn sent_days(quota: &HashMap<String, AttributeValue>) -> SentDays {
 /// The template's standing choice in the user's settings, as last reported
 /// (`domain::consent::standing::Standing`); absent while none is kept.
 pub(crate) const STANDING: &str = "standing";
+
+/// A change of the quota item of `template`: its identity set (so an update may create
+/// it) and its time.
+pub(crate) fn quota_change(template: &TemplateId, now: DateTime<Utc>) -> Change {
+    change()
+        .set("template_id", s(template.as_str()))
+        .set("kind", s("quota"))
+        .set("updated_at", s(rfc3339(now)))
+}
 
 /// The template's standing choice does not refuse it: none kept, or one that does not
 /// ([`Standing::refuses`]).
@@ -195,10 +204,7 @@ pub(crate) fn quota_update_item(
     if write.counters == CounterChange::None {
         return Ok(None);
     }
-    let named = change()
-        .set("template_id", s(template.as_str()))
-        .set("kind", s("quota"))
-        .set("updated_at", s(rfc3339(now)));
+    let named = quota_change(template, now);
     let key = key(pk, &quota_sk(template));
     let write = if write.counters == CounterChange::Grant {
         let mut grant = named
@@ -385,10 +391,7 @@ impl Store {
         standing: Option<Standing>,
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
-        let named = change()
-            .set("template_id", s(template.as_str()))
-            .set("kind", s("quota"))
-            .set("updated_at", s(rfc3339(now)));
+        let named = quota_change(template, now);
         let named = match standing {
             Some(standing) => named.set(STANDING, s(standing.as_str())),
             None => named.remove(STANDING),
