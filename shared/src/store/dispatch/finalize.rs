@@ -20,8 +20,8 @@ use crate::domain::reminders::ReminderKind;
 use crate::domain::reminders::plan::PlanStatus;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::outbox::{OutboxItem, note_push_told, versioned_put};
-use crate::store::items::{parse, to_item};
+use crate::store::items::outbox::{OutboxItem, push_moved};
+use crate::store::items::parse;
 use crate::store::keys::user_pk;
 use crate::store::retry::{Attempt, retry_contended};
 use crate::telemetry::error_chain;
@@ -438,20 +438,7 @@ impl Store {
         }
         let push = PushStatus::of_outbox(state);
         let reason = PushReason::of_send(result);
-        let mut writes = vec![versioned_put(
-            &self.table,
-            to_item("outbox", &next)?,
-            outbox.version,
-        )?];
-        writes.extend(note_push_told(
-            &self.table,
-            pk,
-            &outbox.note_id,
-            outbox.origin().as_ref(),
-            (push, reason),
-            now,
-        )?);
-        Ok(writes)
+        push_moved(&self.table, pk, outbox, &next, Some((push, reason)), now)
     }
 
     pub(crate) async fn current_outbox(

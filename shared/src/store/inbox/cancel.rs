@@ -23,7 +23,7 @@ use crate::store::inbox::note::{
 use crate::store::inbox::publish::ScheduledItem;
 use crate::store::items::change::{change, update};
 use crate::store::items::outbox::{
-    CANCEL_REQUESTED, OutboxItem, is_note_update, note_push_told, note_request, versioned_put,
+    CANCEL_REQUESTED, OutboxItem, is_note_update, note_request, push_moved, versioned_put,
 };
 use crate::store::items::quota::wake_now;
 use crate::store::items::{is_there, key, n, parse, s, to_item};
@@ -257,22 +257,11 @@ impl Store {
                 };
                 let next =
                     outbox.moved(state, None, self.shards, now, self.limits.retention.outbox);
-                let mut writes = vec![versioned_put(
-                    &self.table,
-                    to_item("outbox", &next)?,
-                    outbox.version,
-                )?];
+                let mut writes =
+                    push_moved(&self.table, pk, outbox, &next, Some((status, None)), now)?;
                 // (Without the notification when its retention removed it: the push
                 // still ended, and is told.)
-                let told = note_push_told(
-                    &self.table,
-                    pk,
-                    note_id,
-                    outbox.origin().as_ref(),
-                    (status, None),
-                    now,
-                )?;
-                writes.extend(told.into_iter().filter(|w| with_note || !is_note_update(w)));
+                writes.retain(|w| with_note || !is_note_update(w));
                 // A push waiting for a grant may have been woken for one: the next
                 // waiting push is woken through the wake entry instead.
                 if outbox.waiting_grant {

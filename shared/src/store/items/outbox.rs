@@ -163,7 +163,7 @@ fn note_push_update(
 
 /// A notification's push status set ([`note_push_update`]) and, when the push has
 /// reached an end, its outcome for `origin` (part of the same transaction).
-pub(crate) fn note_push_told(
+fn note_push_told(
     table: &str,
     pk: &str,
     note_id: &str,
@@ -180,6 +180,32 @@ pub(crate) fn note_push_told(
         (status, reason.map(|r| r.as_str().to_string())),
         now,
     )?);
+    Ok(writes)
+}
+
+/// A push moved from `old` to `next` (at `old`'s version), and its notification (and
+/// publisher) told `told` when the move is one they see.
+pub(crate) fn push_moved(
+    table: &str,
+    pk: &str,
+    old: &OutboxItem,
+    next: &OutboxItem,
+    told: Option<(PushStatus, Option<PushReason>)>,
+    now: DateTime<Utc>,
+) -> Result<Vec<TransactWriteItem>, StoreError> {
+    let item = crate::store::items::to_item("outbox", next)?;
+    let mut writes = vec![versioned_put(table, item, old.version)?];
+    if let Some(told) = told {
+        let origin = old.origin();
+        writes.extend(note_push_told(
+            table,
+            pk,
+            &old.note_id,
+            origin.as_ref(),
+            told,
+            now,
+        )?);
+    }
     Ok(writes)
 }
 

@@ -13,9 +13,9 @@ use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::outbox::{note_push_told, versioned_put};
+use crate::store::items::key;
+use crate::store::items::outbox::push_moved;
 use crate::store::items::quota::{has_grant, under_daily_cap, wake_checked, wake_now};
-use crate::store::items::{key, to_item};
 use crate::store::keys::quota_sk;
 use crate::store::retry::Attempt;
 use crate::store::tx::{Beside, Outcome, Parts};
@@ -114,22 +114,14 @@ impl Store {
                     self.limits.retention.outbox,
                 );
                 moved.waiting_grant = why.waits_for_grant();
-                let mut writes = vec![versioned_put(
+                push_moved(
                     &self.table,
-                    to_item("outbox", &moved)?,
-                    outbox.version,
-                )?];
-                if let Some((status, reason)) = why.push_status() {
-                    writes.extend(note_push_told(
-                        &self.table,
-                        &item.pk,
-                        &outbox.note_id,
-                        outbox.origin().as_ref(),
-                        (status, reason),
-                        now,
-                    )?);
-                }
-                Ok(writes)
+                    &item.pk,
+                    outbox,
+                    &moved,
+                    why.push_status(),
+                    now,
+                )
             }
         }
     }
