@@ -121,7 +121,7 @@ impl TestApp {
 }
 
 /// A publisher's webhook: every post it received (headers and body), answering 200, or
-/// 503 while it is [`Receiver::down`].
+/// 503 while it is `Receiver::down`.
 #[derive(Clone)]
 pub struct Receiver {
     pub url: String,

@@ -176,7 +176,7 @@ impl RoundTrips {
     }
 
     /// The read request units the reads since the last call cost, estimated by
-    /// DynamoDB's rules (see [`read_units`]); resets the count.
+    /// DynamoDB's rules (see `read_units`); resets the count.
     pub fn take_read_units(&self) -> f64 {
         self.read_half_units
             .swap(0, std::sync::atomic::Ordering::SeqCst) as f64

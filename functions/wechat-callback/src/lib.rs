@@ -14,7 +14,7 @@
 //! refusal voids the template's available grants and pauses its plans) and answered
 //! `success`.
 //!
-//! Before any of it, WeChat's door ([`door`]): where no edge keeps it, a request from
+//! Before any of it, WeChat's door (`door`): where no edge keeps it, a request from
 //! an address outside WeChat's list is refused 403.
 
 use futures::future::BoxFuture;

@@ -37,7 +37,7 @@ pub enum ApiError {
     /// 401: WeChat refused the login code.
     InvalidLoginCode,
     /// 403: a request that did not come through the stack's CloudFront distribution
-    /// (when the template's edge protection is on: [`from_elsewhere`]).
+    /// (when the template's edge protection is on: `from_elsewhere`).
     Forbidden,
     /// 404: unknown or foreign resource.
     NotFound,

@@ -7,7 +7,7 @@
 //! What caused a change is the task's *cause* ([`attributed`]): a report's `request_id`,
 //! a check-in's `action_id`, the dispatcher, the sweep, a WeChat push event, a settings
 //! change. The changes themselves are what the transaction's own writes declare they
-//! leave ([`changes_of`]: a put its item, an update built by `WriteOf::part` the
+//! leave (`changes_of`: a put its item, an update built by `WriteOf::part` the
 //! values its change sets), so no write path can change a grant, delivery or plan
 //! without a trace. `from` states are not stored: each entry is the entity's next state, so the
 //! timeline's previous entry for the same entity is where it came from

@@ -65,7 +65,7 @@ where
     }
 }
 
-/// Any other operation's failure, sorted by [`classify_sdk_error`] with no error of its
+/// Any other operation's failure, sorted by `classify_sdk_error` with no error of its
 /// own counted as "not now": so `?` maps a read's or a single write's failure.
 impl<E> From<SdkError<E, aws_smithy_runtime_api::http::Response>> for StoreError
 where

@@ -3,7 +3,7 @@
 //! A report writes, in one transaction, one ledger item per template it names — keyed
 //! (user, template, request_id) and conditional on not existing — and, per accepted
 //! template, `ADD accepted 1, available 1` on that template's counters, whose item also
-//! lists the request ids of the open grants ([`OPEN_AVAILABLE`]). So a report is
+//! lists the request ids of the open grants (`items::quota::OPEN_AVAILABLE`). So a report is
 //! applied whole or not at all, and neither reading quotas nor claiming or voiding
 //! grants ever reads the grant history.
 //!
@@ -12,8 +12,6 @@
 //! limit, race); this module builds the items, reads the failures (a replay's stored
 //! item comes back as ALL_OLD, no extra read) and commits through the transaction
 //! engine, under the store's one retry loop.
-//!
-//! [`OPEN_AVAILABLE`]: crate::store::items::quota::OPEN_AVAILABLE
 
 use std::collections::BTreeMap;
 

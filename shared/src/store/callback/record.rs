@@ -120,7 +120,7 @@ impl Store {
     /// Records a verified push (see the module docs); `timestamp` and `nonce` are the
     /// request's. Pushes that are not subscription events only have their nonce kept.
     /// A popup's accepts of `taps` (the configured templates among them) leave their
-    /// marks for confirming grants ([`taps`](crate::store::taps)) in the same transaction, so
+    /// marks for confirming grants (`store::taps`) in the same transaction, so
     /// once however often WeChat retries.
     pub async fn record_push(
         &self,

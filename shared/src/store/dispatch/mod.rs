@@ -27,7 +27,7 @@
 //!   answer kept on the delivery, and a 43101's voiding still to do.
 //! - [`sent_event`]: WeChat's sent event settling the one `unknown` send it can be
 //!   (marks on the quota item: unknown sends, and sent msgids whose event is due).
-//! - [`priority`]: pushes waiting for a grant of their template, best first, and
+//! - `priority`: pushes waiting for a grant of their template, best first, and
 //!   the wake a grant brings.
 //! - [`shards`]: which partitions to query when `DUE_SHARDS` has changed.
 //! - this module: the types shared by the steps and the one settle transaction.

@@ -56,7 +56,7 @@ pub struct SweepSummary {
     /// Entries (or whole shards) that could not be read or settled: logged, skipped.
     pub skipped: u32,
     /// Entries taken off the lease index for an operator (`quarantined_at`): unreadable,
-    /// or failed [`SWEEP_FAILURE_LIMIT`] times.
+    /// or failed `SWEEP_FAILURE_LIMIT` times.
     pub quarantined: u32,
 }
 

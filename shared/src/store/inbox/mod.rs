@@ -7,8 +7,8 @@
 //! notification being unread, so the counter is always the number of unread
 //! notifications and of markers: it never drifts or goes negative.
 //!
-//! - [`list`]: pages (bounded reads per call, whatever the filter) and the counter.
-//! - [`read`]: marking one or all read, in bounded steps.
+//! - `list`: pages (bounded reads per call, whatever the filter) and the counter.
+//! - `read`: marking one or all read, in bounded steps.
 
 mod cancel;
 mod collapse;

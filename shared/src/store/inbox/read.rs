@@ -104,8 +104,8 @@ impl Store {
         .await
     }
 
-    /// Marks unread notifications read, newest first, [`READ_ALL_STEP`] per
-    /// transaction and at most [`READ_ALL_STEPS`] steps per call; a call that flips
+    /// Marks unread notifications read, newest first, `READ_ALL_STEP` per
+    /// transaction and at most `READ_ALL_STEPS` steps per call; a call that flips
     /// any counts once against `CHANGES_PER_MINUTE`. Each step reads only
     /// unread markers; a step that loses a race to a concurrent read looks again.
     pub async fn read_all(

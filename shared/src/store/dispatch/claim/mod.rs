@@ -1,7 +1,7 @@
-//! Claiming a due item: a plan or a push, behind one [`Claimable`]. The store reads it
-//! ([`read`]), the domain decides (`domain::dispatch::claim::decide`: the gates in
+//! Claiming a due item: a plan or a push, behind one `Claimable`. The store reads it
+//! (`read`), the domain decides (`domain::dispatch::claim::decide`: the gates in
 //! their order, the cap, the grant), the store commits: a claim taking a grant
-//! ([`take`]) or the item left unsent and why ([`unsent`], [`priority`]).
+//! (`take`) or the item left unsent and why (`unsent`, `priority`).
 
 mod claimable;
 mod priority;
