@@ -46,7 +46,7 @@ async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> 
         ("ONEGRANT_FAILPOINT", failpoint.as_str()),
     ];
     all.extend_from_slice(env);
-    let child = app
+    let mut child = app
         .dispatcher_process(BIN, &all)
         .stdout(Stdio::piped())
         .spawn()
@@ -55,12 +55,22 @@ async fn frozen_dispatcher(app: &TestApp, point: &str, env: &[(&str, &str)]) -> 
     // (A bound, not a pace: it returns once the process stops. Started beside the
     // file's other process tests, a cold process reaches its claim late; past its own
     // 60 s it has exited, so waiting longer than that would tell nothing more.)
-    until(
-        StdDuration::from_secs(60),
-        &format!("the dispatcher to stop at {point}"),
-        || async { is_stopped(pid) },
-    )
-    .await;
+    let started = std::time::Instant::now();
+    while !is_stopped(pid) {
+        // Gone without reaching the point: say what its tick did.
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut said = String::new();
+            if let Some(out) = child.stdout.as_mut() {
+                std::io::Read::read_to_string(out, &mut said).ok();
+            }
+            panic!("the dispatcher exited ({status}) before {point}: {said}");
+        }
+        assert!(
+            started.elapsed() < StdDuration::from_secs(60),
+            "timed out waiting for the dispatcher to stop at {point}"
+        );
+        tokio::time::sleep(StdDuration::from_millis(20)).await;
+    }
     (child, pid)
 }
 
@@ -414,10 +424,14 @@ async fn a_dispatcher_frozen_past_its_lease_before_the_send_never_sends_and_give
     let user = app.scheduled_user("alice", 1).await;
     app.make_due(&user, "water", onegrant::Clock::real_now())
         .await;
-    // Short timeouts, so the lease (10 s at least) really runs out.
+    // Shortish timeouts, so the lease (13 s: a 2 s call, its 8 s window and the 5 s
+    // margin) really runs out soon. Not shorter: the process fetches its token from the
+    // stand-in before it claims, and one with no token claims nothing; with 700 ms for
+    // that call it twice failed to reach its claim beside the suite (the likely cause;
+    // the wait above now says why a process exits early).
     let short = [
-        ("WECHAT_TIMEOUT_MS", "500"),
-        ("WECHAT_CONNECT_TIMEOUT_MS", "200"),
+        ("WECHAT_TIMEOUT_MS", "1500"),
+        ("WECHAT_CONNECT_TIMEOUT_MS", "500"),
     ];
     let (child, pid) = frozen_dispatcher(&app, "after_claim", &short).await;
     // Frozen until its lease has really run out, by the wall clock; then swept.

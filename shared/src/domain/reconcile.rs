@@ -26,7 +26,9 @@
 use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::grants::GrantState;
-use crate::domain::settle::{DeliveryState, OutcomeClass, RetryPolicy, Settlement, settle};
+use crate::domain::settle::{
+    DeliveryState, OutcomeClass, RetryPolicy, SendResult, Settlement, settle,
+};
 
 /// How long after a send WeChat's sent event may arrive and still settle it. WeChat
 /// pushes within seconds and retries an unanswered push three times, 5 s apart.
@@ -158,6 +160,23 @@ pub fn event_settlement(
             now,
         )
     }
+}
+
+/// What a sent event of `error_code` says WeChat did with message `msgid`, as a send
+/// result, and the delivery's outcome in a few words.
+pub fn event_result(error_code: i64, msgid: &str) -> (SendResult, String) {
+    if error_code == 0 {
+        let sent = SendResult::Sent {
+            msgid: Some(msgid.to_string()),
+        };
+        return (sent, "sent (WeChat's sent event)".to_string());
+    }
+    let refused = SendResult::Refused {
+        errcode: error_code,
+        errmsg: String::new(),
+    };
+    let outcome = format!("not delivered (WeChat's sent event: errcode {error_code})");
+    (refused, outcome)
 }
 
 /// How far apart a popup accept (WeChat's `CreateTime`) and the client's report of the
@@ -353,5 +372,21 @@ mod tests {
         assert!(matches!(failed.follow_up, FollowUp::RetryAt(_)));
         let last = event_settlement(-1, 4, &policy, now);
         assert!(matches!(last.follow_up, FollowUp::Stop(_)));
+    }
+
+    #[test]
+    fn a_sent_event_reads_as_the_send_result_it_reports() {
+        let (sent, outcome) = event_result(0, "77");
+        assert_eq!(
+            sent,
+            SendResult::Sent {
+                msgid: Some("77".into())
+            }
+        );
+        assert_eq!(outcome, "sent (WeChat's sent event)");
+        let (failed, outcome) = event_result(-1, "78");
+        assert_eq!(failed.errcode(), Some(-1));
+        assert_eq!(failed.class(), OutcomeClass::Retryable);
+        assert_eq!(outcome, "not delivered (WeChat's sent event: errcode -1)");
     }
 }

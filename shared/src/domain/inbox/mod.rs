@@ -243,6 +243,28 @@ pub enum Push {
     Rejected { code: PushReason, detail: String },
 }
 
+impl Push {
+    /// The status the push takes as its notification is stored, and why: rejected as
+    /// validated; else cancelled if a cancel came first, expired if its last moment has
+    /// passed, rejected if the user's open pushes are `capped`; else pending.
+    pub fn first_status(
+        &self,
+        cancelled_first: bool,
+        expired: bool,
+        capped: Option<PushReason>,
+    ) -> (PushStatus, Option<PushReason>) {
+        match self {
+            Self::Rejected { code, .. } => (PushStatus::Rejected, Some(*code)),
+            Self::Ready { .. } if cancelled_first => (PushStatus::Cancelled, None),
+            Self::Ready { .. } if expired => (PushStatus::Expired, None),
+            Self::Ready { .. } => match capped {
+                Some(code) => (PushStatus::Rejected, Some(code)),
+                None => (PushStatus::Pending, None),
+            },
+        }
+    }
+}
+
 /// A validated `notify` event (the EventBridge `detail`, API.md), its text cleaned of
 /// Cc/Cf/Zl/Zp characters ([`crate::domain::text`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -104,3 +104,44 @@ fn cursors_round_trip_and_forgeries_are_refused() {
         assert_eq!(decode_cursor(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn a_push_stored_takes_its_first_status_refusals_first() {
+    let ready = Push::Ready {
+        template_id: TemplateId::parse("T".to_string()).expect("template"),
+        data: BTreeMap::new(),
+        page: None,
+    };
+    let rejected = Push::Rejected {
+        code: PushReason::DataInvalid,
+        detail: String::new(),
+    };
+    let too_many = Some(PushReason::TooManyPending);
+    // (push, cancelled first, expired, capped) → status, reason
+    let rows = [
+        (&ready, false, false, None, (PushStatus::Pending, None)),
+        (&ready, true, true, too_many, (PushStatus::Cancelled, None)),
+        (&ready, false, true, too_many, (PushStatus::Expired, None)),
+        (
+            &ready,
+            false,
+            false,
+            too_many,
+            (PushStatus::Rejected, too_many),
+        ),
+        (
+            &rejected,
+            true,
+            true,
+            too_many,
+            (PushStatus::Rejected, Some(PushReason::DataInvalid)),
+        ),
+    ];
+    for (push, cancelled, expired, capped, want) in rows {
+        assert_eq!(
+            push.first_status(cancelled, expired, capped),
+            want,
+            "{push:?} {cancelled} {expired} {capped:?}"
+        );
+    }
+}

@@ -19,7 +19,7 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::callback::SentItem;
-use crate::domain::settle::{DeliveryState, SendResult};
+use crate::domain::settle::DeliveryState;
 use crate::domain::{GrantState, OpenId, TemplateId};
 use crate::store::dispatch::finalize::SourceRef;
 use crate::store::error::StoreError;
@@ -35,7 +35,8 @@ use crate::store::dispatch::delivery::DeliveryItem;
 use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::reconcile::{
-    CLOCK_SKEW, EventMatch, Mark, event_settlement, match_event, pending_event, pending_mark,
+    CLOCK_SKEW, EventMatch, Mark, event_result, event_settlement, match_event, pending_event,
+    pending_mark,
 };
 
 /// How often, and how many times, an event waits for a send in flight to be answered:
@@ -236,22 +237,13 @@ impl Store {
             return Ok(SentEventOutcome::Unmatched);
         };
         let settlement = event_settlement(event.error_code, delivery.attempts, policy, now);
-        let result = if event.error_code == 0 {
-            SendResult::Sent {
-                msgid: Some(msgid.to_string()),
-            }
-        } else {
-            SendResult::Refused {
-                errcode: event.error_code,
-                errmsg: String::new(),
-            }
-        };
+        let (result, outcome) = event_result(event.error_code, msgid);
         let source = match sort_key(&delivery.source) {
             SortKey::Plan(kind) => kinds.get(kind).map(SourceRef::Plan),
             SortKey::Outbox(_) => Some(SourceRef::Outbox(&delivery.source)),
             SortKey::Scheduled(_) | SortKey::Delivery(_) | SortKey::Event | SortKey::Other => None,
         };
-        let (settlement, result, delivery) = (&settlement, &result, &delivery);
+        let (settlement, result, delivery, outcome) = (&settlement, &result, &delivery, &outcome);
         retry_contended("sent event", self.limits.write_budget, || async move {
             let writes = match source {
                 Some(source) => {
@@ -277,14 +269,7 @@ impl Store {
                 write: DeliveryWrite {
                     state: settlement.delivery,
                     class: settlement.class,
-                    outcome: if event.error_code == 0 {
-                        "sent (WeChat's sent event)".to_string()
-                    } else {
-                        format!(
-                            "not delivered (WeChat's sent event: errcode {})",
-                            event.error_code
-                        )
-                    },
+                    outcome: outcome.clone(),
                     errcode: result.errcode(),
                     msgid: Some(msgid.to_string()),
                     by: Writer::Event,

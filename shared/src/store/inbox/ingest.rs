@@ -155,20 +155,12 @@ impl Store {
         let publish_at = timing.publish_at(now);
         let note_id = new_notification_id(publish_at);
         let send_by = Some(timing.send_by(publish_at).timestamp_millis());
-        let (push_status, push_reason) = match &event.push {
-            None => (None, None),
-            Some(Push::Ready { .. }) if cancelled_first => (Some(PushStatus::Cancelled), None),
-            Some(Push::Ready { .. }) if is_expired(send_by, publish_at) => {
-                (Some(PushStatus::Expired), None)
-            }
-            Some(Push::Ready { .. }) => match capped {
-                Some(code) => (Some(PushStatus::Rejected), Some(code.as_str().to_string())),
-                None => (Some(PushStatus::Pending), None),
-            },
-            Some(Push::Rejected { code, .. }) => {
-                (Some(PushStatus::Rejected), Some(code.as_str().to_string()))
-            }
-        };
+        let expired = is_expired(send_by, publish_at);
+        let first = (event.push.as_ref()).map(|p| p.first_status(cancelled_first, expired, capped));
+        let push_status = first.map(|(status, _)| status);
+        let push_reason = first
+            .and_then(|(_, why)| why)
+            .map(|why| why.as_str().to_string());
         let reason = &push_reason.clone();
         let (event_pk, event_sk) = event_key(&event.publisher, &event.idempotency_key);
         let record = EventItem {
