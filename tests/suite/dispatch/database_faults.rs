@@ -8,6 +8,8 @@ use onegrant_tests::{
     assert_plans_consistent, attr_s, spawn_faulty_app,
 };
 
+/// (A 2.5 s WeChat call: a tick's first send needs 17.5 s of it, so the tests tick 30 s,
+/// leaving a loaded machine time to read the due index first.)
 const FAST: [(&str, &str); 2] = [
     ("DISPATCH_LOOKAHEAD_SECONDS", "5"),
     ("WECHAT_TIMEOUT_MS", "1500"),
@@ -69,7 +71,7 @@ async fn a_claim_whose_answers_are_lost_past_the_sdks_retries_or_late_is_still_s
         let (app, proxy) = spawn_faulty_app(&FAST).await;
         let user = due_user(&app, "lost-thrice", 1).await;
         proxy.inject("TransactWriteItems", Some(CLAIM), fault, times);
-        let summary = app.tick(20).await;
+        let summary = app.tick(30).await;
         assert_eq!(injected(&proxy, fault), times as usize, "{case}");
         sent_once(&app, &user, &summary, &case).await;
     }
@@ -96,7 +98,7 @@ async fn a_claim_whose_commit_answer_is_lost_and_whose_retries_are_throttled_is_
         let user = due_user(&app, "lost-then-refused", 1).await;
         proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
         proxy.inject("TransactWriteItems", Some(CLAIM), fault, times);
-        let summary = app.tick(20).await;
+        let summary = app.tick(30).await;
         sent_once(&app, &user, &summary, &case).await;
         assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1, "{case}");
         assert!(injected(&proxy, fault) >= 3, "{case}");
@@ -108,7 +110,7 @@ async fn a_claim_whose_commit_answer_is_lost_is_still_sent_once_on_time_not_unkn
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = due_user(&app, "dropped-claim", 1).await;
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1);
     assert_eq!((summary.sent, summary.unknown), (1, 0), "{summary:?}");
     assert_eq!(app.deliveries().await.len(), 1);
@@ -131,7 +133,7 @@ async fn a_claim_that_commits_after_its_delivery_was_looked_for_is_sent_not_left
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::HoldThenCommit, 1);
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::InProgress, 9);
     proxy.inject("GetItem", Some("DELIVERY#"), Fault::ReleaseHeld, 1);
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     assert_eq!(injected(&proxy, Fault::HoldThenCommit), 1);
     assert_eq!(injected(&proxy, Fault::ReleaseHeld), 1);
     // The held attempt did commit late, and its delivery is the one sent.
@@ -176,7 +178,7 @@ async fn a_due_page_unreadable_past_the_sdks_retries_is_read_again_in_the_same_t
         "{:?}",
         proxy.injected()
     );
-    let next = app.tick(20).await;
+    let next = app.tick(30).await;
     assert_eq!((next.sent, next.unknown, next.lost), (1, 0, 0), "{next:?}");
     assert_eq!(app.deliveries().await.len(), 2, "each sent once");
     awaiting_checkin(&app, &other, "next tick").await;
@@ -193,7 +195,7 @@ async fn a_claim_whose_answer_is_lost_and_whose_delivery_cannot_be_looked_for_is
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::CommitThenDrop, 1);
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::InProgress, 9);
     proxy.inject("GetItem", Some("DELIVERY#"), Fault::Throttle, 3);
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1);
     assert_eq!(injected(&proxy, Fault::Throttle), 3, "the look failed");
     sent_once(&app, &user, &summary, "look failed").await;
@@ -210,7 +212,7 @@ async fn a_lost_claim_whose_last_look_fails_too_is_looked_for_again_and_sent() {
     proxy.inject("TransactWriteItems", Some(CLAIM), Fault::InProgress, 9);
     proxy.inject("GetItem", Some("DELIVERY#"), Fault::Throttle, 3);
     proxy.inject("BatchGetItem", Some("DELIVERY#"), Fault::Throttle, 3);
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1);
     assert_eq!(injected(&proxy, Fault::Throttle), 6, "both looks failed");
     sent_once(&app, &user, &summary, "last look failed").await;
@@ -248,7 +250,7 @@ async fn a_publication_whose_answer_is_lost_is_counted_once_by_the_dispatcher_th
         Fault::InProgress,
         9,
     );
-    let summary = app.tick(20).await;
+    let summary = app.tick(30).await;
     proxy.clear();
     assert_eq!(injected(&proxy, Fault::CommitThenDrop), 1);
     assert_eq!(summary.published, 1, "{summary:?}");
@@ -537,14 +539,14 @@ async fn the_dispatchers_claim_and_finalize_meeting_each_fault_once_send_once_on
             let (app, proxy) = spawn_faulty_app(&FAST).await;
             let user = due_user(&app, "dispatched", 1).await;
             proxy.inject("TransactWriteItems", Some(pattern), fault, 1);
-            let mut summary = app.tick(20).await;
+            let mut summary = app.tick(30).await;
             // On a loaded machine a tick may skip a shard the emulator did not answer in
             // time (nothing claimed, nothing written): the next tick takes it.
             for _ in 0..4 {
                 if summary.claimed > 0 || injected(&proxy, fault) > 0 {
                     break;
                 }
-                summary = app.tick(20).await;
+                summary = app.tick(30).await;
             }
             assert_eq!(injected(&proxy, fault), 1, "{case}: the fault was met");
             sent_once(&app, &user, &summary, &case).await;
@@ -607,7 +609,7 @@ async fn a_tick_whose_every_third_transaction_loses_its_answer_sends_each_due_pl
     proxy.inject_every("TransactWriteItems", None, Fault::CommitThenDrop, 0, 3);
     let mut sent = 0;
     for _ in 0..3 {
-        let summary = app.tick(20).await;
+        let summary = app.tick(30).await;
         assert_eq!(summary.unknown, 0, "{summary:?}");
         sent += summary.sent;
     }
@@ -884,7 +886,7 @@ async fn a_43101_whose_voiding_never_lands_in_the_invocation_is_finished_by_the_
     // The voiding's transactions are the ones that stamp `voided_at`.
     proxy.inject("TransactWriteItems", Some("voided_at"), Fault::Throttle, 0);
     app.make_due(&user, "water", app.now()).await;
-    app.tick(20).await;
+    app.tick(30).await;
     proxy.clear();
     let available = |answer: serde_json::Value| {
         onegrant_tests::quota(&answer, "tmpl_water_reminder")["available"].clone()
