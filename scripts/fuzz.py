@@ -1,8 +1,8 @@
 """Fuzzes the local stack against api/openapi.yaml with schemathesis.
 
 Starts `onegrant-local` (the binary given as the first argument) on free ports with its
-own emulator and the WeChat stand-in, signs a user in, gives it a grant and turns its
-water reminder on, then runs schemathesis over every operation with that user's token:
+own emulator and the WeChat stand-in, signs users in, gives each a grant and turns its
+water reminder on, then runs schemathesis over every operation with their tokens:
 all checks, a fixed seed, at least MIN_CASES generated cases. The schema is the
 contract the stack serves (/openapi.json: api/openapi.yaml with the configured template
 ids and reminder kinds and the zone database's names filled in), so every rejection of
@@ -15,8 +15,12 @@ request carrying the scheme's header, whose signature headers it replaces with t
 local publisher's over the exact bytes it forwards (one sent without it stays
 unsigned: schemathesis's own check that it is refused).
 
-The fuzzed user is never erased: `DELETE /v1/me` carrying its token goes to the stack
-with a fresh user's token instead (signed in through the stand-in for that call), so
+The fuzzed user is really USERS users, each set up alike: the proxy hands each request
+carrying the token schemathesis was given to the next of them in turn, so that no
+user's per-minute limits are met on a machine of any speed (one user met them for
+most cases of some routes, and which ones hung on the machine's speed: a route's
+logic was fuzzed on a slow machine and not on a fast one). And they are never erased:
+`DELETE /v1/me` goes with a fresh user's token instead (signed in for that call), so
 each erasure is a real one and every case after it still reaches the routes' logic
 (erasing the fuzzed user at its first such case left three fifths of the run
 answering 401).
@@ -32,6 +36,7 @@ import hashlib
 import hmac
 import http.client
 import http.server
+import itertools
 import json
 import os
 import re
@@ -45,6 +50,7 @@ import urllib.parse
 import urllib.request
 
 MIN_CASES = 2000
+USERS = 16
 MAX_EXAMPLES = "150"
 SEED = "1"
 
@@ -63,10 +69,19 @@ PUBLISHER = ("com.example.shop", b"local-publisher-secret")
 NOT_FORWARDED = {"host", "connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
-def signing_proxy(api_port, token, sign_in):
+def signing_proxy(api_port, token, tokens, sign_in):
     """A proxy on a free port passing every request to the API on `api_port` as it
-    came, signing `/publisher/` requests as the local publisher and giving an erasure
-    of the user behind `token` a fresh user's token from `sign_in()`: (port, server)."""
+    came, but signing `/publisher/` requests as the local publisher and giving a
+    request carrying `token` the next of `tokens` in turn, or for an erasure a fresh
+    user's token from `sign_in()`: (port, server)."""
+    turns = itertools.cycle(tokens)
+    lock = threading.Lock()
+
+    def stand_in_for(method, path):
+        if method == "DELETE" and path == "/v1/me":
+            return sign_in()
+        with lock:
+            return next(turns)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -85,11 +100,14 @@ def signing_proxy(api_port, token, sign_in):
             # Signed in place of the key schemathesis sends (the `publisher` scheme's
             # header); a request it sends without one (its auth checks) stays unsigned.
             sent_a_key = any(k.lower() == "x-onegrant-signature" for k in headers)
-            if self.command == "DELETE" and path == "/v1/me":
-                headers = {
-                    k: (f"Bearer {sign_in()}" if k.lower() == "authorization" and v == f"Bearer {token}" else v)
-                    for k, v in headers.items()
-                }
+            headers = {
+                k: (
+                    f"Bearer {stand_in_for(self.command, path)}"
+                    if k.lower() == "authorization" and v == f"Bearer {token}"
+                    else v
+                )
+                for k, v in headers.items()
+            }
             if path.startswith("/publisher/") and sent_a_key:
                 headers = {k: v for k, v in headers.items() if not k.lower().startswith("x-onegrant-")}
                 timestamp = str(int(time.time()))
@@ -146,9 +164,9 @@ def main():
         ONEGRANT_STANDIN_PORT="0",
         ONEGRANT_LOCAL_TICK_SECONDS="0",
         RUST_LOG="error",
-        # The per-user limits at their widest (reads unlimited): at their defaults most
-        # of some routes' cases met 429 and which ones did hung on the machine's speed.
-        # The limits themselves are the suite's to test (limits::).
+        # The per-user limits at their widest (reads unlimited), as well as USERS users
+        # taking turns: which cases meet 429 must not hang on the machine's speed. The
+        # limits themselves are the suite's to test (limits::).
         READS_PER_MINUTE="0",
         CHANGES_PER_MINUTE="600",
         REPORTS_PER_MINUTE="600",
@@ -176,9 +194,14 @@ def main():
             login = call("POST", f"http://127.0.0.1:{standin}/control/login-codes", {"user": user})
             return call("POST", f"{base}/v1/session", {"code": login["code"]})["token"]
 
-        token = sign_in()
-        call("POST", f"{base}/v1/grants", {"request_id": "fuzz_1", "results": {"tmpl_water_reminder": "accept"}}, token)
-        call("PUT", f"{base}/v1/reminders/water", {"enabled": True}, token)
+        def set_up(user):
+            token = sign_in(user)
+            call("POST", f"{base}/v1/grants", {"request_id": "fuzz_1", "results": {"tmpl_water_reminder": "accept"}}, token)
+            call("PUT", f"{base}/v1/reminders/water", {"enabled": True}, token)
+            return token
+
+        tokens = [set_up(f"fuzz_{i}") for i in range(USERS)]
+        token = tokens[0]
 
         # The contract as this deployment serves it: the configured template ids and
         # reminder kinds and the zone database's names filled in.
@@ -186,7 +209,7 @@ def main():
             json.dump(call("GET", f"{base}/openapi.json"), f)
             schema_path = f.name
         tool = os.path.join(os.path.dirname(sys.executable), "schemathesis")
-        proxy_port, proxy = signing_proxy(api, token, lambda: sign_in(f"erased_{next(users)}"))
+        proxy_port, proxy = signing_proxy(api, token, tokens, lambda: sign_in(f"erased_{next(users)}"))
         command = [
             tool, "run", schema_path,
             "--url", f"http://127.0.0.1:{proxy_port}",

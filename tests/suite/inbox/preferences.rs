@@ -137,6 +137,16 @@ async fn bad_preferences_are_refused_with_their_code_and_store_nothing() {
             422,
             "invalid_muted_types",
         ),
+        // More than 20 entries as sent, even when their repeats leave two types (the
+        // contract's maxItems; the fuzzer found such a body accepted).
+        (
+            "",
+            Some(
+                json!({"quiet_hours": null, "muted_types": (0..24).map(|i| if i % 8 == 1 { "00" } else { "0" }).collect::<Vec<_>>()}),
+            ),
+            422,
+            "invalid_muted_types",
+        ),
     ];
     for (raw, body, status, code) in &cases {
         let text = body

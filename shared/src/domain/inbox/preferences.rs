@@ -106,6 +106,11 @@ impl Preferences {
             }
         };
         let muted_types = match object.get("muted_types") {
+            // At most 20 entries as sent, repeats counted (the contract's `maxItems`),
+            // then kept sorted and without repeats.
+            Some(Value::Array(types)) if types.len() > MAX_MUTED_TYPES => {
+                return Err(PreferencesError::MutedTypes);
+            }
             Some(Value::Array(types)) => {
                 let mut kinds = Vec::with_capacity(types.len());
                 for t in types {
@@ -116,9 +121,6 @@ impl Preferences {
                 }
                 kinds.sort();
                 kinds.dedup();
-                if kinds.len() > MAX_MUTED_TYPES {
-                    return Err(PreferencesError::MutedTypes);
-                }
                 kinds
             }
             None => return Err(PreferencesError::Shape("muted_types is required".into())),
@@ -258,6 +260,12 @@ mod tests {
             ),
             (
                 json!({"quiet_hours": null, "muted_types": (0..21).map(|i| format!("t{i}")).collect::<Vec<_>>()}),
+                "muted_types: at most",
+            ),
+            // 21 entries as sent, two types once their repeats are gone: refused all
+            // the same, as the contract's maxItems says (the fuzzer found it accepted).
+            (
+                json!({"quiet_hours": null, "muted_types": (0..21).map(|i| format!("t{}", i % 2)).collect::<Vec<_>>()}),
                 "muted_types: at most",
             ),
         ];
