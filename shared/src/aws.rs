@@ -92,6 +92,37 @@ pub async fn sdk_config() -> SdkConfig {
 }
 
 #[cfg(feature = "store")]
+/// A deployed function's SDK config: what Lambda gives a function in its environment —
+/// `AWS_REGION`, the execution role's credentials in `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, and `AWS_ENDPOINT_URL_DYNAMODB`
+/// (or `AWS_ENDPOINT_URL`) where one is set, as for the emulator — with
+/// [`DYNAMODB_ATTEMPT_TIMEOUT`] per request. Unlike [`sdk_config`] (the operator tools',
+/// which run wherever an operator signs in), it links none of aws-config's other
+/// credential sources (STS, SSO, instance metadata, profile files) that a function never
+/// uses: about 0.6 MB of each binary (docs/benchmarks.md, "Cold start").
+pub fn function_sdk_config() -> SdkConfig {
+    install_crypto_provider();
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let region = env("AWS_REGION")
+        .or_else(|| env("AWS_DEFAULT_REGION"))
+        .map(aws_config::Region::new);
+    let credentials = aws_credential_types::provider::SharedCredentialsProvider::new(
+        aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+    );
+    let mut config = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(https_client())
+        .timeout_config(dynamodb_timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
+        .retry_config(aws_config::retry::RetryConfig::standard())
+        .region(region)
+        .credentials_provider(credentials);
+    if let Some(url) = env("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| env("AWS_ENDPOINT_URL")) {
+        config = config.endpoint_url(url);
+    }
+    config.build()
+}
+
+#[cfg(feature = "store")]
 /// A DynamoDB client configured from the environment.
 pub async fn dynamodb_client() -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::new(&sdk_config().await)

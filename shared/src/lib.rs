@@ -203,7 +203,7 @@ impl Deps {
     pub async fn from_env(needs: &[config::Need]) -> Result<Self, DepsError> {
         let config = Config::load().await.map_err(DepsError::Config)?;
         config.require(needs).map_err(DepsError::Config)?;
-        let sdk = aws::sdk_config().await;
+        let sdk = aws::function_sdk_config();
         let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
         let region = sdk
             .region()

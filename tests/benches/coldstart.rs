@@ -133,7 +133,7 @@ async fn event_for(app: &TestApp, function: &str, token: &str, openid: &str, n: 
 /// A notification the local publisher publishes, signed as its backend signs it, under
 /// a fresh idempotency key each time (answered 201).
 fn publisher_event(openid: &str, n: usize) -> Value {
-    let body = order_detail(openid, &format!("bench-{n}"), json!({})).to_string();
+    let body = order_detail(openid, &format!("bench-publisher-{n}"), json!({})).to_string();
     let now = onegrant::Clock::real_now().timestamp();
     let target = "/publisher/v1/notifications";
     let mut e = event("publisher-publish");
@@ -265,12 +265,15 @@ async fn measure(app: &TestApp, dir: &std::path::Path, function: &str, warm: usi
         assert_eq!(answered, id);
         // An HTTP function answers an API Gateway response: it must be a 2xx (a
         // publish is 201).
-        let ok = body.is_some_and(|b| {
-            serde_json::from_str::<Value>(&b)
+        let ok = body.as_ref().is_some_and(|b| {
+            serde_json::from_str::<Value>(b)
                 .ok()
                 .and_then(|v| v.get("statusCode").and_then(Value::as_u64))
                 .is_none_or(|status| (200..300).contains(&status))
         });
+        if !ok && errors == 0 {
+            eprintln!("{function}: its first failed answer: {body:?}");
+        }
         errors += usize::from(!ok);
         times.push(at - sent);
     }
