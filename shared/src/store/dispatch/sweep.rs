@@ -357,7 +357,6 @@ impl Store {
         sk: &str,
         now: DateTime<Utc>,
     ) -> Result<Step, StoreError> {
-        let policy = &self.policy;
         let Some(kind) = self.plan_kind(sk) else {
             // A configuration change, not a bad item: kept, behind the others, to be
             // swept once the kind is configured again.
@@ -380,26 +379,11 @@ impl Store {
             .get(pk, &delivery_sk(&delivery_id))
             .await?
             .and_then(|item| parse::<DeliveryItem>("delivery", item).ok());
-        let learns = delivery
-            .map(|d| d.delivery().for_stranded_plan())
-            .unwrap_or(PlanLearns::Settled {
-                class: OutcomeClass::Unknown,
-                errcode: None,
-            });
-        let settlement = match learns {
-            // Its own lease-index entry settles it (and this plan with it); meanwhile
-            // this entry waits behind the others rather than hold up the shard.
-            PlanLearns::Wait => {
-                return Ok(Step::Later(format!("{sk}: its delivery is still live")));
-            }
-            // Given back unsent: due again at its own instant, no attempt spent.
-            PlanLearns::Released { due_at } => crate::domain::settle::release(
-                plan.attempts,
-                DateTime::from_timestamp_millis(due_at).unwrap_or(now),
-            ),
-            PlanLearns::Settled { class, errcode } => {
-                settle(class, errcode, plan.attempts, policy, now)
-            }
+        let learns = delivery.map_or(PlanLearns::MISSING, |d| d.delivery().for_stranded_plan());
+        // A live delivery's own lease-index entry settles it (and this plan with it);
+        // meanwhile this entry waits behind the others rather than hold up the shard.
+        let Some(settlement) = learns.settlement(plan.attempts, &self.policy, now) else {
+            return Ok(Step::Later(format!("{sk}: its delivery is still live")));
         };
         let moved = self
             .advance_plan(pk, kind, &delivery_id, &settlement, now)

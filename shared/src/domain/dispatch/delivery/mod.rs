@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::grants::GrantState;
 use crate::domain::reconcile::{Mark, anonymous_sent_id};
-use crate::domain::settle::{DeliveryState, KeptAnswer, OutcomeClass, SendResult};
+use crate::domain::settle::{
+    DeliveryState, KeptAnswer, OutcomeClass, RetryPolicy, SendResult, Settlement, release, settle,
+};
 
 /// A delivery as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +148,35 @@ pub enum PlanLearns {
         class: OutcomeClass,
         errcode: Option<i64>,
     },
+}
+
+impl PlanLearns {
+    /// What a plan learns of a delivery that is missing or cannot be read: that its
+    /// send's outcome is unknown.
+    pub const MISSING: PlanLearns = PlanLearns::Settled {
+        class: OutcomeClass::Unknown,
+        errcode: None,
+    };
+
+    /// How the plan, `attempts` failures in a row before this send, moves on: `None`
+    /// while the delivery is live (its own lease entry settles it, and the plan with
+    /// it); given back unsent, due again at its own instant with no attempt spent;
+    /// else settled by the delivery's class, as its finalize would have.
+    pub fn settlement(
+        self,
+        attempts: u32,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Option<Settlement> {
+        match self {
+            Self::Wait => None,
+            Self::Released { due_at } => Some(release(
+                attempts,
+                DateTime::from_timestamp_millis(due_at).unwrap_or(now),
+            )),
+            Self::Settled { class, errcode } => Some(settle(class, errcode, attempts, policy, now)),
+        }
+    }
 }
 
 impl Delivery {

@@ -152,6 +152,51 @@ fn the_sweep_settles_only_live_deliveries_past_their_lease() {
 }
 
 #[test]
+fn a_stranded_plan_waits_for_a_live_delivery_and_otherwise_settles_as_its_finalize_would() {
+    let policy = RetryPolicy::default();
+    let now = at(2_000);
+    assert_eq!(PlanLearns::Wait.settlement(3, &policy, now), None);
+    // Given back unsent: due again at its own instant, its attempts unchanged.
+    assert_eq!(
+        PlanLearns::Released { due_at: 500 }.settlement(3, &policy, now),
+        Some(release(3, at(500)))
+    );
+    let released = PlanLearns::Released { due_at: 500 }
+        .settlement(3, &policy, now)
+        .expect("settled");
+    assert_eq!(
+        (released.attempts, released.grant),
+        (3, GrantState::Available)
+    );
+    // Settled, or missing (unknown): the outcome table's settlement of that class.
+    for (learns, class, errcode) in [
+        (
+            PlanLearns::Settled {
+                class: OutcomeClass::Sent,
+                errcode: None,
+            },
+            OutcomeClass::Sent,
+            None,
+        ),
+        (
+            PlanLearns::Settled {
+                class: OutcomeClass::Retryable,
+                errcode: Some(-1),
+            },
+            OutcomeClass::Retryable,
+            Some(-1),
+        ),
+        (PlanLearns::MISSING, OutcomeClass::Unknown, None),
+    ] {
+        assert_eq!(
+            learns.settlement(1, &policy, now),
+            Some(settle(class, errcode, 1, &policy, now)),
+            "{learns:?}"
+        );
+    }
+}
+
+#[test]
 fn a_stranded_plan_learns_its_deliverys_outcome() {
     assert_eq!(
         delivery(DeliveryState::Sending).for_stranded_plan(),
