@@ -199,11 +199,20 @@ impl Deps {
     }
 
     /// Reads the config (secrets from Secrets Manager), checks it holds the secrets in
-    /// `needs`, and builds every client: a function's `main` calls this once.
+    /// `needs`, and builds every client on Lambda's environment
+    /// ([`aws::function_sdk_config`]): a function's `main` calls this once.
     pub async fn from_env(needs: &[config::Need]) -> Result<Self, DepsError> {
+        Self::from_env_on(needs, aws::function_sdk_config()).await
+    }
+
+    /// The same on `sdk`: an operator's tool passes [`aws::sdk_config`], the SDK's
+    /// whole credential chain (a profile, SSO, an assumed role).
+    pub async fn from_env_on(
+        needs: &[config::Need],
+        sdk: aws_config::SdkConfig,
+    ) -> Result<Self, DepsError> {
         let config = Config::load().await.map_err(DepsError::Config)?;
         config.require(needs).map_err(DepsError::Config)?;
-        let sdk = aws::function_sdk_config();
         let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
         let region = sdk
             .region()

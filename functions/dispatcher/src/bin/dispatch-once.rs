@@ -1,7 +1,8 @@
 //! `dispatch-once`: runs one dispatcher tick against the configured table and WeChat
 //! (environment as for the Lambda) and prints its summary. For operators and for the
 //! crash tests, which kill this process at chosen points.
-//! `DISPATCH_ONCE_SECONDS` bounds the tick (default 55).
+//! `DISPATCH_ONCE_SECONDS` bounds the tick (default 55). Unlike the Lambda, it finds
+//! credentials as the AWS CLI does (a profile, SSO, an assumed role: `aws::sdk_config`).
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,7 +13,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(55);
-    let deps = onegrant::Deps::from_env(&[onegrant::config::Need::AppSecret]).await?;
+    let sdk = onegrant::aws::sdk_config().await;
+    let deps = onegrant::Deps::from_env_on(&[onegrant::config::Need::AppSecret], sdk).await?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
     let summary = dispatcher::tick(&deps, deadline).await?;
     onegrant::metrics::flush();
