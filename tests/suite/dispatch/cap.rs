@@ -313,3 +313,40 @@ async fn racing_claims_never_pass_the_cap() {
     }
     assert_ledger_agrees_with_counters(&app).await;
 }
+
+#[tokio::test]
+async fn a_send_wechat_refused_gives_its_count_back_though_its_grant_stays_void() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0"), ("PUSHES_PER_DAY", "1")]).await;
+    app.move_to_china_midday();
+    let user = app.user("alice").await;
+    app.accept(&user, ORDER, "wr_0").await;
+    let today = app
+        .now()
+        .with_timezone(&Timezone::SHANGHAI.tz())
+        .date_naive();
+    // WeChat answers 43101 (the user no longer holds the subscription): the grant is
+    // voided, and nothing went out, so the day's one send is not used up.
+    app.control(
+        "POST",
+        "faults",
+        Some(json!({"openid": user.openid, "errcode": 43101, "times": 1})),
+    )
+    .await;
+    app.notify(push(&user, "refused", None)).await;
+    let first = app.tick(30).await;
+    assert_eq!((first.claimed, first.sent), (1, 0), "{first:?}");
+    assert_eq!(sent_on(&app, &user, ORDER, today).await, Some(0));
+    assert_eq!(
+        app.available(&user, ORDER).await,
+        0,
+        "43101 voids the grant"
+    );
+    // The user accepts again: today's send is still theirs.
+    app.accept(&user, ORDER, "wr_1").await;
+    app.notify(push(&user, "sent", None)).await;
+    let second = app.tick(30).await;
+    assert_eq!((second.sent, second.cap_waits), (1, 0), "{second:?}");
+    assert_eq!(sent_on(&app, &user, ORDER, today).await, Some(1));
+    assert_eq!(app.deliveries().await.len(), 1, "one message went out");
+    assert_ledger_agrees_with_counters(&app).await;
+}

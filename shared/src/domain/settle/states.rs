@@ -26,6 +26,13 @@ impl DeliveryState {
         }
     }
 
+    /// Whether a send in this state counts against the daily cap: WeChat took it or
+    /// may have. A failed send, certainly not taken, gives its day's count back,
+    /// whatever becomes of its grant (43101 voids it, yet nothing went out).
+    pub fn counts_against_cap(self) -> bool {
+        !matches!(self, Self::Failed)
+    }
+
     /// Still owned by a dispatcher (and on the lease index).
     pub fn is_live(self) -> bool {
         match self {

@@ -170,8 +170,8 @@ impl Store {
                 sk: &claim.grant_sk,
                 from: GrantState::Reserved,
                 to: settlement.grant,
-                uncount: claim.counted_on,
             }),
+            counted_on: claim.counted_on,
             retry_whole: false,
             source,
         };
@@ -312,8 +312,8 @@ impl Store {
                     sk: &claim.grant_sk,
                     from: GrantState::Invalid,
                     to,
-                    uncount: claim.counted_on,
                 }),
+                counted_on: claim.counted_on,
                 retry_whole: true,
                 source,
             };

@@ -290,8 +290,8 @@ impl Store {
                     sk: &delivery.grant_sk,
                     from: GrantState::Invalid,
                     to: GrantState::Consumed,
-                    uncount: None,
                 }),
+                counted_on: delivery.counted_on,
                 retry_whole: true,
                 source: writes,
             };

@@ -28,9 +28,6 @@ pub(crate) struct GrantMove<'a> {
     pub(crate) sk: &'a str,
     pub(crate) from: GrantState,
     pub(crate) to: GrantState,
-    /// Under a daily cap, the day the claim counted its send on: a grant given back
-    /// unsent (`reserved → available`) gives that count back too.
-    pub(crate) uncount: Option<chrono::NaiveDate>,
 }
 
 /// What a settle writes to the delivery.
@@ -79,6 +76,9 @@ pub(crate) struct SettleTx<'a> {
     pub(crate) template: &'a TemplateId,
     pub(crate) marks: Marks,
     pub(crate) grant: Option<GrantMove<'a>>,
+    /// Under a daily cap, the day the claim counted its send on: given back when the
+    /// delivery ends failed ([`DeliveryState::counts_against_cap`]).
+    pub(crate) counted_on: Option<chrono::NaiveDate>,
     /// If the claimed item moved on, give up (the caller reads it again) instead of
     /// landing the rest without it.
     pub(crate) retry_whole: bool,
@@ -215,21 +215,25 @@ impl Store {
     }
 
     /// The quota item's part of a settle: the counters and open-grant sets following
-    /// the grant (out of `reserved`, into `available` on a restore), and the marks.
-    /// None if neither changes.
-    pub(crate) fn quota_update(
+    /// the grant (out of `reserved`, into `available` on a restore), the day's count
+    /// given back (`uncount`), and the marks. None if none changes.
+    fn quota_update(
         &self,
-        pk: &str,
-        template: &TemplateId,
+        tx: &SettleTx<'_>,
         grant: Option<GrantMove<'_>>,
-        marks: &Marks,
-        claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Option<TransactWriteItem>, StoreError> {
-        if grant.is_none() && marks.is_empty() {
+        let (pk, template, marks) = (tx.pk, tx.template, &tx.marks);
+        let uncount = tx
+            .counted_on
+            .filter(|_| !tx.write.state.counts_against_cap());
+        if grant.is_none() && uncount.is_none() && marks.is_empty() {
             return Ok(None);
         }
         let mut counters = change().set("updated_at", s(rfc3339(now)));
+        if let Some(day) = uncount {
+            counters = counters.add(sent_on(day), n(-1));
+        }
         let mut guard = None;
         if let Some(grant) = grant {
             let request = request_id_of_grant(grant.sk)
@@ -244,17 +248,10 @@ impl Store {
             if grant.to == GrantState::Available {
                 counters = counters.add(OPEN_AVAILABLE, id());
             }
-            // (`invalid → available`: a late answer that the message did not go out.)
-            if let Some(day) = grant.uncount
-                && grant.to == GrantState::Available
-                && grant.from != GrantState::Available
-            {
-                counters = counters.add(sent_on(day), n(-1));
-            }
             if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
                 // A void grant comes back only if nothing voided the template's grants
                 // on purpose since the send was claimed.
-                guard = Some(not_voided_since(claimed_at.timestamp_millis()));
+                guard = Some(not_voided_since(tx.claimed_at.timestamp_millis()));
             }
             // A grant given back: the wake entry due at once (waiting pushes are woken
             // by the dispatcher even if this writer never wakes them).
@@ -304,9 +301,7 @@ impl Store {
                         self.grant_move(tx.pk, tx.delivery_id, grant, tx.write.by, now)?,
                     );
                 }
-                if let Some(quota) =
-                    self.quota_update(tx.pk, tx.template, grant, &tx.marks, tx.claimed_at, now)?
-                {
+                if let Some(quota) = self.quota_update(&tx, grant, now)? {
                     items.add(Settle::Quota, quota);
                 }
                 for (i, write) in tx.source.iter().enumerate() {

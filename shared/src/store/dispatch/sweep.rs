@@ -310,8 +310,8 @@ impl Store {
                 sk: &delivery.grant_sk,
                 from: GrantState::Reserved,
                 to: settlement.grant,
-                uncount: delivery.counted_on,
             }),
+            counted_on: delivery.counted_on,
             retry_whole: false,
             source,
         };
