@@ -572,3 +572,55 @@ async fn wechat_saying_the_user_withdrew_forgets_them_in_xml_and_never_on_a_plai
         200
     );
 }
+
+#[tokio::test]
+async fn a_change_of_the_inactive_days_holds_for_users_already_on_the_index() {
+    use onegrant::domain::erasure::{activity_day, inactive_from};
+    let app = onegrant_tests::spawn_app_with(&[("INACTIVE_USER_DAYS", "30")]).await;
+    app.move_to_china_midday();
+    let days = |n: u64| std::time::Duration::from_secs(n * 86_400);
+    // The stack redeployed with another INACTIVE_USER_DAYS: same table, same clock.
+    let redeployed = |inactive_user_days: u32| {
+        let mut config = (*app.deps.config).clone();
+        config.limits.inactive_user_days = inactive_user_days;
+        onegrant_local::stack::deps_on(config, app.table.client.clone(), app.clock.clone())
+            .expect("deps")
+    };
+    let tick = |deps: onegrant::Deps| async move {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        dispatcher::tick(&deps, deadline).await.expect("tick")
+    };
+    let active = async |app: &TestApp, name: &str| {
+        let user = app.user(name).await;
+        let seen = app.get("/v1/notifications", Some(&user.token)).await;
+        assert_eq!(seen.status, 200, "{}", seen.body);
+        user
+    };
+    let una = active(&app, "una").await;
+    let her_day = activity_day(app.now());
+    // Raised to 60 days: 31 days on, she is not forgotten; due again at the new day.
+    app.advance(days(31));
+    tick(redeployed(60)).await;
+    assert!(tombstones(&app).await.is_empty(), "nobody forgotten");
+    let entry = app.item(&una, "ACTIVE").await.expect("her activity");
+    let later = inactive_from(her_day, 60).expect("60 days");
+    assert_eq!(
+        onegrant_tests::attr_n(&entry, "due_at"),
+        Some(later.timestamp_millis())
+    );
+    // Meanwhile vic uses the mini-program (written under 30 days).
+    let vic = active(&app, "vic").await;
+    // Past her 60 days: under 60 she is forgotten; vic, inside his 30, is not.
+    app.advance(days(30));
+    tick(redeployed(60)).await;
+    let tombstone = tombstones(&app).await;
+    assert_eq!(tombstone.len(), 1, "only her: {tombstone:?}");
+    assert_eq!(attr_s(&tombstone[0], "cause"), Some("inactive"));
+    // Turned off (0: never): past his 30 days, vic is not forgotten; off the index.
+    app.advance(days(1));
+    tick(redeployed(0)).await;
+    assert_eq!(tombstones(&app).await.len(), 1, "vic is kept");
+    let entry = app.item(&vic, "ACTIVE").await.expect("his activity");
+    assert!(!entry.contains_key("due_pk"), "off the index: {entry:?}");
+    assert!(!entry.contains_key("due_at"), "off the index: {entry:?}");
+}

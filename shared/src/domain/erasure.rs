@@ -254,6 +254,30 @@ pub fn inactive_from(day: chrono::NaiveDate, days: u32) -> Option<DateTime<Utc>>
     Some(start.and_time(chrono::NaiveTime::MIN).and_utc())
 }
 
+/// What becomes of a user's activity entry come due on the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InactiveDue {
+    /// Inactive for the days set now: their erasure begins.
+    Erase,
+    /// Not yet under the days set now (the setting was raised since the entry was
+    /// written): due again then.
+    Later(DateTime<Utc>),
+    /// Inactivity no longer erases (`INACTIVE_USER_DAYS` set to 0 since), or the day
+    /// kept is unreadable: off the index, nobody erased. Their next request puts them
+    /// back on it when the setting is on again.
+    Off,
+}
+
+/// The entry of a user last active on `day` (as kept), come due at `now`, judged under
+/// the days set now, not those set when it was written.
+pub fn inactive_due(day: Option<chrono::NaiveDate>, days: u32, now: DateTime<Utc>) -> InactiveDue {
+    match day.and_then(|day| inactive_from(day, days)) {
+        None => InactiveDue::Off,
+        Some(due) if due > now => InactiveDue::Later(due),
+        Some(_) => InactiveDue::Erase,
+    }
+}
+
 /// Whether a request on `today` moves the user's activity on (at most once a day: a
 /// write a day per active user).
 pub fn moves_activity(kept: Option<chrono::NaiveDate>, today: chrono::NaiveDate) -> bool {
@@ -433,6 +457,36 @@ mod tests {
         assert!(moves_activity(None, day));
         assert!(moves_activity(day.pred_opt(), day));
         assert!(!moves_activity(Some(day), day));
+    }
+
+    #[test]
+    fn an_activity_come_due_is_judged_under_the_days_set_now() {
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 12, 6).expect("day");
+        let now = at("2027-01-06T00:00:00Z");
+        let rows = [
+            // Written under 30, still 30: thirty whole days have passed.
+            (Some(day), 30, InactiveDue::Erase),
+            // Lowered to 10: long past.
+            (Some(day), 10, InactiveDue::Erase),
+            // Raised to 60: due again at the new instant.
+            (
+                Some(day),
+                60,
+                InactiveDue::Later(at("2027-02-05T00:00:00Z")),
+            ),
+            // The entry came up a little early (the dispatcher's look ahead).
+            (
+                Some(day),
+                31,
+                InactiveDue::Later(at("2027-01-07T00:00:00Z")),
+            ),
+            // Turned off since: nobody is erased.
+            (Some(day), 0, InactiveDue::Off),
+            (None, 30, InactiveDue::Off),
+        ];
+        for (day, days, expected) in rows {
+            assert_eq!(inactive_due(day, days, now), expected, "{day:?} {days}");
+        }
     }
 
     #[test]

@@ -11,11 +11,11 @@ use crate::domain::erasure::{
     DUE_PREFIXES, Disposition, ErasureCause, ErasureState, Next, Pass, Progress, Tombstone,
     disposition, next, progress,
 };
-use crate::domain::erasure::{activity_day, inactive_from};
+use crate::domain::erasure::{InactiveDue, activity_day, inactive_due, inactive_from};
 use crate::store::dispatch::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
-use crate::store::items::activity::{ACTIVITY_SK, off_due, touched};
+use crate::store::items::activity::{ACTIVITY_SK, later_due, off_due, touched};
 use crate::store::items::change::check;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::tombstone::{
@@ -99,31 +99,43 @@ impl Store {
         Ok(())
     }
 
-    /// A user's activity come due (`DueItem::is_inactivity`): no request for
-    /// `INACTIVE_USER_DAYS`, so their erasure begins (caused `inactive`); the entry
-    /// leaves the index. One that moved on meanwhile (a request today) is left as it is.
+    /// A user's activity come due (`DueItem::is_inactivity`), judged under the
+    /// `INACTIVE_USER_DAYS` set now ([`inactive_due`]): no request for that many days,
+    /// so their erasure begins (caused `inactive`) and the entry leaves the index; not
+    /// yet (the days were raised since), due again then; inactivity turned off since,
+    /// off the index. One that moved on meanwhile (a request today) is left as it is.
     pub async fn inactive_due(
         &self,
         due: &DueItem,
         now: DateTime<Utc>,
     ) -> Result<Erasure, StoreError> {
-        let still = match self.get(&due.pk, &due.sk).await? {
-            Some(item) => number(&item, "due_at") == Some(due.due_at.timestamp_millis()),
-            None => false,
+        let seen = due.due_at.timestamp_millis();
+        let untouched = Erasure {
+            state: ErasureState::Pending,
+            deleted: 0,
+            stalled: false,
+            begun: false,
         };
-        let Some(openid) = due.openid().filter(|_| still) else {
-            return Ok(Erasure {
-                state: ErasureState::Pending,
-                deleted: 0,
-                stalled: false,
-                begun: false,
-            });
+        let Some(item) = self.get(&due.pk, &due.sk).await? else {
+            return Ok(untouched);
         };
-        let erasure = self
-            .start_erasure(&openid, ErasureCause::Inactive, now)
-            .await?;
-        let off = off_due(&self.table, &due.pk, due.due_at.timestamp_millis())?;
-        self.transact(vec![off]).await?;
+        let (Some(openid), true) = (due.openid(), number(&item, "due_at") == Some(seen)) else {
+            return Ok(untouched);
+        };
+        let day = text(&item, "day")
+            .and_then(|day| chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").ok());
+        let (erasure, write) = match inactive_due(day, self.limits.inactive_user_days, now) {
+            InactiveDue::Erase => (
+                self.start_erasure(&openid, ErasureCause::Inactive, now)
+                    .await?,
+                off_due(&self.table, &due.pk, seen)?,
+            ),
+            // (Come up a little early, within the dispatcher's look ahead: left.)
+            InactiveDue::Later(at) if at.timestamp_millis() == seen => return Ok(untouched),
+            InactiveDue::Later(at) => (untouched, later_due(&self.table, &due.pk, seen, at)?),
+            InactiveDue::Off => (untouched, off_due(&self.table, &due.pk, seen)?),
+        };
+        self.transact(vec![write]).await?;
         Ok(erasure)
     }
 

@@ -34,6 +34,23 @@ pub(crate) fn touched(
         .write()
 }
 
+/// The activity's due entry moved to `due`, while it is the one seen (`due_ms`): the
+/// days set were raised since it was written.
+pub(crate) fn later_due(
+    table: &str,
+    pk: &str,
+    due_ms: i64,
+    due: DateTime<Utc>,
+) -> Result<TransactWriteItem, StoreError> {
+    update(
+        table,
+        key(pk, ACTIVITY_SK),
+        change().set("due_at", n(due.timestamp_millis())),
+    )
+    .when(eq("due_at", n(due_ms)))
+    .write()
+}
+
 /// The activity's due entry taken off the index, while it is the one seen (`due_ms`):
 /// its erasure has begun.
 pub(crate) fn off_due(table: &str, pk: &str, due_ms: i64) -> Result<TransactWriteItem, StoreError> {
