@@ -283,6 +283,40 @@ async fn wechat_saying_the_user_closed_their_account_forgets_them() {
             .status,
         200
     );
+
+    // The push that forgot her, replayed with its spent nonce, begins nothing.
+    let (query, body) = sealed(&c, &c, &event, &ts, "e1");
+    assert_eq!(hit(&app, "POST", &query, Some(body)).await.0, 200);
+    let tombstone = tombstones(&app).await;
+    assert_eq!(
+        attr_s(&tombstone[0], "state"),
+        Some("done"),
+        "{tombstone:?}"
+    );
+    // She closes her account again. WeChat's first attempt spent its nonce and then
+    // failed (no answer); its retry, with that nonce, forgets her again.
+    let closed = json!({"ToUserName": "gh_123456789abc", "FromUserName": "o_wechat_platform",
+        "CreateTime": app.now().timestamp(), "MsgType": "event",
+        "Event": "user_authorization_cancellation", " OpenID": user.openid,
+        "AppID": onegrant_local::stack::LOCAL_APPID, "RevokeInfo": "1"})
+    .to_string();
+    let ts = now();
+    let spent = app.deps.store.record_nonce(&ts, "e5", app.now()).await;
+    assert!(spent.expect("nonce recorded"), "its first attempt");
+    let (retry, retry_body) = sealed(&c, &c, &closed, &ts, "e5");
+    assert_eq!(hit(&app, "POST", &retry, Some(retry_body)).await.0, 200);
+    let tombstone = tombstones(&app).await;
+    assert_eq!(
+        attr_s(&tombstone[0], "state"),
+        Some("pending"),
+        "{tombstone:?}"
+    );
+    assert_eq!(
+        app.get("/v1/notifications", Some(&again.token))
+            .await
+            .status,
+        401
+    );
 }
 
 #[tokio::test]

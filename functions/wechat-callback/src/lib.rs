@@ -257,8 +257,15 @@ async fn receive(
         }
         let fresh = deps.store.record_nonce(&timestamp, &nonce, now).await?;
         // A retry with the nonce spent (an attempt that recorded it and then failed)
-        // still begins the erasure if none is there; it never begins a second.
-        if fresh || deps.store.tombstone(&message.openid).await?.is_none() {
+        // still begins the erasure if none is there, or over one the user came back
+        // from before this push; it never begins a second.
+        let begins = fresh
+            || deps
+                .store
+                .tombstone(&message.openid)
+                .await?
+                .is_none_or(|there| there.erased_again_by(message.create_time));
+        if begins {
             let erasure = deps
                 .store
                 .start_erasure(&message.openid, *cause, now)

@@ -131,6 +131,15 @@ impl Tombstone {
     pub fn admits_data(&self) -> bool {
         self.reopened
     }
+
+    /// Whether WeChat's push asking that the user be forgotten, created at
+    /// `create_time` (epoch seconds) and with its nonce spent (a retry of an attempt
+    /// that failed after recording it, or a replay), begins an erasure over this one:
+    /// only once the user came back, and only a push newer than this erasure (the push
+    /// that began it, replayed, never begins another).
+    pub fn erased_again_by(&self, create_time: i64) -> bool {
+        self.reopened && create_time > self.erased_at.timestamp()
+    }
 }
 
 /// The two passes of an erasure over the user's partition.
@@ -349,6 +358,13 @@ mod tests {
         assert!(back.admits_data());
         assert!(!back.reopened_by(secs + 1), "reopened once");
         assert!(!back.admits_token(secs), "an old token stays refused");
+        assert!(back.erased_again_by(secs + 1), "a newer push, retried");
+        assert!(
+            !back.erased_again_by(secs),
+            "the push that began it, replayed"
+        );
+        assert!(!done.erased_again_by(secs + 1), "not while they are away");
+        assert!(!pending.erased_again_by(secs + 1));
     }
 
     #[test]
