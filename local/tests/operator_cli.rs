@@ -55,7 +55,8 @@ fn operator(bin: &str, endpoint: &str, table: &str, args: &[&str]) -> (bool, Str
 
 #[tokio::test]
 async fn an_operator_erases_a_user_by_openid() {
-    let mut stack = common::start_local(&[]);
+    // (No ticks of its own: the test writes the dispatcher's shard registry.)
+    let mut stack = common::start_local(&[("ONEGRANT_LOCAL_TICK_SECONDS", "0")]);
     let (endpoint, table) = dynamodb(&stack.printed);
     let http = onegrant::aws::http_client_builder()
         .build()
@@ -150,9 +151,49 @@ async fn an_operator_erases_a_user_by_openid() {
     );
     assert!(partition(db.clone()).await > 0, "nothing changed");
 
+    // Deployed with fewer shards than the default 16, drained down to them: the
+    // erasure's due entry must land on a partition that dispatcher reads, not where
+    // the default count would put it.
+    use onegrant::store::keys::due_pk;
+    let subject = onegrant::domain::erasure::subject(
+        onegrant::config::DEFAULT_OPENID_SALT,
+        &onegrant::domain::OpenId::parse(openid.clone()).expect("openid"),
+    );
+    let tombstone_pk = format!("ERASED#{subject}");
+    let shards = (1..16u32)
+        .find(|&n| due_pk(&tombstone_pk, "ERASED", 16) != due_pk(&tombstone_pk, "ERASED", n))
+        .expect("a count whose partition differs");
+    db.put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S("META".into()))
+        .item("sk", AttributeValue::S("SHARDS".into()))
+        .item("max_shards", AttributeValue::N(shards.to_string()))
+        .item("current", AttributeValue::N(shards.to_string()))
+        .item("current_since", AttributeValue::N("0".into()))
+        .send()
+        .await
+        .expect("registry");
     let (ok, printed) = erase(&endpoint, &table, &[&openid, "--once"]);
     assert!(ok, "{printed}");
     assert!(printed.contains("erasure pending"), "{printed}");
+    let tombstones = db
+        .scan()
+        .table_name(&table)
+        .filter_expression("sk = :sk")
+        .expression_attribute_values(":sk", AttributeValue::S("ERASED".into()))
+        .send()
+        .await
+        .expect("scan");
+    let due: Vec<_> = tombstones
+        .items()
+        .iter()
+        .map(|t| t.get("due_pk").and_then(|v| v.as_s().ok()).cloned())
+        .collect();
+    assert_eq!(
+        due,
+        vec![Some(due_pk(&tombstone_pk, "ERASED", shards))],
+        "under {shards} shards: {tombstones:?}"
+    );
     assert_eq!(
         partition(db.clone()).await,
         0,

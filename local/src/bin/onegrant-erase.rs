@@ -6,6 +6,9 @@
 //! finish it. `--once` begins it and takes one step (the dispatcher does the rest);
 //! `--status` only reports.
 //!
+//! Its due entries go under the shard count the deployed dispatcher registered
+//! (`DUE_SHARDS`), read from the table.
+//!
 //! Reads and writes the table `TABLE_NAME` with the standard AWS configuration
 //! (credentials, region; `AWS_ENDPOINT_URL_DYNAMODB` for the local stack's emulator),
 //! tagging the openid with `OPENID_SALT` — the deployment's own (the stack's
@@ -54,6 +57,16 @@ async fn main() -> anyhow::Result<()> {
     };
     let sdk = onegrant::aws::sdk_config().await;
     let store = Store::new(aws_sdk_dynamodb::Client::new(&sdk), table).with_openid_salt(salt);
+    // The tombstone's due entry on a partition the deployed dispatcher reads: under
+    // the count it registered (the default count's may have been drained).
+    let store = match store
+        .deployed_shards()
+        .await
+        .context("reading the shard registry")?
+    {
+        Some(shards) => store.with_shards(shards),
+        None => store,
+    };
     if status_only {
         match store
             .tombstone(&openid)

@@ -130,6 +130,17 @@ impl Store {
         })
     }
 
+    /// The count the deployed dispatcher registered, if the registry holds one: what
+    /// an operator's tool writes due entries under (with its own default count, an
+    /// entry could land on a partition the dispatcher drained and no longer reads).
+    pub async fn deployed_shards(&self) -> Result<Option<u32>, StoreError> {
+        let got = self.get(SHARDS_PK, SHARDS_SK).await?;
+        Ok(got
+            .as_ref()
+            .and_then(registry)
+            .map(|(_, current, _)| current))
+    }
+
     /// After a decrease, lowers the remembered count once the partitions above this
     /// store's count are empty on both indexes (at least [`DRAIN_GRACE`] after the
     /// change). True if it did.
