@@ -134,6 +134,8 @@ pub struct Receiver {
 /// One post a [`Receiver`] took, and how it answered (200, or 503 while down).
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// Its path and query as they reached the receiver (the path percent-encoded).
+    pub uri: axum::http::Uri,
     pub headers: axum::http::HeaderMap,
     pub body: Vec<u8>,
     pub outcome: Value,
@@ -148,36 +150,35 @@ impl Receiver {
         let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (r, d, late) = (received.clone(), down.clone(), delay_ms.clone());
-        let router = axum::Router::new().route(
-            "/hooks/onegrant",
-            axum::routing::post(
-                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let (r, d, late) = (r.clone(), d.clone(), late.clone());
-                    async move {
-                        let delay = late.load(Ordering::SeqCst);
-                        if delay > 0 {
-                            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
-                        }
-                        let status = if d.load(Ordering::SeqCst) {
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE
-                        } else {
-                            axum::http::StatusCode::OK
-                        };
-                        let outcome = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        r.lock().unwrap_or_else(|p| p.into_inner()).push(Received {
-                            headers,
-                            body: body.to_vec(),
-                            outcome,
-                            answered: status.as_u16(),
-                        });
-                        status
+        // (Any path: the webhook's is `/hooks/订单 1`, which travels percent-encoded.)
+        let router = axum::Router::new().fallback(axum::routing::post(
+            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let (r, d, late) = (r.clone(), d.clone(), late.clone());
+                async move {
+                    let delay = late.load(Ordering::SeqCst);
+                    if delay > 0 {
+                        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                     }
-                },
-            ),
-        );
+                    let status = if d.load(Ordering::SeqCst) {
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        axum::http::StatusCode::OK
+                    };
+                    let outcome = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    r.lock().unwrap_or_else(|p| p.into_inner()).push(Received {
+                        uri,
+                        headers,
+                        body: body.to_vec(),
+                        outcome,
+                        answered: status.as_u16(),
+                    });
+                    status
+                }
+            },
+        ));
         let (base, task) = crate::support::app::serve(router).await;
         Self {
-            url: format!("{base}/hooks/onegrant?shop=1"),
+            url: format!("{base}/hooks/订单 1?shop=1"),
             received,
             down,
             delay_ms,
@@ -207,8 +208,10 @@ impl Receiver {
 
 impl Received {
     /// Whether the post is signed by onegrant (publisher `onegrant`) with `key`, over
-    /// the webhook's path and query and the raw body.
-    pub fn signed_with(&self, key: &'static str, target: &str) -> bool {
+    /// its target as the publisher API's scheme reads it from the request received
+    /// (the path percent-decoded, the query as sent) and the raw body.
+    pub fn signed_with(&self, key: &'static str) -> bool {
+        let target = signature::target(self.uri.path(), self.uri.query());
         let header = |name: &str| {
             self.headers
                 .get(name)
@@ -226,7 +229,7 @@ impl Received {
         };
         header(signature::PUBLISHER_HEADER) == signature::ONEGRANT
             && header(signature::SIGNATURE_HEADER)
-                == signer.sign(timestamp, "POST", target, &self.body)
+                == signer.sign(timestamp, "POST", &target, &self.body)
     }
 }
 

@@ -262,10 +262,9 @@ async fn post(
 ) -> Result<(), String> {
     let body = serde_json::to_vec(&item.outcome()).map_err(|e| e.to_string())?;
     let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
-    let target = match parsed.query() {
-        Some(query) => format!("{}?{query}", parsed.path()),
-        None => parsed.path().to_string(),
-    };
+    // The publisher API's target: the path percent-decoded (a URL keeps it encoded),
+    // then the query as sent; a receiver checks it as onegrant checks its requests.
+    let target = signature::target(parsed.path(), parsed.query());
     let timestamp = now.timestamp();
     let signed = signature::sign(
         publisher.current_key(),

@@ -82,8 +82,9 @@ struct PublisherEntry {
 
 impl Publishers {
     /// `ONEGRANT_PUBLISHERS`: a JSON list of `{"source", "key", "previous_key"?,
-    /// "webhook"?}`; each source once, each key at least [`MIN_KEY_CHARS`] characters,
-    /// each webhook an `https://` URL (or `http://` to this machine, for local runs).
+    /// "webhook"?}`; each source once, each key at least [`MIN_KEY_CHARS`] characters and
+    /// held by no other publisher, each webhook an `https://` URL (or `http://` to this
+    /// machine, for local runs).
     pub fn parse(json: &str) -> Result<Self, String> {
         // Serde's message may quote a value, a key among them: only where it failed.
         let entries: Vec<PublisherEntry> = serde_json::from_str(json).map_err(|e| {
@@ -115,6 +116,18 @@ impl Publishers {
             if keys.iter().any(|k| k.chars().count() < MIN_KEY_CHARS) {
                 return Err(format!(
                     "publisher {:?}: each key needs at least {MIN_KEY_CHARS} characters",
+                    entry.source
+                ));
+            }
+            // The signed text names no publisher: a key two publishers share would let a
+            // request of one pass as the other's (a rotation's copy and paste, say).
+            if publishers
+                .iter()
+                .flat_map(|p| p.keys.iter())
+                .any(|held| keys.contains(&held.0))
+            {
+                return Err(format!(
+                    "publisher {:?}: a key is another publisher's: each publisher signs with its own",
                     entry.source
                 ));
             }

@@ -210,6 +210,14 @@ fn publishers_are_refused_unless_well_formed() {
             r#"[{"source": "com.a", "key": "0123456789abcdef"}, {"source": "com.a", "key": "0123456789abcdeg"}]"#,
         ),
         (
+            "a key another publisher holds",
+            r#"[{"source": "com.a", "key": "0123456789abcdef"}, {"source": "com.b", "key": "0123456789abcdef"}]"#,
+        ),
+        (
+            "a previous key another publisher holds",
+            r#"[{"source": "com.a", "key": "0123456789abcdef"}, {"source": "com.b", "key": "0123456789abcdeg", "previous_key": "0123456789abcdef"}]"#,
+        ),
+        (
             "plain http webhook",
             r#"[{"source": "com.a", "key": "0123456789abcdef", "webhook": "http://a.example.com/"}]"#,
         ),
