@@ -147,7 +147,7 @@ impl TestApp {
     }
 
     /// An update of `user`'s item `sk`, written straight to the table (a test's setup).
-    fn update_of(
+    pub fn update_of(
         &self,
         user: &User,
         sk: &str,

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 /// How long one post may take (connect and answer).
 pub const POST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The most outcomes read from each shard in one tick.
+/// The most outcomes read from each shard of each publisher's queue in one tick.
 pub const PER_SHARD: usize = 50;
 
 /// The `detail-type` of an outcome on the bus (source `onegrant`).
@@ -84,9 +84,24 @@ enum Hook {
 /// publisher's webhook posts (side by side), then each moved as its two legs went.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
     let now = deps.clock.now();
+    // Each publisher's own queue, so a dead webhook's backlog never stands ahead of
+    // another publisher's outcomes; and the queue they shared before, for the outcomes
+    // written then. (A publisher no longer configured is not read: its outcomes expire.)
+    let queues = std::iter::once(None).chain(
+        deps.config
+            .publishers
+            .iter()
+            .map(|p| Some(p.source.as_str())),
+    );
     let mut due: Vec<OutcomeItem> = Vec::new();
-    for shard in 0..SHARDS {
-        due.extend(deps.store.due_outcomes(shard, now, PER_SHARD).await?);
+    for queue in queues {
+        for shard in 0..SHARDS {
+            due.extend(
+                deps.store
+                    .due_outcomes(queue, shard, now, PER_SHARD)
+                    .await?,
+            );
+        }
     }
     due.sort_by_key(|i| i.first_at);
     let mut by_publisher: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -134,7 +149,14 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
     for (i, item) in due.iter().enumerate() {
         let (legs, to) = moves[i];
         let to = match (to, retry_of.get(item.publisher.as_str())) {
-            (Some(Move::Keep), Some(&at)) if hook[i] == Hook::Waiting => Some(Move::Defer(at)),
+            (Some(Move::Keep), Some(&at)) if hook[i] == Hook::Waiting => {
+                let first = DateTime::from_timestamp_millis(item.first_at).unwrap_or(now);
+                Some(if outcome::given_up(first, now) {
+                    Move::Retry(None)
+                } else {
+                    Move::Defer(at)
+                })
+            }
             _ => to,
         };
         let moved = match to {

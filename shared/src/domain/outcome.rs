@@ -17,7 +17,8 @@ pub const GIVE_UP_AFTER: Duration = Duration::hours(24);
 pub const FIRST_BACKOFF: Duration = Duration::seconds(30);
 pub const MAX_BACKOFF: Duration = Duration::minutes(30);
 
-/// The partitions of the due index outcomes wait on (`OUTCOME#<n>`).
+/// The partitions of the due index each publisher's outcomes wait on
+/// (`OUTCOME#<publisher>#<n>`).
 pub const SHARDS: u32 = 4;
 
 /// Whether a push reaching `status` has an outcome to tell: every status but
@@ -46,6 +47,13 @@ pub struct Outcome {
     pub at: String,
 }
 
+/// Whether an outcome first due at `first_at` is past its day of tries at `now`: given
+/// up at its next failure, or when its publisher's webhook fails on another first (so
+/// a dead webhook's backlog is given up within the tick that reads it, not one a tick).
+pub fn given_up(first_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    now - first_at >= GIVE_UP_AFTER
+}
+
 /// When a delivery that failed for the `attempts`-th time is tried again, or `None`
 /// when the outcome, first due at `first_at`, is given up (dead-lettered) at `now`.
 pub fn retry_at(
@@ -53,7 +61,7 @@ pub fn retry_at(
     first_at: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    if now - first_at >= GIVE_UP_AFTER {
+    if given_up(first_at, now) {
         return None;
     }
     let doublings = attempts.saturating_sub(1).min(16);
@@ -104,6 +112,11 @@ mod tests {
             "tried for at least a day"
         );
         assert_eq!(retry_at(40, first, first + GIVE_UP_AFTER), None);
+        assert!(given_up(first, first + GIVE_UP_AFTER));
+        assert!(!given_up(
+            first,
+            first + GIVE_UP_AFTER - Duration::seconds(1)
+        ));
         // Enough tries in a day: 7 doubling, then every 30 minutes.
         let mut now = first;
         let mut tries = 0;

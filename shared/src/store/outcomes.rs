@@ -38,17 +38,20 @@ use crate::store::items::{key, n, parse, rfc3339, s};
 use crate::store::keys::{openid_of, outcome_shard_pk};
 
 impl Store {
-    /// Up to `limit` outcomes of shard `shard` due by `now`, oldest first: one index
-    /// query and two reads per outcome (it, and its user's tombstone).
+    /// Up to `limit` outcomes of `publisher`'s shard `shard` (`None`: the shared
+    /// queue of outcomes written before each publisher had its own) due by `now`,
+    /// oldest first: one index query and two reads per outcome (it, and its user's
+    /// tombstone).
     pub async fn due_outcomes(
         &self,
+        publisher: Option<&str>,
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<OutcomeItem>, StoreError> {
         let turn = self.index_turn().await;
         let out = self
-            .due_query(outcome_shard_pk(shard), now, limit)
+            .due_query(outcome_shard_pk(publisher, shard), now, limit)
             .send()
             .await?;
         drop(turn);

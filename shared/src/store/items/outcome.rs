@@ -72,7 +72,9 @@ pub struct OutcomeItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) due_at: Option<i64>,
     /// Set when it was given up: kept for the operator, off the due index, until
-    /// `expires_at` (an outcome still to be told never expires).
+    /// `expires_at`. One still to be told expires only long past its day of tries
+    /// ([`KEEP_UNTOLD`]): an outcome of a publisher no longer configured, whose queue
+    /// nobody reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +103,11 @@ impl OutcomeItem {
 /// at once).
 pub(crate) const KEEP_DEAD: chrono::Duration = chrono::Duration::days(15);
 
+/// How long an outcome not yet told is kept: its day of tries and then as long as a
+/// given-up one. Only one nobody reads lives that long (its publisher removed from
+/// `ONEGRANT_PUBLISHERS`, or the outcomes function stopped for weeks).
+pub(crate) const KEEP_UNTOLD: chrono::Duration = chrono::Duration::days(16);
+
 /// The write of the outcome of `note_id`'s push reaching `status` (`reason`) at `now`,
 /// for the transaction that makes the change; `None` when there is nothing to tell
 /// (a push still pending, or no publisher to tell).
@@ -120,7 +127,7 @@ pub(crate) fn outcome_write(
     }
     let sk = outcome_sk(note_id, status.as_str());
     let item = OutcomeItem {
-        due_pk: Some(outcome_due_pk(pk, &sk)),
+        due_pk: Some(outcome_due_pk(&origin.publisher, pk, &sk)),
         due_at: Some(now.timestamp_millis()),
         pk: pk.to_string(),
         sk,
@@ -137,7 +144,7 @@ pub(crate) fn outcome_write(
         bus_done: false,
         hook_done: false,
         dead_at: None,
-        expires_at: None,
+        expires_at: Some((now + KEEP_UNTOLD).timestamp()),
     };
     // A push reaches each status once: a plain put (never a condition that could
     // cancel the change it rides on).
