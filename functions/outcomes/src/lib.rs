@@ -84,13 +84,15 @@ enum Hook {
 /// publisher's webhook posts (side by side), then each moved as its two legs went.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
     let now = deps.clock.now();
-    // Each publisher's own queue, so a dead webhook's backlog never stands ahead of
-    // another publisher's outcomes; and the queue they shared before, for the outcomes
-    // written then. (A publisher no longer configured is not read: its outcomes expire.)
+    // The queue every outcome is written to, and the own queue of each publisher with
+    // a webhook, where its outcomes move once its webhook fails: out of the way of the
+    // other publishers'. (A publisher no longer configured is not read: its outcomes
+    // there expire.)
     let queues = std::iter::once(None).chain(
         deps.config
             .publishers
             .iter()
+            .filter(|p| p.webhook.is_some())
             .map(|p| Some(p.source.as_str())),
     );
     let mut due: Vec<OutcomeItem> = Vec::new();
@@ -188,7 +190,13 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                     }
                     Move::Keep | Move::Defer(_) => {}
                 }
-                deps.store.outcome_progress(item, legs, to, now).await
+                // Its webhook failed (on it, or on another first): into its
+                // publisher's own queue, behind nobody else's outcomes.
+                let own_queue = hook[i] == Hook::Failed
+                    || (hook[i] == Hook::Waiting && retry_of.contains_key(item.publisher.as_str()));
+                deps.store
+                    .outcome_progress(item, legs, to, own_queue, now)
+                    .await
             }
         };
         if let Err(e) = moved {

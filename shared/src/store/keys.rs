@@ -222,20 +222,16 @@ pub fn outcome_sk(note_id: &str, status: &str) -> String {
     format!("OUTCOME#{note_id}#{status}")
 }
 
-/// The due-index partition an outcome for `publisher` waits on:
-/// `OUTCOME#<publisher>#<n>`, its publisher's own queue (one publisher's backlog never
-/// stands ahead of another's), never read by the dispatcher (whose partitions are
-/// `DUE#<n>`).
-pub fn outcome_due_pk(publisher: &str, pk: &str, sk: &str) -> String {
-    outcome_shard_pk(
-        Some(publisher),
-        shard_of(pk, sk, crate::domain::outcome::SHARDS),
-    )
+/// The due-index partition an outcome waits on, never read by the dispatcher (whose
+/// partitions are `DUE#<n>`): the queue all publishers share (`OUTCOME#<n>`), or
+/// (`Some`) once its publisher's webhook failed, that publisher's own
+/// (`OUTCOME#<publisher>#<n>`), so its backlog never stands ahead of another's.
+pub fn outcome_due_pk(publisher: Option<&str>, pk: &str, sk: &str) -> String {
+    outcome_shard_pk(publisher, shard_of(pk, sk, crate::domain::outcome::SHARDS))
 }
 
-/// The due-index partition of outcome shard `shard`: `publisher`'s, or (`None`) the
-/// one all publishers' outcomes shared before each had its own (`OUTCOME#<n>`, still
-/// read for those written then). A source holds no `#`, so the two never meet.
+/// The due-index partition of outcome shard `shard`: the shared queue's (`None`), or
+/// `publisher`'s own. A source holds no `#`, so the two never meet.
 pub fn outcome_shard_pk(publisher: Option<&str>, shard: u32) -> String {
     match publisher {
         Some(publisher) => format!("OUTCOME#{publisher}#{shard}"),

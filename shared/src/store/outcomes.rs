@@ -35,13 +35,12 @@ pub enum Move {
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::{key, n, parse, rfc3339, s};
-use crate::store::keys::{openid_of, outcome_shard_pk};
+use crate::store::keys::{openid_of, outcome_due_pk, outcome_shard_pk};
 
 impl Store {
-    /// Up to `limit` outcomes of `publisher`'s shard `shard` (`None`: the shared
-    /// queue of outcomes written before each publisher had its own) due by `now`,
-    /// oldest first: one index query and two reads per outcome (it, and its user's
-    /// tombstone).
+    /// Up to `limit` outcomes of shard `shard` of the shared queue (`None`) or of
+    /// `publisher`'s own due by `now`, oldest first: one index query and two reads per
+    /// outcome (it, and its user's tombstone).
     pub async fn due_outcomes(
         &self,
         publisher: Option<&str>,
@@ -95,12 +94,14 @@ impl Store {
     }
 
     /// `item`'s delivery is not done at `now`: the legs `done` taken (kept, so a later
-    /// try does not repeat them), and the item moved as `to` says.
+    /// try does not repeat them), and the item moved as `to` says — into its
+    /// publisher's own queue if `own_queue` (its webhook failed).
     pub async fn outcome_progress(
         &self,
         item: &OutcomeItem,
         done: Legs,
         to: Move,
+        own_queue: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let attempts = match to {
@@ -113,6 +114,12 @@ impl Store {
             .set("hook_done", AttributeValue::Bool(done.hook));
         let progress = match to {
             Move::Keep => progress,
+            Move::Retry(Some(at)) | Move::Defer(at) if own_queue => {
+                progress.set("due_at", n(at.timestamp_millis())).set(
+                    "due_pk",
+                    s(outcome_due_pk(Some(&item.publisher), &item.pk, &item.sk)),
+                )
+            }
             Move::Retry(Some(at)) | Move::Defer(at) => {
                 progress.set("due_at", n(at.timestamp_millis()))
             }

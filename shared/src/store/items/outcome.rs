@@ -127,7 +127,7 @@ pub(crate) fn outcome_write(
     }
     let sk = outcome_sk(note_id, status.as_str());
     let item = OutcomeItem {
-        due_pk: Some(outcome_due_pk(&origin.publisher, pk, &sk)),
+        due_pk: Some(outcome_due_pk(None, pk, &sk)),
         due_at: Some(now.timestamp_millis()),
         pk: pk.to_string(),
         sk,
