@@ -84,25 +84,47 @@ enum Hook {
 /// publisher's webhook posts (side by side), then each moved as its two legs went.
 pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError> {
     let now = deps.clock.now();
-    // The queue every outcome is written to, and the own queue of each publisher with
-    // a webhook, where its outcomes move once its webhook fails: out of the way of the
-    // other publishers'. (A publisher no longer configured is not read: its outcomes
-    // there expire.)
-    let queues = std::iter::once(None).chain(
-        deps.config
-            .publishers
-            .iter()
-            .filter(|p| p.webhook.is_some())
-            .map(|p| Some(p.source.as_str())),
-    );
+    // The queue every outcome is written to, and the own queue of each publisher whose
+    // webhook failed (or ran out of time), where its outcomes move: out of the way of
+    // the other publishers'. Read with time left for the posts and the moves.
+    let registered = deps.store.outcome_queues().await?;
     let mut due: Vec<OutcomeItem> = Vec::new();
-    for queue in queues {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut empty: Vec<&str> = Vec::new();
+    for queue in std::iter::once(None).chain(registered.iter().map(|s| Some(s.as_str()))) {
+        if Instant::now() + 2 * POST_TIMEOUT > deadline {
+            break;
+        }
+        let mut found = 0;
         for shard in 0..SHARDS {
-            due.extend(
-                deps.store
-                    .due_outcomes(queue, shard, now, PER_SHARD)
-                    .await?,
-            );
+            for item in deps
+                .store
+                .due_outcomes(queue, shard, now, PER_SHARD)
+                .await?
+            {
+                found += 1;
+                // (Read twice when it moved between queues as they were read.)
+                if seen.insert(item.outcome_id.clone()) {
+                    due.push(item);
+                }
+            }
+        }
+        if let Some(source) = queue
+            && found == 0
+        {
+            empty.push(source);
+        }
+    }
+    // An own queue with nothing due whose publisher can no longer fail (no webhook
+    // now): forgotten if it holds nothing at all, since no outcome can move there again.
+    for source in empty {
+        let hooked = deps
+            .config
+            .publishers
+            .get(source)
+            .is_some_and(|p| p.webhook.is_some());
+        if !hooked && let Err(e) = deps.store.unregister_outcome_queue(source).await {
+            tracing::warn!(error = %error_chain(&e), "an empty outcome queue could not be forgotten");
         }
     }
     due.sort_by_key(|i| i.first_at);
@@ -147,8 +169,37 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
         };
         moves.push((legs, to));
     }
+    // Its webhook failed, or time ran out before its post: into its publisher's own
+    // queue (registered first, so nothing moves where no tick reads), behind nobody
+    // else's outcomes.
+    let own_queue: Vec<bool> = due
+        .iter()
+        .enumerate()
+        .map(|(i, item)| matches!(hook[i], Hook::Failed | Hook::Waiting) && !item.in_own_queue())
+        .collect();
+    let mut queued: BTreeMap<&str, bool> = BTreeMap::new();
+    for (i, item) in due.iter().enumerate() {
+        let source = item.publisher.as_str();
+        if own_queue[i] && !queued.contains_key(source) {
+            let known = registered.iter().any(|r| r == source)
+                || match deps.store.register_outcome_queue(source).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %error_chain(&e), "an outcome queue could not be registered");
+                        false
+                    }
+                };
+            queued.insert(source, known);
+        }
+    }
     let mut summary = Summary::default();
     for (i, item) in due.iter().enumerate() {
+        if Instant::now() > deadline {
+            // Left as they are: read again next tick (a post taken is posted again,
+            // with its outcome_id).
+            break;
+        }
+        let own_queue = own_queue[i] && queued.get(item.publisher.as_str()) == Some(&true);
         let (legs, to) = moves[i];
         let to = match (to, retry_of.get(item.publisher.as_str())) {
             (Some(Move::Keep), Some(&at)) if hook[i] == Hook::Waiting => {
@@ -168,11 +219,12 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                 deps.store.outcome_delivered(item).await
             }
             Some(Move::Keep)
-                if legs
-                    == (Legs {
-                        bus: item.bus_done,
-                        hook: item.hook_done,
-                    }) =>
+                if !own_queue
+                    && legs
+                        == (Legs {
+                            bus: item.bus_done,
+                            hook: item.hook_done,
+                        }) =>
             {
                 Ok(())
             }
@@ -190,10 +242,6 @@ pub async fn tick(deps: &Deps, deadline: Instant) -> Result<Summary, StoreError>
                     }
                     Move::Keep | Move::Defer(_) => {}
                 }
-                // Its webhook failed (on it, or on another first): into its
-                // publisher's own queue, behind nobody else's outcomes.
-                let own_queue = hook[i] == Hook::Failed
-                    || (hook[i] == Hook::Waiting && retry_of.contains_key(item.publisher.as_str()));
                 deps.store
                     .outcome_progress(item, legs, to, own_queue, now)
                     .await
@@ -250,6 +298,9 @@ async fn hooks(
         .get(source)
         .and_then(|p| p.webhook.as_deref().map(|url| (p, url)));
     let mut went = Vec::new();
+    // Once its webhook failed (or time ran out), the rest are not posted this tick;
+    // those whose post was taken before are still marked so.
+    let mut stopped = false;
     for i in items {
         let item = &due[i];
         if item.hook_done {
@@ -261,8 +312,9 @@ async fn hooks(
             went.push((i, Hook::None));
             continue;
         };
-        if Instant::now() + POST_TIMEOUT > deadline {
-            break;
+        if stopped || Instant::now() + POST_TIMEOUT > deadline {
+            stopped = true;
+            continue;
         }
         match post(publisher, url, item, now).await {
             Ok(()) => went.push((i, Hook::Done)),
@@ -276,7 +328,7 @@ async fn hooks(
                 );
                 went.push((i, Hook::Failed));
                 // Its webhook is unwell: the rest wait for a later tick.
-                break;
+                stopped = true;
             }
         }
     }

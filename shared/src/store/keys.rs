@@ -186,6 +186,8 @@ pub fn legacy_event_sk(key: &str) -> String {
 /// every user's partition.
 pub const SHARDS_PK: &str = "META";
 pub const SHARDS_SK: &str = "SHARDS";
+/// The publishers whose outcomes have an own queue (`META` / `OUTCOME_QUEUES`).
+pub const OUTCOME_QUEUES_SK: &str = "OUTCOME_QUEUES";
 
 /// The user's unread counter.
 pub const INBOX_SK: &str = "INBOX";

@@ -625,3 +625,55 @@ async fn a_dead_webhooks_backlog_holds_up_no_other_publisher_and_is_given_up_aft
     assert_eq!(kept.len(), backlog);
     assert!(kept.iter().all(|o| o.contains_key("dead_at")), "{kept:?}");
 }
+
+#[tokio::test]
+async fn outcomes_in_a_publishers_own_queue_are_still_told_once_its_webhook_is_removed() {
+    let dead = Receiver::spawn().await;
+    dead.set_down(true);
+    let config = publishers(&dead);
+    let app = spawn_app_with(&[("ONEGRANT_PUBLISHERS", &config), ("AUDIT_TRAIL", "false")]).await;
+    let user = app.user("unhooked").await;
+    let nope = json!({"wechat": {"template_id": "tmpl_nope", "data": {}}});
+    for i in 0..3 {
+        app.publish(&order(&user, &format!("o-{i}"), nope.clone()), SHOP)
+            .await;
+    }
+    let first = app.deliver_outcomes().await;
+    assert_eq!((first.retried, first.delivered), (1, 0), "{first:?}");
+    let own = format!("OUTCOME#{}#", SHOP.source);
+    let in_own_queue = |items: &[std::collections::HashMap<String, _>]| {
+        items
+            .iter()
+            .filter(|o| onegrant_tests::attr_s(o, "due_pk").is_some_and(|p| p.starts_with(&own)))
+            .count()
+    };
+    assert_eq!(in_own_queue(&app.items_of(&user, "outcome").await), 3);
+    // The operator drops the shop's webhook, keeping the publisher: redeployed.
+    let mut config = (*app.deps.config).clone();
+    config.publishers = onegrant::domain::publisher::Publishers::parse(
+        &json!([{"source": SHOP.source, "key": SHOP.key}]).to_string(),
+    )
+    .expect("publishers");
+    let deps = onegrant_local::stack::deps_on(config, app.table.client.clone(), app.clock.clone())
+        .expect("deps");
+    let tick = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        outcomes::tick(&deps, deadline).await.expect("tick")
+    };
+    app.advance(Duration::from_secs(60));
+    // Its own queue is still read: the three go on the bus only (none configured
+    // here: nothing to put), and are gone.
+    let told = tick().await;
+    assert_eq!(told.unaddressed, 3, "{told:?}");
+    assert_eq!(outcome_items(&app, &user).await, 0);
+    // Empty now, and nothing can move there again: no longer read.
+    tick().await;
+    let registry: Vec<_> = app
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| onegrant_tests::attr_s(i, "sk") == Some("OUTCOME_QUEUES"))
+        .collect();
+    assert_eq!(registry.len(), 1, "{registry:?}");
+    assert!(!registry[0].contains_key("sources"), "{registry:?}");
+}

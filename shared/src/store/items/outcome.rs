@@ -72,9 +72,7 @@ pub struct OutcomeItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) due_at: Option<i64>,
     /// Set when it was given up: kept for the operator, off the due index, until
-    /// `expires_at`. One still to be told expires only long past its day of tries
-    /// ([`KEEP_UNTOLD`]): an outcome of a publisher no longer configured, whose queue
-    /// nobody reads.
+    /// `expires_at` (an outcome still to be told never expires).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +80,14 @@ pub struct OutcomeItem {
 }
 
 impl OutcomeItem {
+    /// Whether it waits in its publisher's own queue (moved there when its webhook
+    /// failed), not the shared one.
+    pub fn in_own_queue(&self) -> bool {
+        self.due_pk
+            .as_deref()
+            .is_some_and(|due| due != outcome_due_pk(None, &self.pk, &self.sk))
+    }
+
     /// The outcome as the publisher receives it.
     pub fn outcome(&self) -> Outcome {
         Outcome {
@@ -102,11 +108,6 @@ impl OutcomeItem {
 /// How long an outcome given up is kept for the operator (delivered ones are deleted
 /// at once).
 pub(crate) const KEEP_DEAD: chrono::Duration = chrono::Duration::days(15);
-
-/// How long an outcome not yet told is kept: its day of tries and then as long as a
-/// given-up one. Only one nobody reads lives that long (its publisher removed from
-/// `ONEGRANT_PUBLISHERS`, or the outcomes function stopped for weeks).
-pub(crate) const KEEP_UNTOLD: chrono::Duration = chrono::Duration::days(16);
 
 /// The write of the outcome of `note_id`'s push reaching `status` (`reason`) at `now`,
 /// for the transaction that makes the change; `None` when there is nothing to tell
@@ -144,7 +145,7 @@ pub(crate) fn outcome_write(
         bus_done: false,
         hook_done: false,
         dead_at: None,
-        expires_at: Some((now + KEEP_UNTOLD).timestamp()),
+        expires_at: None,
     };
     // A push reaches each status once: a plain put (never a condition that could
     // cancel the change it rides on).
