@@ -146,11 +146,14 @@ async fn a_user_who_asks_is_forgotten_and_nothing_of_theirs_comes_back() {
         )
         .await;
     assert_eq!(replay.status, 401, "{}", replay.body);
-    // A publisher's event for her stores nothing.
+    // A publisher's event for her stores nothing; nor one it sent before, sent again
+    // (its record, outside her partition, must not answer `duplicate`).
     let event = app
         .notify(scheduled(&alice, "alice-after", json!({})))
         .await;
     assert_eq!(event, json!({"status": "erased"}));
+    let again = app.notify(scheduled(&alice, "alice-now", json!({}))).await;
+    assert_eq!(again, json!({"status": "erased"}));
 
     // The dispatcher carries it on to the end; her scheduled push never goes out.
     app.tick(30).await;

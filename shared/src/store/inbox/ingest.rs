@@ -313,6 +313,14 @@ impl Store {
                             })));
                         }
                         Outcome::Cancelled(failed) => {
+                            // The caller's refusal first (the user erased, say): it wins
+                            // over a record the event finds from before.
+                            if let Some(check) = failed.roles().find_map(|part| match part {
+                                Part::Check(i) => Some(i),
+                                _ => None,
+                            }) {
+                                return Ok(Attempt::Done(Ingest::Refused(check)));
+                            }
                             // The event's record or a legacy one, whose fingerprint is the
                             // canonical text itself rather than its hash.
                             let found = [Part::Record, Part::Legacy]
@@ -343,12 +351,6 @@ impl Store {
                                         note_id: old.note_id,
                                     }
                                 })));
-                            }
-                            if let Some(check) = failed.roles().find_map(|part| match part {
-                                Part::Check(i) => Some(i),
-                                _ => None,
-                            }) {
-                                return Ok(Attempt::Done(Ingest::Refused(check)));
                             }
                             if failed.has(Part::Record)
                                 && matches!(record_as, Record::ReplaceMark { .. })
