@@ -653,11 +653,23 @@ async fn a_change_of_the_inactive_days_holds_for_users_already_on_the_index() {
     let tombstone = tombstones(&app).await;
     assert_eq!(tombstone.len(), 1, "only her: {tombstone:?}");
     assert_eq!(attr_s(&tombstone[0], "cause"), Some("inactive"));
-    // Turned off (0: never): past his 30 days, vic is not forgotten; off the index.
+    // Turned off (0: never): past his 30 days, vic is not forgotten; his entry is
+    // looked at again in 30 days.
     app.advance(days(1));
+    let before = app.now();
     tick(redeployed(0)).await;
+    let after = app.now();
     assert_eq!(tombstones(&app).await.len(), 1, "vic is kept");
     let entry = app.item(&vic, "ACTIVE").await.expect("his activity");
-    assert!(!entry.contains_key("due_pk"), "off the index: {entry:?}");
-    assert!(!entry.contains_key("due_at"), "off the index: {entry:?}");
+    let recheck = onegrant::domain::erasure::INACTIVE_RECHECK;
+    let due = onegrant_tests::attr_n(&entry, "due_at").unwrap_or_default();
+    assert!(
+        ((before + recheck).timestamp_millis()..=(after + recheck).timestamp_millis())
+            .contains(&due),
+        "{entry:?}"
+    );
+    // Turned on again (30): then, long past his 30 days, he is forgotten.
+    app.advance(days(30));
+    tick(redeployed(30)).await;
+    assert_eq!(tombstones(&app).await.len(), 2, "vic forgotten too");
 }

@@ -256,15 +256,15 @@ async fn receive(
             return text(200, "success");
         }
         let fresh = deps.store.record_nonce(&timestamp, &nonce, now).await?;
-        // A retry with the nonce spent (an attempt that recorded it and then failed)
-        // still begins the erasure if none is there, or over one the user came back
-        // from before this push; it never begins a second.
-        let begins = fresh
-            || deps
-                .store
-                .tombstone(&message.openid)
-                .await?
-                .is_none_or(|there| there.erased_again_by(message.create_time));
+        // Begun if none is there, or over one the user came back from before this push
+        // was created — also on a retry with the nonce spent (an attempt that recorded
+        // it and then failed); never a second for the same push, nor by an older push
+        // on a fresh nonce.
+        let begins = deps
+            .store
+            .tombstone(&message.openid)
+            .await?
+            .is_none_or(|there| there.erased_again_by(message.create_time));
         if begins {
             let erasure = deps
                 .store
@@ -276,7 +276,10 @@ async fn receive(
                 "WeChat asked that a user be forgotten"
             );
         } else {
-            tracing::warn!("a push request was replayed; nothing changed");
+            tracing::warn!(
+                fresh,
+                "an erasure push for a user already being forgotten, or older than their last erasure: nothing changed"
+            );
         }
         return text(200, "success");
     }

@@ -269,19 +269,27 @@ pub enum InactiveDue {
     /// Inactive for the days set now: their erasure begins.
     Erase,
     /// Not yet under the days set now (the setting was raised since the entry was
-    /// written): due again then.
+    /// written), or inactivity no longer erases (`INACTIVE_USER_DAYS` set to 0 since:
+    /// looked at again [`INACTIVE_RECHECK`] on, should it be set again): due then.
     Later(DateTime<Utc>),
-    /// Inactivity no longer erases (`INACTIVE_USER_DAYS` set to 0 since), or the day
-    /// kept is unreadable: off the index, nobody erased. Their next request puts them
-    /// back on it when the setting is on again.
+    /// The day kept is unreadable: off the index, nobody erased (their next request
+    /// writes it again).
     Off,
 }
 
+/// How long an activity come due while inactivity does not erase waits before it is
+/// judged again.
+pub const INACTIVE_RECHECK: Duration = Duration::days(30);
+
 /// The entry of a user last active on `day` (as kept), come due at `now`, judged under
-/// the days set now, not those set when it was written.
+/// the days set now, not those set when it was written. (Lowered since, an entry is
+/// judged at its old instant at the latest, or at the user's next request.)
 pub fn inactive_due(day: Option<chrono::NaiveDate>, days: u32, now: DateTime<Utc>) -> InactiveDue {
-    match day.and_then(|day| inactive_from(day, days)) {
-        None => InactiveDue::Off,
+    let Some(day) = day else {
+        return InactiveDue::Off;
+    };
+    match inactive_from(day, days) {
+        None => InactiveDue::Later(now + INACTIVE_RECHECK),
         Some(due) if due > now => InactiveDue::Later(due),
         Some(_) => InactiveDue::Erase,
     }
@@ -496,8 +504,8 @@ mod tests {
                 31,
                 InactiveDue::Later(at("2027-01-07T00:00:00Z")),
             ),
-            // Turned off since: nobody is erased.
-            (Some(day), 0, InactiveDue::Off),
+            // Turned off since: nobody is erased; looked at again in 30 days.
+            (Some(day), 0, InactiveDue::Later(now + INACTIVE_RECHECK)),
             (None, 30, InactiveDue::Off),
         ];
         for (day, days, expected) in rows {

@@ -17,14 +17,15 @@ use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::activity::{ACTIVITY_SK, later_due, off_due, touched};
 use crate::store::items::change::check;
+use crate::store::items::expr::eq;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::tombstone::{
     TOMBSTONE_SK, TombstoneItem, finished, not_erased, reopened, stepped, tombstone_pk,
 };
-use crate::store::items::{Item, key, number, s, text};
+use crate::store::items::{Item, key, n, number, s, text};
 use crate::store::keys::user_pk;
 use crate::store::retry::{Attempt, MAX_WRITE_ATTEMPTS, Tries, retry_carrying};
-use crate::store::tx::TxOutcome;
+use crate::store::tx::{Outcome, Parts, TxOutcome};
 
 /// Items one step reads per page, and the most it deletes: a step's reads and writes
 /// are bounded whatever the user's history (docs/design.md §6).
@@ -38,6 +39,15 @@ const BATCH: usize = 25;
 /// be replayed (an event record's retention, and a scheduled one's month ahead).
 fn keep(store: &Store) -> Duration {
     store.limits.retention.events + Duration::days(31)
+}
+
+/// The parts of an inactive user's erasure's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Begin {
+    /// The new tombstone (none there, or one the user came back from).
+    Tombstone,
+    /// That the activity's entry is still the one come due.
+    Activity,
 }
 
 /// What an erasure's start or step left.
@@ -125,14 +135,55 @@ impl Store {
         let day = text(&item, "day")
             .and_then(|day| chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").ok());
         let (erasure, write) = match inactive_due(day, self.limits.inactive_user_days, now) {
-            InactiveDue::Erase => (
-                self.start_erasure(&openid, ErasureCause::Inactive, now)
-                    .await?,
-                off_due(&self.table, &due.pk, seen)?,
-            ),
+            InactiveDue::Erase => {
+                // Begun only while the entry is as read: a request moving the user's
+                // activity meanwhile wins, and nothing begins.
+                let fresh = TombstoneItem::new(
+                    &self.subject(&openid),
+                    &openid,
+                    ErasureCause::Inactive,
+                    now,
+                    keep(self),
+                    self.shards,
+                );
+                let begin = Parts::new()
+                    .with(Begin::Tombstone, fresh.put(&self.table)?)
+                    .with(
+                        Begin::Activity,
+                        check(
+                            &self.table,
+                            key(&due.pk, ACTIVITY_SK),
+                            eq("due_at", n(seen)),
+                        )
+                        .write()?,
+                    );
+                let erasure = match self.transact_parts(&begin).await? {
+                    Outcome::Committed => {
+                        tracing::info!(cause = "inactive", "an erasure began");
+                        Erasure {
+                            begun: true,
+                            ..untouched
+                        }
+                    }
+                    Outcome::Cancelled(failed) if failed.has(Begin::Activity) => {
+                        return Ok(untouched);
+                    }
+                    // One there already (the user asked, or WeChat did): its state.
+                    Outcome::Cancelled(_) => {
+                        self.start_erasure(&openid, ErasureCause::Inactive, now)
+                            .await?
+                    }
+                    // (Left due: the next tick reads it again.)
+                    Outcome::Contended | Outcome::Conflict => return Ok(untouched),
+                };
+                (erasure, off_due(&self.table, &due.pk, seen)?)
+            }
             // (Come up a little early, within the dispatcher's look ahead: left.)
             InactiveDue::Later(at) if at.timestamp_millis() == seen => return Ok(untouched),
-            InactiveDue::Later(at) => (untouched, later_due(&self.table, &due.pk, seen, at)?),
+            InactiveDue::Later(at) => (
+                untouched,
+                later_due(&self.table, &due.pk, seen, at, self.shards)?,
+            ),
             InactiveDue::Off => (untouched, off_due(&self.table, &due.pk, seen)?),
         };
         self.transact(vec![write]).await?;

@@ -73,6 +73,8 @@ enum Part {
     Write,
     /// An older notification's push status (gone by its retention: no matter).
     Note,
+    /// That the user is not erased: a refusal that wins over a record from before.
+    Alive,
     /// The caller's own check `i` (`Ingest::Refused(i)`).
     Check(usize),
 }
@@ -104,17 +106,18 @@ impl Store {
             }
             _ => None,
         };
-        // Only while the user is not erased: a tombstone written meanwhile makes the
-        // ingest lose.
-        let alive = self.not_erased_check(&event.openid)?;
-        match self.ingest_checked(event, capped, &[alive], now).await? {
+        match self.ingest_checked(event, capped, &[], now).await? {
             Ok(ingested) => Ok(ingested),
+            // (No check of the caller's own.)
             Err(_) => Ok(Ingested::Erased),
         }
     }
 
     /// [`Store::ingest`] in one transaction with the condition checks `checks`: if one
-    /// fails, nothing is written and its index is answered.
+    /// fails, nothing is written and its index is answered (unless the event's record
+    /// is there: a duplicate or a conflict is answered first). Always only while the
+    /// user is not erased (a tombstone written meanwhile makes it lose):
+    /// `Ingested::Erased`, even over a record from before the erasure.
     pub(crate) async fn ingest_checked(
         &self,
         event: &NotifyEvent,
@@ -300,6 +303,7 @@ impl Store {
                             items.add(role, write);
                         }
                     }
+                    items.add(Part::Alive, self.not_erased_check(&event.openid)?);
                     for (i, check) in checks.iter().enumerate() {
                         items.add(Part::Check(i), check.clone());
                     }
@@ -313,13 +317,9 @@ impl Store {
                             })));
                         }
                         Outcome::Cancelled(failed) => {
-                            // The caller's refusal first (the user erased, say): it wins
-                            // over a record the event finds from before.
-                            if let Some(check) = failed.roles().find_map(|part| match part {
-                                Part::Check(i) => Some(i),
-                                _ => None,
-                            }) {
-                                return Ok(Attempt::Done(Ingest::Refused(check)));
+                            // Erased: that wins over a record from before the erasure.
+                            if failed.has(Part::Alive) {
+                                return Ok(Attempt::Done(Ingest::Done(Ingested::Erased)));
                             }
                             // The event's record or a legacy one, whose fingerprint is the
                             // canonical text itself rather than its hash.
@@ -351,6 +351,12 @@ impl Store {
                                         note_id: old.note_id,
                                     }
                                 })));
+                            }
+                            if let Some(check) = failed.roles().find_map(|part| match part {
+                                Part::Check(i) => Some(i),
+                                _ => None,
+                            }) {
+                                return Ok(Attempt::Done(Ingest::Refused(check)));
                             }
                             if failed.has(Part::Record)
                                 && matches!(record_as, Record::ReplaceMark { .. })

@@ -34,21 +34,21 @@ pub(crate) fn touched(
         .write()
 }
 
-/// The activity's due entry moved to `due`, while it is the one seen (`due_ms`): the
-/// days set were raised since it was written.
+/// The activity's due entry moved to `due` (on this count of `shards`), while it is
+/// the one seen (`due_ms`): the days set were raised or set to 0 since it was written.
 pub(crate) fn later_due(
     table: &str,
     pk: &str,
     due_ms: i64,
     due: DateTime<Utc>,
+    shards: u32,
 ) -> Result<TransactWriteItem, StoreError> {
-    update(
-        table,
-        key(pk, ACTIVITY_SK),
-        change().set("due_at", n(due.timestamp_millis())),
-    )
-    .when(eq("due_at", n(due_ms)))
-    .write()
+    let moved = change()
+        .set("due_pk", s(due_pk(pk, ACTIVITY_SK, shards)))
+        .set("due_at", n(due.timestamp_millis()));
+    update(table, key(pk, ACTIVITY_SK), moved)
+        .when(eq("due_at", n(due_ms)))
+        .write()
 }
 
 /// The activity's due entry taken off the index, while it is the one seen (`due_ms`):
