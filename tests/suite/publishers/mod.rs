@@ -46,6 +46,9 @@ async fn cancel(app: &TestApp, signer: Signer, user: &User, key: &str) -> onegra
 #[tokio::test]
 async fn a_signed_publish_is_created_once_sent_once_and_its_status_tells_each_step() {
     let app = spawn_app_with(&[("AUDIT_TRAIL", "false")]).await;
+    // One minute throughout: a replay straddling a minute's end would count the
+    // publisher's requests on a new minute's item (a fresh-clone CI saw it).
+    app.freeze_at_a_minute_start();
     let user = app.user("signed").await;
     app.accept(&user, ORDER, "pub_1").await;
     let detail = order(&user, "order-1001:shipped", json!({}));
