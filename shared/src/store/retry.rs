@@ -26,16 +26,34 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(random % window + 1)
 }
 
-/// The pause before trying again a write that lost a race or met a throttle, counted
-/// ([`crate::metrics::name::CONTENDED_RETRIES`], by `what`).
-async fn contended_pause(what: &'static str, attempt: u32) {
-    crate::metrics::count_by(
-        crate::metrics::name::CONTENDED_RETRIES,
-        "What",
-        what.to_string(),
-        1,
-    );
-    tokio::time::sleep(backoff(attempt)).await;
+/// Where the loop waits and reads how long it has been trying: the monotonic clock in
+/// the product ([`Monotonic`]), a counted one in its tests (time is an input there
+/// too, and no test build needs tokio's `test-util`, which would split the workspace's
+/// one build: docs/testing.md, "One build").
+pub(crate) trait Pacer {
+    /// How long since the loop began.
+    fn elapsed(&self) -> Duration;
+    /// Waits `pause`.
+    fn pause(&mut self, pause: Duration) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// The product's pacer: tokio's monotonic clock and real sleeps.
+pub(crate) struct Monotonic(tokio::time::Instant);
+
+impl Monotonic {
+    pub(crate) fn start() -> Self {
+        Monotonic(tokio::time::Instant::now())
+    }
+}
+
+impl Pacer for Monotonic {
+    fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+
+    fn pause(&mut self, pause: Duration) -> impl std::future::Future<Output = ()> + Send {
+        tokio::time::sleep(pause)
+    }
 }
 
 /// What one try of a contended write decided.
@@ -98,15 +116,28 @@ where
 pub(crate) async fn retry_carrying<S, T, F, Fut>(
     what: &'static str,
     tries: impl Into<Tries>,
-    mut state: S,
-    mut attempt: F,
+    state: S,
+    attempt: F,
 ) -> (Result<T, StoreError>, S)
 where
     F: FnMut(S) -> Fut,
     Fut: std::future::Future<Output = (Result<Attempt<T>, StoreError>, S)>,
 {
-    let tries = tries.into();
-    let started = tokio::time::Instant::now();
+    retry_paced(what, tries.into(), state, attempt, Monotonic::start()).await
+}
+
+/// [`retry_carrying`]'s loop, paced by `pacer`.
+pub(crate) async fn retry_paced<S, T, F, Fut>(
+    what: &'static str,
+    tries: Tries,
+    mut state: S,
+    mut attempt: F,
+    mut pacer: impl Pacer,
+) -> (Result<T, StoreError>, S)
+where
+    F: FnMut(S) -> Fut,
+    Fut: std::future::Future<Output = (Result<Attempt<T>, StoreError>, S)>,
+{
     let most = match tries {
         Tries::Budget(_) => MAX_BUDGETED_ATTEMPTS,
         Tries::Times(times) => times,
@@ -124,13 +155,20 @@ where
             Ok(Attempt::Retry) => {}
         }
         if let Tries::Budget(budget) = tries
-            && started.elapsed() > budget
+            && pacer.elapsed() > budget
         {
             break;
         }
-        // (The window grows with the tries so far, narrowed ones included, as
+        // The pause before trying again a write that lost a race or met a throttle,
+        // counted. (The window grows with the tries so far, narrowed ones included, as
         // settle's own loop counted them.)
-        contended_pause(what, n).await;
+        crate::metrics::count_by(
+            crate::metrics::name::CONTENDED_RETRIES,
+            "What",
+            what.to_string(),
+            1,
+        );
+        pacer.pause(backoff(n)).await;
     }
     let spent = StoreError::Unavailable(format!("{what} contended past the retry limit").into());
     (Err(spent), state)
