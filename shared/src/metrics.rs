@@ -110,7 +110,7 @@ pub mod name {
     /// Pushes refused before sending (unknown template, data no rule can fit).
     pub const PUSHES_REJECTED: &str = "PushesRejected";
     /// Pushes refused at ingest because their user had `PUSHES_PENDING_MAX` open pushes
-    /// (also counted in `PushesRejected`).
+    /// from the event's publisher (also counted in `PushesRejected`).
     pub const PUSHES_TOO_MANY_PENDING: &str = "PushesTooManyPending";
     // The publisher API.
     /// Publisher API requests refused before anything was read, by label `Reason`:

@@ -465,7 +465,14 @@ async fn a_user_gets_a_copy_of_their_data_a_bounded_page_at_a_time() {
         assert!(kinds.contains(kind), "{kind} in {kinds:?}");
     }
     for item in &copy {
-        for plumbing in ["pk", "due_pk", "lease_pk", "pending_pk", "pending_sk"] {
+        for plumbing in [
+            "pk",
+            "due_pk",
+            "lease_pk",
+            "pending_pk",
+            "pending_sk",
+            "lane_pk",
+        ] {
             assert!(item.get(plumbing).is_none(), "{plumbing} in {item}");
         }
     }

@@ -43,7 +43,7 @@ pub struct Limits {
     /// and pushes alike (`domain::dispatch::cap`); None: no cap.
     pub pushes_per_day: Option<u32>,
     /// Most open pushes (pending, waiting for a grant, scheduled or in flight) one user
-    /// has at once: past it an event's push is recorded `rejected`
+    /// has at once from one publisher: past it an event's push is recorded `rejected`
     /// (`too_many_pending`), its notification stored all the same.
     pub pushes_pending_max: u32,
     /// Days without a signed-in request after which a user is forgotten by the same

@@ -71,7 +71,14 @@ mod tests {
 
     #[test]
     fn only_index_keys_are_plumbing() {
-        for name in ["pk", "due_pk", "lease_pk", "pending_pk", "pending_sk"] {
+        for name in [
+            "pk",
+            "due_pk",
+            "lease_pk",
+            "pending_pk",
+            "pending_sk",
+            "lane_pk",
+        ] {
             assert!(is_plumbing(name), "{name}");
         }
         for name in [

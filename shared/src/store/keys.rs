@@ -116,6 +116,12 @@ pub fn pending_sk(
     )
 }
 
+/// An open push's partition on the `lane` index: its publisher's share of the user's
+/// open pushes (a publisher's name has no `#`, so the first one ends it).
+pub fn lane_pk(publisher: &str, user_pk: &str) -> String {
+    format!("{publisher}#{user_pk}")
+}
+
 /// A publisher's own partition (its rate counts): outside every user's.
 pub fn publisher_pk(source: &str) -> String {
     format!("PUBLISHER#{source}")

@@ -1,7 +1,8 @@
-//! The cap on a user's open pushes (issue 41 §9, `PUSHES_PENDING_MAX`): past it an
-//! event's push is recorded `rejected` (`too_many_pending`) and its notification stored
-//! all the same; pushes that finished, whatever their number, are not counted; a push
-//! replacing an open one of its `collapse_key` is taken; other users are unaffected.
+//! The cap on a user's open pushes from one publisher (issue 41 §9, `PUSHES_PENDING_MAX`):
+//! past it an event's push is recorded `rejected` (`too_many_pending`) and its
+//! notification stored all the same; pushes that finished, whatever their number, are
+//! not counted; a push replacing an open one of its `collapse_key` is taken; other users
+//! and other publishers are unaffected (issue 44: publishers kept apart).
 
 use chrono::Duration;
 use onegrant_tests::{ORDER, TestApp, User, assert_ledger_agrees_with_counters, spawn_app_with};
@@ -164,10 +165,70 @@ async fn a_users_open_pushes_are_capped_at_ingest_and_the_notification_is_still_
     assert_ledger_agrees_with_counters(&app).await;
 }
 
-/// While the `pending` index is not there (DynamoDB builds it after the deploy that
-/// adds it, and refuses queries of it meanwhile), the cap admits and a claim yields to
-/// no push, as before the index existed — neither fails: every ingest and tick goes
-/// on (before, each query's refusal failed the ingest and the claim).
+/// One publisher at the cap for a user (`PUSHES_PENDING_MAX=2`) refuses only its own
+/// next push: another publisher's pushes to the same user are taken up to their own
+/// cap, and then refused in turn; the first publisher's refusal stays its own. Before,
+/// the cap counted every publisher's pushes together, so one publisher could fill it
+/// and have every other publisher's pushes to that user rejected.
+#[tokio::test]
+async fn one_publisher_at_the_cap_refuses_no_other_publishers_push() {
+    let app = spawn_app_with(&[
+        ("PUSHES_PENDING_MAX", "2"),
+        ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
+    ])
+    .await;
+    let user = app.user("shared").await;
+    let shop = "com.example.shop";
+    let as_shop = |key: &str| {
+        app.notify_as(
+            shop,
+            "onegrant.notification",
+            scheduled(&user, key, json!({})),
+        )
+    };
+    // The tests' publisher fills its share: one due now, one scheduled.
+    let later = app.now() + Duration::hours(1);
+    for (key, extra) in [("a-1", json!({})), ("a-2", json!({"send_at": at(later)}))] {
+        let answer = app.notify(scheduled(&user, key, extra)).await;
+        assert_eq!(answer["push"], "pending", "{key}: {answer}");
+    }
+    let answer = app.notify(scheduled(&user, "a-3", json!({}))).await;
+    assert!(refused(&answer), "{answer}");
+    // The shop's pushes to the same user are its own: taken up to its cap.
+    for key in ["b-1", "b-2"] {
+        let answer = as_shop(key).await;
+        assert_eq!(
+            (answer["status"].as_str(), answer["push"].as_str()),
+            (Some("created"), Some("pending")),
+            "{key}: {answer}"
+        );
+    }
+    let answer = as_shop("b-3").await;
+    assert!(refused(&answer), "{answer}");
+    // And still refused for the first publisher: its share did not grow.
+    let answer = app.notify(scheduled(&user, "a-4", json!({}))).await;
+    assert!(refused(&answer), "{answer}");
+    let listed = pushes(&app, &user).await;
+    let open: Vec<&str> = listed
+        .iter()
+        .filter(|(_, (status, _))| status == "pending")
+        .map(|(key, _)| key.as_str())
+        .collect();
+    // (a-2 is listed once it is published, an hour on.)
+    assert_eq!(open, ["a-1", "b-1", "b-2"], "{listed:?}");
+    // A push that ends frees its publisher's share only.
+    let cancelled = app.cancel(&user, "a-2").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let answer = as_shop("b-4").await;
+    assert!(refused(&answer), "{answer}");
+    let answer = app.notify(scheduled(&user, "a-5", json!({}))).await;
+    assert_eq!(answer["push"], "pending", "{answer}");
+}
+
+/// While the `pending` and `lane` indexes are not there (DynamoDB builds each after the
+/// deploy that adds it, and refuses queries of it meanwhile), the cap admits and a
+/// claim yields to no push, as before the indexes existed — neither fails: every ingest
+/// and tick goes on (before, each query's refusal failed the ingest and the claim).
 #[tokio::test]
 async fn without_the_pending_index_the_cap_admits_and_a_claim_yields_to_none() {
     use aws_sdk_dynamodb::types::{DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate};
@@ -176,22 +237,24 @@ async fn without_the_pending_index_the_cap_admits_and_a_claim_yields_to_none() {
         ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
     ])
     .await;
-    let drop_index = DeleteGlobalSecondaryIndexAction::builder()
-        .index_name("pending")
-        .build()
-        .expect("an index name");
-    app.table
-        .client
-        .update_table()
-        .table_name(&app.table.name)
-        .global_secondary_index_updates(
-            GlobalSecondaryIndexUpdate::builder()
-                .delete(drop_index)
-                .build(),
-        )
-        .send()
-        .await
-        .expect("the pending index is dropped");
+    for index in ["pending", "lane"] {
+        let drop_index = DeleteGlobalSecondaryIndexAction::builder()
+            .index_name(index)
+            .build()
+            .expect("an index name");
+        app.table
+            .client
+            .update_table()
+            .table_name(&app.table.name)
+            .global_secondary_index_updates(
+                GlobalSecondaryIndexUpdate::builder()
+                    .delete(drop_index)
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("the index is dropped");
+    }
     let user = app.user("early").await;
     app.accept(&user, ORDER, "g_one").await;
     // Past the cap of one, and a low push that would yield to the normal one due with

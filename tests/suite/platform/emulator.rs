@@ -232,6 +232,7 @@ async fn test_tables_have_the_indexes_and_ttl_that_template_yaml_declares() {
                 "due".to_string(),
                 vec!["due_pk".to_string(), "due_at".to_string()]
             ),
+            ("lane".to_string(), vec!["lane_pk".to_string()]),
             (
                 "lease".to_string(),
                 vec!["lease_pk".to_string(), "lease_until".to_string()]

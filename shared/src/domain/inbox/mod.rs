@@ -159,7 +159,8 @@ pub enum PushReason {
     Uncertain,
     /// `pending`: past the user's daily cap; due again on their next day.
     Capped,
-    /// `rejected`: the user had `PUSHES_PENDING_MAX` open pushes already.
+    /// `rejected`: the user had `PUSHES_PENDING_MAX` open pushes from the event's
+    /// publisher already.
     TooManyPending,
 }
 

@@ -37,7 +37,8 @@ impl Store {
                     .remove("due_pk")
                     .remove("due_at")
                     .remove("pending_pk")
-                    .remove("pending_sk"),
+                    .remove("pending_sk")
+                    .remove("lane_pk"),
                 due_as_seen(seen),
             ),
             Index::Lease => (

@@ -83,9 +83,10 @@ impl Store {
     /// Ingests a notify event (see the module docs). One round trip; two when a cancel
     /// of it came first (its push is then `cancelled` from the start).
     ///
-    /// An event with a push first counts the user's open pushes (one query of at most
-    /// `PUSHES_PENDING_MAX` index keys): past the cap its push is recorded `rejected`
-    /// (`too_many_pending`) and its notification stored all the same.
+    /// An event with a push first counts the user's open pushes from its publisher
+    /// (one query of at most `PUSHES_PENDING_MAX` index keys): past the cap its push is
+    /// recorded `rejected` (`too_many_pending`) and its notification stored all the
+    /// same.
     pub async fn ingest(
         &self,
         event: &NotifyEvent,
@@ -94,7 +95,9 @@ impl Store {
         let capped = match &event.push {
             Some(Push::Ready { .. }) => {
                 let max = self.limits.pushes_pending_max;
-                let open = self.pending_pushes(&event.openid, max).await?;
+                let open = self
+                    .pending_pushes(&event.openid, &event.publisher, max)
+                    .await?;
                 let replaces = match &event.collapse_key {
                     Some(key) if open >= max => {
                         self.collapse_replaces(&user_pk(&event.openid), &event.publisher, key)

@@ -1,14 +1,19 @@
-//! A user's open pushes, counted at ingest against `PUSHES_PENDING_MAX`
-//! ([`crate::domain::inbox::pending`]). Every open push — an outbox item `pending` or
-//! `sending`, a scheduled notification with its push — carries `pending_pk` (the
-//! user's partition), set and removed with the state it follows in the same write, so
-//! the sparse `pending` index holds exactly the user's open pushes and the count
-//! cannot drift. A count reads at most the cap's number of index entries, whatever the
-//! user's history; finished pushes are not on the index at all.
+//! A user's open pushes. Every open push — an outbox item `pending` or `sending`, a
+//! scheduled notification with its push — carries `pending_pk` (the user's partition)
+//! and `lane_pk` (its publisher's lane of it, [`crate::store::keys::lane_pk`]), set and
+//! removed with the state they follow in the same write, so the sparse `pending` and
+//! `lane` indexes hold exactly the open pushes and no count can drift.
 //!
-//! Sorted by `<template>#<member>` and projecting `due_at` and `state`, the index also
-//! gives a push's claim the better pushes of its template due together with it
-//! ([`Store::due_better`], `domain::dispatch::priority::at_grant_due`).
+//! At ingest a publisher's open pushes for the user are counted on the `lane` index
+//! against `PUSHES_PENDING_MAX` ([`crate::domain::inbox::pending`]): one publisher
+//! filling its share refuses its own pushes, never another's. A count reads at most
+//! the cap's number of index keys, whatever the user's history; finished pushes are not
+//! on either index.
+//!
+//! Sorted by `<template>#<member>` and projecting `due_at` and `state`, the `pending`
+//! index gives a push's claim the better pushes of its template due together with it,
+//! whoever published them ([`Store::due_better`],
+//! `domain::dispatch::priority::at_grant_due`): at most the cap's number per publisher.
 
 use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::Select;
@@ -21,21 +26,24 @@ use crate::store::handle::Store;
 use crate::store::items::expr::{Cmp, all, compare, is_in};
 use crate::store::items::query::{Keys, Range, partition};
 use crate::store::items::{n, number, s, text};
-use crate::store::keys::user_pk;
+use crate::store::keys::{lane_pk, user_pk};
 
 impl Store {
-    /// How many open pushes `openid` has, counted up to `up_to` (the index is
-    /// eventually consistent: a push written a moment ago may not be counted yet).
+    /// How many open pushes `openid` has from `publisher`, counted up to `up_to` (the
+    /// index is eventually consistent: a push written a moment ago may not be counted
+    /// yet).
     pub(crate) async fn pending_pushes(
         &self,
         openid: &OpenId,
+        publisher: &str,
         up_to: u32,
     ) -> Result<u32, StoreError> {
         let mut counted = 0u32;
         let mut from = None;
         loop {
-            let sent = self
-                .pending_index(partition("pending_pk", s(user_pk(openid))))
+            let lane = partition("lane_pk", s(lane_pk(publisher, &user_pk(openid))));
+            let sent = lane
+                .on(self.index_query("lane"))
                 .select(Select::Count)
                 .limit(i32::try_from(up_to.saturating_sub(counted).max(1)).unwrap_or(i32::MAX))
                 .set_exclusive_start_key(from)
@@ -54,7 +62,7 @@ impl Store {
 
     /// A query of the user `pk`'s entries on the `pending` index (`:p` bound).
     ///
-    /// While DynamoDB builds the index (a deploy that adds it to a table with items),
+    /// While DynamoDB builds an index (a deploy that adds it to a table with items),
     /// queries of it are refused ([`index_not_ready`]): the cap then admits and a claim
     /// yields to nobody, as before the index existed, rather than failing every ingest.
     fn pending_index(&self, keys: Keys) -> QueryFluentBuilder {
@@ -151,7 +159,7 @@ where
         Err(e) if index_not_ready(&e) => {
             tracing::warn!(
                 skipped,
-                "the pending index is not ready (still being built)"
+                "an index of open pushes is not ready (still being built)"
             );
             Ok(None)
         }

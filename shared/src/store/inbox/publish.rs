@@ -27,7 +27,9 @@ use crate::store::items::change::delete;
 use crate::store::items::expr::eq;
 use crate::store::items::outbox::{OutboxItem, Publication};
 use crate::store::items::{at_version, key, n, parse, rfc3339, to_item};
-use crate::store::keys::{due_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk};
+use crate::store::keys::{
+    due_pk, lane_pk, note_sk, outbox_sk, pending_sk, scheduled_sk, unread_sk,
+};
 use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts, SentTx, TxOutcome};
 
@@ -72,6 +74,9 @@ pub(crate) struct ScheduledItem {
     pending_pk: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pending_sk: Option<String>,
+    /// Its publisher's lane while it waits with its push (see `OutboxItem::lane_pk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lane_pk: Option<String>,
     /// Its notification's type and its push's last moment, beside the nested copies:
     /// the `pending` index projects them for a claim's look at pushes due together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +104,10 @@ impl ScheduledItem {
         }
         .to_string();
         let pending_pk = push.is_some().then(|| note.pk.clone());
+        let lane_pk = match (&push, &note.publisher) {
+            (Some(_), Some(publisher)) => Some(lane_pk(publisher, &note.pk)),
+            _ => None,
+        };
         let (note_type, send_by) = match &push {
             Some(p) => (Some(note.note_type.clone()), p.send_by),
             None => (None, None),
@@ -118,6 +127,7 @@ impl ScheduledItem {
             version: 1,
             pending_pk,
             pending_sk,
+            lane_pk,
             note_type,
             send_by,
         }
@@ -141,6 +151,7 @@ impl ScheduledItem {
         next.push = None;
         next.pending_pk = None;
         next.pending_sk = None;
+        next.lane_pk = None;
         next.note_type = None;
         next.send_by = None;
         next.note.set_push(status, None, now);
@@ -226,6 +237,7 @@ impl Store {
             waiting_grant: false,
             pending_pk: Some(note.pk.clone()),
             pending_sk: None,
+            lane_pk: None,
             publisher: note.publisher.clone(),
             idempotency_key: note.idempotency_key.clone(),
         }

@@ -14,7 +14,7 @@ use crate::store::error::StoreError;
 use crate::store::items::change::{change, check, put, update};
 use crate::store::items::expr::{Cond, eq};
 use crate::store::items::{at_version, is_there, key, n, rfc3339, s};
-use crate::store::keys::{due_pk, note_sk, pending_sk};
+use crate::store::keys::{due_pk, lane_pk, note_sk, pending_sk};
 
 /// The outbox item of a push: what to send, and where it stands.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +65,12 @@ pub(crate) struct OutboxItem {
     /// Its place on the `pending` index while open ([`crate::store::keys::pending_sk`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) pending_sk: Option<String>,
+    /// Its publisher's lane while open ([`crate::store::keys::lane_pk`]): on the `lane`
+    /// index, which counts the user's open pushes of one publisher at ingest. Derived
+    /// from the state with `pending_pk` (absent on pushes stored before lanes, or
+    /// without a publisher: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lane_pk: Option<String>,
     /// Its notification's publisher and idempotency key (absent on pushes stored before
     /// outcomes were told: nobody told).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,10 +85,18 @@ impl OutboxItem {
         crate::store::items::outcome::Origin::of(&self.publisher, &self.idempotency_key)
     }
 
-    /// This item with its sort key on the `pending` index (a new, open push).
+    /// This item with its keys on the `pending` and `lane` indexes (a new, open push).
     pub(crate) fn with_pending_sk(mut self) -> Self {
         self.pending_sk = Some(self.pending_sk());
+        self.lane_pk = self.lane_pk();
         self
+    }
+
+    /// Its partition on the `lane` index, when it has a publisher.
+    fn lane_pk(&self) -> Option<String> {
+        self.publisher
+            .as_deref()
+            .map(|publisher| lane_pk(publisher, &self.pk))
     }
 
     /// Its sort key on the `pending` index.
@@ -114,6 +128,7 @@ impl OutboxItem {
         next.waiting_grant = false;
         next.pending_pk = open.then(|| self.pk.clone());
         next.pending_sk = open.then(|| self.pending_sk());
+        next.lane_pk = self.lane_pk().filter(|_| open);
         next.version = self.version + 1;
         next.updated_at = rfc3339(now);
         next
