@@ -307,6 +307,19 @@ impl TestApp {
         );
     }
 
+    /// Holds this app's running clock where it is until [`TestApp::let_clock_run`]: for
+    /// set-up that must all happen before an instant a few seconds ahead (a `send_at`)
+    /// however slow the machine — on the live clock, a slow ingest passed the instant
+    /// and the notification was published at once instead of scheduled.
+    pub fn hold_clock(&self) {
+        self.clock.freeze_at(self.now());
+    }
+
+    /// Lets a clock held by [`TestApp::hold_clock`] run on from where it was held.
+    pub fn let_clock_run(&self) {
+        self.clock.run();
+    }
+
     /// Moves this app's clock on to `at`, if it is not there yet (never back).
     pub fn move_to(&self, at: chrono::DateTime<chrono::Utc>) {
         if at > self.now() {

@@ -82,17 +82,11 @@ async fn sent_event(
     msgid: impl serde::Serialize,
     error_code: i64,
 ) {
-    let answer = app
-        .push_event(
-            json!({"event": "sent", "openid": user.openid, "template_id": template,
-                           "msgid": msgid, "error_code": error_code}),
-        )
-        .await;
-    let answers = answer["answers"].as_array().cloned().unwrap_or_default();
-    assert!(
-        !answers.is_empty() && answers.iter().all(|a| a == 200),
-        "{answer}"
-    );
+    app.push_event_answered(
+        json!({"event": "sent", "openid": user.openid, "template_id": template,
+                       "msgid": msgid, "error_code": error_code}),
+    )
+    .await;
 }
 
 fn the_one(items: Vec<HashMap<String, AttributeValue>>) -> HashMap<String, AttributeValue> {
@@ -160,7 +154,11 @@ async fn a_dropped_send_is_settled_sent_by_the_standins_sent_event() {
 /// three times; up to ten here, where a loaded machine may miss the window with every
 /// copy of a round. Contention that never let a copy through would still fail.)
 async fn acknowledged(app: &TestApp, pushed: &Value) -> usize {
-    let all_ok = |answers: &Value| answers == &json!(vec![200; 10]);
+    let all_ok = |answers: &Value| {
+        answers
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|s| s == 200))
+    };
     if all_ok(&pushed["answers"]) {
         return 0;
     }
@@ -245,7 +243,8 @@ async fn a_definite_sends_event_never_settles_another_unknown_send_however_often
     app.make_due(&user, "water", app.now()).await;
     assert_eq!(app.tick(30).await.claimed, 1);
     let pushed = pushes(&app, 1).await;
-    assert_eq!(pushed[0]["answers"], json!([200, 200, 200, 200]));
+    assert_eq!(pushed[0]["answers"].as_array().map(Vec::len), Some(4));
+    acknowledged(&app, &pushed[0]).await;
     // And once more, a minute later.
     sent_event(&app, &user, WATER, &pushed[0]["msgid"], 0).await;
 

@@ -229,6 +229,7 @@ async fn a_publication_whose_answer_is_lost_is_counted_once_by_the_dispatcher_th
     // attempt, with its token, says it was this call's — published and counted once.
     let (app, proxy) = spawn_faulty_app(&FAST).await;
     let user = app.user("lost-publication").await;
+    app.hold_clock();
     let send_at = app.now() + chrono::Duration::seconds(2);
     let mut detail = onegrant_tests::inbox::scheduled(
         &user,
@@ -237,6 +238,7 @@ async fn a_publication_whose_answer_is_lost_is_counted_once_by_the_dispatcher_th
     );
     detail.as_object_mut().expect("object").remove("wechat");
     let answer = app.notify(detail).await;
+    app.let_clock_run();
     assert_eq!(answer["status"], "created", "{answer}");
     proxy.inject(
         "TransactWriteItems",

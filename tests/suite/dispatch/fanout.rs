@@ -11,6 +11,9 @@ async fn a_tick_reads_the_due_backlog_in_pages_and_only_as_far_as_its_budget_can
         ("DUE_SHARDS", "1"),
     ])
     .await;
+    // (A claim given back unsent is due again at once at midday in Shanghai, the
+    // reminders' zone; at night there it would wait for the morning.)
+    app.move_to_china_midday();
     due_users(&app, "u", 120).await;
     // WeChat answers in 2.5 s. A tick with 1.5 s more than one send needs from its
     // turn reads one page, starts what it can in that time, and leaves the rest

@@ -172,6 +172,10 @@ async fn eight_racing_dispatchers_send_each_due_plan_exactly_once_over_rounds() 
         ("DUE_SHARDS", "4"),
     ])
     .await;
+    // A claim given back unsent (a loaded machine) is due again at once at midday in
+    // Shanghai, the reminders' zone; at night there it would wait for the morning, and
+    // the catch-up ticks below would never send it.
+    app.move_to_china_midday();
     let names: Vec<String> = (0..PLANS).map(|i| format!("r{i}")).collect();
     // Set up eight at a time (the race is the dispatchers', not the set-up's: 200 at
     // once queue behind each other past the handlers' budget on a loaded machine).
@@ -343,6 +347,9 @@ async fn a_token_that_cannot_be_fetched_claims_nothing_and_the_tick_ends_within_
     app.control("POST", "token-fault", Some(json!({"hang_ms": 60_000})))
         .await;
     let budget = std::time::Duration::from_secs(40);
+    // The failure's memory (TOKEN_FAILURE_MEMORY) runs on the app's clock: held for
+    // this tick, so however slowly the 40 claims reach the token, they meet it.
+    app.clock.freeze_at(app.now());
     let started = std::time::Instant::now();
     let summary = app.tick(budget.as_secs()).await;
     let took = started.elapsed();
@@ -387,6 +394,7 @@ async fn a_token_that_cannot_be_fetched_claims_nothing_and_the_tick_ends_within_
     // takes it.)
     app.control("POST", "token-fault", Some(json!({}))).await;
     app.advance(onegrant::wechat::TOKEN_FAILURE_MEMORY);
+    app.clock.run();
     let summary = app.ticks_until(|s| s.sent as usize >= PLANS).await;
     assert_eq!(summary.sent as usize, PLANS, "{summary:?}");
     assert_ledger_agrees_with_counters(&app).await;

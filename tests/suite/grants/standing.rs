@@ -668,6 +668,10 @@ async fn order_standing(app: &TestApp, user: &User) -> Option<String> {
 #[tokio::test]
 async fn a_setting_read_before_the_one_applied_arrives_late_and_changes_nothing() {
     let app = onegrant_tests::spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    // Held: each setting's `read_at` is so many seconds before one instant, whatever
+    // the requests between them take (on the live clock, a report slower than 2 s made
+    // the setting read "3 s ago" newer than the one read "1 s ago").
+    app.freeze_at_a_minute_start();
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_order").await;
     let on = read_ago(&app, 10, true, Some("accept"));

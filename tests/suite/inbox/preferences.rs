@@ -216,8 +216,11 @@ async fn quiet_hours_hold_a_normal_push_until_they_end_while_a_high_one_goes_at_
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
     app.accept(&user, ORDER, "wr_2").await;
-    // Quiet from a minute ago to the next whole minute at least 5 s away (in UTC).
+    // Quiet from a minute ago to the next whole minute at least 5 s away (in UTC), on a
+    // clock held until the test moves it there: however slow the steps before, the
+    // quiet hours do not end under them.
     let now = app.now();
+    app.clock.freeze_at(now);
     let next_minute = (now + Duration::seconds(65 - i64::from(now.second())))
         .with_second(0)
         .and_then(|t| t.with_nanosecond(0))

@@ -48,9 +48,11 @@ async fn a_scheduled_push_is_published_and_claimed_in_one_transaction_at_an_imme
     assert_eq!((summary.sent, summary.published), (1, 0), "{summary:?}");
     let (immediate, immediate_wru) = dispatch_cost(&app).await;
 
+    app.hold_clock();
     let send_at = app.now() + Duration::seconds(2);
     app.notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
         .await;
+    app.let_clock_run();
     app.move_to(send_at + Duration::milliseconds(100));
     app.round_trips.take();
     app.round_trips.take_writes();
@@ -251,6 +253,7 @@ async fn a_push_listed_waiting_after_the_read_ahead_is_not_passed_over() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
     let user = app.user("waits").await;
     app.accept(&user, ORDER, "wr_1").await;
+    app.hold_clock();
     let send_at = app.now() + Duration::seconds(3);
     let answer = app
         .notify(scheduled(
@@ -259,6 +262,7 @@ async fn a_push_listed_waiting_after_the_read_ahead_is_not_passed_over() {
             json!({"send_at": at(send_at), "priority": "low"}),
         ))
         .await;
+    app.let_clock_run();
     assert_eq!(answer["push"], "pending", "{answer}");
     let (_, push, ahead) = read_publication(&app, &user, send_at).await;
     // A `high` push listed as waiting for the order template's grant, as its claim
@@ -304,6 +308,9 @@ async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "60")]).await;
     let mut users = Vec::new();
     for round in 0..3 {
+        // Held while the round is set up (30-odd requests): every notification is
+        // stored scheduled, 3 s before its instant, however slow the machine.
+        app.hold_clock();
         let send_at = app.now() + Duration::seconds(3);
         let mut these = Vec::new();
         for i in 0..6 {
@@ -325,6 +332,12 @@ async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
             }
             these.push((user, if i % 2 == 0 { 2 } else { 1 }));
         }
+        let mut scheduled_first = 0;
+        for (user, _) in &these {
+            scheduled_first += app.items_of(user, "scheduled").await.len();
+        }
+        assert_eq!(scheduled_first, 12, "round {round}: all stored scheduled");
+        app.let_clock_run();
         // Three dispatchers at once, each reading ahead and claiming at the instant;
         // again while anything is left (a loaded machine may leave a tick too little
         // time, and it defers what it cannot finish to the next).
@@ -345,12 +358,10 @@ async fn racing_dispatchers_publish_and_send_each_scheduled_push_once() {
                 break;
             }
         }
-        // Every notification published once is checked below from the table. The
-        // `Published` count never exceeds it; under load it has come out one or two
-        // short (10 and 11 of 12, three dispatchers racing, no answer lost): a
-        // publication counted by none of them, an open defect of the metric (see
-        // docs/testing.md), not of the publishing.
-        assert!(published <= 12, "round {round}: {ticks:?}");
+        // Each publication counted once, by the dispatcher that made it (it once came
+        // out 10 or 11 of 12 under load: set up on the live clock, the round's last
+        // notifications arrived after their instant and were published at ingest).
+        assert_eq!(published, 12, "round {round}: {ticks:?}");
         assert_eq!(sent, 9, "round {round}: {ticks:?}");
         users.extend(these);
     }
@@ -389,6 +400,7 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
     for i in 0..3 {
         app.accept(&user, ORDER, &format!("wr_{i}")).await;
     }
+    app.hold_clock();
     let send_at = app.now() + Duration::seconds(6);
     for i in 0..3 {
         let answer = app
@@ -400,10 +412,7 @@ async fn scheduled_notifications_are_listed_at_their_instant_while_their_pushes_
             .await;
         assert_eq!(answer["push"], "pending", "{answer}");
     }
-    assert!(
-        app.now() + Duration::seconds(2) < send_at,
-        "the notifications were stored too late to tell"
-    );
+    app.let_clock_run();
     // When all three are listed and counted, looked for from the instant on.
     let watch = async {
         app.move_to(send_at);
@@ -480,10 +489,12 @@ async fn a_publication_meeting_each_fault_once_is_listed_after_its_tick_once() {
         ])
         .await;
         let user = app.user("published").await;
+        app.hold_clock();
         let send_at = app.now() + Duration::seconds(2);
         let mut detail = scheduled(&user, "note", json!({"send_at": at(send_at)}));
         detail.as_object_mut().map(|d| d.remove("wechat"));
         let answer = app.notify(detail).await;
+        app.let_clock_run();
         assert_eq!(answer["status"], "created", "{case}: {answer}");
         app.move_to(send_at + Duration::milliseconds(100));
         // The publication is the one transaction that deletes the scheduled item.

@@ -142,6 +142,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
+    app.hold_clock();
     let now = app.now();
     // Due now, expiring in 2 s — but no dispatcher runs until it has expired.
     let immediate = app
@@ -168,6 +169,7 @@ async fn a_push_not_gone_out_by_its_expires_at_is_never_sent_and_spends_no_grant
         json!({"send_at": at(now + Duration::seconds(3)), "expires_at": at(now + Duration::seconds(4))}),
     ))
     .await;
+    app.let_clock_run();
     app.move_to(now + Duration::milliseconds(4500));
     let summary = app.tick(30).await;
     assert_eq!(
@@ -312,9 +314,11 @@ async fn a_cancelled_push_is_never_sent_and_spends_no_grant_whether_scheduled_or
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
+    app.hold_clock();
     let soon = at(app.now() + Duration::seconds(2));
     app.notify(scheduled(&user, "later", json!({"send_at": soon})))
         .await;
+    app.let_clock_run();
     app.notify(scheduled(&user, "now", json!({}))).await;
     for key in ["later", "now"] {
         let answer = app.cancel(&user, key).await;
@@ -697,10 +701,12 @@ async fn a_scheduled_push_costs_its_publication_more_than_an_immediate_one() {
     app.round_trips.take_writes();
     app.notify(scheduled(&user, "now", json!({}))).await;
     let immediate = cost(&app).await;
+    app.hold_clock();
     let send_at = app.now() + Duration::seconds(1);
     let answer = app
         .notify(scheduled(&user, "later", json!({"send_at": at(send_at)})))
         .await;
+    app.let_clock_run();
     let ingest = cost(&app).await;
     let note_id = answer["note_id"].as_str().expect("note id");
     let published = app
