@@ -60,7 +60,9 @@ fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
 }
 
 /// The `dynamodb:*` actions the template's policies grant the function built as
-/// `binary` (action names without the prefix), whatever resource they name.
+/// `binary` (action names without the prefix): on the table, the action's name; on an
+/// index (`!Sub "${Table.Arn}/index/<name>"`), `<action>@<name>`, one for each index
+/// named, so a query of an index the policy does not name is not taken as granted.
 pub fn dynamodb_actions(binary: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
     let doc = parse()?;
     let mut actions = std::collections::BTreeSet::new();
@@ -86,15 +88,39 @@ pub fn dynamodb_actions(binary: &str) -> anyhow::Result<std::collections::BTreeS
                     Some(Value::String(one)) => vec![one.as_str()],
                     _ => Vec::new(),
                 };
+                let on = statement_resources(statement);
                 for action in listed {
                     if let Some(name) = action.strip_prefix("dynamodb:") {
-                        actions.insert(name.to_string());
+                        for index in &on {
+                            actions.insert(match index {
+                                Some(index) => format!("{name}@{index}"),
+                                None => name.to_string(),
+                            });
+                        }
                     }
                 }
             }
         }
     }
     Ok(actions)
+}
+
+/// What a policy statement's `Resource` names: `Some(index)` for each of the table's
+/// indexes (`!Sub "${Table.Arn}/index/<name>"`), `None` for anything else (the table).
+fn statement_resources(statement: &Value) -> Vec<Option<String>> {
+    let one = |value: &Value| match value {
+        Value::Tagged(tagged) => tagged
+            .value
+            .as_str()
+            .and_then(|arn| arn.split_once("/index/"))
+            .map(|(_, index)| index.to_string()),
+        _ => None,
+    };
+    match statement.get("Resource") {
+        Some(Value::Sequence(list)) => list.iter().map(one).collect(),
+        Some(value) => vec![one(value)],
+        None => vec![None],
+    }
 }
 
 /// Every Lambda function in the template.

@@ -28,10 +28,20 @@ pub struct RoundTrips {
     pub(crate) most_in_flight: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// The IAM actions (`dynamodb:` left off) a request needs: its operation, or for a
-/// transaction each item's (a Put needs PutItem, a ConditionCheck ConditionCheckItem).
+/// The IAM actions (`dynamodb:` left off) a request needs: its operation (a query of an
+/// index `Query@<index>`, granted on that index's ARN), or for a transaction each
+/// item's (a Put needs PutItem, a ConditionCheck ConditionCheckItem).
 pub(crate) fn iam_actions(target: &str, body: &[u8]) -> Vec<String> {
     let operation = target.trim_end_matches("@index");
+    if operation == "Query" || operation == "Scan" {
+        let index = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|request| request["IndexName"].as_str().map(str::to_string));
+        return vec![match index {
+            Some(index) => format!("{operation}@{index}"),
+            None => operation.to_string(),
+        }];
+    }
     let inner = |key: &str| match key {
         "Put" => Some("PutItem"),
         "Update" => Some("UpdateItem"),

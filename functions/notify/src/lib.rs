@@ -141,7 +141,7 @@ pub async fn publish(
             send_at,
         } => {
             if reason.as_deref() == Some(PushReason::TooManyPending.as_str()) {
-                tracing::warn!(%openid, note_id, "the user has too many open pushes: this one rejected, its notification stored");
+                tracing::warn!(%openid, note_id, publisher = parsed.publisher.as_str(), "the user has too many open pushes from this publisher: this one rejected, its notification stored");
             }
             tracing::info!(%openid, note_id, push = ?push, reason = ?reason, send_at = ?send_at, "notification stored")
         }

@@ -13,7 +13,9 @@
 //! Sorted by `<template>#<member>` and projecting `due_at` and `state`, the `pending`
 //! index gives a push's claim the better pushes of its template due together with it,
 //! whoever published them ([`Store::due_better`],
-//! `domain::dispatch::priority::at_grant_due`): at most the cap's number per publisher.
+//! `domain::dispatch::priority::at_grant_due`): about the cap's number per publisher
+//! (besides them only onegrant's own refill notices, one per depletion, which are not
+//! capped, and pushes opened before lanes existed).
 
 use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::Select;
@@ -73,7 +75,8 @@ impl Store {
     /// that are due together with it (pending or scheduled, due within
     /// [`YIELD_WAIT`](crate::domain::dispatch::priority::YIELD_WAIT)), from the
     /// `pending` index: one key range of the template's better classes, read whole
-    /// (bounded by `PUSHES_PENDING_MAX`; usually none).
+    /// (bounded by `PUSHES_PENDING_MAX` per publisher, see the module docs; usually
+    /// none).
     pub(crate) async fn due_better(
         &self,
         pk: &str,
