@@ -92,7 +92,7 @@ impl TestApp {
     }
 
     /// Waits (up to 30 s, on a loaded machine) until `user`'s plan of `kind` is `sending`: a
-    /// send in flight.
+    /// send in flight. Fails if it never is (the test's premise did not hold).
     pub async fn until_sending(&self, user: &User, kind: &str) {
         for _ in 0..1500 {
             let plan = self.item(user, &format!("PLAN#{kind}")).await;
@@ -101,6 +101,7 @@ impl TestApp {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        panic!("{}'s {kind} plan never went sending", user.openid);
     }
 
     /// Asserts that `user` has `n` grant ledger items, every one `invalid`.

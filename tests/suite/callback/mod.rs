@@ -513,8 +513,10 @@ async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
         Some(json!({"openid": user.openid, "errcode": -1})),
     )
     .await;
-    app.control("POST", "latency", Some(json!({"ms": 2000})))
-        .await;
+    // WeChat holds the send until the change event is in (not a latency the machine's
+    // speed could outrun).
+    let hold = |held: bool| json!({"openid": user.openid, "held": held});
+    app.control("POST", "hold", Some(hold(true))).await;
     let tick = app.tick(120);
     let refuse = async {
         app.until_sending(&user, "water").await;
@@ -526,7 +528,9 @@ async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
             &now(),
             "cf",
         );
-        hit(&app, "POST", &query, Some(body)).await
+        let answered = hit(&app, "POST", &query, Some(body)).await;
+        app.control("POST", "hold", Some(hold(false))).await;
+        answered
     };
     let (summary, answered) = tokio::join!(tick, refuse);
     assert_eq!(answered, (200, "success".into()));

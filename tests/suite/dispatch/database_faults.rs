@@ -752,7 +752,10 @@ async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_wha
     // (throttled past the SDK's retries) and the finalize fails. The dispatcher tries
     // it again; the second try finds its own settlement landed and runs the
     // invalidation, instead of taking it for someone else's and skipping it.
-    let (app, proxy) = spawn_faulty_app(&FAST).await;
+    // (A client timeout far past the test's own steps: the send is held in flight by the
+    // stand-in until the fault is set, not by a latency the machine's speed could
+    // outrun.)
+    let (app, proxy) = spawn_faulty_app(&[FAST[0], ("WECHAT_TIMEOUT_MS", "10000")]).await;
     let user = due_user(&app, "refused-then-unread", 2).await;
     app.control(
         "POST",
@@ -760,13 +763,14 @@ async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_wha
         Some(serde_json::json!({"openid": user.openid, "errcode": 43101})),
     )
     .await;
-    app.control("POST", "latency", Some(serde_json::json!({"ms": 1000})))
-        .await;
-    let tick = app.tick(30);
+    let hold = |held: bool| serde_json::json!({"openid": user.openid, "held": held});
+    app.control("POST", "hold", Some(hold(true))).await;
+    let tick = app.tick(120);
     let inject = async {
         // Once the claim has read the counters: during the send.
         app.until_sending(&user, "water").await;
         proxy.inject("BatchGetItem", Some("QUOTA#"), Fault::Throttle, 3);
+        app.control("POST", "hold", Some(hold(false))).await;
     };
     let (summary, ()) = tokio::join!(tick, inject);
     assert_eq!(injected(&proxy, Fault::Throttle), 3);

@@ -284,32 +284,29 @@ async fn a_tick_without_time_for_a_send_and_a_finalize_claims_nothing() {
 async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sending() {
     let app = spawn_app_with(&[FAST[0], ("WECHAT_TIMEOUT_MS", "10000"), FAST[2]]).await;
     let user = due_user(&app, "alice", 1).await;
-    // WeChat takes 3 s to answer; the user checks in (with the next grant) meanwhile.
-    app.control("POST", "latency", Some(json!({"ms": 3000})))
-        .await;
+    // WeChat holds its answer (not a latency the machine's speed could outrun); the
+    // user checks in (with the next grant) meanwhile, and then WeChat answers.
+    let hold = |held: bool| json!({"openid": user.openid, "held": held});
+    app.control("POST", "hold", Some(hold(true))).await;
     let tick = app.tick(120);
     let check_in = async {
         // Wait until the send is really in flight.
-        for _ in 0..250 {
-            let plan = app.item(&user, "PLAN#water").await;
-            if state(&plan) == Some("sending") {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        app.until_sending(&user, "water").await;
         app.control(
             "POST",
             "quota",
             Some(json!({"openid": user.openid, "template_id": WATER, "count": 1})),
         )
         .await;
-        app.post(
+        let answer = app.post(
             "/v1/reminders/water/checkins",
             Some(&user.token),
             &json!({"action_id": "wc_mid", "grant_request_id": "wr_mid", "subscription_status": "accept",
                     "occurred_at": app.now().to_rfc3339(), "current_count": 2, "daily_goal": 8}),
         )
-        .await
+        .await;
+        app.control("POST", "hold", Some(hold(false))).await;
+        answer
     };
     let (summary, answer) = tokio::join!(tick, check_in);
     assert_eq!(summary.sent, 1, "{summary:?}");

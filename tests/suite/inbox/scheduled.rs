@@ -768,14 +768,19 @@ async fn remove(app: &TestApp, user: &User, sk: &str) {
 #[tokio::test]
 async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_that_succeeds_is_too_late_after()
  {
+    // (A client timeout far past the test's own steps: the send is held in flight by
+    // the stand-in until the cancel has landed, not by a latency the machine's speed
+    // could outrun; ticks of 120 s, room for a 10 s send's window.)
     let app = spawn_app_with(&[
         ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
         ("DISPATCH_RETRY_BASE_SECONDS", "1"),
+        ("WECHAT_TIMEOUT_MS", "10000"),
     ])
     .await;
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
     app.accept(&user, ORDER, "wr_2").await;
+    let hold = |held: bool| json!({"openid": user.openid, "held": held});
     for (key, fails) in [("flaky", true), ("fine", false)] {
         app.notify(scheduled(&user, key, json!({}))).await;
         if fails {
@@ -786,15 +791,15 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
             )
             .await;
         }
-        // WeChat answers slowly: the cancel lands while the attempt is in flight.
-        app.control("POST", "latency", Some(json!({"ms": 1500})))
-            .await;
+        // WeChat holds the send: the cancel lands while the attempt is in flight.
+        app.control("POST", "hold", Some(hold(true))).await;
         let cancel_in_flight = async {
             app.until_in_flight(&user, key).await;
-            app.cancel(&user, key).await
+            let answer = app.cancel(&user, key).await;
+            app.control("POST", "hold", Some(hold(false))).await;
+            answer
         };
-        let (summary, answer) = tokio::join!(app.tick(30), cancel_in_flight);
-        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        let (summary, answer) = tokio::join!(app.tick(120), cancel_in_flight);
         assert_eq!(
             (answer["status"].as_str(), answer["push"].as_str()),
             (Some("requested"), Some("pending")),
@@ -803,7 +808,7 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
         if fails {
             assert_eq!((summary.failed, summary.restored), (1, 1), "{summary:?}");
             app.advance(std::time::Duration::from_millis(1100));
-            let retry = app.tick(30).await;
+            let retry = app.tick(120).await;
             assert_eq!(
                 (retry.cancelled, retry.claimed, retry.sent),
                 (1, 0, 0),
@@ -838,12 +843,13 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
 #[tokio::test]
 async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_attempt_fails() {
     for errcode in [45011, -1] {
-        // (A client timeout well above the stand-in's 1.5 s, however loaded the machine;
-        // ticks of 60 s, room for its send's window.)
+        // (A client timeout far past the test's own steps: the send is held in flight
+        // by the stand-in until the newer one is in, not by a latency the machine's
+        // speed could outrun; ticks of 120 s, room for a 10 s send's window.)
         let app = spawn_app_with(&[
             ("DISPATCH_LOOKAHEAD_SECONDS", "0"),
             ("DISPATCH_RETRY_BASE_SECONDS", "1"),
-            ("WECHAT_TIMEOUT_MS", "5000"),
+            ("WECHAT_TIMEOUT_MS", "10000"),
         ])
         .await;
         let user = app.user("alice").await;
@@ -857,20 +863,21 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
             Some(json!({"openid": user.openid, "errcode": errcode, "times": 1})),
         )
         .await;
-        // WeChat answers in 1.5 s: the newer one comes meanwhile.
-        app.control("POST", "latency", Some(json!({"ms": 1500})))
-            .await;
+        // WeChat holds the send: the newer one comes meanwhile.
+        let hold = |held: bool| json!({"openid": user.openid, "held": held});
+        app.control("POST", "hold", Some(hold(true))).await;
         let replace_in_flight = async {
             app.until_in_flight(&user, "shipped").await;
-            app.notify(scheduled(&user, "delivered", key.clone())).await
+            let answer = app.notify(scheduled(&user, "delivered", key.clone())).await;
+            app.control("POST", "hold", Some(hold(false))).await;
+            answer
         };
-        let (first, answer) = tokio::join!(app.tick(60), replace_in_flight);
-        app.control("POST", "latency", Some(json!({"ms": 0}))).await;
+        let (first, answer) = tokio::join!(app.tick(120), replace_in_flight);
         assert_eq!(answer["status"], "created", "{errcode}: {answer}");
         assert_eq!(first.failed, 1, "{errcode}: {first:?}");
         // The retry is due a second later; the newer push goes out as it comes.
         app.advance(std::time::Duration::from_millis(1100));
-        let retry = app.tick(60).await;
+        let retry = app.tick(120).await;
         assert_eq!(
             first.replaced + retry.replaced,
             1,
@@ -905,7 +912,7 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
         );
         // Nothing comes due again.
         app.advance(std::time::Duration::from_secs(120));
-        let later = app.tick(60).await;
+        let later = app.tick(120).await;
         assert_eq!((later.claimed, later.sent), (0, 0), "{errcode}: {later:?}");
         assert_ledger_agrees_with_counters(&app).await;
     }

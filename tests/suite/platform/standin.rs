@@ -1,7 +1,6 @@
 //! The WeChat stand-in follows the real API contract (reference/wechat.md); later
 //! features are tested against it, so its own behaviour is pinned here.
 
-use futures::future::join_all;
 use onegrant_local::stack::{LOCAL_APPID, LOCAL_SECRET};
 use onegrant_tests::{TestApp, WATER, spawn_app};
 use serde_json::{Value, json};
@@ -263,10 +262,23 @@ async fn concurrent_sends_to_one_openid_get_43108() {
         Some(json!({"openid": openid, "template_id": WATER, "count": 10})),
     )
     .await;
-    app.control("POST", "latency", Some(json!({"ms": 1000})))
-        .await;
+    // The first send is held in flight until the other three have been answered (not a
+    // latency the machine's speed could outrun).
+    let hold = |held: bool| json!({"openid": openid, "held": held});
+    app.control("POST", "hold", Some(hold(true))).await;
     let message = water_message(&openid);
-    let answers = join_all((0..4).map(|_| send(&app, Some(&token), &message))).await;
+    let mut sends: futures::stream::FuturesUnordered<_> =
+        (0..4).map(|_| send(&app, Some(&token), &message)).collect();
+    let mut answers = Vec::new();
+    while answers.len() < 3 {
+        answers.push(futures::StreamExt::next(&mut sends).await.expect("a send"));
+    }
+    app.control("POST", "hold", Some(hold(false))).await;
+    answers.push(
+        futures::StreamExt::next(&mut sends)
+            .await
+            .expect("the held send"),
+    );
     let ok = answers.iter().filter(|a| a["errcode"] == 0).count();
     let busy = answers.iter().filter(|a| a["errcode"] == 43108).count();
     assert_eq!((ok, busy), (1, 3), "{answers:?}");

@@ -575,9 +575,11 @@ async fn a_dead_webhooks_backlog_holds_up_no_other_publisher_and_is_given_up_aft
     app.advance(Duration::from_secs(1));
     app.publish(&order(&user, "n-1", nope.clone()), news).await;
     // The shop's outcomes read once leave the shared queue for its own: the news' is
-    // told by the second tick, each tick posting to the failing webhook once.
+    // told by the second tick, each tick posting to the failing webhook once. (By the
+    // first, when the news' outcome hashed to a shard holding fewer than a page of the
+    // shop's: two ticks all the same, the second reading the rest of the backlog.)
     let mut ticks = 0;
-    while !told_news("n-1") && ticks < 5 {
+    while (!told_news("n-1") || ticks < 2) && ticks < 5 {
         if ticks > 0 {
             app.advance(Duration::from_secs(60));
         }
