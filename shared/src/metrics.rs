@@ -119,6 +119,8 @@ pub mod name {
     // Outcomes told back.
     /// Outcomes posted to their publisher's webhook and answered 2xx.
     pub const OUTCOMES_DELIVERED: &str = "OutcomesDelivered";
+    /// Outcomes of a publisher with no webhook: put on the bus only, and done.
+    pub const OUTCOMES_ON_BUS_ONLY: &str = "OutcomesOnBusOnly";
     /// Outcome posts that failed and wait to be tried again.
     pub const OUTCOMES_RETRIED: &str = "OutcomesRetried";
     /// Outcomes given up after a day of tries (kept with `dead_at`).
@@ -140,7 +142,7 @@ pub mod name {
 }
 
 /// Every metric name onegrant records.
-pub const ALL: [&str; 51] = [
+pub const ALL: [&str; 52] = [
     name::TICKS,
     name::DUE,
     name::CLAIMED,
@@ -185,6 +187,7 @@ pub const ALL: [&str; 51] = [
     name::PUSHES_TOO_MANY_PENDING,
     name::PUBLISHER_REFUSALS,
     name::OUTCOMES_DELIVERED,
+    name::OUTCOMES_ON_BUS_ONLY,
     name::OUTCOMES_RETRIED,
     name::OUTCOMES_DEAD,
     name::TOKEN_FETCHES,

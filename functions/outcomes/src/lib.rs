@@ -387,6 +387,7 @@ pub fn invoke(
         let summary = tick(deps, deadline).await.map_err(EventError::Store)?;
         use onegrant::metrics::{count, name};
         count(name::OUTCOMES_DELIVERED, summary.delivered);
+        count(name::OUTCOMES_ON_BUS_ONLY, summary.unaddressed);
         count(name::OUTCOMES_RETRIED, summary.retried);
         count(name::OUTCOMES_DEAD, summary.dead);
         tracing::info!(?summary, "outcomes tick");
