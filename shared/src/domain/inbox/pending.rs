@@ -1,16 +1,16 @@
 //! The cap on a user's open pushes from one publisher (`PUSHES_PENDING_MAX`, each
 //! publisher's lane apart): pending, waiting for a grant, scheduled or in flight.
-//! Decided at ingest, before anything is written: past
-//! the cap the event's notification is stored all the same (record first) and its push
-//! recorded `rejected` with `too_many_pending`. A push that replaces one of the user's
-//! open pushes (the same `collapse_key`) is taken at the cap: the count does not grow.
+//! Decided at ingest, before anything is written: past the cap the event's notification
+//! is stored all the same (record first) and its push recorded `rejected` with
+//! `too_many_pending`. A push that replaces one of the user's open pushes (the same
+//! `collapse_key`) is taken at the cap: the count does not grow.
 
 use crate::domain::inbox::PushReason;
 
 /// Why an event's push, were it to be `pending`, is refused instead (`None`: taken).
 /// `open` is the user's open pushes from the event's publisher as counted (up to
-/// `max`). A push that is not to be
-/// pending anyway (cancelled first, expired) is recorded as such, not refused.
+/// `max`). A push that is not to be pending anyway (cancelled first, expired) is
+/// recorded as such, not refused.
 pub fn refused(open: u32, max: u32, replaces_open: bool) -> Option<PushReason> {
     (open >= max && !replaces_open).then_some(PushReason::TooManyPending)
 }
