@@ -396,6 +396,18 @@ impl TestApp {
         panic!("the push {key} never went in flight");
     }
 
+    /// Holds (`true`) or releases the stand-in's sends to `openid`: a held send has
+    /// been received and stays in flight until released, however long the test's own
+    /// steps take (rather than a latency the machine's speed could outrun).
+    pub async fn hold_sends(&self, openid: &str, held: bool) {
+        self.control(
+            "POST",
+            "hold",
+            Some(serde_json::json!({"openid": openid, "held": held})),
+        )
+        .await;
+    }
+
     /// Has the stand-in push one event now (see its control API); the callback's
     /// answers.
     pub async fn push_event(&self, event: Value) -> Value {

@@ -515,8 +515,7 @@ async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
     .await;
     // WeChat holds the send until the change event is in (not a latency the machine's
     // speed could outrun).
-    let hold = |held: bool| json!({"openid": user.openid, "held": held});
-    app.control("POST", "hold", Some(hold(true))).await;
+    app.hold_sends(&user.openid, true).await;
     let tick = app.tick(120);
     let refuse = async {
         app.until_sending(&user, "water").await;
@@ -529,7 +528,7 @@ async fn a_change_event_during_a_send_that_fails_keeps_the_grant_void() {
             "cf",
         );
         let answered = hit(&app, "POST", &query, Some(body)).await;
-        app.control("POST", "hold", Some(hold(false))).await;
+        app.hold_sends(&user.openid, false).await;
         answered
     };
     let (summary, answered) = tokio::join!(tick, refuse);

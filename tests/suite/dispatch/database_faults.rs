@@ -763,14 +763,13 @@ async fn a_finalize_failing_after_its_settlement_is_tried_again_and_finishes_wha
         Some(serde_json::json!({"openid": user.openid, "errcode": 43101})),
     )
     .await;
-    let hold = |held: bool| serde_json::json!({"openid": user.openid, "held": held});
-    app.control("POST", "hold", Some(hold(true))).await;
+    app.hold_sends(&user.openid, true).await;
     let tick = app.tick(120);
     let inject = async {
         // Once the claim has read the counters: during the send.
         app.until_sending(&user, "water").await;
         proxy.inject("BatchGetItem", Some("QUOTA#"), Fault::Throttle, 3);
-        app.control("POST", "hold", Some(hold(false))).await;
+        app.hold_sends(&user.openid, false).await;
     };
     let (summary, ()) = tokio::join!(tick, inject);
     assert_eq!(injected(&proxy, Fault::Throttle), 3);

@@ -73,8 +73,7 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         Some(json!({"openid": user.openid, "errcode": 43101})),
     )
     .await;
-    let hold = |held: bool| json!({"openid": user.openid, "held": held});
-    app.control("POST", "hold", Some(hold(true))).await;
+    app.hold_sends(&user.openid, true).await;
     app.make_due(&user, "water", app.now()).await;
     let meanwhile = async {
         app.until_sending(&user, "water").await;
@@ -82,7 +81,7 @@ async fn a_43101_spares_a_grant_the_user_gave_while_the_refused_send_was_in_flig
         // Still in flight: the refusal's voiding comes after this grant.
         let plan = app.item(&user, "PLAN#water").await.expect("plan");
         assert_eq!(attr_s(&plan, "state"), Some("sending"), "given in flight");
-        app.control("POST", "hold", Some(hold(false))).await;
+        app.hold_sends(&user.openid, false).await;
     };
     let (summary, ()) = tokio::join!(app.tick(60), meanwhile);
     assert_eq!(summary.failed, 1, "{summary:?}");

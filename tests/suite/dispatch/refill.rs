@@ -160,12 +160,7 @@ async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
         app.accept(&user, USED_UP, "wr_refill_d").await;
         app.make_due(&user, "water", app.now()).await;
         // WeChat holds the send until the user has refused the template meanwhile.
-        app.control(
-            "POST",
-            "hold",
-            Some(json!({"openid": user.openid, "held": true})),
-        )
-        .await;
+        app.hold_sends(&user.openid, true).await;
         let tick = app.tick(120);
         let refuse = async {
             app.until_sending(&user, "water").await;
@@ -184,12 +179,7 @@ async fn a_refusal_during_the_last_send_wins_over_the_refill_notice() {
                     .await;
                 assert_eq!(refused.status, 200, "{}", refused.body);
             }
-            app.control(
-                "POST",
-                "hold",
-                Some(json!({"openid": user.openid, "held": false})),
-            )
-            .await;
+            app.hold_sends(&user.openid, false).await;
         };
         let (summary, ()) = tokio::join!(tick, refuse);
         assert_eq!(

@@ -286,8 +286,7 @@ async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sendin
     let user = due_user(&app, "alice", 1).await;
     // WeChat holds its answer (not a latency the machine's speed could outrun); the
     // user checks in (with the next grant) meanwhile, and then WeChat answers.
-    let hold = |held: bool| json!({"openid": user.openid, "held": held});
-    app.control("POST", "hold", Some(hold(true))).await;
+    app.hold_sends(&user.openid, true).await;
     let tick = app.tick(120);
     let check_in = async {
         // Wait until the send is really in flight.
@@ -305,7 +304,7 @@ async fn a_check_in_while_the_reminder_is_in_flight_never_leaves_the_plan_sendin
                     "occurred_at": app.now().to_rfc3339(), "current_count": 2, "daily_goal": 8}),
         )
         .await;
-        app.control("POST", "hold", Some(hold(false))).await;
+        app.hold_sends(&user.openid, false).await;
         answer
     };
     let (summary, answer) = tokio::join!(tick, check_in);

@@ -780,7 +780,6 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
     let user = app.user("alice").await;
     app.accept(&user, ORDER, "wr_1").await;
     app.accept(&user, ORDER, "wr_2").await;
-    let hold = |held: bool| json!({"openid": user.openid, "held": held});
     for (key, fails) in [("flaky", true), ("fine", false)] {
         app.notify(scheduled(&user, key, json!({}))).await;
         if fails {
@@ -792,11 +791,11 @@ async fn a_cancel_during_an_attempt_that_then_fails_cancels_the_retry_and_one_th
             .await;
         }
         // WeChat holds the send: the cancel lands while the attempt is in flight.
-        app.control("POST", "hold", Some(hold(true))).await;
+        app.hold_sends(&user.openid, true).await;
         let cancel_in_flight = async {
             app.until_in_flight(&user, key).await;
             let answer = app.cancel(&user, key).await;
-            app.control("POST", "hold", Some(hold(false))).await;
+            app.hold_sends(&user.openid, false).await;
             answer
         };
         let (summary, answer) = tokio::join!(app.tick(120), cancel_in_flight);
@@ -864,12 +863,11 @@ async fn a_push_replaced_while_its_attempt_is_in_flight_is_not_sent_when_that_at
         )
         .await;
         // WeChat holds the send: the newer one comes meanwhile.
-        let hold = |held: bool| json!({"openid": user.openid, "held": held});
-        app.control("POST", "hold", Some(hold(true))).await;
+        app.hold_sends(&user.openid, true).await;
         let replace_in_flight = async {
             app.until_in_flight(&user, "shipped").await;
             let answer = app.notify(scheduled(&user, "delivered", key.clone())).await;
-            app.control("POST", "hold", Some(hold(false))).await;
+            app.hold_sends(&user.openid, false).await;
             answer
         };
         let (first, answer) = tokio::join!(app.tick(120), replace_in_flight);

@@ -264,8 +264,7 @@ async fn concurrent_sends_to_one_openid_get_43108() {
     .await;
     // The first send is held in flight until the other three have been answered (not a
     // latency the machine's speed could outrun).
-    let hold = |held: bool| json!({"openid": openid, "held": held});
-    app.control("POST", "hold", Some(hold(true))).await;
+    app.hold_sends(&openid, true).await;
     let message = water_message(&openid);
     let mut sends: futures::stream::FuturesUnordered<_> =
         (0..4).map(|_| send(&app, Some(&token), &message)).collect();
@@ -273,7 +272,7 @@ async fn concurrent_sends_to_one_openid_get_43108() {
     while answers.len() < 3 {
         answers.push(futures::StreamExt::next(&mut sends).await.expect("a send"));
     }
-    app.control("POST", "hold", Some(hold(false))).await;
+    app.hold_sends(&openid, false).await;
     answers.push(
         futures::StreamExt::next(&mut sends)
             .await
