@@ -2,6 +2,8 @@
 //! notification, its unread marker, `unread + 1` and — with a valid push — its outbox
 //! item (see the folder's docs).
 
+use std::convert::Infallible;
+
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
@@ -27,11 +29,10 @@ use crate::store::inbox::publish::{PushPayload, ScheduledItem};
 use crate::store::items::expr::eq;
 
 /// How one ingest try ended.
-enum Ingest {
+enum Ingest<C> {
     Done(Ingested),
-    /// One of the caller's condition checks failed (its index among them): nothing
-    /// was written.
-    Refused(usize),
+    /// The caller's condition check of this name failed: nothing was written.
+    Refused(C),
     /// The record is a cancel's mark: ingest again replacing it, the push cancelled if
     /// the mark names this event's user.
     Marked {
@@ -63,7 +64,7 @@ fn replace_cancel_mark(
 
 /// The parts of an ingest's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
+enum Part<C> {
     /// The event's record (or the cancel mark it replaces): there already, a
     /// duplicate, a conflict, or a mark.
     Record,
@@ -75,8 +76,8 @@ enum Part {
     Note,
     /// That the user is not erased: a refusal that wins over a record from before.
     Alive,
-    /// The caller's own check `i` (`Ingest::Refused(i)`).
-    Check(usize),
+    /// The caller's own check of this name (`Ingest::Refused`).
+    Check(C),
 }
 
 impl Store {
@@ -109,25 +110,25 @@ impl Store {
             }
             _ => None,
         };
-        match self.ingest_checked(event, capped, &[], now).await? {
+        let unchecked: &[(Infallible, TransactWriteItem)] = &[];
+        match self.ingest_checked(event, capped, unchecked, now).await? {
             Ok(ingested) => Ok(ingested),
-            // (No check of the caller's own.)
-            Err(_) => Ok(Ingested::Erased),
+            Err(never) => match never {},
         }
     }
 
-    /// [`Store::ingest`] in one transaction with the condition checks `checks`: if one
-    /// fails, nothing is written and its index is answered (unless the event's record
+    /// [`Store::ingest`] in one transaction with the condition checks `checks`, each
+    /// named: if one fails, nothing is written and its name is answered (unless the event's record
     /// is there: a duplicate or a conflict is answered first). Always only while the
     /// user is not erased (a tombstone written meanwhile makes it lose):
     /// `Ingested::Erased`, even over a record from before the erasure.
-    pub(crate) async fn ingest_checked(
+    pub(crate) async fn ingest_checked<C: Copy + PartialEq>(
         &self,
         event: &NotifyEvent,
         capped: Option<PushReason>,
-        checks: &[TransactWriteItem],
+        checks: &[(C, TransactWriteItem)],
         now: DateTime<Utc>,
-    ) -> Result<Result<Ingested, usize>, StoreError> {
+    ) -> Result<Result<Ingested, C>, StoreError> {
         let mut record = Record::New;
         // At most: new, then replacing a mark, then new again if the mark expired.
         for _ in 0..3 {
@@ -145,14 +146,14 @@ impl Store {
 
     /// One ingest, writing the event's record as `record` says, with the caller's
     /// condition `checks`; `capped`: why a push that would be pending is refused.
-    async fn ingest_as(
+    async fn ingest_as<C: Copy + PartialEq>(
         &self,
         event: &NotifyEvent,
         capped: Option<PushReason>,
         now: DateTime<Utc>,
         record_as: Record,
-        checks: &[TransactWriteItem],
-    ) -> Result<Ingest, StoreError> {
+        checks: &[(C, TransactWriteItem)],
+    ) -> Result<Ingest<C>, StoreError> {
         let cancelled_first = record_as == (Record::ReplaceMark { cancelled: true });
         let pk = user_pk(&event.openid);
         let timing = &event.timing;
@@ -307,8 +308,8 @@ impl Store {
                         }
                     }
                     items.add(Part::Alive, self.not_erased_check(&event.openid)?);
-                    for (i, check) in checks.iter().enumerate() {
-                        items.add(Part::Check(i), check.clone());
+                    for (name, check) in checks {
+                        items.add(Part::Check(*name), check.clone());
                     }
                     match self.transact_parts(&items).await? {
                         Outcome::Committed => {
@@ -356,7 +357,7 @@ impl Store {
                                 })));
                             }
                             if let Some(check) = failed.roles().find_map(|part| match part {
-                                Part::Check(i) => Some(i),
+                                Part::Check(name) => Some(name),
                                 _ => None,
                             }) {
                                 return Ok(Attempt::Done(Ingest::Refused(check)));

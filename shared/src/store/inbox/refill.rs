@@ -8,16 +8,14 @@ use chrono::{DateTime, Utc};
 use crate::domain::inbox::NotifyEvent;
 use crate::domain::inbox::refill::depletion;
 use crate::domain::reminders::plan::PlanStatus;
-use crate::domain::{OpenId, TemplateId};
+use crate::domain::{OpenId, QuotaCounters, TemplateId};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::inbox::note::Ingested;
 use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
 use crate::store::items::plan::PlanItem;
-use crate::store::items::quota::{
-    OpenGrants, QuotaItemCounters, has_grant, not_voided_since, unrefused,
-};
+use crate::store::items::quota::{OpenGrants, has_grant, not_voided_since, unrefused};
 use crate::store::items::{n, parse, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
 
@@ -34,6 +32,15 @@ pub enum Refilled {
     /// since the send was claimed the user refused it or turned its plan off (its grants
     /// voided on purpose): nothing written. A refusal wins over the notice.
     NotUsedUp,
+}
+
+/// The refill notice's own checks in its ingest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The stopped template still used up, and not refused.
+    UsedUp,
+    /// A grant of the refill template held, and not refused.
+    RefillGrant,
 }
 
 impl Store {
@@ -55,7 +62,7 @@ impl Store {
             return Ok(None);
         };
         let waiting = OpenGrants::of(&quota).waiting;
-        let counters = parse::<QuotaItemCounters>("quota", quota)?.counters;
+        let counters = parse::<QuotaCounters>("quota", quota)?;
         if depletion(&counters, true).is_none() {
             return Ok(None);
         }
@@ -113,16 +120,15 @@ impl Store {
         let used_up = self.quota_check(&pk, stopped, used_up)?;
         let held = self.quota_check(&pk, refill, has_grant().and(unrefused()))?;
         // (Nothing for a user being erased: the ingest's own check.)
-        let checks = [used_up, held];
+        let checks = [(Held::UsedUp, used_up), (Held::RefillGrant, held)];
         Ok(
             match Box::pin(self.ingest_checked(notice, None, &checks, now)).await? {
                 Ok(Ingested::Created { note_id, .. }) => Refilled::Published { note_id },
                 Ok(Ingested::Duplicate { .. } | Ingested::Conflict { .. } | Ingested::Erased) => {
                     Refilled::Already
                 }
-                Err(0) => Refilled::NotUsedUp,
-                Err(1) => Refilled::NoRefillGrant,
-                Err(_) => Refilled::Already,
+                Err(Held::UsedUp) => Refilled::NotUsedUp,
+                Err(Held::RefillGrant) => Refilled::NoRefillGrant,
             },
         )
     }
