@@ -20,11 +20,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::audit::{Change, Entry, HistoryWindow};
-use crate::store::error::{StoreError, corrupt};
+use crate::store::error::StoreError;
 use crate::store::items::change::put;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::write::{Write, audited};
-use crate::store::items::{is_new, s};
+use crate::store::items::{is_new, parse, s, to_item};
 use crate::store::keys::template_of_grant;
 
 tokio::task_local! {
@@ -163,7 +163,7 @@ pub fn entry(
         changes,
         expires_at: (now + retention).timestamp(),
     };
-    let item = serde_dynamo::to_item(&entry).map_err(|e| corrupt("history", e))?;
+    let item = to_item("history", &entry)?;
     put(table, item).when(is_new()).write()
 }
 
@@ -299,8 +299,7 @@ impl crate::store::handle::Store {
                     more = true;
                     break;
                 }
-                let mut entry: HistoryItem =
-                    serde_dynamo::from_item(item).map_err(|e| corrupt("history", e))?;
+                let mut entry: HistoryItem = parse("history", item)?;
                 // An entry written before changes named their grant's template.
                 for change in &mut entry.changes {
                     if change.template_id.is_none() {

@@ -62,6 +62,18 @@ pub struct Erasure {
     pub begun: bool,
 }
 
+impl Erasure {
+    /// An erasure in `state` with `deleted` items gone, neither stalled nor begun here.
+    fn at(state: ErasureState, deleted: u64) -> Self {
+        Self {
+            state,
+            deleted,
+            stalled: false,
+            begun: false,
+        }
+    }
+}
+
 impl Store {
     /// A condition that `openid` is not erased (no tombstone, or the user came back),
     /// for a write storing something new for them.
@@ -120,12 +132,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Erasure, StoreError> {
         let seen = due.due_at.timestamp_millis();
-        let untouched = Erasure {
-            state: ErasureState::Pending,
-            deleted: 0,
-            stalled: false,
-            begun: false,
-        };
+        let untouched = Erasure::at(ErasureState::Pending, 0);
         let Some(item) = self.get(&due.pk, &due.sk).await? else {
             return Ok(untouched);
         };
@@ -220,10 +227,8 @@ impl Store {
         if matches!(outcome, TxOutcome::Committed) {
             tracing::info!(cause = cause.as_str(), "an erasure began");
             return Ok(Erasure {
-                state: ErasureState::Pending,
-                deleted: 0,
-                stalled: false,
                 begun: true,
+                ..Erasure::at(ErasureState::Pending, 0)
             });
         }
         // One there already (or the answer lost): it is the one to answer.
@@ -232,12 +237,7 @@ impl Store {
                 "an erasure's tombstone could not be written".into(),
             ));
         };
-        Ok(Erasure {
-            state: there.tombstone()?.state,
-            deleted: there.deleted,
-            stalled: false,
-            begun: false,
-        })
+        Ok(Erasure::at(there.tombstone()?.state, there.deleted))
     }
 
     /// A request with a token issued at `issued_at` after `openid`'s erasure was done:
@@ -271,21 +271,11 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Erasure, StoreError> {
         let Some(item) = self.get(&due.pk, &due.sk).await? else {
-            return Ok(Erasure {
-                state: ErasureState::Done,
-                deleted: 0,
-                stalled: false,
-                begun: false,
-            });
+            return Ok(Erasure::at(ErasureState::Done, 0));
         };
         let item = TombstoneItem::read(item)?;
         let Some(openid) = item.openid.clone() else {
-            return Ok(Erasure {
-                state: ErasureState::Done,
-                deleted: item.deleted,
-                stalled: false,
-                begun: false,
-            });
+            return Ok(Erasure::at(ErasureState::Done, item.deleted));
         };
         let openid = OpenId::parse(openid)
             .map_err(|_| StoreError::Corrupt(format!("tombstone {}: openid", item.pk)))?;
@@ -300,12 +290,7 @@ impl Store {
     ) -> Result<Erasure, StoreError> {
         let tombstone = item.tombstone()?;
         if tombstone.state == ErasureState::Done {
-            return Ok(Erasure {
-                state: ErasureState::Done,
-                deleted: item.deleted,
-                stalled: false,
-                begun: false,
-            });
+            return Ok(Erasure::at(ErasureState::Done, item.deleted));
         }
         let pk = user_pk(openid);
         let started = tombstone.erased_at;
@@ -368,10 +353,8 @@ impl Store {
             );
         }
         Ok(Erasure {
-            state,
-            deleted: item.deleted + deleted,
             stalled,
-            begun: false,
+            ..Erasure::at(state, item.deleted + deleted)
         })
     }
 

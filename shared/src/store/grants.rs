@@ -29,7 +29,7 @@ use crate::store::handle::Store;
 use crate::store::items::grant::GrantItem;
 use crate::store::items::query::{Range, partition};
 use crate::store::items::rate::{Counter, rate_key};
-use crate::store::items::{rfc3339, s};
+use crate::store::items::{parse, rfc3339, s};
 use crate::store::keys::{QUOTA_PREFIX, grant_sk, user_pk};
 use crate::store::retry::{Attempt, retry_carrying};
 use crate::store::tx::{Outcome, Parts};
@@ -286,8 +286,7 @@ impl Store {
             .send();
         while let Some(item) = pages.next().await {
             let item = item?;
-            let quota: QuotaItem =
-                serde_dynamo::from_item(item).map_err(|e| corrupt("quota", e))?;
+            let quota: QuotaItem = parse("quota", item)?;
             if let Some(name) = &quota.standing {
                 let standing = Standing::parse(name)
                     .ok_or_else(|| StoreError::Corrupt(format!("bad standing {name:?}")))?;

@@ -14,11 +14,10 @@ use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{all, is_in};
 use crate::store::items::grant::{GrantItem, grant_in};
 use crate::store::items::query::{Range, partition};
-use crate::store::items::quota::{
-    OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, QuotaItemCounters, count_is,
-};
+use crate::store::items::quota::{OPEN_AVAILABLE, OPEN_RESERVED, OpenGrants, count_is};
 use crate::store::items::{is_new, key, n, parse, rfc3339, s};
 use crate::store::keys::{GRANT_PREFIX, grant_sk, quota_sk, request_id_of_grant};
+use crate::store::retry::{Attempt, retry_contended};
 use crate::store::tx::{Outcome, Parts, TxOutcome};
 
 /// Most grants one transaction invalidates (100 items per transaction, less the plan
@@ -71,6 +70,32 @@ impl Store {
         Ok(grants)
     }
 
+    /// Voids the template's grants recorded before `recorded_before` (reserved ones
+    /// too with `include_reserved`), read again until a void lands whole: `what` names
+    /// the cause in the retry's log.
+    pub(crate) async fn void_recorded_before(
+        &self,
+        what: &'static str,
+        pk: &str,
+        template: &TemplateId,
+        include_reserved: bool,
+        recorded_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        retry_contended(what, self.limits.write_budget, || async move {
+            let before = Some(recorded_before);
+            let done = self
+                .invalidate_grants(pk, template, Vec::new(), include_reserved, before, now)
+                .await?;
+            Ok(if done {
+                Attempt::Done(())
+            } else {
+                Attempt::Retry
+            })
+        })
+        .await
+    }
+
     /// Invalidates every available or reserved grant of the kind's template, in
     /// transactions of at most [`INVALIDATE_CHUNK`] grants, the first also writing
     /// `first` (the plan, and its count of the minute: at most two items), so a refusal
@@ -105,7 +130,7 @@ impl Store {
             .remove(&quota_key)
         {
             Some(quota) => {
-                let counters = parse::<QuotaItemCounters>("quota", quota.clone())?.counters;
+                let counters = parse::<QuotaCounters>("quota", quota.clone())?;
                 read_counters = counters;
                 // (An id in both sets is wrong, and would be voided twice in one
                 // transaction, which DynamoDB refuses: the ledger instead.)

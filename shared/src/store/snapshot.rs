@@ -14,7 +14,7 @@ use crate::store::handle::Store;
 use crate::store::items::grant::GrantItem;
 use crate::store::items::plan::{ActionItem, PlanItem};
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
-use crate::store::items::quota::{OpenGrants, QuotaItemCounters};
+use crate::store::items::quota::{OpenGrants, quota_of};
 use crate::store::items::rate::rate_key;
 use crate::store::items::{Item, key, parse};
 use crate::store::keys::{action_sk, grant_sk, plan_sk, quota_sk};
@@ -147,13 +147,7 @@ impl Store {
         let rate_key = rate_at.map(rate_key);
         sks.extend(rate_key.iter().cloned());
         let mut items = self.read_items(pk, &sks).await?;
-        let (counters, open) = match items.remove(&quota_key) {
-            Some(item) => (
-                parse("quota", item.clone()).map(|q: QuotaItemCounters| q.counters)?,
-                OpenGrants::of(&item),
-            ),
-            None => (QuotaCounters::default(), OpenGrants::default()),
-        };
+        let (counters, open) = quota_of(items.remove(&quota_key).as_ref())?;
         let preferences = if preferences {
             Some(PreferencesItem::of(items.remove(PREFS_SK))?.0)
         } else {

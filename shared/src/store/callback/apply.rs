@@ -16,7 +16,6 @@ use crate::store::items::change::update;
 use crate::store::items::event::PushItem;
 use crate::store::items::{n, rfc3339, s};
 use crate::store::keys::{quota_sk, user_pk};
-use crate::store::retry::{Attempt, retry_contended};
 
 use crate::store::items::expr::{Cmp, absent, compare};
 use crate::store::items::key as key_of;
@@ -233,36 +232,14 @@ impl Store {
             // its second: a tie goes to the refusal): one the user gave after it, which
             // a late or repeated event must not take away, stays.
             let made = DateTime::from_timestamp(create_time.saturating_add(1), 0).unwrap_or(now);
-            self.void_available(pk, template, made.min(now), now)
+            // Reserved ones too, as a disable does: a send in flight then spends it if
+            // WeChat took the message, and can never give it back.
+            self.void_recorded_before("refusal", pk, template, true, made.min(now), now)
                 .await?;
         }
         for kind in kinds.using_template(template) {
             self.refuse_plan(openid, kind, Refusal::Reject, now).await?;
         }
         Ok(())
-    }
-
-    async fn void_available(
-        &self,
-        pk: &str,
-        template: &TemplateId,
-        recorded_before: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        retry_contended("refusal", self.limits.write_budget, || async move {
-            Ok(
-                // Reserved ones too, as a disable does: a send in flight then spends
-                // it if WeChat took the message, and can never give it back.
-                if self
-                    .invalidate_grants(pk, template, Vec::new(), true, Some(recorded_before), now)
-                    .await?
-                {
-                    Attempt::Done(())
-                } else {
-                    Attempt::Retry
-                },
-            )
-        })
-        .await
     }
 }

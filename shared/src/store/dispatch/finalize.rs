@@ -47,6 +47,26 @@ pub struct Finalized {
     pub late: bool,
 }
 
+impl Finalized {
+    /// This settlement landed (`restored`: its grant went back to `available`).
+    fn landed(settlement: Settlement, restored: bool, late: bool) -> Self {
+        Self {
+            settlement,
+            restored,
+            superseded: false,
+            late,
+        }
+    }
+
+    /// Nothing more written: a sweep or another answer had settled the delivery.
+    fn superseded(settlement: Settlement) -> Self {
+        Self {
+            superseded: true,
+            ..Self::landed(settlement, false, false)
+        }
+    }
+}
+
 /// The item a delivery was claimed for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SourceRef<'a> {
@@ -187,12 +207,11 @@ impl Store {
                     self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, now)
                         .await?;
                 }
-                Ok(Finalized {
+                Ok(Finalized::landed(
                     settlement,
-                    restored: grant && settlement.grant == GrantState::Available,
-                    superseded: false,
-                    late: false,
-                })
+                    grant && settlement.grant == GrantState::Available,
+                    false,
+                ))
             }
             Settled::DeliveryMoved(Some(now_item)) => {
                 match now_item
@@ -213,29 +232,15 @@ impl Store {
                             self.advance_plan(&pk, kind, &claim.delivery_id, &settlement, now)
                                 .await?;
                         }
-                        Ok(Finalized {
-                            settlement,
-                            // (Whether the first try's grant move landed is not known
-                            // here.)
-                            restored: false,
-                            superseded: false,
-                            late,
-                        })
+                        // (Whether the first try's grant move landed is not known here.)
+                        Ok(Finalized::landed(settlement, false, late))
                     }
-                    Moved::Superseded => Ok(Finalized {
-                        settlement,
-                        restored: false,
-                        superseded: true,
-                        late: false,
-                    }),
+                    Moved::Superseded => Ok(Finalized::superseded(settlement)),
                 }
             }
-            Settled::DeliveryMoved(None) | Settled::SourceMoved => Ok(Finalized {
-                settlement,
-                restored: false,
-                superseded: true,
-                late: false,
-            }),
+            Settled::DeliveryMoved(None) | Settled::SourceMoved => {
+                Ok(Finalized::superseded(settlement))
+            }
         }
     }
 
@@ -320,20 +325,14 @@ impl Store {
             match self.write_settlement(tx, now).await? {
                 Settled::Landed { grant, .. } => {
                     self.after_settle(pk, claim, settlement, now).await?;
-                    Ok(Attempt::Done(Finalized {
-                        settlement: *settlement,
-                        restored: grant && settlement.grant == GrantState::Available,
-                        superseded: false,
-                        late: true,
-                    }))
+                    Ok(Attempt::Done(Finalized::landed(
+                        *settlement,
+                        grant && settlement.grant == GrantState::Available,
+                        true,
+                    )))
                 }
                 Settled::SourceMoved => Ok(Attempt::Retry),
-                Settled::DeliveryMoved(_) => Ok(Attempt::Done(Finalized {
-                    settlement: *settlement,
-                    restored: false,
-                    superseded: true,
-                    late: false,
-                })),
+                Settled::DeliveryMoved(_) => Ok(Attempt::Done(Finalized::superseded(*settlement))),
             }
         })
         .await

@@ -16,7 +16,6 @@ use crate::store::items::change::{change, update};
 use crate::store::items::expr::eq;
 use crate::store::items::{key, n};
 use crate::store::keys::{delivery_sk, user_pk};
-use crate::store::retry::{Attempt, retry_contended};
 
 impl Store {
     /// Voids the grants of `template` recorded before `claimed_at` (43101's reach),
@@ -30,21 +29,8 @@ impl Store {
         claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        retry_contended(
-            "grant invalidation",
-            self.limits.write_budget,
-            || async move {
-                let done = self
-                    .invalidate_grants(pk, template, Vec::new(), false, Some(claimed_at), now)
-                    .await?;
-                Ok(if done {
-                    Attempt::Done(())
-                } else {
-                    Attempt::Retry
-                })
-            },
-        )
-        .await?;
+        self.void_recorded_before("grant invalidation", pk, template, false, claimed_at, now)
+            .await?;
         let cleared = change()
             .remove("void_others")
             .remove("lease_pk")

@@ -10,16 +10,14 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
 use crate::domain::dispatch::priority::{MAX_WAITING, best, note_of};
-use crate::domain::{OpenId, TemplateId};
+use crate::domain::{OpenId, QuotaCounters, TemplateId};
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, check, update};
 use crate::store::items::expr::{Cmp, Cond, absent, all, compare, eq, size};
 use crate::store::items::outbox::{still_waits, waits_for_grant};
-use crate::store::items::quota::{
-    OpenGrants, QuotaItemCounters, WAITING, WAKE_NEVER_MS, quota_change,
-};
+use crate::store::items::quota::{OpenGrants, WAITING, WAKE_NEVER_MS, quota_change};
 use crate::store::items::{due_as_seen, is_there, key, n, parse, rfc3339, s};
 use crate::store::keys::{due_pk, outbox_sk, quota_sk, user_pk};
 use crate::store::tx::{Beside, Outcome, Parts, TxOutcome};
@@ -260,9 +258,7 @@ impl Store {
             return Ok(Woken::default());
         };
         let waiting = OpenGrants::of(&quota).waiting;
-        let available = parse::<QuotaItemCounters>("quota", quota)?
-            .counters
-            .available;
+        let available = parse::<QuotaCounters>("quota", quota)?.available;
         if waiting.is_empty() || available == 0 {
             return Ok(Woken {
                 left: waiting.len(),

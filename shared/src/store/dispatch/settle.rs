@@ -30,6 +30,13 @@ pub(crate) struct GrantMove<'a> {
     pub(crate) to: GrantState,
 }
 
+impl GrantMove<'_> {
+    /// A void undone: a grant the sweep voided goes back to `available`.
+    fn undoes_void(&self) -> bool {
+        self.from == GrantState::Invalid && self.to == GrantState::Available
+    }
+}
+
 /// What a settle writes to the delivery.
 pub(crate) struct DeliveryWrite {
     pub(crate) state: DeliveryState,
@@ -207,8 +214,7 @@ impl Store {
             .when(held_by(
                 grant.from,
                 delivery_id,
-                (grant.from == GrantState::Invalid && grant.to == GrantState::Available)
-                    .then_some(SWEEP_VOID),
+                grant.undoes_void().then_some(SWEEP_VOID),
             ))
             .old_on_failure()
             .part()
@@ -248,7 +254,7 @@ impl Store {
             if grant.to == GrantState::Available {
                 counters = counters.add(OPEN_AVAILABLE, id());
             }
-            if grant.from == GrantState::Invalid && grant.to == GrantState::Available {
+            if grant.undoes_void() {
                 // A void grant comes back only if nothing voided the template's grants
                 // on purpose since the send was claimed.
                 guard = Some(not_voided_since(tx.claimed_at.timestamp_millis()));
@@ -326,10 +332,7 @@ impl Store {
                     return Ok(Attempt::Done(Settled::DeliveryMoved(now_item)));
                 }
                 let mut changed = false;
-                if grant
-                    .is_some_and(|g| g.from == GrantState::Invalid && g.to == GrantState::Available)
-                    && failed.has(Settle::Quota)
-                {
+                if grant.is_some_and(|g| g.undoes_void()) && failed.has(Settle::Quota) {
                     // The template's grants were voided after this send was claimed (a
                     // disable, a refusal): the grant stays void; the rest still lands.
                     tx.grant = None;

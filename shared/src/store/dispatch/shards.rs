@@ -18,6 +18,7 @@ use crate::store::items::query::partition;
 use crate::store::items::{Item, is_new, key, n, number, s};
 use crate::store::keys::{SHARDS_PK, SHARDS_SK, due_shard_pk, lease_shard_pk};
 
+use crate::store::dispatch::lease::Index;
 use crate::store::error::StoreError;
 use crate::store::handle::{DEFAULT_SHARDS, INDEX_QUERIES_IN_FLIGHT, Store};
 use crate::store::items::expr::{all, eq};
@@ -28,13 +29,6 @@ pub const DRAIN_GRACE: Duration = Duration::minutes(15);
 /// The most partitions `DUE_SHARDS` allows: the span assumed when the registry is
 /// unreadable, so nothing is missed until it is repaired (and drained).
 pub const MAX_SHARDS: u32 = 256;
-
-/// The two sharded indexes.
-#[derive(Debug, Clone, Copy)]
-enum Index {
-    Due,
-    Lease,
-}
 
 /// The registry item as stored: (widest count, current count, since when).
 type Registry = (u32, u32, DateTime<Utc>);

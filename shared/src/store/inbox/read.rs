@@ -77,7 +77,7 @@ impl Store {
             // Past the minute's changes: refused on the read, before any write.
             self.rate_admits(Counter::Changes, read.get(&rate), now)?;
             let items = Parts::new()
-                .with(Read::Flip(0), self.flip(pk, id, now, true)?)
+                .with(Read::Flip(0), self.flip(pk, id, now)?)
                 .with(Read::Marker, self.unmark(pk, id)?)
                 .with(Read::Unread, self.unread_change(pk, -1)?)
                 .with(Read::Rate, self.rate_count(Counter::Changes, pk, now)?);
@@ -131,7 +131,7 @@ impl Store {
                     items.add(Read::Rate, self.rate_count(Counter::Changes, pk, now)?);
                 }
                 for (i, id) in ids.iter().enumerate() {
-                    items.add(Read::Flip(i), self.flip(pk, id, now, true)?);
+                    items.add(Read::Flip(i), self.flip(pk, id, now)?);
                     items.add(Read::Marker, self.unmark(pk, id)?);
                 }
                 let count = i64::try_from(ids.len()).unwrap_or(0);
@@ -203,14 +203,13 @@ impl Store {
             .collect())
     }
 
-    /// Flips note `id` to read, conditional on it existing unread; `old` returns the
-    /// item when the condition fails (to answer a replay without another read).
+    /// Flips note `id` to read, conditional on it existing unread; the item comes back
+    /// when the condition fails (to answer a replay without another read).
     fn flip(
         &self,
         pk: &str,
         id: &str,
         now: DateTime<Utc>,
-        old: bool,
     ) -> Result<TransactWriteItem, StoreError> {
         let flipped = change()
             .set("read", AttributeValue::Bool(true))
@@ -219,13 +218,10 @@ impl Store {
                 "expires_at",
                 n((now + self.limits.retention.read_notes).timestamp()),
             );
-        let flip = update(&self.table, key(pk, &note_sk(id)), flipped)
-            .when(is_there().and(eq("read", AttributeValue::Bool(false))));
-        if old {
-            flip.old_on_failure().write()
-        } else {
-            flip.write()
-        }
+        update(&self.table, key(pk, &note_sk(id)), flipped)
+            .when(is_there().and(eq("read", AttributeValue::Bool(false))))
+            .old_on_failure()
+            .write()
     }
 
     /// Deletes note `id`'s unread marker (the flip's condition guards the pair).

@@ -9,10 +9,10 @@ use crate::domain::consent::{PauseReason, Refusal};
 use crate::domain::reminders::plan::{Plan, PlanStatus};
 use crate::domain::reminders::schedule::{Schedule, TimeOfDay, Timezone};
 use crate::domain::reminders::{ReminderKind, Settings};
-use crate::store::error::{StoreError, corrupt};
+use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{check, put, versioned};
-use crate::store::items::{at_version, key, rfc3339};
+use crate::store::items::{at_version, key, rfc3339, to_item};
 use crate::store::keys::{due_pk, lease_pk, plan_sk};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -217,7 +217,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<TransactWriteItem, StoreError> {
         let item = PlanItem::from_plan(plan, pk, self.shards, plan.version + 1, now);
-        let item = serde_dynamo::to_item(&item).map_err(|e| corrupt("plan", e))?;
+        let item = to_item("plan", &item)?;
         put(&self.table, item)
             .when(versioned(plan.version))
             .old_on_failure()

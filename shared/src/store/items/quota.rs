@@ -5,7 +5,6 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 
 use crate::domain::consent::standing::Standing;
 use crate::domain::dispatch::cap::SentDays;
@@ -18,7 +17,7 @@ use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{Change, Changing, change, check, update};
 use crate::store::items::expr::{Cmp, Cond, absent, compare, eq, is_in};
-use crate::store::items::{is_there, key, n, rfc3339, s};
+use crate::store::items::{is_there, key, n, parse, rfc3339, s, to_item};
 use crate::store::keys::{QUOTA_PREFIX, quota_sk};
 
 /// The quota item's set of the request ids of its `available` grants: a claim picks
@@ -340,10 +339,14 @@ fn standing_is(kept: Option<Standing>) -> Cond {
     }
 }
 
-#[derive(Deserialize)]
-pub(crate) struct QuotaItemCounters {
-    #[serde(flatten)]
-    pub(crate) counters: QuotaCounters,
+/// A quota item's counters and open-grant lists (zero and empty when there is none).
+pub(crate) fn quota_of(
+    item: Option<&HashMap<String, AttributeValue>>,
+) -> Result<(QuotaCounters, OpenGrants), StoreError> {
+    match item {
+        Some(item) => Ok((parse("quota", item.clone())?, OpenGrants::of(item))),
+        None => Ok((QuotaCounters::default(), OpenGrants::default())),
+    }
 }
 
 impl Store {
@@ -366,9 +369,7 @@ impl Store {
             now,
             self.limits.retention.grants,
         );
-        let ledger = self.put_new(
-            serde_dynamo::to_item(&item).map_err(|e| crate::store::error::corrupt("grant", e))?,
-        )?;
+        let ledger = self.put_new(to_item("grant", &item)?)?;
         let counters = quota_update_item(
             &self.table,
             pk,

@@ -10,7 +10,7 @@ use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::error::{Limit, StoreError, corrupt};
 use crate::store::handle::Store;
 use crate::store::items::plan::{ActionItem, PlanItem};
-use crate::store::items::{parse, rfc3339};
+use crate::store::items::{parse, rfc3339, to_item};
 use crate::store::keys::{action_sk, plan_sk, user_pk};
 use crate::store::reminders::CheckInOutcome;
 use crate::store::retry::{Attempt, retry_contended};
@@ -81,12 +81,7 @@ impl Store {
                     expires_at: (now + self.limits.retention.actions).timestamp(),
                 };
                 let mut items = Parts::new()
-                    .with(
-                        Part::Action,
-                        self.put_new(
-                            serde_dynamo::to_item(&action).map_err(|e| corrupt("action", e))?,
-                        )?,
-                    )
+                    .with(Part::Action, self.put_new(to_item("action", &action)?)?)
                     .with(Part::Plan, self.plan_put(plan, pk, now)?);
                 if let CarriedGrant::Record(request_id, result) = &decision.grant {
                     let write = TemplateWrite::of(&kind.template_id, *result);
@@ -108,8 +103,7 @@ impl Store {
                             let old = failed.old(Part::Action).cloned().ok_or_else(|| {
                                 StoreError::Corrupt("action conflict without the old item".into())
                             })?;
-                            let old: ActionItem =
-                                serde_dynamo::from_item(old).map_err(|e| corrupt("action", e))?;
+                            let old: ActionItem = parse("action", old)?;
                             return replay(old, fingerprint).map(done);
                         }
                         // A report of the same grant landed meanwhile: the next read sees

@@ -19,7 +19,7 @@ use crate::store::handle::Store;
 use crate::store::items::outbox::{CANCEL_REQUESTED, OutboxItem, Publication, REPLACE_REQUESTED};
 use crate::store::items::parse;
 use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
-use crate::store::items::quota::OpenGrants;
+use crate::store::items::quota::{OpenGrants, quota_of};
 use crate::store::keys::{SortKey, note_sk, quota_sk, sort_key};
 
 impl Store {
@@ -175,13 +175,7 @@ impl Store {
         let mut keys = vec![quota_key.clone(), PREFS_SK.to_string()];
         keys.extend(note_key.map(str::to_string));
         let mut read = self.read_items(pk, &keys).await?;
-        let (counters, open) = match read.remove(&quota_key) {
-            Some(quota) => (
-                parse::<QuotaCounters>("quota", quota.clone())?,
-                OpenGrants::of(&quota),
-            ),
-            None => (QuotaCounters::default(), OpenGrants::default()),
-        };
+        let (counters, open) = quota_of(read.remove(&quota_key).as_ref())?;
         let (prefs, version) = PreferencesItem::of(read.remove(PREFS_SK))?;
         let note = note_key.and_then(|k| read.remove(k));
         Ok((counters, open, prefs, version, note))
