@@ -102,8 +102,14 @@ pub(crate) async fn tell(
     };
     let published = tokio::time::timeout(
         room,
-        deps.store
-            .refill(&event, stopped, refill_id, depletion, claimed_at, now),
+        deps.store.refill(
+            &event,
+            stopped,
+            refill_id,
+            depletion.accepted,
+            claimed_at,
+            now,
+        ),
     )
     .await
     .unwrap_or_else(|_| {

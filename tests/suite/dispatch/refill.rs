@@ -2,8 +2,10 @@
 //! names a refill template, one notice goes out with the refill template's own grant —
 //! once per depletion, never without a grant, recorded in the inbox.
 
-use onegrant::domain::inbox::refill::{NOTE_TYPE, notice};
+use onegrant::domain::inbox::refill::{Depletion, NOTE_TYPE, notice};
+use onegrant::domain::reminders::schedule::Timezone;
 use onegrant::store::inbox::Refilled;
+use onegrant_tests::inbox::put_preferences;
 use onegrant_tests::{
     TestApp, User, WATER, assert_ledger_agrees_with_counters, attr_n, spawn_app_with,
 };
@@ -66,7 +68,11 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
         .and_then(|n| u64::try_from(n).ok())
         .expect("the water quota's accepted count");
     let openid = onegrant::domain::OpenId::parse(user.openid.clone()).expect("openid");
-    let again = notice(water, used_up, openid, accepted, app.now()).expect("notice");
+    let depletion = Depletion {
+        accepted,
+        zone: Timezone::SHANGHAI,
+    };
+    let again = notice(water, used_up, openid, depletion, app.now()).expect("notice");
     let replay = Box::pin(app.deps.store.refill(
         &again,
         &water.id,
@@ -112,6 +118,50 @@ async fn a_reminder_that_uses_up_the_grants_sends_the_refill_notice_once_and_onl
     assert_eq!(quiet.sent, 0, "{quiet:?}");
     assert_eq!(app.deliveries().await.len(), 3);
     assert_ledger_agrees_with_counters(&app).await;
+}
+
+/// The notice tells when the messages stopped in the user's own zone: their day's
+/// (their quiet hours'), as the daily cap counts it, not China's.
+#[tokio::test]
+async fn the_refill_notice_tells_its_time_in_the_users_own_zone() {
+    let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
+    let user = app.scheduled_user("nell", 1).await;
+    app.accept(&user, USED_UP, "wr_refill_1").await;
+    // Quiet hours in London that begin six hours from now: nothing is held by them.
+    let london = Timezone::parse("Europe/London").expect("zone");
+    let there = |at: chrono::DateTime<chrono::Utc>| at.with_timezone(&london.tz());
+    let quiet = |hours| {
+        (there(app.now()) + chrono::Duration::hours(hours))
+            .format("%H:%M")
+            .to_string()
+    };
+    let body = json!({"quiet_hours": {"start": quiet(6), "end": quiet(7),
+                                      "timezone": "Europe/London"}, "muted_types": []});
+    let (status, answer) = put_preferences(&app, &user, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    app.make_due(&user, "water", app.now()).await;
+    let first = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!((first.sent, first.refills), (1, 1), "{first:?}");
+    let notes = refill_notes(&app, &user).await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let created =
+        chrono::DateTime::parse_from_rfc3339(notes[0]["created_at"].as_str().expect("created_at"))
+            .expect("an instant")
+            .with_timezone(&chrono::Utc);
+    let told = app.ticks_until(|s| s.sent >= 1).await;
+    assert_eq!(told.sent, 1, "{told:?}");
+    let deliveries = app.deliveries().await;
+    let notice = deliveries
+        .iter()
+        .find(|d| d["template_id"] == USED_UP)
+        .expect("the notice was sent");
+    let china = created.with_timezone(&Timezone::SHANGHAI.tz());
+    assert_eq!(
+        notice["data"]["time2"]["value"],
+        there(created).format("%Y-%m-%d %H:%M").to_string(),
+        "London's time, not China's ({})",
+        china.format("%Y-%m-%d %H:%M")
+    );
 }
 
 #[tokio::test]
@@ -361,7 +411,11 @@ async fn pushes_that_use_up_the_grants_together_send_the_refill_notice_once() {
         )
         .await
         .expect("depletion");
-    assert_eq!(found, Some(3), "used up at three accepted, two waiting");
+    assert_eq!(
+        found.map(|d| d.accepted),
+        Some(3),
+        "used up at three accepted, two waiting"
+    );
     assert_eq!(refill_notes(&app, &user).await.len(), 1);
     assert_ledger_agrees_with_counters(&app).await;
 }

@@ -45,6 +45,16 @@ pub fn depletion(counters: &QuotaCounters, more_to_send: bool) -> Option<u64> {
     (counters.accepted > 0 && used_up(counters) && more_to_send).then_some(counters.accepted)
 }
 
+/// A depletion the store found: the grants accepted in all when it came (its name,
+/// [`depletion`]), and the zone of the user's day
+/// ([`day_zone`](crate::domain::dispatch::cap::day_zone): their quiet hours',
+/// else China's), in which the notice tells its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Depletion {
+    pub accepted: u64,
+    pub zone: Timezone,
+}
+
 /// The idempotency key of the notice for the depletion of `openid`'s grants of
 /// `template` at which they had accepted `accepted` of it in all: one per depletion (a
 /// depletion after it needs a new grant, and so a larger count), the same for every
@@ -56,18 +66,18 @@ pub fn depletion_key(openid: &OpenId, template: &str, accepted: u64) -> String {
     format!("refill:{template}:{user}:{accepted}")
 }
 
-/// The refill notice for `openid`, whose grants of `stopped` ran out at `now` after
-/// `depletion` grants accepted in all ([`depletion_key`]): a notification saying which messages stopped, with a push of the
-/// `refill` template (its keywords filled as [`KeywordType::fills_refill`] says, times
-/// in China's zone).
+/// The refill notice for `openid`, whose grants of `stopped` ran out at `now` at
+/// `depletion` ([`depletion_key`]): a notification saying which messages stopped, with
+/// a push of the `refill` template (its keywords filled as
+/// [`KeywordType::fills_refill`] says, times in the user's zone, as their day's).
 pub fn notice(
     stopped: &TemplateDef,
     refill: &TemplateDef,
     openid: OpenId,
-    depletion: u64,
+    depletion: Depletion,
     now: DateTime<Utc>,
 ) -> Result<NotifyEvent, KeywordError> {
-    let local = now.with_timezone(&Timezone::SHANGHAI.tz());
+    let local = now.with_timezone(&depletion.zone.tz());
     let data = refill
         .keywords
         .iter()
@@ -80,7 +90,7 @@ pub fn notice(
             Ok((k.key.clone(), fit(&k.key, k.kind, &raw)?))
         })
         .collect::<Result<BTreeMap<_, _>, KeywordError>>()?;
-    let idempotency_key = depletion_key(&openid, stopped.id.as_str(), depletion);
+    let idempotency_key = depletion_key(&openid, stopped.id.as_str(), depletion.accepted);
     let page = refill.page.clone().or_else(|| stopped.page.clone());
     Ok(NotifyEvent {
         publisher: PUBLISHER.to_string(),
@@ -155,7 +165,11 @@ mod tests {
         let now = DateTime::parse_from_rfc3339("2026-12-02T04:30:00Z")
             .expect("instant")
             .with_timezone(&Utc);
-        let event = notice(water, used_up, openid.clone(), 9, now).expect("notice");
+        let china = |accepted| Depletion {
+            accepted,
+            zone: Timezone::SHANGHAI,
+        };
+        let event = notice(water, used_up, openid.clone(), china(9), now).expect("notice");
         assert!(
             event.idempotency_key.starts_with("refill:tmpl_water:")
                 && event.idempotency_key.ends_with(":9"),
@@ -183,7 +197,7 @@ mod tests {
             water,
             used_up,
             openid.clone(),
-            9,
+            china(9),
             now + chrono::Duration::hours(1),
         )
         .expect("notice");
@@ -192,10 +206,32 @@ mod tests {
             (&event.idempotency_key, &event.fingerprint)
         );
         // The next depletion (a grant accepted since), or another user's: another key.
-        let next = notice(water, used_up, openid, 10, now).expect("notice");
+        let next = notice(water, used_up, openid.clone(), china(10), now).expect("notice");
         assert_ne!(next.idempotency_key, event.idempotency_key);
         let bob = OpenId::parse("o_bob_1234567890".to_string()).expect("openid");
-        let theirs = notice(water, used_up, bob, 9, now).expect("notice");
+        let theirs = notice(water, used_up, bob, china(9), now).expect("notice");
         assert_ne!(theirs.idempotency_key, event.idempotency_key);
+        // A user whose day is London's is told London's time: the same depletion (its
+        // key), 04:30 there.
+        let london = Timezone::parse("Europe/London").expect("zone");
+        let abroad = notice(
+            water,
+            used_up,
+            openid,
+            Depletion {
+                accepted: 9,
+                zone: london,
+            },
+            now,
+        )
+        .expect("notice");
+        assert_eq!(abroad.idempotency_key, event.idempotency_key);
+        let Some(Push::Ready { data, .. }) = &abroad.push else {
+            panic!("a push");
+        };
+        assert_eq!(
+            data.get("time2").map(String::as_str),
+            Some("2026-12-02 04:30")
+        );
     }
 }

@@ -5,8 +5,9 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::dispatch::cap::day_zone;
 use crate::domain::inbox::NotifyEvent;
-use crate::domain::inbox::refill::depletion;
+use crate::domain::inbox::refill::{Depletion, depletion};
 use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::{OpenId, QuotaCounters, TemplateId};
 use crate::store::error::StoreError;
@@ -15,6 +16,7 @@ use crate::store::inbox::note::Ingested;
 use crate::store::items::expr::{Cmp, absent, all, compare, eq};
 use crate::store::items::outbox::still_waits;
 use crate::store::items::plan::PlanItem;
+use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{OpenGrants, has_grant, not_voided_since, unrefused};
 use crate::store::items::{n, parse, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
@@ -49,14 +51,15 @@ impl Store {
     /// grants used up, whether the template still has messages to send — `plan_sent`
     /// (the send was a reminder, its plan on), a plan of a kind using it that is on, or
     /// a push on the waiting list still waiting (members whose push ended otherwise do
-    /// not count). One read, and one more of at most the plans and the listed pushes at
-    /// a depletion.
+    /// not count) — and the zone of the user's day (their preferences). One read, and
+    /// one more of the preferences and at most the plans and the listed pushes at a
+    /// depletion.
     pub async fn depletion(
         &self,
         openid: &OpenId,
         template: &TemplateId,
         plan_sent: bool,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<Depletion>, StoreError> {
         let pk = user_pk(openid);
         let Some(quota) = self.get(&pk, &quota_sk(template)).await? else {
             return Ok(None);
@@ -66,18 +69,24 @@ impl Store {
         if depletion(&counters, true).is_none() {
             return Ok(None);
         }
-        if plan_sent {
-            return Ok(depletion(&counters, true));
+        let kinds: Vec<_> = if plan_sent {
+            Vec::new()
+        } else {
+            self.kinds.using_template(template).collect()
+        };
+        let mut sks: Vec<String> = vec![PREFS_SK.to_string()];
+        sks.extend(kinds.iter().map(|k| plan_sk(&k.name)));
+        if !plan_sent {
+            sks.extend(
+                waiting
+                    .iter()
+                    .filter_map(|m| crate::domain::dispatch::priority::note_of(m).map(outbox_sk)),
+            );
         }
-        let kinds: Vec<_> = self.kinds.using_template(template).collect();
-        let mut sks: Vec<String> = kinds.iter().map(|k| plan_sk(&k.name)).collect();
-        sks.extend(
-            waiting
-                .iter()
-                .filter_map(|m| crate::domain::dispatch::priority::note_of(m).map(outbox_sk)),
-        );
-        let found = self.read_items(&pk, &sks).await?;
-        let mut more = false;
+        let mut found = self.read_items(&pk, &sks).await?;
+        let (prefs, _) = PreferencesItem::of(found.remove(PREFS_SK))?;
+        let zone = day_zone(prefs.quiet_hours.map(|q| q.timezone));
+        let mut more = plan_sent;
         for kind in kinds {
             if let Some(item) = found.get(&plan_sk(&kind.name)) {
                 let plan = parse::<PlanItem>("plan", item.clone())?.into_plan(kind)?;
@@ -87,7 +96,7 @@ impl Store {
         more |= found.iter().any(|(sk, item)| {
             sk.starts_with(crate::store::keys::OUTBOX_PREFIX) && still_waits(item)
         });
-        Ok(depletion(&counters, more))
+        Ok(depletion(&counters, more).map(|accepted| Depletion { accepted, zone }))
     }
 
     /// Publishes `notice` (a refill notice for the user's grants of `stopped`, used up
