@@ -127,11 +127,12 @@ async fn the_refill_notice_tells_its_time_in_the_users_own_zone() {
     let app = spawn_app_with(&[("DISPATCH_LOOKAHEAD_SECONDS", "0")]).await;
     let user = app.scheduled_user("nell", 1).await;
     app.accept(&user, USED_UP, "wr_refill_1").await;
-    // Quiet hours in London that begin six hours from now: nothing is held by them.
+    // Quiet hours in London from six to seven hours on by its clock (wall-clock
+    // arithmetic: always an hour, never now, across a change of its clocks).
     let london = Timezone::parse("Europe/London").expect("zone");
     let there = |at: chrono::DateTime<chrono::Utc>| at.with_timezone(&london.tz());
     let quiet = |hours| {
-        (there(app.now()) + chrono::Duration::hours(hours))
+        (there(app.now()).time() + chrono::Duration::hours(hours))
             .format("%H:%M")
             .to_string()
     };

@@ -20,6 +20,7 @@ use crate::store::items::preferences::{PREFS_SK, PreferencesItem};
 use crate::store::items::quota::{OpenGrants, has_grant, not_voided_since, unrefused};
 use crate::store::items::{n, parse, rfc3339, s};
 use crate::store::keys::{outbox_sk, plan_sk, quota_sk, user_pk};
+use crate::telemetry::error_chain;
 
 /// How publishing a refill notice ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +85,15 @@ impl Store {
             );
         }
         let mut found = self.read_items(&pk, &sks).await?;
-        let (prefs, _) = PreferencesItem::of(found.remove(PREFS_SK))?;
-        let zone = day_zone(prefs.quiet_hours.map(|q| q.timezone));
+        // Preferences that cannot be read cost the notice only its zone: China's.
+        let quiet_hours = match PreferencesItem::of(found.remove(PREFS_SK)) {
+            Ok((prefs, _)) => prefs.quiet_hours,
+            Err(e) => {
+                tracing::error!(error = %error_chain(&e), "refill notice: the preferences could not be read; China's time");
+                None
+            }
+        };
+        let zone = day_zone(quiet_hours.map(|q| q.timezone));
         let mut more = plan_sent;
         for kind in kinds {
             if let Some(item) = found.get(&plan_sk(&kind.name)) {
@@ -100,7 +108,7 @@ impl Store {
     }
 
     /// Publishes `notice` (a refill notice for the user's grants of `stopped`, used up
-    /// at `depletion` grants accepted by a send claimed at `claimed_at`, sent with
+    /// at `accepted` grants accepted by a send claimed at `claimed_at`, sent with
     /// `refill`'s grant) if `stopped` is still used up at that depletion — none
     /// available, none reserved, no grant accepted since, no refusal recorded and no
     /// grant voided on purpose since the claim — and the user holds a grant of
@@ -110,7 +118,7 @@ impl Store {
         notice: &NotifyEvent,
         stopped: &TemplateId,
         refill: &TemplateId,
-        depletion: u64,
+        accepted: u64,
         claimed_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Refilled, StoreError> {
@@ -121,7 +129,7 @@ impl Store {
         let used_up = all([
             compare("available", Cmp::Le, n(0)),
             compare("reserved", Cmp::Le, n(0)),
-            eq("accepted", n(depletion)),
+            eq("accepted", n(accepted)),
             not_voided_since(claimed_at.timestamp_millis()),
             absent(last_refusal).or(compare(last_refusal, Cmp::Lt, s(rfc3339(claimed_at)))),
             unrefused(),
