@@ -417,7 +417,8 @@ impl TestApp {
     /// Has the stand-in push `event` until every copy of it is answered 200, as WeChat
     /// retries (the same event, its `CreateTime` the same: stamped now if `event` has
     /// none): the last answers. A copy the loaded emulator could not take within
-    /// WeChat's window is answered 503 and pushed again; anything else fails, and so do
+    /// WeChat's window is answered 503 and pushed again (a 503 sooner is a failure and
+    /// fails the test); anything else fails, and so do
     /// ten pushes in a row never all answered. (WeChat retries three times; ten here,
     /// where a loaded machine may miss the window with every copy of a push.)
     pub async fn push_event_answered(&self, mut event: Value) -> Value {
@@ -425,6 +426,7 @@ impl TestApp {
             event["create_time"] = serde_json::json!(self.now().timestamp());
         }
         for _ in 0..10 {
+            let pushed = std::time::Instant::now();
             let answer = self.push_event(event.clone()).await;
             let answers = answer["answers"].as_array().cloned().unwrap_or_default();
             if !answers.is_empty() && answers.iter().all(|a| a == 200) {
@@ -433,6 +435,12 @@ impl TestApp {
             assert!(
                 !answers.is_empty() && answers.iter().all(|a| a == 200 || a == 503),
                 "only the window's 503 may stand in for a 200: {answer}"
+            );
+            // A 503 before the window ended is a failure answered, not the window.
+            assert!(
+                pushed.elapsed() >= wechat_callback::WECHAT_PUSH_WINDOW,
+                "a 503 inside WeChat's window, after {:?}: {answer}",
+                pushed.elapsed()
             );
         }
         panic!("WeChat's retries of {event} were never all answered 200");
