@@ -47,6 +47,20 @@ pub fn member(priority: Priority, note_id: &str) -> String {
 /// its lookahead).
 pub const YIELD_WAIT: chrono::Duration = chrono::Duration::seconds(60);
 
+/// When the wake entry of a push that yielded comes due: once the pushes due together
+/// have had their chance at the grants ([`YIELD_WAIT`] from `now`) — unless the entry
+/// is on the index (`listed`) and due sooner already (`due_at`, ms: a grant given
+/// beside waiting pushes), when it stays as it is (None).
+pub fn yield_wake_at(
+    now: DateTime<Utc>,
+    listed: bool,
+    due_at: Option<i64>,
+) -> Option<DateTime<Utc>> {
+    let at = now + YIELD_WAIT;
+    let sooner = listed && due_at.is_some_and(|due| due <= at.timestamp_millis());
+    (!sooner).then_some(at)
+}
+
 /// What a push's claim does about the grants of its template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AtGrant {
@@ -160,6 +174,24 @@ pub fn note_of(member: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_yielded_pushs_wake_comes_after_the_wait_unless_listed_sooner() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
+        let after = now + YIELD_WAIT;
+        let ms = |at: DateTime<Utc>| Some(at.timestamp_millis());
+        assert_eq!(yield_wake_at(now, false, None), Some(after));
+        // Not on the index: whatever it held, the wait's end.
+        assert_eq!(yield_wake_at(now, false, ms(now)), Some(after));
+        // On the index and due sooner (or just then): left as it is.
+        assert_eq!(yield_wake_at(now, true, ms(now)), None);
+        assert_eq!(yield_wake_at(now, true, ms(after)), None);
+        // On the index but later (a wake of never, or a retry's): brought forward.
+        assert_eq!(
+            yield_wake_at(now, true, ms(after + chrono::Duration::seconds(1))),
+            Some(after)
+        );
+    }
 
     fn m(priority: Priority, created: u64) -> String {
         member(priority, &format!("{created:013}abcdefabcdef"))

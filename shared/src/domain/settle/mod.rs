@@ -310,6 +310,26 @@ pub fn release(attempts: u32, due: DateTime<Utc>) -> Settlement {
 }
 
 impl Settlement {
+    /// Where a grant the sweep voided goes when this settlement comes after the sweep
+    /// (a late answer): spent if WeChat took the message; back to `available` if it
+    /// certainly did not and `may_restore` (nothing voided it on purpose since, as a
+    /// disable does); else it stays void (None).
+    pub fn after_sweep(&self, may_restore: bool) -> Option<GrantState> {
+        match self.grant {
+            GrantState::Consumed => Some(GrantState::Consumed),
+            GrantState::Available if may_restore => Some(GrantState::Available),
+            GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
+        }
+    }
+
+    /// When the item is due again, if it is retried.
+    pub fn retry_at(&self) -> Option<DateTime<Utc>> {
+        match self.follow_up {
+            FollowUp::RetryAt(at) => Some(at),
+            FollowUp::Delivered | FollowUp::Stop(_) => None,
+        }
+    }
+
     /// The push's state after this settlement.
     pub fn outbox_state(&self) -> OutboxState {
         match self.follow_up {
@@ -332,229 +352,7 @@ impl Settlement {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_row_of_the_outcome_table_classifies() {
-        let refused = |errcode| SendResult::Refused {
-            errcode,
-            errmsg: String::new(),
-        };
-        let rows = [
-            (-1, OutcomeClass::Retryable),
-            (45011, OutcomeClass::Retryable),
-            (43108, OutcomeClass::Retryable),
-            (45009, OutcomeClass::Retryable),
-            (40001, OutcomeClass::Retryable),
-            (47003, OutcomeClass::Config),
-            (40037, OutcomeClass::Config),
-            (41030, OutcomeClass::Config),
-            (45168, OutcomeClass::Config),
-            (43107, OutcomeClass::Config),
-            (48001, OutcomeClass::Config),
-            (99999, OutcomeClass::Config),
-            (43101, OutcomeClass::Refused),
-            (40003, OutcomeClass::User),
-            (50002, OutcomeClass::User),
-        ];
-        for (errcode, class) in rows {
-            assert_eq!(refused(errcode).class(), class, "errcode {errcode}");
-        }
-        assert_eq!(
-            SendResult::Sent {
-                msgid: Some("1".into())
-            }
-            .class(),
-            OutcomeClass::Sent
-        );
-        assert_eq!(
-            SendResult::NotSent {
-                reason: "connect".into()
-            }
-            .class(),
-            OutcomeClass::Retryable
-        );
-        assert_eq!(
-            SendResult::Uncertain {
-                reason: "timeout".into()
-            }
-            .class(),
-            OutcomeClass::Unknown
-        );
-    }
-
-    #[test]
-    fn only_a_send_that_may_have_gone_out_keeps_its_count_against_the_cap() {
-        let policy = RetryPolicy {
-            max_attempts: 3,
-            retry_base: StdDuration::from_secs(60),
-        };
-        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default();
-        use DeliveryState::{Failed, Sent, Unknown};
-        // (class, errcode, its delivery's state, whether the send still counts)
-        let rows = [
-            (OutcomeClass::Sent, None, Sent, true),
-            (OutcomeClass::Unknown, None, Unknown, true),
-            (OutcomeClass::Retryable, Some(-1), Failed, false),
-            (OutcomeClass::Config, Some(47003), Failed, false),
-            // Its grant is voided, yet nothing went out: the count is given back.
-            (OutcomeClass::Refused, Some(43101), Failed, false),
-            (OutcomeClass::User, Some(40003), Failed, false),
-        ];
-        for (class, errcode, state, counts) in rows {
-            let settled = settle(class, errcode, 0, &policy, now);
-            assert_eq!(settled.delivery, state, "{class:?}");
-            assert_eq!(state.counts_against_cap(), counts, "{class:?}");
-        }
-        assert!(!release(0, now).delivery.counts_against_cap());
-    }
-}
+mod tests;
 
 #[cfg(test)]
-mod settle_tests {
-    use super::*;
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 3,
-            retry_base: StdDuration::from_secs(60),
-        }
-    }
-
-    fn now() -> DateTime<Utc> {
-        DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default()
-    }
-
-    #[test]
-    fn each_class_settles_delivery_grant_and_follow_up_by_the_table() {
-        use FollowUp::{Delivered, RetryAt, Stop};
-        let p = policy();
-        let rows = [
-            (
-                OutcomeClass::Sent,
-                DeliveryState::Sent,
-                GrantState::Consumed,
-                Delivered,
-                false,
-            ),
-            (
-                OutcomeClass::Retryable,
-                DeliveryState::Failed,
-                GrantState::Available,
-                RetryAt(now() + Duration::minutes(1)),
-                false,
-            ),
-            (
-                OutcomeClass::Config,
-                DeliveryState::Failed,
-                GrantState::Available,
-                Stop(PauseReason::ConfigError),
-                false,
-            ),
-            (
-                OutcomeClass::Refused,
-                DeliveryState::Failed,
-                GrantState::Invalid,
-                Stop(PauseReason::Refused),
-                true,
-            ),
-            (
-                OutcomeClass::User,
-                DeliveryState::Failed,
-                GrantState::Invalid,
-                Stop(PauseReason::SendFailed),
-                false,
-            ),
-            (
-                OutcomeClass::Unknown,
-                DeliveryState::Unknown,
-                GrantState::Invalid,
-                Stop(PauseReason::Uncertain),
-                false,
-            ),
-        ];
-        for (class, delivery, grant, follow_up, others) in rows {
-            let s = settle(class, None, 0, &p, now());
-            assert_eq!(
-                (s.delivery, s.grant, s.follow_up, s.invalidate_others),
-                (delivery, grant, follow_up, others),
-                "{class:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn retries_back_off_doubling_and_stop_at_the_attempt_limit() {
-        let p = policy();
-        let second = settle(OutcomeClass::Retryable, Some(-1), 1, &p, now());
-        assert_eq!(second.attempts, 2);
-        assert_eq!(
-            second.follow_up,
-            FollowUp::RetryAt(now() + Duration::minutes(2))
-        );
-        let last = settle(OutcomeClass::Retryable, Some(-1), 2, &p, now());
-        assert_eq!(last.follow_up, FollowUp::Stop(PauseReason::SendFailed));
-        assert_eq!(
-            last.grant,
-            GrantState::Available,
-            "the grant is kept for later"
-        );
-        let capped = RetryPolicy {
-            max_attempts: 20,
-            ..p
-        };
-        assert_eq!(
-            settle(OutcomeClass::Retryable, None, 15, &capped, now()).follow_up,
-            FollowUp::RetryAt(now() + MAX_RETRY_DELAY)
-        );
-    }
-
-    #[test]
-    fn a_concurrent_send_refusal_never_spends_an_attempt() {
-        let p = policy();
-        let s = settle(
-            OutcomeClass::Retryable,
-            Some(CONCURRENT_SEND_ERRCODE),
-            2,
-            &p,
-            now(),
-        );
-        assert_eq!(s.attempts, 2);
-        assert!(matches!(s.follow_up, FollowUp::RetryAt(_)), "{s:?}");
-    }
-
-    #[test]
-    fn pushes_end_in_the_state_their_follow_up_names() {
-        let p = policy();
-        let state = |class| settle(class, None, 0, &p, now()).outbox_state();
-        assert_eq!(state(OutcomeClass::Sent), OutboxState::Sent);
-        assert_eq!(state(OutcomeClass::Retryable), OutboxState::Pending);
-        assert_eq!(state(OutcomeClass::Config), OutboxState::Failed);
-        assert_eq!(state(OutcomeClass::Unknown), OutboxState::Unknown);
-    }
-
-    #[test]
-    fn a_released_claim_is_due_again_at_its_own_instant_without_spending_an_attempt() {
-        let s = release(2, now());
-        assert_eq!(
-            (s.grant, s.attempts, s.follow_up),
-            (GrantState::Available, 2, FollowUp::RetryAt(now()))
-        );
-        assert_eq!(s.outbox_state(), OutboxState::Pending);
-    }
-
-    #[test]
-    fn class_names_round_trip() {
-        for class in [
-            OutcomeClass::Sent,
-            OutcomeClass::Retryable,
-            OutcomeClass::Config,
-            OutcomeClass::Refused,
-            OutcomeClass::User,
-            OutcomeClass::Unknown,
-        ] {
-            assert_eq!(OutcomeClass::parse(class.as_str()), Some(class));
-        }
-    }
-}
+mod settle_tests;

@@ -32,17 +32,7 @@ impl Store {
         if !self.limits.push_events {
             return Vec::new();
         }
-        match &message.event {
-            PushEvent::Popup(items) => items
-                .iter()
-                .filter(|i| i.choice == Choice::Accept && templates.contains(&i.template_id))
-                .map(|i| &i.template_id)
-                .collect(),
-            PushEvent::Change(_)
-            | PushEvent::Sent(_)
-            | PushEvent::Erasure(_)
-            | PushEvent::Other { .. } => Vec::new(),
-        }
+        message.event.popup_accepts(|t| templates.contains(t))
     }
 
     /// What a recorded event does, each step idempotent (a retry of the event, or the
@@ -57,22 +47,7 @@ impl Store {
         templates: &Templates,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        // Turned off in WeChat's settings: sends now fail with 43101, so the grants go
-        // too. A popup reject is one tap's answer, as a reject in a grant report: the
-        // plans pause, earlier grants stay.
-        let (choices, void_grants): (Vec<(&TemplateId, Choice)>, bool) = match &message.event {
-            PushEvent::Change(items) => (
-                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
-                true,
-            ),
-            PushEvent::Popup(items) => (
-                items.iter().map(|i| (&i.template_id, i.choice)).collect(),
-                false,
-            ),
-            PushEvent::Sent(_) | PushEvent::Erasure(_) | PushEvent::Other { .. } => {
-                (Vec::new(), false)
-            }
-        };
+        let (choices, void_grants) = message.event.choices();
         let mut refused = Vec::new();
         for (template, choice) in choices {
             if !templates.contains(template) {

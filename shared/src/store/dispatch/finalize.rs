@@ -32,7 +32,7 @@ use crate::store::dispatch::delivery::describe;
 use crate::store::dispatch::settle::{DeliveryWrite, GrantMove, SettleTx, Settled};
 
 use crate::domain::dispatch::delivery::Moved;
-use crate::domain::settle::{FollowUp, OutboxState, SendResult, Settlement, release, settle};
+use crate::domain::settle::{OutboxState, SendResult, Settlement, release, settle};
 
 /// How a finalize ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,15 +169,7 @@ impl Store {
                 now,
             )?,
         };
-        let write = delivery_write(
-            &settlement,
-            result,
-            if released {
-                Writer::Release { late: false }
-            } else {
-                Writer::Finalize
-            },
-        );
+        let write = delivery_write(&settlement, result, Writer::answering(released, false));
         let tx = SettleTx {
             pk: &pk,
             delivery_id: &claim.delivery_id,
@@ -291,19 +283,10 @@ impl Store {
                         return Ok(Attempt::Retry);
                     }
                 };
-            let grant = match settlement.grant {
-                GrantState::Consumed => Some(GrantState::Consumed),
-                GrantState::Available if may_restore => Some(GrantState::Available),
-                GrantState::Available | GrantState::Invalid | GrantState::Reserved => None,
-            };
             let write = delivery_write(
                 settlement,
                 result,
-                if released {
-                    Writer::Release { late: true }
-                } else {
-                    Writer::LateAnswer
-                },
+                Writer::answering(released, true),
             );
             let tx = SettleTx {
                 pk,
@@ -313,7 +296,7 @@ impl Store {
                 marks: write.marks(&claim.delivery_id, claim.claimed_at, now),
                 template: &claim.template_id,
                 write,
-                grant: grant.map(|to| GrantMove {
+                grant: settlement.after_sweep(may_restore).map(|to| GrantMove {
                     sk: &claim.grant_sk,
                     from: GrantState::Invalid,
                     to,
@@ -425,10 +408,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let state = settlement.outbox_state();
-        let due = match settlement.follow_up {
-            FollowUp::RetryAt(at) => Some(at),
-            FollowUp::Delivered | FollowUp::Stop(_) => None,
-        };
+        let due = settlement.retry_at();
         let mut next = outbox.moved(state, due, self.shards, now, self.limits.retention.outbox);
         next.attempts = settlement.attempts;
         if state == OutboxState::Unknown {

@@ -4,7 +4,9 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::consent::standing::Standing;
 use crate::domain::inbox::{PushReason, PushStatus};
+use crate::domain::reminders::plan::{IllegalTransition, Plan, PlanEvent};
 use crate::domain::settle::OutboxState;
 
 /// Why a due item is not sent now. Nothing is sent and no grant is spent, whatever the
@@ -55,6 +57,28 @@ pub enum Tally {
 }
 
 impl Unsent {
+    /// A plan not sent: refused by the user's settings (`standing`, a choice the plan
+    /// missed: made while its kind was not configured), paused as that refusal pauses
+    /// it; past the daily cap, due again at the next day's first waking moment; else
+    /// paused `needs_grant`.
+    pub fn plan_after(
+        &self,
+        plan: &Plan,
+        standing: Option<Standing>,
+    ) -> Result<Plan, IllegalTransition> {
+        let mut moved = plan.clone();
+        match self {
+            Self::TurnedOff => moved.stand(standing)?,
+            Self::CapWait(until) => {
+                moved.status = plan.status.apply(PlanEvent::Capped {
+                    due: plan.settings.schedule.first_awake_from(*until),
+                })?;
+            }
+            _ => moved.status = plan.status.apply(PlanEvent::GrantMissing)?,
+        }
+        Ok(moved)
+    }
+
     /// What a push that is not sent goes to.
     pub fn outbox_state(&self) -> OutboxState {
         match self {

@@ -60,6 +60,17 @@ pub enum Writer {
 }
 
 impl Writer {
+    /// The dispatcher's own writer of a send's answer: a finalize, or a release of the
+    /// claim unsent (`released`), on time or after a sweep declared it `unknown`
+    /// (`late`).
+    pub fn answering(released: bool, late: bool) -> Self {
+        match (released, late) {
+            (true, late) => Self::Release { late },
+            (false, false) => Self::Finalize,
+            (false, true) => Self::LateAnswer,
+        }
+    }
+
     /// Whether the delivery it settles was `unknown` until now.
     pub fn settles_unknown(self) -> bool {
         matches!(

@@ -323,3 +323,19 @@ fn a_refused_grant_move_is_retried_only_from_a_void_of_this_delivery() {
         assert_eq!(regrant(to, "d1", &grant), want, "{to:?} {grant:?}");
     }
 }
+
+#[test]
+fn the_dispatchers_own_writer_names_a_release_and_a_late_answer() {
+    assert_eq!(Writer::answering(false, false), Writer::Finalize);
+    assert_eq!(Writer::answering(false, true), Writer::LateAnswer);
+    assert_eq!(
+        Writer::answering(true, false),
+        Writer::Release { late: false }
+    );
+    assert_eq!(
+        Writer::answering(true, true),
+        Writer::Release { late: true }
+    );
+    assert!(Writer::answering(true, true).settles_unknown());
+    assert!(!Writer::answering(true, false).settles_unknown());
+}

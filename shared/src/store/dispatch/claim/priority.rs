@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use super::claimable::{ClaimOutcome, Claimable};
 use crate::domain::TemplateId;
 use crate::domain::dispatch::claim::Unsent;
+use crate::domain::dispatch::priority::yield_wake_at;
 use crate::store::dispatch::due::DueItem;
 use crate::store::dispatch::priority::YieldWake;
 use crate::store::error::StoreError;
@@ -64,17 +65,14 @@ impl Store {
             }
         } else {
             // Yielding to pushes due together: the wake entry comes due when they
-            // have had their chance at the grants — unless on the index and due sooner
-            // already (a grant given beside waiting pushes), when it stays as it is.
-            let at = now + crate::domain::dispatch::priority::YIELD_WAIT;
-            let sooner = open.wake_listed
-                && open
-                    .wake_at
-                    .is_some_and(|read| read <= at.timestamp_millis());
-            let yield_wake = (yielded && !sooner).then_some(YieldWake {
-                at,
-                read: open.wake_at,
-            });
+            // have had their chance at the grants (if not sooner already).
+            let yield_wake = yielded
+                .then(|| yield_wake_at(now, open.wake_listed, open.wake_at))
+                .flatten()
+                .map(|at| YieldWake {
+                    at,
+                    read: open.wake_at,
+                });
             writes.push(
                 self.waiting_add(&item.pk, template, own, available, listed, yield_wake, now)?,
             );

@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use super::claimable::{ClaimOutcome, Claimable};
 use crate::domain::dispatch::cap::day_of;
 use crate::domain::dispatch::claim::Unsent;
-use crate::domain::reminders::plan::PlanEvent;
 use crate::domain::{OpenId, TemplateId};
 use crate::store::dispatch::due::DueItem;
 use crate::store::error::StoreError;
@@ -72,9 +71,8 @@ impl Store {
         Ok(Attempt::Done(ClaimOutcome::Unsent { why, template }))
     }
 
-    /// The writes of a due item not sent (`why`). A plan pauses `needs_grant`, or, past
-    /// the daily cap, is due again at the next day's first waking moment, or, refused
-    /// by the user's settings, pauses as that refusal pauses it; a push moves to the
+    /// The writes of a due item not sent (`why`). A plan moves as
+    /// [`Unsent::plan_after`] says; a push moves to the
     /// state `why` names, pending again when it is due again, its notification told
     /// (the notification stays whatever the reason).
     pub(super) fn unsent_writes(
@@ -85,23 +83,8 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         match claimable {
-            // Refused by the user's settings (a standing choice the plan missed: made
-            // while its kind was not configured): paused as that refusal pauses it.
-            Claimable::Plan { plan, open, .. } if matches!(why, Unsent::TurnedOff) => {
-                let mut moved = plan.clone();
-                moved.stand(open.standing)?;
-                Ok(vec![self.plan_put(&moved, &item.pk, now)?])
-            }
-            Claimable::Plan { plan, .. } => {
-                let event = match why {
-                    // Due again at the next day's first waking moment.
-                    Unsent::CapWait(until) => PlanEvent::Capped {
-                        due: plan.settings.schedule.first_awake_from(*until),
-                    },
-                    _ => PlanEvent::GrantMissing,
-                };
-                let mut moved = plan.clone();
-                moved.status = plan.status.apply(event)?;
+            Claimable::Plan { plan, open, .. } => {
+                let moved = why.plan_after(plan, open.standing)?;
                 Ok(vec![self.plan_put(&moved, &item.pk, now)?])
             }
             Claimable::Outbox { outbox, .. } => {
