@@ -62,15 +62,7 @@ impl Store {
             };
             let before = plan.clone();
             plan.reported(result, now)?;
-            writes.push(if plan != before {
-                self.plan_put(&plan, pk, now)?
-            } else if plan.version > 0 {
-                // Unchanged, but read: a report racing this one is ordered by the
-                // plan's version, not by chance.
-                self.plan_unchanged(pk, &plan)?
-            } else {
-                continue;
-            });
+            writes.extend(self.plan_write(pk, &before, &plan, now)?);
         }
         Ok(writes)
     }
@@ -90,10 +82,7 @@ impl Store {
         retry_contended("plan refusal", self.limits.write_budget, || async move {
             let read = self.read(pk, kind, None).await?;
             // A plan never stored is written, off, with the refusal remembered.
-            let mut plan = match read.plan {
-                Some(item) => item.into_plan(kind)?,
-                None => Plan::new(kind),
-            };
+            let mut plan = PlanItem::or_new(read.plan, kind)?;
             let before = plan.clone();
             plan.refuse(refusal)?;
             if plan == before {
@@ -146,10 +135,7 @@ impl Store {
             let rate = rate_key(now);
             sks.push(rate.clone());
             sks.push(SETTING_SK.to_string());
-            let mut stored = HashMap::new();
-            for chunk in sks.chunks(100) {
-                stored.extend(self.read_items(pk, chunk).await?);
-            }
+            let mut stored = self.read_items(pk, &sks).await?;
             let decided = decided_at(stored.get(SETTING_SK))?;
             if !setting.supersedes(decided, now) {
                 tracing::info!(
@@ -169,18 +155,13 @@ impl Store {
                 let mut changed = kept != standing;
                 let mut plans = Vec::new();
                 for kind in self.kinds.using_template(template) {
-                    let mut plan = match stored.remove(&plan_sk(&kind.name)) {
-                        Some(item) => parse::<PlanItem>("plan", item)?.into_plan(kind)?,
-                        None => Plan::new(kind),
-                    };
+                    let stored_plan = stored.remove(&plan_sk(&kind.name));
+                    let stored_plan = stored_plan.map(|i| parse::<PlanItem>("plan", i));
+                    let mut plan = PlanItem::or_new(stored_plan.transpose()?, kind)?;
                     let before = plan.clone();
                     plan.stand(standing)?;
-                    if plan != before {
-                        changed = true;
-                        plans.push(self.plan_put(&plan, pk, now)?);
-                    } else if plan.version > 0 {
-                        plans.push(self.plan_unchanged(pk, &plan)?);
-                    }
+                    changed |= plan != before;
+                    plans.extend(self.plan_write(pk, &before, &plan, now)?);
                 }
                 if !changed {
                     continue;

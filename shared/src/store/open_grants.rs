@@ -1,8 +1,6 @@
 //! The open grants of a template, as its quota item lists them: voiding them (a
 //! disable, a refusal, 43101) and repairing the lists against the ledger.
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use chrono::{DateTime, Utc};
 
@@ -341,11 +339,8 @@ impl Store {
         grants: Vec<(String, GrantState)>,
         bound: DateTime<Utc>,
     ) -> Result<Vec<(String, GrantState)>, StoreError> {
-        let mut items = HashMap::new();
         let sks: Vec<String> = grants.iter().map(|(sk, _)| sk.clone()).collect();
-        for chunk in sks.chunks(100) {
-            items.extend(self.read_items(pk, chunk).await?);
-        }
+        let items = self.read_items(pk, &sks).await?;
         Ok(grants
             .into_iter()
             .filter(|(sk, _)| {

@@ -34,16 +34,31 @@ pub(crate) struct Read {
     pub(crate) rate: Option<Item>,
 }
 
+/// The most keys one `BatchGetItem` may ask for.
+const BATCH_GET_MAX: usize = 100;
+
 impl Store {
-    /// Reads the given items of one user in one strongly consistent round trip.
+    /// Reads the given items of one user, strongly consistent: one round trip per
+    /// [`BATCH_GET_MAX`] keys.
     pub(crate) async fn read_items(
         &self,
         pk: &str,
         sks: &[String],
     ) -> Result<HashMap<String, HashMap<String, AttributeValue>>, StoreError> {
-        if sks.is_empty() {
-            return Ok(HashMap::new());
+        let mut found = HashMap::new();
+        for batch in sks.chunks(BATCH_GET_MAX) {
+            found.extend(self.read_batch(pk, batch).await?);
         }
+        Ok(found)
+    }
+
+    /// [`Store::read_items`] of at most [`BATCH_GET_MAX`] keys: one round trip, and
+    /// more only for keys DynamoDB left unprocessed.
+    async fn read_batch(
+        &self,
+        pk: &str,
+        sks: &[String],
+    ) -> Result<HashMap<String, HashMap<String, AttributeValue>>, StoreError> {
         let pending: Vec<HashMap<String, AttributeValue>> =
             sks.iter().map(|sk| key(pk, sk)).collect();
         // Keys left unread are not absent: a caller deciding on absence (a replay, a

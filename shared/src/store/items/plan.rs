@@ -137,6 +137,14 @@ impl PlanItem {
         }
     }
 
+    /// The stored plan of `kind` (`item`), or, never stored, its defaults (disabled).
+    pub(crate) fn or_new(item: Option<Self>, kind: &ReminderKind) -> Result<Plan, StoreError> {
+        match item {
+            Some(item) => item.into_plan(kind),
+            None => Ok(Plan::new(kind)),
+        }
+    }
+
     pub(crate) fn into_plan(self, kind: &ReminderKind) -> Result<Plan, StoreError> {
         let bad = |what: &str| StoreError::Corrupt(format!("plan {}: {what}", self.sk));
         let status = match self.state.as_str() {
@@ -225,6 +233,26 @@ impl Store {
     }
 
     /// A transaction item that only checks `plan` is still at the version it was read.
+    /// The write of a plan moved from `before` to `plan`: put if it changed; else, if
+    /// it is stored, a check that it is still at its version (a write racing this one
+    /// is then ordered by the plan's version, not by chance); None for a plan never
+    /// stored that stays so.
+    pub(crate) fn plan_write(
+        &self,
+        pk: &str,
+        before: &Plan,
+        plan: &Plan,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TransactWriteItem>, StoreError> {
+        Ok(if plan != before {
+            Some(self.plan_put(plan, pk, now)?)
+        } else if plan.version > 0 {
+            Some(self.plan_unchanged(pk, plan)?)
+        } else {
+            None
+        })
+    }
+
     pub(crate) fn plan_unchanged(
         &self,
         pk: &str,

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use crate::domain::OpenId;
 use crate::domain::grants::report::TemplateWrite;
 use crate::domain::reminders::check_in::{CarriedGrant, CheckInLimits, CheckInRefused, decide};
-use crate::domain::reminders::plan::{Plan, PlanStatus};
+use crate::domain::reminders::plan::PlanStatus;
 use crate::domain::reminders::{CheckIn, ReminderKind};
 use crate::store::error::{Limit, StoreError, corrupt};
 use crate::store::handle::Store;
@@ -50,10 +50,7 @@ impl Store {
                 if let Some(action) = read.action {
                     return replay(action, fingerprint).map(done);
                 }
-                let plan = match read.plan {
-                    Some(item) => item.into_plan(kind)?,
-                    None => Plan::new(kind),
-                };
+                let plan = PlanItem::or_new(read.plan, kind)?;
                 let limits = CheckInLimits {
                     max_open_grants: self.limits.max_open_grants,
                     checkins_per_minute: self.limits.checkins_per_minute,

@@ -20,6 +20,7 @@ use crate::domain::reminders::plan::Plan;
 use crate::domain::{OpenId, QuotaCounters};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
+use crate::store::items::plan::PlanItem;
 use crate::store::keys::user_pk;
 
 /// A plan and its template's available grants, as read together.
@@ -47,10 +48,7 @@ impl Store {
         kind: &ReminderKind,
     ) -> Result<PlanSnapshot, StoreError> {
         let read = self.read(&user_pk(openid), kind, None).await?;
-        let plan = match read.plan {
-            Some(item) => item.into_plan(kind)?,
-            None => Plan::new(kind),
-        };
+        let plan = PlanItem::or_new(read.plan, kind)?;
         Ok(PlanSnapshot {
             plan,
             counters: read.counters,
