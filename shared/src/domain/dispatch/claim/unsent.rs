@@ -157,6 +157,40 @@ mod tests {
     use crate::domain::at;
 
     #[test]
+    fn a_plan_left_unsent_pauses_for_a_grant_waits_out_the_cap_or_stands_refused() {
+        use crate::domain::consent::PauseReason;
+        use crate::domain::reminders::plan::PlanStatus;
+        let due = at("2026-12-03T10:00:00Z");
+        let mut plan = Plan::new(&crate::domain::reminders::test_kind());
+        plan.status = PlanStatus::Scheduled { due };
+        let after = |why: Unsent, standing| why.plan_after(&plan, standing).expect("legal");
+        let no_grant = after(Unsent::NoGrant { wake: None }, None);
+        assert_eq!(
+            no_grant.status,
+            PlanStatus::Paused {
+                reason: PauseReason::NeedsGrant
+            }
+        );
+        // Past the cap: due at the first waking moment from the next day's start (the
+        // test kind is awake from 00:00 UTC).
+        let next_day = at("2026-12-04T00:00:00Z");
+        assert_eq!(
+            after(Unsent::CapWait(next_day), None).status,
+            PlanStatus::Scheduled { due: next_day }
+        );
+        // Refused by a standing choice the plan missed: paused as that refusal pauses it.
+        let refused = after(Unsent::TurnedOff, Some(Standing::Reject));
+        assert_eq!(
+            refused.status,
+            PlanStatus::Paused {
+                reason: PauseReason::AlwaysRejected
+            }
+        );
+        // The plan it was given is left as it was.
+        assert_eq!(plan.status, PlanStatus::Scheduled { due });
+    }
+
+    #[test]
     fn each_reason_knows_its_state_status_due_instant_and_count() {
         let until = at("2026-12-03T16:00:00Z");
         let send_by = Some(at("2026-12-04T00:00:00Z"));
