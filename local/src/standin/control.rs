@@ -218,7 +218,8 @@ pub(crate) async fn control_push_event(
             )
                 .into_response();
         };
-        // The tap or the setting behind the event changes WeChat's quota as it would.
+        // The tap or the setting behind the event changes WeChat's quota as it would
+        // (once per tap: a copy pushed again with its `CreateTime` is the same tap).
         match &spec {
             PushEventSpec::Popup {
                 openid,
@@ -226,10 +227,17 @@ pub(crate) async fn control_push_event(
                 status,
             } if status == "accept" => {
                 inner.openids.insert(openid.clone());
-                *inner
-                    .quota
-                    .entry((openid.clone(), template_id.clone()))
-                    .or_default() += 1;
+                let again = create_time.is_some_and(|at| {
+                    !inner
+                        .taps_pushed
+                        .insert((openid.clone(), template_id.clone(), at))
+                });
+                if !again {
+                    *inner
+                        .quota
+                        .entry((openid.clone(), template_id.clone()))
+                        .or_default() += 1;
+                }
             }
             PushEventSpec::Change {
                 openid,

@@ -36,7 +36,8 @@
 //!   "template_id", "status"?, "msgid"?, "error_code"?, "create_time"?}` pushes one
 //!   event now (created now unless `create_time` says) and answers the callback's
 //!   statuses; a popup `accept` also adds the quota its tap
-//!   buys, a change takes the template's quota away
+//!   buys (once: a copy pushed again with its `create_time` is the same tap), a change
+//!   takes the template's quota away
 //! - `GET /control/pushes`: every push made (with its `create_time`, which a retry of it
 //!   carries) and how it was answered
 

@@ -133,6 +133,9 @@ pub(crate) struct Inner {
     pub(crate) codes: HashMap<String, Code>,
     pub(crate) openids: HashSet<String>,
     pub(crate) quota: HashMap<(String, String), u64>,
+    /// The popup accepts pushed with their `CreateTime` (openid, template, time): a
+    /// copy of one pushed again, as WeChat retries, is the same tap and buys nothing.
+    pub(crate) taps_pushed: HashSet<(String, String, i64)>,
     pub(crate) faults: HashMap<String, Fault>,
     pub(crate) login_fault: Option<LoginFault>,
     pub(crate) token_hang: Option<Duration>,

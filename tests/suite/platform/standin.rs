@@ -348,3 +348,33 @@ async fn injected_faults_answer_errcodes_expire_tokens_and_drop_connections() {
     assert_eq!(counters["send_errcodes"]["42001"], 1);
     assert_eq!(counters["send_errcodes"]["0"], 2);
 }
+
+/// A popup accept pushed through the stand-in buys its tap's one message, once: a copy
+/// pushed again with its `CreateTime`, as WeChat retries, is the same tap; another tap
+/// (another time, or none given: now) buys another.
+#[tokio::test]
+async fn a_popup_accept_pushed_again_with_its_create_time_buys_one_message() {
+    let app = onegrant_tests::spawn_pushing_app(1).await;
+    let user = app.user("tess").await;
+    let quota = || async {
+        let path = format!("quota?openid={}&template_id={WATER}", user.openid);
+        app.control("GET", &path, None).await["quota"].clone()
+    };
+    let tap = |create_time: Option<i64>| {
+        let mut event = json!({"event": "popup", "openid": user.openid,
+                               "template_id": WATER, "status": "accept"});
+        if let Some(at) = create_time {
+            event["create_time"] = json!(at);
+        }
+        event
+    };
+    let made = app.now().timestamp();
+    app.push_event(tap(Some(made))).await;
+    assert_eq!(quota().await, 1);
+    app.push_event(tap(Some(made))).await;
+    assert_eq!(quota().await, 1, "a copy of the same tap");
+    app.push_event(tap(Some(made + 1))).await;
+    assert_eq!(quota().await, 2, "a tap a second later");
+    app.push_event(tap(None)).await;
+    assert_eq!(quota().await, 3, "a tap now");
+}

@@ -232,7 +232,6 @@ impl Store {
             .write()
     }
 
-    /// A transaction item that only checks `plan` is still at the version it was read.
     /// The write of a plan moved from `before` to `plan`: put if it changed; else, if
     /// it is stored, a check that it is still at its version (a write racing this one
     /// is then ordered by the plan's version, not by chance); None for a plan never
@@ -253,6 +252,7 @@ impl Store {
         })
     }
 
+    /// A transaction item that only checks `plan` is still at the version it was read.
     pub(crate) fn plan_unchanged(
         &self,
         pk: &str,
