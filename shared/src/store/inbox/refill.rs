@@ -52,9 +52,10 @@ impl Store {
     /// grants used up, whether the template still has messages to send — `plan_sent`
     /// (the send was a reminder, its plan on), a plan of a kind using it that is on, or
     /// a push on the waiting list still waiting (members whose push ended otherwise do
-    /// not count) — and the zone of the user's day (their preferences). One read, and
-    /// one more of the preferences and at most the plans and the listed pushes at a
-    /// depletion.
+    /// not count) — and the zone of the user's day (their preferences, read with the
+    /// quota item: a reminder's send, which spends a user's only grant as often as
+    /// not, finds its depletion in that one round trip). One read, and for a push one
+    /// more of at most the plans and the listed pushes at a depletion.
     pub async fn depletion(
         &self,
         openid: &OpenId,
@@ -62,7 +63,11 @@ impl Store {
         plan_sent: bool,
     ) -> Result<Option<Depletion>, StoreError> {
         let pk = user_pk(openid);
-        let Some(quota) = self.get(&pk, &quota_sk(template)).await? else {
+        let quota_key = quota_sk(template);
+        let mut first = self
+            .read_items(&pk, &[quota_key.clone(), PREFS_SK.to_string()])
+            .await?;
+        let Some(quota) = first.remove(&quota_key) else {
             return Ok(None);
         };
         let waiting = OpenGrants::of(&quota).waiting;
@@ -70,23 +75,8 @@ impl Store {
         if depletion(&counters, true).is_none() {
             return Ok(None);
         }
-        let kinds: Vec<_> = if plan_sent {
-            Vec::new()
-        } else {
-            self.kinds.using_template(template).collect()
-        };
-        let mut sks: Vec<String> = vec![PREFS_SK.to_string()];
-        sks.extend(kinds.iter().map(|k| plan_sk(&k.name)));
-        if !plan_sent {
-            sks.extend(
-                waiting
-                    .iter()
-                    .filter_map(|m| crate::domain::dispatch::priority::note_of(m).map(outbox_sk)),
-            );
-        }
-        let mut found = self.read_items(&pk, &sks).await?;
         // Preferences that cannot be read cost the notice only its zone: China's.
-        let quiet_hours = match PreferencesItem::of(found.remove(PREFS_SK)) {
+        let quiet_hours = match PreferencesItem::of(first.remove(PREFS_SK)) {
             Ok((prefs, _)) => prefs.quiet_hours,
             Err(e) => {
                 tracing::error!(error = %error_chain(&e), "refill notice: the preferences could not be read; China's time");
@@ -94,7 +84,18 @@ impl Store {
             }
         };
         let zone = day_zone(quiet_hours.map(|q| q.timezone));
-        let mut more = plan_sent;
+        if plan_sent {
+            return Ok(depletion(&counters, true).map(|accepted| Depletion { accepted, zone }));
+        }
+        let kinds: Vec<_> = self.kinds.using_template(template).collect();
+        let mut sks: Vec<String> = kinds.iter().map(|k| plan_sk(&k.name)).collect();
+        sks.extend(
+            waiting
+                .iter()
+                .filter_map(|m| crate::domain::dispatch::priority::note_of(m).map(outbox_sk)),
+        );
+        let found = self.read_items(&pk, &sks).await?;
+        let mut more = false;
         for kind in kinds {
             if let Some(item) = found.get(&plan_sk(&kind.name)) {
                 let plan = parse::<PlanItem>("plan", item.clone())?.into_plan(kind)?;
