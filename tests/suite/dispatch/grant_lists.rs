@@ -171,8 +171,9 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
             app.round_trips.take_read_units(),
         );
         // A dispatch is its read, the claim, the finalize and, water naming a refill
-        // template, the quota item read after it (are the grants used up?); the rest
-        // of the tick is its own (the shard registry, the index queries).
+        // template, the quota item read after it (are the grants used up?) with the
+        // preferences (the notice's zone) in one batch; the rest of the tick is its
+        // own (the shard registry, the index queries).
         let beyond_the_tick: std::collections::BTreeMap<&str, usize> = dispatch
             .0
             .iter()
@@ -182,8 +183,8 @@ async fn a_claim_a_disable_and_a_43101_cost_the_same_with_a_thousand_past_grants
         assert_eq!(
             beyond_the_tick,
             [
-                ("BatchGetItem", 1),
-                ("GetItem", 2),
+                ("BatchGetItem", 2),
+                ("GetItem", 1),
                 ("TransactWriteItems", 2)
             ]
             .into(),

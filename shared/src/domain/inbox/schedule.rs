@@ -98,6 +98,25 @@ impl Timing {
         self.expires_at.map_or(ceiling, |at| at.min(ceiling))
     }
 
+    /// How long the event's record is kept, published at `publish_at`: its replay
+    /// `window` from now, and for an event whose push waits to be sent (`pending`)
+    /// never less than a day past the push's last moment — a cancel or a replacement
+    /// finds the push as long as it can wait.
+    pub fn record_until(
+        &self,
+        pending: bool,
+        publish_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+        window: Duration,
+    ) -> DateTime<Utc> {
+        let replay = now + window;
+        if pending {
+            replay.max(self.send_by(publish_at) + Duration::days(1))
+        } else {
+            replay
+        }
+    }
+
     /// Whether the notification waits to be published (its `send_at` is ahead).
     pub fn is_scheduled(&self, now: DateTime<Utc>) -> bool {
         self.publish_at(now) > now
@@ -130,6 +149,38 @@ pub fn is_expired(expires_at: Option<i64>, now: DateTime<Utc>) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_record_outlives_its_pending_push_by_a_day_and_its_replay_window_always() {
+        let window = Duration::days(35);
+        let timing = |expires_at| Timing {
+            send_at: None,
+            expires_at,
+            priority: Priority::default(),
+        };
+        // No push waiting: the replay window.
+        assert_eq!(
+            timing(None).record_until(false, now(), now(), window),
+            now() + window
+        );
+        // A push that may wait longer than the window: a day past its last moment.
+        let last = now() + MAX_WAIT;
+        assert_eq!(
+            timing(None).record_until(true, now(), now(), window),
+            (now() + window).max(last + Duration::days(1))
+        );
+        // One that expires soon: never less than the replay window.
+        let soon = timing(Some(now() + Duration::hours(1)));
+        assert_eq!(
+            soon.record_until(true, now(), now(), window),
+            now() + window
+        );
+        let short = Duration::hours(1);
+        assert_eq!(
+            soon.record_until(true, now(), now(), short),
+            now() + Duration::hours(1) + Duration::days(1)
+        );
+    }
 
     fn now() -> DateTime<Utc> {
         DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")

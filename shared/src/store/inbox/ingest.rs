@@ -176,15 +176,14 @@ impl Store {
             kind: "event".into(),
             fingerprint: event.fingerprint.clone(),
             note_id: note_id.clone(),
-            // The replay window, and for an event with a push to send never less than
-            // a day past its last moment: a cancel or a replacement finds the push as
-            // long as it can wait.
-            expires_at: match push_status {
-                Some(PushStatus::Pending) => (now + self.limits.retention.events)
-                    .max(timing.send_by(publish_at) + chrono::Duration::days(1)),
-                _ => now + self.limits.retention.events,
-            }
-            .timestamp(),
+            expires_at: timing
+                .record_until(
+                    push_status == Some(PushStatus::Pending),
+                    publish_at,
+                    now,
+                    self.limits.retention.events,
+                )
+                .timestamp(),
             cancel: cancelled_first.then(|| CANCEL_DONE.to_string()),
             openid: None,
         };
