@@ -41,6 +41,20 @@ async fn orphan_plan(app: &TestApp, user: usize, lease_until: chrono::DateTime<U
         .expect("put");
 }
 
+/// Claims the one item due (within the lookahead) by a dispatcher that then vanishes:
+/// its delivery is left live on the lease index.
+async fn claim_the_one_due_and_vanish(app: &TestApp, now: chrono::DateTime<Utc>) {
+    let span = app.deps.store.shard_span(now).await.expect("registry");
+    let due = app
+        .deps
+        .store
+        .due_items(now + Duration::seconds(5), &span)
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 1);
+    app.claim_and_vanish(&due[0], now).await;
+}
+
 /// A user's water plan left `sending` on the lease index (lease ended at
 /// `lease_until`) whose quota item is corrupt: reading it fails every time.
 async fn broken_plan(app: &TestApp, name: &str, lease_until: chrono::DateTime<Utc>) {
@@ -100,15 +114,7 @@ async fn failing_lease_entries_ahead_of_a_recoverable_delivery_hold_nothing_up()
     }
     let user = app.scheduled_user("vanished", 1).await;
     app.make_due(&user, "water", now).await;
-    let span = app.deps.store.shard_span(now).await.expect("registry");
-    let due = app
-        .deps
-        .store
-        .due_items(now + Duration::seconds(5), &span)
-        .await
-        .expect("due");
-    assert_eq!(due.len(), 1);
-    app.claim_and_vanish(&due[0], now).await;
+    claim_the_one_due_and_vanish(&app, now).await;
 
     let mut at = now + Duration::seconds(30);
     let first = app.sweep_at(at).await;
@@ -210,4 +216,46 @@ async fn failing_lease_entries_ahead_of_a_recoverable_delivery_hold_nothing_up()
     }
     assert_ledger_agrees_with_counters(&app).await;
     assert_plans_consistent(&app).await;
+}
+
+/// A push's delivery that cannot be read is quarantined for an operator, and its push,
+/// left `sending` (it may have gone out), no longer counts as open: off its user's
+/// `pending` index and its publisher's lane, so it holds no place under the open-push cap.
+#[tokio::test]
+async fn a_quarantined_push_delivery_frees_its_place_in_the_publishers_lane() {
+    let app = spawn_app_with(&[("DUE_SHARDS", "1"), ("DISPATCH_LOOKAHEAD_SECONDS", "5")]).await;
+    let user = app.user("quinn").await;
+    app.accept_n(&user, onegrant_tests::ORDER, 1).await;
+    let pushed = app.push(&user, "order-q").await;
+    let outbox_sk = format!("OUTBOX#{}", pushed["note_id"].as_str().expect("note id"));
+    let now = app.now();
+    claim_the_one_due_and_vanish(&app, now).await;
+    let outbox = app.item(&user, &outbox_sk).await.expect("outbox");
+    assert_eq!(attr_s(&outbox, "state"), Some("sending"));
+    assert!(outbox.contains_key("lane_pk"), "open: {outbox:?}");
+
+    // The delivery made unreadable: its template id is no template id.
+    let delivery = app.items_of(&user, "delivery").await;
+    let delivery_sk = attr_s(&delivery[0], "sk").expect("sk").to_string();
+    app.table
+        .client
+        .update_item()
+        .table_name(&app.table.name)
+        .key("pk", AttributeValue::S(format!("USER#{}", user.openid)))
+        .key("sk", AttributeValue::S(delivery_sk.clone()))
+        .update_expression("SET template_id = :bad")
+        .expression_attribute_values(":bad", AttributeValue::S("not a template!".into()))
+        .send()
+        .await
+        .expect("delivery");
+    let swept = app.sweep_at(now + Duration::minutes(5)).await;
+    assert_eq!(swept.quarantined, 1, "{swept:?}");
+
+    let delivery = app.item(&user, &delivery_sk).await.expect("delivery");
+    assert!(delivery.contains_key("quarantined_at"), "{delivery:?}");
+    let outbox = app.item(&user, &outbox_sk).await.expect("outbox");
+    assert_eq!(attr_s(&outbox, "state"), Some("sending"), "for an operator");
+    for key in ["lane_pk", "pending_pk", "pending_sk"] {
+        assert!(!outbox.contains_key(key), "{key} left: {outbox:?}");
+    }
 }

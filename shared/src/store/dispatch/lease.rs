@@ -6,8 +6,11 @@ use chrono::{DateTime, Utc};
 use crate::store::error::StoreError;
 use crate::store::handle::Store;
 use crate::store::items::change::{change, update};
-use crate::store::items::{due_as_seen, key, lease_as_seen, n, rfc3339, s};
+use crate::store::items::expr::eq;
+use crate::store::items::{due_as_seen, key, lease_as_seen, n, rfc3339, s, text};
+use crate::store::keys::{DELIVERY_PREFIX, OUTBOX_PREFIX};
 use crate::store::tx::TxOutcome;
+use crate::telemetry::error_chain;
 
 /// The sparse indexes an item can be taken off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,11 +79,41 @@ impl Store {
         match self.transact(items).await? {
             TxOutcome::Committed => {
                 tracing::error!(sk = %sk, ?index, "unreadable item taken off the index (quarantined_at)");
+                if index == Index::Lease && sk.starts_with(DELIVERY_PREFIX) {
+                    self.unlist_quarantined_push(pk, sk).await;
+                }
                 Ok(())
             }
             // It moved on since it was seen: nothing to do.
             TxOutcome::Cancelled(_) => Ok(()),
             TxOutcome::Contended => Err(StoreError::Unavailable("quarantine contended".into())),
+        }
+    }
+}
+
+impl Store {
+    /// A delivery quarantined leaves its push `sending` (it may have gone out): the push
+    /// leaves its user's `pending` index and its publisher's lane too, as an item for an
+    /// operator is no open push counted against a cap. Apart from the quarantine, which
+    /// must land whatever the push holds; a failure is logged (the runbook's step).
+    async fn unlist_quarantined_push(&self, pk: &str, sk: &str) {
+        let source = match self.get(pk, sk).await {
+            Ok(item) => item.and_then(|i| text(&i, "source").map(str::to_string)),
+            Err(e) => {
+                tracing::error!(error = %error_chain(&e), sk = %sk, "a quarantined delivery's push is still counted open");
+                return;
+            }
+        };
+        let Some(outbox) = source.filter(|s| s.starts_with(OUTBOX_PREFIX)) else {
+            return;
+        };
+        let off = change()
+            .remove("pending_pk")
+            .remove("pending_sk")
+            .remove("lane_pk");
+        let off = update(&self.table, key(pk, &outbox), off).when(eq("state", s("sending")));
+        if let Err(e) = off.apply(&self.client).await {
+            tracing::error!(error = %error_chain(&e), sk = %outbox, "a quarantined delivery's push is still counted open");
         }
     }
 }
